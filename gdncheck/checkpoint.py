@@ -1,0 +1,150 @@
+"""Load one GDN layer from a Hugging Face checkpoint directory.
+
+Accepts one ``model.safetensors`` or shards listed in ``model.safetensors.index.json``; the layer
+prefixes ``model.language_model.layers.{i}.`` (Qwen3.5 VLM checkpoints) and ``model.layers.{i}.``
+(text-only, Qwen3-Next); any stored float dtype, read exactly. The Qwen3-Next fused projections
+(``in_proj_qkvz``, ``in_proj_ba``, interleaved per key-head group, gdn-spec §3.2) are converted to
+the canonical Qwen3.5 names.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+
+from .config import GDNConfig
+from .errors import CheckpointError, ProjectionSizeError
+from .safetensors_io import SafetensorsFile
+from .weights import WEIGHT_NAMES, LayerWeights, validate_weights
+
+PREFIXES = ("model.language_model.layers.{i}.", "model.layers.{i}.")
+FUSED_QKVZ = "linear_attn.in_proj_qkvz.weight"
+FUSED_BA = "linear_attn.in_proj_ba.weight"
+
+
+def read_config(checkpoint_dir: str | os.PathLike) -> GDNConfig:
+    path = Path(checkpoint_dir) / "config.json"
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise CheckpointError(f"expected a Hugging Face config.json in {Path(checkpoint_dir)}, found none") from None
+    except json.JSONDecodeError as exc:
+        raise CheckpointError(f"{path} is not valid JSON: {exc}") from None
+    return GDNConfig.from_hf(data)
+
+
+def _weight_map(root: Path) -> dict[str, Path]:
+    index = root / "model.safetensors.index.json"
+    if index.exists():
+        try:
+            wm = json.loads(index.read_text())["weight_map"]
+        except (json.JSONDecodeError, KeyError, TypeError) as exc:
+            raise CheckpointError(f"{index}: expected a JSON object with 'weight_map', found {exc!r}") from None
+        out = {}
+        for name, file in wm.items():
+            target = (root / file).resolve()
+            if root.resolve() not in target.parents:
+                raise CheckpointError(f"{index}: shard {file!r} for {name!r} points outside {root}")
+            out[name] = target
+        return out
+    single = root / "model.safetensors"
+    files = [single] if single.exists() else sorted(root.glob("*.safetensors"))
+    if not files:
+        raise CheckpointError(
+            f"expected model.safetensors or model.safetensors.index.json in {root}, found neither"
+        )
+    out = {}
+    for f in files:
+        for name in SafetensorsFile(f):
+            out[name] = f
+    return out
+
+
+def load_layer(
+    checkpoint_dir: str | os.PathLike, layer: int, config: GDNConfig | None = None
+) -> LayerWeights:
+    """The weights of GDN layer ``layer``, by canonical name (prefix removed), validated.
+
+    The returned :class:`LayerWeights` carries the config it was validated against (``.config``).
+    """
+    root = Path(checkpoint_dir)
+    if not root.is_dir():
+        raise CheckpointError(f"expected a checkpoint directory, found nothing at {root}")
+    cfg = config or read_config(root)
+    cfg.check_linear_layer(layer)
+    wmap = _weight_map(root)
+    prefix = None
+    for pattern in PREFIXES:
+        p = pattern.format(i=layer)
+        if any(name.startswith(p) for name in wmap):
+            prefix = p
+            break
+    if prefix is None:
+        found = sorted({".".join(n.split(".")[:-3]) for n in wmap if ".layers." in n})[:3]
+        raise CheckpointError(
+            f"expected tensors under {' or '.join(p.format(i=layer) for p in PREFIXES)}, found none "
+            f"(layer prefixes present: {', '.join(found) or 'none'})",
+            layer=layer,
+        )
+    wanted = set(WEIGHT_NAMES) | {FUSED_QKVZ, FUSED_BA}
+    arrays: dict[str, np.ndarray] = {}
+    stored: dict[str, str] = {}
+    open_files: dict[Path, SafetensorsFile] = {}
+    for full, file in wmap.items():
+        if not full.startswith(prefix):
+            continue
+        name = full[len(prefix):]
+        if name not in wanted:
+            continue
+        if file not in open_files:
+            open_files[file] = SafetensorsFile(file)
+        st = open_files[file]
+        if full not in st:
+            raise CheckpointError(f"index lists {full!r} in {file.name}, but that file does not hold it", layer=layer)
+        arrays[name] = st.read(full)
+        stored[name] = st.dtype_of(full)
+    if FUSED_QKVZ in arrays or FUSED_BA in arrays:
+        _unfuse_qwen3_next(cfg, arrays, stored, layer)
+    weights = LayerWeights(arrays, stored_dtypes=stored, layer=layer, source=str(root), config=cfg)
+    validate_weights(cfg, weights, layer=layer)
+    return weights
+
+
+def _unfuse_qwen3_next(cfg: GDNConfig, arrays: dict, stored: dict, layer: int) -> None:
+    """Qwen3-Next ``in_proj_qkvz``/``in_proj_ba`` -> canonical ``in_proj_{qkv,z,a,b}`` (in place)."""
+    Hk, dk, dv, r = cfg.num_k_heads, cfg.head_k_dim, cfg.head_v_dim, cfg.head_ratio
+    if FUSED_QKVZ in arrays:
+        w = arrays.pop(FUSED_QKVZ)
+        kind = stored.pop(FUSED_QKVZ)
+        rows = 2 * cfg.key_dim + 2 * cfg.value_dim
+        if w.ndim != 2 or w.shape[0] != rows:
+            raise ProjectionSizeError(
+                f"expected in_proj_qkvz rows {Hk} groups x [q {dk}, k {dk}, v {r * dv}, z {r * dv}] = {rows}, "
+                f"found shape {list(w.shape)}",
+                layer=layer, name=FUSED_QKVZ,
+            )
+        g = w.reshape(Hk, 2 * dk + 2 * r * dv, w.shape[1])
+        q, k = g[:, :dk], g[:, dk : 2 * dk]
+        v, z = g[:, 2 * dk : 2 * dk + r * dv], g[:, 2 * dk + r * dv :]
+        D = w.shape[1]
+        arrays["linear_attn.in_proj_qkv.weight"] = np.concatenate(
+            [q.reshape(-1, D), k.reshape(-1, D), v.reshape(-1, D)], axis=0
+        )
+        arrays["linear_attn.in_proj_z.weight"] = np.ascontiguousarray(z.reshape(-1, D))
+        stored["linear_attn.in_proj_qkv.weight"] = stored["linear_attn.in_proj_z.weight"] = kind
+    if FUSED_BA in arrays:
+        w = arrays.pop(FUSED_BA)
+        kind = stored.pop(FUSED_BA)
+        if w.ndim != 2 or w.shape[0] != 2 * cfg.num_v_heads:
+            raise ProjectionSizeError(
+                f"expected in_proj_ba rows {Hk} groups x [b {r}, a {r}] = {2 * cfg.num_v_heads}, "
+                f"found shape {list(w.shape)}",
+                layer=layer, name=FUSED_BA,
+            )
+        g = w.reshape(Hk, 2 * r, w.shape[1])
+        arrays["linear_attn.in_proj_b.weight"] = np.ascontiguousarray(g[:, :r].reshape(-1, w.shape[1]))
+        arrays["linear_attn.in_proj_a.weight"] = np.ascontiguousarray(g[:, r:].reshape(-1, w.shape[1]))
+        stored["linear_attn.in_proj_b.weight"] = stored["linear_attn.in_proj_a.weight"] = kind

@@ -1,0 +1,1 @@
+"""Subcommands of the ``gdncheck`` command line, one module each."""

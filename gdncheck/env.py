@@ -1,0 +1,56 @@
+"""Environment variables (all prefixed ``GDN_``) and the BLAS thread setting.
+
+| variable | meaning | default |
+|---|---|---|
+| ``GDN_BLAS_THREADS`` | BLAS threads for the float64 reference | 1 |
+| ``GDN_HYPOTHESIS_PROFILE`` | Hypothesis profile: ``dev``, ``ci``, ``nightly`` | ``dev`` (``ci`` under CI) |
+| ``GDN_DEVICE`` | device for the Triton path: ``auto``, ``cpu``, ``cuda`` | ``auto`` |
+
+Two OpenBLAS threads on a 2-core VM can stall small batched matmuls 10-100x
+(research/perf-anchors.md §4.4), so the reference runs with one BLAS thread unless told otherwise.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+
+KNOWN = {
+    "GDN_BLAS_THREADS": "BLAS threads for the float64 reference (default 1)",
+    "GDN_HYPOTHESIS_PROFILE": "Hypothesis profile: dev, ci, nightly",
+    "GDN_DEVICE": "device for the Triton path: auto, cpu, cuda",
+}
+
+
+def gdn_vars() -> dict[str, str]:
+    """Every ``GDN_*`` variable that is set (printed in test headers to catch typos)."""
+    return {k: v for k, v in sorted(os.environ.items()) if k.startswith("GDN_")}
+
+
+def blas_threads() -> int:
+    try:
+        return max(1, int(os.environ.get("GDN_BLAS_THREADS", "1")))
+    except ValueError:
+        return 1
+
+
+def limit_blas_threads(n: int | None = None):
+    """Limit BLAS threads process-wide; returns the threadpoolctl controller (or None)."""
+    n = n or blas_threads()
+    for var in ("OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "OMP_NUM_THREADS"):
+        os.environ.setdefault(var, str(n))
+    try:
+        from threadpoolctl import threadpool_limits
+    except ImportError:  # pragma: no cover - threadpoolctl is a dependency
+        return None
+    return threadpool_limits(limits=n, user_api="blas")
+
+
+@contextlib.contextmanager
+def blas_limited(n: int | None = None):
+    ctl = limit_blas_threads(n)
+    try:
+        yield
+    finally:
+        if ctl is not None:
+            ctl.restore_original_limits()

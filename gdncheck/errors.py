@@ -1,0 +1,156 @@
+"""Every error gdncheck raises, one class per failure of SPEC §5 under one base class.
+
+Each message says what was expected, what was found, and where (layer index, weight name,
+file). Each class carries a stable ``code``: the fixture format names expected errors by it, so
+a port in any language can say which error it raised without sharing Python class names.
+"""
+
+from __future__ import annotations
+
+
+class GDNError(Exception):
+    """Base class of every gdncheck error."""
+
+    code = "gdn_error"
+
+    def __init__(self, message: str, *, layer: int | None = None, name: str | None = None):
+        self.layer = layer
+        self.name = name
+        where = []
+        if layer is not None:
+            where.append(f"layer {layer}")
+        if name is not None:
+            where.append(f"'{name}'")
+        self.where = ", ".join(where)
+        super().__init__(f"{message} [{self.where}]" if where else message)
+
+
+# --- configuration -------------------------------------------------------------------------
+
+
+class ConfigError(GDNError):
+    """A configuration that cannot describe a GDN layer."""
+
+    code = "config_error"
+
+
+class MissingConfigKeyError(ConfigError):
+    code = "missing_config_key"
+
+
+class MissingHeadSettingError(MissingConfigKeyError):
+    code = "missing_head_setting"
+
+
+class HeadRatioError(ConfigError):
+    code = "head_ratio"
+
+
+class InvalidEpsError(ConfigError):
+    code = "invalid_eps"
+
+
+class UnknownNormModeError(ConfigError):
+    code = "unknown_norm_mode"
+
+
+class NormModeConflictError(ConfigError):
+    code = "norm_mode_conflict"
+
+
+class NormWeightSizeError(ConfigError):
+    code = "norm_weight_size"
+
+
+class FullAttentionLayerError(ConfigError):
+    code = "full_attention_layer"
+
+
+class LayerIndexError(ConfigError):
+    code = "layer_index"
+
+
+# --- weights and checkpoints ---------------------------------------------------------------
+
+
+class WeightError(GDNError):
+    code = "weight_error"
+
+
+class MissingWeightError(WeightError):
+    code = "missing_weight"
+
+
+class WeightShapeError(WeightError):
+    code = "weight_shape"
+
+
+class ProjectionSizeError(WeightError):
+    code = "projection_size"
+
+
+class ConvKernelMismatchError(WeightError):
+    code = "conv_kernel_mismatch"
+
+
+class CheckpointError(GDNError):
+    code = "checkpoint"
+
+
+class SafetensorsFormatError(CheckpointError):
+    code = "safetensors_format"
+
+
+# --- inputs and state ----------------------------------------------------------------------
+
+
+class InputError(GDNError):
+    code = "input_error"
+
+
+class InputShapeError(InputError):
+    code = "input_shape"
+
+
+class InputDtypeError(InputError):
+    code = "input_dtype"
+
+
+class SeqPosMismatchError(GDNError):
+    """Strict mode: a call's ``seq_pos`` differs from the state's ``seq_len``."""
+
+    code = "seq_pos_mismatch"
+
+
+class SnapshotError(GDNError):
+    code = "snapshot"
+
+
+class SnapshotSchemaError(SnapshotError):
+    code = "snapshot_schema"
+
+
+class SnapshotDimensionError(SnapshotError):
+    code = "snapshot_dimensions"
+
+
+class SnapshotCorruptError(SnapshotError):
+    code = "snapshot_corrupt"
+
+
+def all_error_classes() -> list[type[GDNError]]:
+    """Every error class, base first; codes are unique."""
+    seen: list[type[GDNError]] = []
+    stack: list[type[GDNError]] = [GDNError]
+    while stack:
+        cls = stack.pop(0)
+        seen.append(cls)
+        stack.extend(cls.__subclasses__())
+    return seen
+
+
+def error_class_for_code(code: str) -> type[GDNError]:
+    for cls in all_error_classes():
+        if cls.code == code:
+            return cls
+    raise KeyError(f"no gdncheck error has code {code!r}")

@@ -1,0 +1,176 @@
+"""Weights, inputs and checkpoints made here, since real weights cannot be downloaded.
+
+Weights are drawn like a Hugging Face checkpoint (``Qwen3_5PreTrainedModel._init_weights``: normal
+0.02 projections, ``A = U(0.01, 16)``, ``dt_bias = 1``) but with non-trivial norm weights, and every
+value is rounded to a number that bf16 and f16 both represent exactly, so every port loads the same
+numbers. All draws come from one seeded NumPy generator: same seed, same bytes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from pathlib import Path
+
+import numpy as np
+
+from .config import GDNConfig
+from .dtypes import round_to_common
+from .safetensors_io import write_bytes_atomic, write_safetensors
+from .weights import WEIGHT_NAMES, LayerWeights
+
+#: The built-in demo layer: small, every feature on (GVA ratio 2, dk != dv).
+DEMO_CONFIG = GDNConfig(
+    hidden_size=64, intermediate_size=96, num_k_heads=2, num_v_heads=4, head_k_dim=16, head_v_dim=8,
+    conv_kernel=4, rms_norm_eps=1e-6,
+)
+
+
+def make_weights(
+    cfg: GDNConfig,
+    seed: int = 0,
+    *,
+    norm_mode: str | None = None,
+    std: float = 0.02,
+    norm_spread: float = 0.1,
+) -> LayerWeights:
+    """Random layer weights like a real checkpoint, exactly representable in bf16 and f16."""
+    rng = np.random.default_rng(seed)
+    mode = norm_mode or cfg.norm_mode or "shared"
+    D, I, Hv = cfg.hidden_size, cfg.intermediate_size, cfg.num_v_heads
+
+    def normal(*shape, scale=std):
+        return rng.normal(0.0, scale, size=shape)
+
+    K = cfg.conv_kernel
+    bound = 1.0 / np.sqrt(K)  # nn.Conv1d default init: kaiming-uniform over fan_in = K (depthwise)
+    A = rng.uniform(0.01, 16.0, size=Hv)
+    arrays = {
+        "input_layernorm.weight": normal(D, scale=norm_spread),
+        "linear_attn.in_proj_qkv.weight": normal(cfg.conv_dim, D),
+        "linear_attn.in_proj_z.weight": normal(cfg.value_dim, D),
+        "linear_attn.in_proj_a.weight": normal(Hv, D),
+        "linear_attn.in_proj_b.weight": normal(Hv, D),
+        "linear_attn.conv1d.weight": rng.uniform(-bound, bound, size=(cfg.conv_dim, 1, K)),
+        "linear_attn.dt_bias": np.ones(Hv) + rng.normal(0.0, norm_spread, size=Hv),
+        "linear_attn.A_log": np.log(A),
+        "linear_attn.norm.weight": 1.0 + normal(cfg.head_v_dim if mode == "shared" else cfg.value_dim,
+                                                scale=norm_spread),
+        "linear_attn.out_proj.weight": normal(D, cfg.value_dim),
+        "post_attention_layernorm.weight": normal(D, scale=norm_spread),
+        "mlp.gate_proj.weight": normal(I, D),
+        "mlp.up_proj.weight": normal(I, D),
+        "mlp.down_proj.weight": normal(D, I),
+    }
+    arrays = {k: round_to_common(v).astype(np.float32) for k, v in arrays.items()}
+    return LayerWeights(arrays, stored_dtypes={k: "BF16" for k in arrays}, source=f"synthetic(seed={seed})",
+                        config=cfg)
+
+
+def make_inputs(
+    cfg: GDNConfig,
+    batch: int,
+    tokens: int,
+    seed: int = 0,
+    *,
+    scale: float = 1.0,
+    outliers: float = 0.01,
+    outlier_scale: float = 20.0,
+) -> np.ndarray:
+    """Residual-stream input ``[B, T, D]`` with a few large outliers, bf16/f16-exact."""
+    rng = np.random.default_rng(seed)
+    x = rng.normal(0.0, scale, size=(batch, tokens, cfg.hidden_size))
+    if outliers > 0:
+        mask = rng.random(x.shape) < outliers
+        x = np.where(mask, x * outlier_scale, x)
+    return round_to_common(x)
+
+
+def write_hf_checkpoint(
+    directory: str | os.PathLike,
+    cfg: GDNConfig,
+    layers: Mapping[int, Mapping[str, np.ndarray]],
+    *,
+    num_layers: int | None = None,
+    prefix: str = "model.language_model.layers.{i}.",
+    layout: str = "qwen3_5",
+    dtypes: Mapping[str, str] | None = None,
+    shards: int = 1,
+    extra_config: Mapping | None = None,
+) -> Path:
+    """Write a small checkpoint in the Hugging Face layout (for tests and examples).
+
+    ``layers`` maps layer index -> canonical weights. ``layout="qwen3_next"`` writes the fused
+    ``in_proj_qkvz``/``in_proj_ba`` instead of the four separate projections. ``dtypes`` maps a
+    canonical weight name to ``BF16``/``F16``/``F32`` (default ``BF16``; ``A_log`` and the gated norm
+    weight ``F32`` as in Qwen3.5). ``shards > 1`` splits tensors over files with an index.
+    """
+    root = Path(directory)
+    root.mkdir(parents=True, exist_ok=True)
+    default = {"linear_attn.A_log": "F32", "linear_attn.norm.weight": "F32"}
+    kinds = {**default, **dict(dtypes or {})}
+    tensors: dict[str, np.ndarray] = {}
+    tensor_kinds: dict[str, str] = {}
+    for i, weights in sorted(layers.items()):
+        w = {k: np.asarray(v, dtype=np.float32) for k, v in weights.items()}
+        if layout == "qwen3_next":
+            w = _fuse_qwen3_next(cfg, w)
+        for name, arr in w.items():
+            full = prefix.format(i=i) + name
+            tensors[full] = arr
+            tensor_kinds[full] = kinds.get(name, kinds.get(_canonical_of(name), "BF16"))
+    names = sorted(tensors)
+    n_layers = num_layers if num_layers is not None else max(layers) + 1
+    config = cfg.to_hf()
+    model_type = "qwen3_5_text" if layout == "qwen3_5" else "qwen3_next"
+    config.update({"num_hidden_layers": n_layers, "model_type": model_type})
+    if cfg.layer_types is None:
+        config["layer_types"] = ["linear_attention"] * n_layers
+    config.update(dict(extra_config or {}))
+    write_bytes_atomic(root / "config.json", (json.dumps(config, indent=2) + "\n").encode())
+    if shards <= 1:
+        write_safetensors(root / "model.safetensors", tensors, {"format": "pt"},
+                          dtypes={n: _st_kind(tensor_kinds[n]) for n in names})
+        return root
+    groups = [names[k::shards] for k in range(shards)]
+    weight_map = {}
+    for k, group in enumerate(groups):
+        fname = f"model-{k + 1:05d}-of-{shards:05d}.safetensors"
+        write_safetensors(root / fname, {n: tensors[n] for n in group}, {"format": "pt"},
+                          dtypes={n: _st_kind(tensor_kinds[n]) for n in group})
+        weight_map.update({n: fname for n in group})
+    index = {"metadata": {"total_size": int(sum(t.nbytes for t in tensors.values()))}, "weight_map": weight_map}
+    write_bytes_atomic(root / "model.safetensors.index.json", (json.dumps(index, indent=2) + "\n").encode())
+    return root
+
+
+def _st_kind(kind: str) -> str:
+    return {"bf16": "BF16", "f16": "F16", "f32": "F32"}.get(kind, kind)
+
+
+def _canonical_of(name: str) -> str:
+    return {"linear_attn.in_proj_qkvz.weight": "linear_attn.in_proj_qkv.weight",
+            "linear_attn.in_proj_ba.weight": "linear_attn.in_proj_b.weight"}.get(name, name)
+
+
+def _fuse_qwen3_next(cfg: GDNConfig, w: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Canonical projections -> Qwen3-Next ``in_proj_qkvz`` / ``in_proj_ba`` (interleaved per key group)."""
+    Hk, dk, dv, r = cfg.num_k_heads, cfg.head_k_dim, cfg.head_v_dim, cfg.head_ratio
+    qkv = w.pop("linear_attn.in_proj_qkv.weight")
+    z = w.pop("linear_attn.in_proj_z.weight")
+    b = w.pop("linear_attn.in_proj_b.weight")
+    a = w.pop("linear_attn.in_proj_a.weight")
+    D = qkv.shape[1]
+    q = qkv[: cfg.key_dim].reshape(Hk, dk, D)
+    k = qkv[cfg.key_dim : 2 * cfg.key_dim].reshape(Hk, dk, D)
+    v = qkv[2 * cfg.key_dim :].reshape(Hk, r * dv, D)
+    zz = z.reshape(Hk, r * dv, D)
+    w["linear_attn.in_proj_qkvz.weight"] = np.concatenate([q, k, v, zz], axis=1).reshape(-1, D)
+    w["linear_attn.in_proj_ba.weight"] = np.concatenate(
+        [b.reshape(Hk, r, D), a.reshape(Hk, r, D)], axis=1
+    ).reshape(-1, D)
+    return w
+
+
+__all__ = ["DEMO_CONFIG", "WEIGHT_NAMES", "make_inputs", "make_weights", "write_hf_checkpoint"]

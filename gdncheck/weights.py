@@ -1,0 +1,153 @@
+"""The weights of one GDN layer by their Hugging Face names (SPEC §1), and their validation.
+
+Neutral: no math. Arrays keep the values the checkpoint stored, exactly (bf16 and f16 as
+float32, f32 as float32, f64 as float64); each implementation casts to its own precision.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+
+import numpy as np
+
+from .config import GDNConfig
+from .errors import (
+    ConvKernelMismatchError,
+    MissingWeightError,
+    ProjectionSizeError,
+    WeightError,
+    WeightShapeError,
+)
+
+WEIGHT_NAMES: tuple[str, ...] = (
+    "input_layernorm.weight",
+    "linear_attn.in_proj_qkv.weight",
+    "linear_attn.in_proj_z.weight",
+    "linear_attn.in_proj_a.weight",
+    "linear_attn.in_proj_b.weight",
+    "linear_attn.conv1d.weight",
+    "linear_attn.dt_bias",
+    "linear_attn.A_log",
+    "linear_attn.norm.weight",
+    "linear_attn.out_proj.weight",
+    "post_attention_layernorm.weight",
+    "mlp.gate_proj.weight",
+    "mlp.up_proj.weight",
+    "mlp.down_proj.weight",
+)
+
+
+def expected_shapes(cfg: GDNConfig, norm_mode: str = "shared") -> dict[str, tuple[int, ...]]:
+    D, I, Hv = cfg.hidden_size, cfg.intermediate_size, cfg.num_v_heads
+    return {
+        "input_layernorm.weight": (D,),
+        "linear_attn.in_proj_qkv.weight": (cfg.conv_dim, D),
+        "linear_attn.in_proj_z.weight": (cfg.value_dim, D),
+        "linear_attn.in_proj_a.weight": (Hv, D),
+        "linear_attn.in_proj_b.weight": (Hv, D),
+        "linear_attn.conv1d.weight": (cfg.conv_dim, 1, cfg.conv_kernel),
+        "linear_attn.dt_bias": (Hv,),
+        "linear_attn.A_log": (Hv,),
+        "linear_attn.norm.weight": (cfg.head_v_dim,) if norm_mode == "shared" else (cfg.value_dim,),
+        "linear_attn.out_proj.weight": (D, cfg.value_dim),
+        "post_attention_layernorm.weight": (D,),
+        "mlp.gate_proj.weight": (I, D),
+        "mlp.up_proj.weight": (I, D),
+        "mlp.down_proj.weight": (D, I),
+    }
+
+
+class LayerWeights(Mapping):
+    """Weights of one layer: name -> array, plus where they came from and how they were stored."""
+
+    def __init__(
+        self,
+        arrays: Mapping[str, np.ndarray],
+        *,
+        stored_dtypes: Mapping[str, str] | None = None,
+        layer: int | None = None,
+        source: str = "memory",
+        config: GDNConfig | None = None,
+    ):
+        self._arrays = {k: np.asarray(v) for k, v in arrays.items()}
+        self.stored_dtypes = dict(stored_dtypes or {})
+        self.layer = layer
+        self.source = source
+        self.config = config
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        return self._arrays[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._arrays)
+
+    def __len__(self) -> int:
+        return len(self._arrays)
+
+    def __repr__(self) -> str:
+        return f"LayerWeights(layer={self.layer}, source={self.source!r}, {len(self)} tensors)"
+
+
+def validate_weights(cfg: GDNConfig, weights: Mapping[str, np.ndarray], layer: int | None = None) -> str:
+    """Check names and shapes against ``cfg``; return the resolved norm mode (SPEC §5).
+
+    Order: missing weights, conv kernel, projection sizes, norm mode, every other shape, finiteness.
+    """
+    missing = [n for n in WEIGHT_NAMES if n not in weights]
+    if missing:
+        raise MissingWeightError(
+            f"expected all {len(WEIGHT_NAMES)} weights of a GDN layer, missing {len(missing)}: "
+            + ", ".join(missing),
+            layer=layer,
+            name=missing[0],
+        )
+    conv = np.shape(weights["linear_attn.conv1d.weight"])
+    if len(conv) not in (2, 3) or (len(conv) == 3 and conv[1] != 1):
+        raise WeightShapeError(
+            f"expected conv1d weight of shape [conv_dim, 1, K], found {list(conv)}",
+            layer=layer, name="linear_attn.conv1d.weight",
+        )
+    if conv[-1] != cfg.conv_kernel:
+        raise ConvKernelMismatchError(
+            f"config declares linear_conv_kernel_dim={cfg.conv_kernel}, but the conv1d weight of shape "
+            f"{list(conv)} implies {conv[-1]}",
+            layer=layer, name="linear_attn.conv1d.weight",
+        )
+    qkv = np.shape(weights["linear_attn.in_proj_qkv.weight"])
+    if len(qkv) != 2 or qkv[0] != cfg.conv_dim:
+        raise ProjectionSizeError(
+            f"projection mismatch: expected in_proj_qkv rows [Q, K, V] = [{cfg.key_dim}, {cfg.key_dim}, "
+            f"{cfg.value_dim}] ({cfg.conv_dim} rows from Hk={cfg.num_k_heads} dk={cfg.head_k_dim} "
+            f"Hv={cfg.num_v_heads} dv={cfg.head_v_dim}), found shape {list(qkv)}",
+            layer=layer, name="linear_attn.in_proj_qkv.weight",
+        )
+    if conv[0] != cfg.conv_dim:
+        raise ProjectionSizeError(
+            f"projection mismatch: expected conv1d channels [Q, K, V] = [{cfg.key_dim}, {cfg.key_dim}, "
+            f"{cfg.value_dim}] ({cfg.conv_dim}), found {conv[0]}",
+            layer=layer, name="linear_attn.conv1d.weight",
+        )
+    norm_size = int(np.size(weights["linear_attn.norm.weight"]))
+    mode = cfg.resolve_norm_mode(norm_size, layer=layer)
+    shapes = expected_shapes(cfg, mode)
+    for name in WEIGHT_NAMES:
+        found = tuple(np.shape(weights[name]))
+        want = shapes[name]
+        if name == "linear_attn.conv1d.weight" and found == (cfg.conv_dim, cfg.conv_kernel):
+            continue
+        if found != want:
+            raise WeightShapeError(f"expected shape {list(want)}, found {list(found)}", layer=layer, name=name)
+    for name in WEIGHT_NAMES:
+        arr = np.asarray(weights[name])
+        if not np.issubdtype(arr.dtype, np.floating):
+            raise WeightError(f"expected a floating-point weight, found dtype {arr.dtype}", layer=layer, name=name)
+        if not np.isfinite(arr).all():
+            bad = int((~np.isfinite(arr)).sum())
+            raise WeightError(f"expected finite values, found {bad} NaN/inf", layer=layer, name=name)
+    return mode
+
+
+def conv_weight_2d(w: np.ndarray) -> np.ndarray:
+    """[conv_dim, 1, K] or [conv_dim, K] -> [conv_dim, K]."""
+    w = np.asarray(w)
+    return w.reshape(w.shape[0], w.shape[-1])

@@ -1,0 +1,1 @@
+"""gdncheck.gpu_impl"""

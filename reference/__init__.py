@@ -1,0 +1,27 @@
+"""The float64 NumPy reference of the Qwen3.5 Gated DeltaNet layer (``gdncheck.reference``).
+
+One module per stage of SPEC §2, each a plain function whose docstring holds the formula and
+shapes; :class:`Layer` composes them and carries the :class:`State`. Never imports torch or
+``gdncheck.gpu_impl``.
+"""
+
+from .conv1d import conv1d
+from .delta_rule import delta_rule_recurrent, expand_heads
+from .delta_rule_chunked import delta_rule_chunked
+from .gated_norm import gated_norm
+from .gates import gates
+from .in_proj import in_proj
+from .input_norm import input_norm
+from .layer import Layer, layer_forward
+from .mlp import mlp
+from .out_proj import out_proj
+from .post_norm import post_norm
+from .qk_norm import qk_norm
+from .residual import output, residual
+from .state import State
+
+__all__ = [
+    "Layer", "State", "conv1d", "delta_rule_chunked", "delta_rule_recurrent", "expand_heads", "gated_norm",
+    "gates", "in_proj", "input_norm", "layer_forward", "mlp", "out_proj", "output", "post_norm", "qk_norm",
+    "residual",
+]

@@ -1,0 +1,196 @@
+"""The whole GDN decoder layer: the stages of SPEC §2 composed, with its state (SPEC §4)."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import numpy as np
+
+from gdncheck.config import GDNConfig
+from gdncheck.errors import InputDtypeError, InputError, InputShapeError, SeqPosMismatchError
+from gdncheck.weights import validate_weights
+
+from .conv1d import conv1d
+from .delta_rule import delta_rule_recurrent
+from .delta_rule_chunked import delta_rule_chunked
+from .gated_norm import gated_norm
+from .gates import gates
+from .in_proj import in_proj
+from .input_norm import input_norm
+from .mlp import mlp
+from .out_proj import out_proj
+from .post_norm import post_norm
+from .qk_norm import qk_norm
+from .residual import output, residual
+from .state import State
+
+log = logging.getLogger("gdncheck.reference")
+
+DELTA_RULE_FORMS = ("auto", "recurrent", "chunked")
+
+
+@dataclass(frozen=True)
+class Params:
+    """Weights as float64 arrays, by their Hugging Face names."""
+
+    w: Mapping[str, np.ndarray]
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        return self.w[name]
+
+
+def layer_forward(
+    cfg: GDNConfig,
+    params: Params,
+    x: np.ndarray,
+    conv_state: np.ndarray,
+    recurrent_state: np.ndarray,
+    *,
+    delta_rule: str = "auto",
+    chunk_size: int = 64,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, dict[str, np.ndarray]]:
+    """One call over T tokens of B sequences, as a pure function.
+
+    x: [B, T, D]; conv_state: [B, conv_dim, K]; recurrent_state: [B, Hv, dk, dv].
+    Returns out [B, T, D], the new conv and recurrent states, and the trace: every stage tensor of
+    SPEC §2 by name. ``delta_rule``: ``auto`` (chunked when T > 1, recurrent for one token),
+    ``recurrent`` or ``chunked``.
+    """
+    eps = cfg.rms_norm_eps
+    T = x.shape[1]
+    x_norm = input_norm(x, params["input_layernorm.weight"], eps)
+    qkv, z, a, b = in_proj(
+        x_norm,
+        params["linear_attn.in_proj_qkv.weight"],
+        params["linear_attn.in_proj_z.weight"],
+        params["linear_attn.in_proj_a.weight"],
+        params["linear_attn.in_proj_b.weight"],
+    )
+    qkv_conv, conv_state = conv1d(qkv, conv_state, params["linear_attn.conv1d.weight"])
+    q, k, v = qk_norm(qkv_conv, cfg.num_k_heads, cfg.head_k_dim, cfg.num_v_heads, cfg.head_v_dim)
+    g, beta = gates(a, b, params["linear_attn.A_log"], params["linear_attn.dt_bias"])
+    form = ("recurrent" if T == 1 else "chunked") if delta_rule == "auto" else delta_rule
+    if form == "recurrent":
+        core, recurrent_state = delta_rule_recurrent(q, k, v, g, beta, recurrent_state, cfg.scale)
+    else:
+        core, recurrent_state = delta_rule_chunked(q, k, v, g, beta, recurrent_state, cfg.scale, chunk_size)
+    core_gated = gated_norm(core, z, params["linear_attn.norm.weight"], eps)
+    attn_out = out_proj(core_gated, params["linear_attn.out_proj.weight"])
+    h = residual(x, attn_out)
+    h_norm = post_norm(h, params["post_attention_layernorm.weight"], eps)
+    mlp_out = mlp(h_norm, params["mlp.gate_proj.weight"], params["mlp.up_proj.weight"], params["mlp.down_proj.weight"])
+    out = output(h, mlp_out)
+    trace = {
+        "x": x, "x_norm": x_norm, "qkv": qkv, "z": z, "a": a, "b": b, "qkv_conv": qkv_conv,
+        "q": q, "k": k, "v": v, "g": g, "beta": beta, "core": core, "core_gated": core_gated,
+        "attn_out": attn_out, "h": h, "h_norm": h_norm, "mlp_out": mlp_out, "out": out,
+    }
+    return out, conv_state, recurrent_state, trace
+
+
+class Layer:
+    """The float64 reference of one GDN decoder layer.
+
+    >>> layer = Layer(cfg, weights)
+    >>> state = layer.new_state(batch=2)
+    >>> out, trace = layer.forward(x, state, seq_pos=0)     # x: [2, T, D]; state updated in place
+
+    ``strict=True`` raises :class:`SeqPosMismatchError` where the default resets the state and
+    logs a warning once per state.
+    """
+
+    def __init__(
+        self,
+        cfg: GDNConfig,
+        weights: Mapping[str, np.ndarray],
+        layer_index: int | None = None,
+        *,
+        strict: bool = False,
+        delta_rule: str = "auto",
+        chunk_size: int = 64,
+    ):
+        if layer_index is None:
+            layer_index = getattr(weights, "layer", None)
+        self.cfg = cfg
+        self.layer_index = layer_index
+        self.norm_mode = validate_weights(cfg, weights, layer=layer_index)
+        self.params = Params({name: np.array(arr, dtype=np.float64) for name, arr in weights.items()})
+        if delta_rule not in DELTA_RULE_FORMS:
+            raise ValueError(f"delta_rule must be one of {DELTA_RULE_FORMS}, found {delta_rule!r}")
+        self.strict = strict
+        self.delta_rule = delta_rule
+        self.chunk_size = chunk_size
+
+    def new_state(self, batch: int = 1) -> State:
+        return State(self.cfg, batch)
+
+    def forward(
+        self,
+        x: np.ndarray,
+        state: State,
+        seq_pos,
+        *,
+        strict: bool | None = None,
+        delta_rule: str | None = None,
+        chunk_size: int | None = None,
+    ) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+        """Run T tokens of each sequence; update ``state`` in place; return ``(out, trace)``.
+
+        x: [B, T, D] floating point; seq_pos: the position of the first token, an int or one per
+        sequence. A row whose state ``seq_len`` differs from its ``seq_pos`` is reset to zeros first.
+        """
+        x = self._check_input(x, state)
+        pos = self._check_seq_pos(seq_pos, state.batch)
+        strict = self.strict if strict is None else strict
+        mismatch = pos != state.seq_len
+        if mismatch.any():
+            rows = np.flatnonzero(mismatch).tolist()
+            detail = ", ".join(f"row {r}: state seq_len={state.seq_len[r]}, seq_pos={pos[r]}" for r in rows[:4])
+            if strict:
+                raise SeqPosMismatchError(
+                    f"expected seq_pos equal to the state's seq_len, found {detail}", layer=self.layer_index
+                )
+            if not state.warned:
+                log.warning(
+                    "linear_attention state mismatch at layer %s: %s. Resetting the state of row(s) %s.",
+                    self.layer_index, detail, rows,
+                )
+                state.warned = True
+            state.reset(mismatch)
+        out, conv_state, rec_state, trace = layer_forward(
+            self.cfg, self.params, x, state.conv_state, state.recurrent_state,
+            delta_rule=delta_rule or self.delta_rule, chunk_size=chunk_size or self.chunk_size,
+        )
+        state.conv_state = conv_state
+        state.recurrent_state = rec_state
+        state.seq_len = pos + x.shape[1]
+        return out, trace
+
+    # --- input checks -----------------------------------------------------------------------------
+    def _check_input(self, x, state: State) -> np.ndarray:
+        if not isinstance(state, State):
+            raise InputError(f"expected a reference State, found {type(state).__name__}", layer=self.layer_index)
+        arr = np.asarray(x)
+        if not (np.issubdtype(arr.dtype, np.floating) and arr.dtype.kind == "f"):
+            raise InputDtypeError(
+                f"expected x of a real floating dtype (float16/32/64), found {arr.dtype}", layer=self.layer_index
+            )
+        D = self.cfg.hidden_size
+        if arr.ndim != 3 or arr.shape[2] != D or arr.shape[1] < 1 or arr.shape[0] != state.batch:
+            raise InputShapeError(
+                f"expected x of shape [B={state.batch}, T>=1, D={D}], found {list(arr.shape)}", layer=self.layer_index
+            )
+        return arr.astype(np.float64)
+
+    def _check_seq_pos(self, seq_pos, batch: int) -> np.ndarray:
+        pos = np.asarray(seq_pos)
+        if pos.dtype.kind not in "iu" or (pos.ndim == 1 and pos.shape[0] != batch) or pos.ndim > 1:
+            raise InputShapeError(
+                f"expected seq_pos as an int or {batch} ints (one per sequence), found {seq_pos!r}",
+                layer=self.layer_index,
+            )
+        if (pos < 0).any():
+            raise InputError(f"expected seq_pos >= 0, found {seq_pos!r}", layer=self.layer_index)
+        return np.broadcast_to(pos.astype(np.int64), (batch,)).copy()

@@ -1,0 +1,35 @@
+"""Test configuration: BLAS threads, Hypothesis profiles, the GDN_* header, GPU skips."""
+
+from __future__ import annotations
+
+import pytest
+from gdncheck.conformance.hypothesis_profiles import register_profiles
+
+from gdncheck.env import gdn_vars, limit_blas_threads
+
+limit_blas_threads()
+HYPOTHESIS_PROFILE = register_profiles()
+
+
+def pytest_report_header(config):
+    lines = [f"gdncheck: hypothesis profile {HYPOTHESIS_PROFILE}"]
+    set_vars = gdn_vars()
+    lines.append("GDN_* set: " + (", ".join(f"{k}={v}" for k, v in set_vars.items()) if set_vars else "none"))
+    return lines
+
+
+def _cuda_available() -> bool:
+    try:
+        import torch
+    except ImportError:
+        return False
+    return bool(torch.cuda.is_available())
+
+
+def pytest_collection_modifyitems(config, items):
+    if _cuda_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA device; none here (runs on the GPU runner)")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
