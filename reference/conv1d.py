@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .functions import f64, silu
+from .functions import f64, pieces, silu
 
 
 def conv1d(qkv: np.ndarray, conv_state: np.ndarray, weight: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -23,10 +23,22 @@ def conv1d(qkv: np.ndarray, conv_state: np.ndarray, weight: np.ndarray) -> tuple
     K = w.shape[1]
     T = x.shape[-2]
     history = np.swapaxes(f64(conv_state), -1, -2)  # [B, K, conv_dim], oldest first
-    full = np.concatenate([history, x], axis=-2)  # [B, K + T, conv_dim]
-    y = np.zeros_like(x)
-    for j in range(K):
-        # output t reads column t - (K-1) + j of the new tokens, i.e. full[K + t - (K-1) + j]
-        y += w[:, j] * full[..., 1 + j : 1 + j + T, :]
-    new_state = np.ascontiguousarray(np.swapaxes(full[..., -K:, :], -1, -2))
-    return silu(y), new_state
+    # X̃ = [history; x], so X̃[K + t] = x[t]; output t reads X̃[K + t - (K-1) + j] = X̃[t + 1 + j] with w[:, j]
+    out = np.empty(x.shape)
+    for rows in pieces(T, x.shape[-1]):
+        L = rows.stop - rows.start
+        window = _rows_of_history_and_x(history, x, rows.start + 1, rows.stop + K)  # X̃[t0+1 : t1+K]
+        y = window[..., 0:L, :] * w[:, 0]
+        for j in range(1, K):
+            y += window[..., j : j + L, :] * w[:, j]
+        out[..., rows, :] = silu(y, out=y)
+    new_state = np.ascontiguousarray(np.swapaxes(_rows_of_history_and_x(history, x, T, T + K), -1, -2))
+    return out, new_state
+
+
+def _rows_of_history_and_x(history: np.ndarray, x: np.ndarray, a: int, b: int) -> np.ndarray:
+    """Rows a..b-1 of X̃ = [history; x] (history: [B, K, C], x: [B, T, C]); a view when they are all in x."""
+    K = history.shape[-2]
+    if a >= K:
+        return x[..., a - K : b - K, :]
+    return np.concatenate([history[..., a : min(b, K), :], x[..., : max(0, b - K), :]], axis=-2)

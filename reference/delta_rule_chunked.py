@@ -4,58 +4,70 @@
 For one chunk of L ≤ C tokens and one value head, with S the state entering the chunk
 (research/gdn-spec.md §4):
 
-    γ_t    = Σ_{s≤t} g_s                       chunk-local inclusive cumsum
-    E_ts   = exp(γ_t − γ_s) for t ≥ s, else 0  (masked before exp)
+    γ_t    = Σ_{u≤t} g_u                                  chunk-local inclusive cumsum
+    E_ts   = exp(Σ_{s<u≤t} g_u) for t ≥ s, else 0         (= exp(γ_t − γ_s), masked before exp)
     A_ts   = β_t (k_t·k_s) E_ts for t > s, else 0
-    W      = (I + A)⁻¹ diag(β ⊙ e^γ) K
-    U      = (I + A)⁻¹ diag(β) V
-    V'     = U − W S
-    O      = scale · [diag(e^γ) Q S + (QKᵀ ⊙ E) V']          (E includes the diagonal)
-    S_out  = e^{γ_{L−1}} S + Kᵀ diag(e^{γ_{L−1} − γ}) V'
+    V'     = (I + A)⁻¹ diag(β) (V − diag(e^γ) K S)         the new values, corrected for S
+    O      = scale · [diag(e^γ) Q S + (QKᵀ ⊙ E) V']         (E includes the diagonal)
+    S_out  = e^{γ_{L−1}} S + Kᵀ diag(e^{γ_{L−1} − γ}) V'    (e^{γ_{L−1} − γ_t} = E_{L−1,t})
 
-Exponents are formed as sums of the g's they span (all g ≤ 0, so these sums never cancel) rather
-than as differences of cumulative sums: that keeps every decay factor to a few ulps even when the
-cumulative log-decay is huge (g ≪ 0). The last chunk is zero-padded (k = v = β = g = 0), which
-changes neither the state nor the real outputs.
+V' is the usual U − W S with U = (I + A)⁻¹ diag(β) V and W = (I + A)⁻¹ diag(β e^γ) K, taken as one
+product. Exponents are formed as sums of the g's they span (all g ≤ 0, so these sums never cancel)
+rather than as differences of cumulative sums: that keeps every decay factor to a few ulps even when
+the cumulative log-decay is huge (g ≪ 0).
+
+How it is computed: chunks are taken a block at a time (BLOCK_TOKENS tokens). For a block, everything
+that does not depend on S (E, (I + A)⁻¹, QKᵀ ⊙ E) is computed for all its chunks at once; then a loop over
+the chunks carries S (two products with S per chunk: [Q; K] S, and Kᵀ V'); then the intra-chunk part
+of O is added for the whole block. Value head j reads key head j // r (r = Hv / Hk); arrays that depend
+only on the key head (Q, K, QKᵀ, KKᵀ) are kept once per key head and broadcast over its r value heads.
+A last partial chunk is processed as a chunk of its own length.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from .delta_rule import expand_heads
 from .functions import f64
 
-#: Tokens processed per block of chunks; bounds working memory independently of T.
-BLOCK_TOKENS = 2048
+#: Tokens per block of chunks: bounds the working memory independently of T.
+BLOCK_TOKENS = 512
 
 
-def unit_lower_inverse(A: np.ndarray) -> np.ndarray:
-    """(I + A)⁻¹ for strictly lower-triangular A [..., C, C], by block recursion.
+def unit_lower_inverse(A: np.ndarray, overwrite_a: bool = False) -> np.ndarray:
+    """(I + A)⁻¹ for A [..., C, C], reading only the strictly lower triangle of A (its diagonal and
+    upper triangle are taken as zeros).
 
-    Level by level, each diagonal block [[L11, 0], [L21, L22]] of size 2s gets its lower-left block
-    −L22⁻¹ L21 L11⁻¹ from the inverses of its halves. C is padded to a power of two with identity.
+    Block recursion: level by level, each diagonal block [[L11, 0], [L21, L22]] of size 2s gets its
+    lower-left block −L22⁻¹ L21 L11⁻¹ from the inverses of its halves, in place. C is padded to a
+    power of two with identity. ``overwrite_a``: A (C-contiguous, C a power of two) may be used as the
+    work array, and is then the result.
     """
     C = A.shape[-1]
     P = 1 << max(0, (C - 1).bit_length())
     lead = A.shape[:-2]
     NB = int(np.prod(lead, dtype=np.int64))
-    L = np.zeros((NB, P, P))
-    L[:, :C, :C] = A.reshape(NB, C, C)
-    inv = np.zeros((NB, P, P))
-    inv[:, np.arange(P), np.arange(P)] = 1.0
+    if overwrite_a and P == C and A.flags.c_contiguous:
+        X = A.reshape(NB, P, P)
+    else:
+        X = np.zeros((NB, P, P))
+        X[:, :C, :C] = A.reshape(NB, C, C)
+    np.copyto(X, np.eye(P), where=~np.tri(P, P, -1, dtype=bool))  # I + the strictly lower triangle of A
     s = 1
     while s < P:
-        m = P // (2 * s)
-        ar = np.arange(m)
-        Lr = L.reshape(NB, m, 2 * s, m, 2 * s)
-        Ir = inv.reshape(NB, m, 2 * s, m, 2 * s)
-        l21 = Lr[:, ar, s:, ar, :s]  # [m, NB, s, s]
-        i11 = Ir[:, ar, :s, ar, :s]
-        i22 = Ir[:, ar, s:, ar, s:]
-        Ir[:, ar, s:, ar, :s] = -(i22 @ (l21 @ i11))
+        blocks = _diagonal_blocks(X, 2 * s)
+        blocks[..., s:, :s] = -(blocks[..., s:, s:] @ (blocks[..., s:, :s] @ blocks[..., :s, :s]))
         s *= 2
-    return inv[:, :C, :C].reshape(*lead, C, C)
+    return X[:, :C, :C].reshape(*lead, C, C)
+
+
+def _diagonal_blocks(X: np.ndarray, size: int) -> np.ndarray:
+    """Writable view [NB, P / size, size, size] of the diagonal blocks of X [NB, P, P] (C-contiguous)."""
+    NB, P, _ = X.shape
+    item = X.itemsize
+    return np.lib.stride_tricks.as_strided(
+        X, (NB, P // size, size, size), (X.strides[0], size * (P + 1) * item, P * item, item)
+    )
 
 
 def delta_rule_chunked(
@@ -75,53 +87,88 @@ def delta_rule_chunked(
         raise ValueError(f"chunk_size must be a positive integer, found {chunk_size}")
     q, k, v, g, beta = (f64(t) for t in (q, k, v, g, beta))
     B, T, Hv, dv = v.shape
-    dk = q.shape[-1]
+    Hk, dk = q.shape[-2:]
     scale = dk ** -0.5 if scale is None else scale
     C = chunk_size
-    N = -(-T // C)
-    Tp = N * C
-
-    def heads_first(x: np.ndarray) -> np.ndarray:  # [B, T, Hv, ...] -> [B, Hv, N, C, ...] zero-padded
-        x = np.moveaxis(x, 2, 1)
-        pad = [(0, 0)] * x.ndim
-        pad[2] = (0, Tp - T)
-        x = np.pad(x, pad)
-        return x.reshape(B, Hv, N, C, *x.shape[3:])
-
-    Q = heads_first(expand_heads(q, Hv))
-    K = heads_first(expand_heads(k, Hv))
-    V = heads_first(v)
-    G = heads_first(g)
-    Bt = heads_first(beta)
-
     S = np.zeros((B, Hv, dk, dv)) if initial_state is None else f64(initial_state).copy()
-    out = np.empty((B, Hv, N, C, dv))
-    strict = np.tri(C, C, -1, dtype=bool)  # t > s
-    lower = np.tri(C, C, 0, dtype=bool)  # t >= s
-    per_block = max(1, BLOCK_TOKENS // C)
-    for n0 in range(0, N, per_block):
-        n1 = min(N, n0 + per_block)
-        Qb, Kb, Vb, gb, bb = Q[:, :, n0:n1], K[:, :, n0:n1], V[:, :, n0:n1], G[:, :, n0:n1], Bt[:, :, n0:n1]
-        # log-decay between tokens: D[t, s] = Σ_{s<u≤t} g_u (t ≥ s), sums of same-sign terms
-        D = np.cumsum(np.where(strict, gb[..., :, None], 0.0), axis=-2)
-        E = np.where(lower, np.exp(np.where(lower, D, 0.0)), 0.0)
-        gamma = np.cumsum(gb, axis=-1)  # Σ_{u≤t} g_u
-        rev = np.cumsum(gb[..., ::-1], axis=-1)[..., ::-1]  # Σ_{u≥t} g_u
-        tail = np.concatenate([rev[..., 1:], np.zeros_like(rev[..., :1])], axis=-1)  # Σ_{u>t} g_u
-        decay_in = np.exp(gamma)
-        decay_out = np.exp(tail)
-        chunk_decay = np.exp(rev[..., 0])  # Σ over the whole chunk
-        KKt = Kb @ np.swapaxes(Kb, -1, -2)
-        A = np.where(strict, bb[..., :, None] * KKt * E, 0.0)
-        Tinv = unit_lower_inverse(A)
-        W = Tinv @ ((bb * decay_in)[..., None] * Kb)
-        U = Tinv @ (bb[..., None] * Vb)
-        QKt = (Qb @ np.swapaxes(Kb, -1, -2)) * E
-        Qd = Qb * decay_in[..., None]
-        Kd = np.swapaxes(Kb * decay_out[..., None], -1, -2)  # [.., dk, C]
-        for j in range(n1 - n0):
-            Vp = U[:, :, j] - W[:, :, j] @ S
-            out[:, :, n0 + j] = scale * (Qd[:, :, j] @ S + QKt[:, :, j] @ Vp)
-            S = chunk_decay[:, :, j, None, None] * S + Kd[:, :, j] @ Vp
-    core = np.moveaxis(out.reshape(B, Hv, Tp, dv)[:, :, :T], 1, 2)
-    return np.ascontiguousarray(core), S
+    S_heads = S.reshape(B, Hk, Hv // Hk, dk, dv)  # a view: updated in place
+    out = np.empty((B, T, Hv, dv))
+    buffers = _Buffers()
+    step = max(1, BLOCK_TOKENS // C) * C
+    for t0 in range(0, T, step):
+        t1 = min(T, t0 + step)
+        whole = t0 + (t1 - t0) // C * C  # whole chunks, then (last block only) a partial one
+        for a, b in ((t0, whole), (whole, t1)):
+            if b > a:
+                _block(q[:, a:b], k[:, a:b], v[:, a:b], g[:, a:b], beta[:, a:b], S_heads, out[:, a:b],
+                       min(C, b - a), scale, buffers)
+    return out, S
+
+
+class _Buffers:
+    """Scratch arrays by name, reused from block to block (touching fresh memory is slow)."""
+
+    def __init__(self):
+        self._arrays: dict[str, np.ndarray] = {}
+
+    def __call__(self, name: str, shape: tuple[int, ...]) -> np.ndarray:
+        a = self._arrays.get(name)
+        if a is None or a.shape != shape:
+            a = self._arrays[name] = np.empty(shape)
+        return a
+
+
+def _heads(x: np.ndarray, L: int, Hk: int) -> np.ndarray:
+    """View [B, n·L, H, ...] as [B, Hk, H / Hk, n, L, ...]: head h = key head h // r, member h % r."""
+    B, TL, H = x.shape[:3]
+    return np.moveaxis(x.reshape(B, TL // L, L, Hk, H // Hk, *x.shape[3:]), (3, 4), (1, 2))
+
+
+def _block(q, k, v, g, beta, S, out, L: int, scale: float, buf: _Buffers) -> None:
+    """n whole chunks of L tokens. q, k: [B, n·L, Hk, dk]; v, out: [B, n·L, Hv, dv]; g, beta: [B, n·L, Hv];
+    S: [B, Hk, r, dk, dv], the state entering the block, updated in place; ``out`` is written."""
+    B, TL, Hk, dk = q.shape
+    Hv, dv = v.shape[2:]
+    r, n = Hv // Hk, TL // L
+    G, Bt = _heads(g, L, Hk), _heads(beta, L, Hk)  # [B, Hk, r, n, L]
+    V, O = _heads(v, L, Hk), _heads(out, L, Hk)  # [B, Hk, r, n, L, dv]
+    per_key, per_value = (B, Hk, 1, n, L, L), (B, Hk, r, n, L, L)
+
+    # [scale·Q; K] stacked per chunk, so that one product with S gives both Q S and K S
+    QK = buf("QK", (B, Hk, 1, n, 2 * L, dk))
+    np.multiply(_heads(q, L, Hk), scale, out=QK[..., :L, :])
+    QK[..., L:, :] = _heads(k, L, Hk)
+    Qs, K = QK[..., :L, :], QK[..., L:, :]
+    Kt = np.swapaxes(K, -1, -2)
+
+    # E_ts = exp(Σ_u [u ≤ t] g_u [u > s]) for t ≥ s: the sum as a product of 0/1 masks with g
+    lower = np.tri(L)  # [t, u]: u ≤ t
+    Gt = np.multiply(G[..., None, :], lower, out=buf("A", per_value))
+    E = buf("E", per_value)
+    np.matmul(Gt.reshape(-1, L), np.tri(L, L, -1), out=E.reshape(-1, L))  # [u, s]: u > s
+    E += np.where(lower > 0, 0.0, -np.inf)  # exp(-inf) = 0 above the diagonal
+    np.exp(E, out=E)
+    decay_in = np.exp(np.cumsum(G, axis=-1))  # e^{γ_t}
+    decay_out = E[..., L - 1, :].copy()  # e^{γ_{L-1} − γ_t}
+
+    KK = np.matmul(K, Kt, out=buf("KK", per_key))
+    A = np.multiply(KK, E, out=Gt)
+    A *= Bt[..., None]  # β_t (k_t·k_s) E_ts; its diagonal and upper triangle are never read
+    T_inv = unit_lower_inverse(A, overwrite_a=True)  # [B, Hk, r, n, L, L]
+    QE = np.multiply(np.matmul(Qs, Kt, out=KK), E, out=E)  # scale · QKᵀ ⊙ E
+
+    P = buf("P", (B, Hk, r, 2 * L, dv))
+    Y = buf("Y", (B, Hk, r, L, dv))
+    Vn = buf("Vn", (B, Hk, r, n, L, dv))  # V' of every chunk of the block
+    S_add = buf("S_add", S.shape)
+    for j in range(n):
+        np.matmul(QK[..., j, :, :], S, out=P)  # [Q S; K S]
+        np.multiply(P[..., :L, :], decay_in[..., j, :, None], out=O[..., j, :, :])  # scale · e^γ Q S
+        np.multiply(P[..., L:, :], decay_in[..., j, :, None], out=Y)
+        np.subtract(V[..., j, :, :], Y, out=Y)
+        Y *= Bt[..., j, :, None]  # β (V − e^γ K S)
+        np.matmul(T_inv[..., j, :, :], Y, out=Vn[..., j, :, :])  # V'
+        np.multiply(Vn[..., j, :, :], decay_out[..., j, :, None], out=Y)
+        S *= decay_in[..., j, L - 1, None, None]
+        S += np.matmul(Kt[..., j, :, :], Y, out=S_add)  # S_out = e^{γ_{L−1}} S + Kᵀ diag(e^{γ_{L−1}−γ}) V'
+    O += np.matmul(QE, Vn, out=buf("QEV", Vn.shape))

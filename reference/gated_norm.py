@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .functions import f64, rms_norm, silu
+from .functions import f64, pieces, rms_norm, silu
 
 
 def gated_norm(core: np.ndarray, z: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
@@ -18,4 +18,8 @@ def gated_norm(core: np.ndarray, z: np.ndarray, weight: np.ndarray, eps: float) 
     hv, dv = core.shape[-2:]
     w = f64(weight)
     w = w.reshape(hv, dv) if w.size == hv * dv and w.size != dv else w.reshape(dv)
-    return rms_norm(core, w, eps) * silu(f64(z))
+    out = rms_norm(core, w, eps)  # C-contiguous, [..., T, Hv, dv]
+    out2, z2 = out.reshape(-1, hv * dv), f64(z).reshape(-1, hv * dv)
+    for rows in pieces(*out2.shape):
+        out2[rows] *= silu(z2[rows])
+    return out

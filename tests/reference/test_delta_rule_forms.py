@@ -3,10 +3,12 @@ and the final state, for T up to 4096, all head ratios, extreme gates, any chunk
 
 from __future__ import annotations
 
+import importlib
+
 import numpy as np
 import pytest
 from gdncheck.reference import delta_rule_chunked, delta_rule_recurrent
-from gdncheck.reference.delta_rule_chunked import unit_lower_inverse
+from gdncheck.reference.delta_rule_chunked import BLOCK_TOKENS, unit_lower_inverse
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -76,6 +78,50 @@ def test_chunked_equals_recurrent_property(T, C, ratio, seed, with_state):
     _check(q, k, v, g, beta, S0, C)
 
 
+# The chunked form works a block of chunks at a time (BLOCK_TOKENS tokens, rounded down to whole chunks),
+# and a last partial chunk alone: lengths around those boundaries, chunk sizes that do not divide the block.
+@pytest.mark.parametrize(("T", "C"), [
+    (BLOCK_TOKENS - 1, 64), (BLOCK_TOKENS, 64), (BLOCK_TOKENS + 1, 64), (2 * BLOCK_TOKENS + 63, 64),
+    (3 * BLOCK_TOKENS // 2, 48), (BLOCK_TOKENS + 5, 100), (2 * BLOCK_TOKENS + 7, BLOCK_TOKENS + 3),
+    (1100, 1), (700, 13),
+])
+def test_chunked_equals_recurrent_across_blocks(T, C):
+    rng = np.random.default_rng(T + C)
+    q, k, v, g, beta = delta_inputs(rng, 2, T, 2, 6, 8, 5, g_range=(-1.0, 0.0))
+    S0 = rng.normal(size=(2, 6, 8, 5))
+    _check(q, k, v, g, beta, S0, C)
+
+
+@pytest.mark.parametrize("regime", ["g_mixed_extreme", "beta_one_repeated_keys"])
+def test_chunked_equals_recurrent_extreme_gates_many_blocks(regime, monkeypatch):
+    """Small blocks (two chunks each), so that the extreme regimes cross many block boundaries."""
+    monkeypatch.setattr(importlib.import_module("gdncheck.reference.delta_rule_chunked"), "BLOCK_TOKENS", 32)
+    rng = np.random.default_rng(5)
+    q, k, v, g, beta = delta_inputs(rng, 1, 203, 1, 3, 8, 4)
+    if regime == "g_mixed_extreme":
+        g = np.where(rng.random(g.shape) < 0.2, -rng.uniform(100, 1e4, size=g.shape), -rng.uniform(0, 1e-3, g.shape))
+    else:
+        beta = np.ones_like(beta)
+        k = np.repeat(k[:, :1], k.shape[1], axis=1)
+    _check(q, k, v, g, beta, rng.normal(size=(1, 3, 8, 4)) * 10, 16)
+
+
+def test_chunked_reads_views_and_leaves_its_inputs_alone():
+    """Strided and float32 inputs give the result of their contiguous float64 copies; nothing is written."""
+    rng = np.random.default_rng(8)
+    q, k, v, g, beta = delta_inputs(rng, 2, 90, 2, 4, 8, 6)
+    S0 = rng.normal(size=(2, 4, 8, 6))
+    qs = np.swapaxes(np.swapaxes(q, 1, 2).copy(), 1, 2)  # same values, time-minor layout
+    vs = np.asfortranarray(v)
+    keep = [x.copy() for x in (qs, k, vs, g, beta, S0)]
+    o_c, s_c = delta_rule_chunked(qs, k.astype(np.float32), vs, g, beta, S0, chunk_size=32)
+    for before, after in zip(keep, (qs, k, vs, g, beta, S0)):
+        np.testing.assert_array_equal(before, after)
+    o_r, s_r = delta_rule_recurrent(q, k.astype(np.float32).astype(np.float64), v, g, beta, S0)
+    assert rel_err(o_c, o_r) <= BOUND and rel_err(s_c, s_r) <= BOUND
+    assert o_c.flags.c_contiguous and s_c.flags.c_contiguous
+
+
 def test_zero_padding_changes_nothing():
     """Appending tokens with k = v = beta = g = 0 leaves the outputs and the state unchanged."""
     rng = np.random.default_rng(12)
@@ -88,10 +134,15 @@ def test_zero_padding_changes_nothing():
 
 
 @pytest.mark.parametrize("C", [1, 2, 7, 16, 64])
-def test_unit_lower_inverse(C):
+@pytest.mark.parametrize("overwrite", [False, True])
+def test_unit_lower_inverse(C, overwrite):
+    """(I + A)⁻¹ from the strictly lower triangle only: the diagonal and upper triangle of A are ignored."""
     rng = np.random.default_rng(C)
-    A = np.tril(rng.uniform(-1, 1, size=(3, C, C)), -1)
-    inv = unit_lower_inverse(A)
-    for i in range(3):
-        np.testing.assert_allclose(inv[i] @ (np.eye(C) + A[i]), np.eye(C), atol=1e-10)
-        np.testing.assert_allclose(np.triu(inv[i], 1), 0.0)
+    A = np.tril(rng.uniform(-1, 1, size=(2, 3, C, C)), -1)
+    noisy = A + np.triu(rng.uniform(-5, 5, size=A.shape))  # garbage on and above the diagonal
+    inv = unit_lower_inverse(noisy.copy() if overwrite else noisy, overwrite_a=overwrite)
+    assert inv.shape == A.shape
+    for idx in np.ndindex(2, 3):
+        np.testing.assert_allclose(inv[idx] @ (np.eye(C) + A[idx]), np.eye(C), atol=1e-10)
+        np.testing.assert_array_equal(np.triu(inv[idx], 1), 0.0)
+        np.testing.assert_array_equal(np.diag(inv[idx]), 1.0)
