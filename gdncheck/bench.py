@@ -1,10 +1,20 @@
 """Benchmarks of the float64 reference: ``python -m gdncheck.bench reference`` (or ``gdncheck bench``).
 
 At real head sizes (Hk=16, Hv=32, dk=dv=128, D=2048, I=6144) and T in {1024, 4096, 16384} it measures,
-in one run: the recurrent and the chunked delta rule, the whole layer, the layer's matmuls alone,
-and Hugging Face transformers' ``torch_chunk_gated_delta_rule`` (fp32, CPU) on the same inputs when
-transformers is installed. Each figure is the median wall time of ``--repeat`` runs and the peak
-resident memory above the start of that measurement (Linux VmHWM, reset before each one).
+in one run and for each thread count asked for (``--threads 1,2``):
+
+- the chunked delta rule (C=64) and, up to ``--recurrent-max`` tokens, the recurrent one, with their
+  normwise relative difference (max |chunked − recurrent| / max |recurrent|, output and final state);
+- Hugging Face transformers' ``torch_chunk_gated_delta_rule`` (fp32, CPU, C=64) on the same inputs, when
+  transformers is installed, with its normwise error against the float64 result;
+- the whole layer (``Layer.forward``) and its matmuls alone: every matrix product of the layer on float64
+  operands of the same shapes, the projections and the products of the chunked delta rule's formula
+  (KKᵀ, QKᵀ, [Q; K] S, (I + A)⁻¹ Y, Kᵀ V', (QKᵀ ⊙ E) V'), batched as the reference batches them.
+
+Each time is the median wall time of ``--repeat`` runs (the recurrent form: one run); each peak memory
+is the growth of the process's peak resident set (Linux VmHWM, reset before each measurement) over the
+resident set at its start. BLAS threads are set with threadpoolctl, torch threads with
+``torch.set_num_threads``. ``--quick`` runs the same code on a tiny layer (a smoke test, not a benchmark).
 
 Performance is measured here, never asserted in tests.
 """
@@ -12,23 +22,31 @@ Performance is measured here, never asserted in tests.
 from __future__ import annotations
 
 import argparse
+import ctypes
+import gc
 import json
+import os
 import platform
 import statistics
 import sys
 import time
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 
 import numpy as np
 
 from .config import GDNConfig
-from .env import limit_blas_threads
 
 REAL = GDNConfig(hidden_size=2048, intermediate_size=6144, num_k_heads=16, num_v_heads=32, head_k_dim=128,
                  head_v_dim=128, conv_kernel=4)
+QUICK = GDNConfig(hidden_size=32, intermediate_size=48, num_k_heads=2, num_v_heads=4, head_k_dim=16,
+                  head_v_dim=8, conv_kernel=4)
+CHUNK = 64
+MEASURES = ("recurrent", "chunked", "hf_torch_chunk_fp32", "layer", "layer_matmuls")
 
 
+# --- measuring ----------------------------------------------------------------------------------------
 def _rss_kb(field: str) -> int | None:
     try:
         for line in Path("/proc/self/status").read_text().splitlines():
@@ -40,17 +58,26 @@ def _rss_kb(field: str) -> int | None:
 
 
 def _reset_peak() -> None:
+    """Free what can be freed, then restart the peak resident set count (VmHWM) at the current one."""
+    gc.collect()
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
     try:
         Path("/proc/self/clear_refs").write_text("5")
     except OSError:
         pass
 
 
-def measure(fn: Callable[[], object], repeat: int) -> dict:
-    """Median seconds over ``repeat`` runs, and peak RSS growth (MiB) during the first run."""
-    times = []
-    peak = None
+def measure(fn: Callable[[], object], repeat: int) -> tuple[dict, object]:
+    """Median (and least) seconds over ``repeat`` runs and the peak memory growth (MiB) of the first run.
+
+    Returns the figures and the result of the last run.
+    """
+    times, peak, result = [], None, None
     for i in range(repeat):
+        result = None
         if i == 0:
             _reset_peak()
             base = _rss_kb("VmRSS")
@@ -61,11 +88,19 @@ def measure(fn: Callable[[], object], repeat: int) -> dict:
             hwm = _rss_kb("VmHWM")
             if base is not None and hwm is not None:
                 peak = max(0, hwm - base) / 1024
-        del result
-    return {"seconds": statistics.median(times), "runs": times, "peak_mib": peak}
+    return {"seconds": statistics.median(times), "min_seconds": min(times), "runs": times, "peak_mib": peak}, result
 
 
+def normwise(a: np.ndarray, ref: np.ndarray) -> float:
+    """max |a − ref| / max |ref| (0 when both are all zeros)."""
+    den = float(np.abs(ref).max()) if ref.size else 0.0
+    num = float(np.abs(np.asarray(a, dtype=np.float64) - ref).max()) if ref.size else 0.0
+    return num / den if den else num
+
+
+# --- inputs and implementations ---------------------------------------------------------------------
 def delta_inputs(cfg: GDNConfig, T: int, seed: int = 0):
+    """q, k (L2-normalised), v, g < 0, beta in (0, 1) for one sequence of T tokens, float64."""
     rng = np.random.default_rng(seed)
 
     def l2(x):
@@ -88,68 +123,155 @@ def hf_chunk_rule():
     return getattr(m, "torch_chunk_gated_delta_rule", None)
 
 
-def bench_reference(tokens: list[int], repeat: int, recurrent_max: int, layer_max: int, threads: int) -> dict:
+def layer_matmuls(layer, x: np.ndarray, chunk_size: int = CHUNK) -> Callable[[], object]:
+    """A function doing every matrix product of ``layer.forward(x)`` alone, on float64 operands of the
+    same shapes: the projections (in_proj ×4, out_proj, mlp ×3) and the products of the chunked delta
+    rule (:func:`_delta_rule_matmuls`). Operands are made here, outside what is timed."""
+    from .reference.delta_rule_chunked import BLOCK_TOKENS
+
+    cfg, p = layer.cfg, layer.params
+    B, T, _ = x.shape
+    w = {n: p[n].T for n in ("linear_attn.in_proj_qkv.weight", "linear_attn.in_proj_z.weight",
+                             "linear_attn.in_proj_a.weight", "linear_attn.in_proj_b.weight",
+                             "linear_attn.out_proj.weight", "mlp.gate_proj.weight", "mlp.up_proj.weight",
+                             "mlp.down_proj.weight")}
+    delta = _delta_rule_operands(cfg, B, T, chunk_size, BLOCK_TOKENS)
+
+    def run():
+        qkv = x @ w["linear_attn.in_proj_qkv.weight"]
+        z = x @ w["linear_attn.in_proj_z.weight"]  # [B, T, Hv·dv], the shape of core_gated
+        a = x @ w["linear_attn.in_proj_a.weight"]
+        b = x @ w["linear_attn.in_proj_b.weight"]
+        _delta_rule_matmuls(delta)
+        attn_out = z @ w["linear_attn.out_proj.weight"]
+        gate = x @ w["mlp.gate_proj.weight"]  # [B, T, I], the shape of silu(gate) * up
+        up = x @ w["mlp.up_proj.weight"]
+        mlp_out = gate @ w["mlp.down_proj.weight"]
+        return qkv, a, b, attn_out, up, mlp_out
+
+    return run
+
+
+def _delta_rule_operands(cfg: GDNConfig, B: int, T: int, C: int, block_tokens: int) -> list[dict]:
+    """Operands for :func:`_delta_rule_matmuls`, one set per block shape, blocks split like
+    reference/delta_rule_chunked.py (whole chunks of C per block, a last partial chunk alone)."""
+    Hk, Hv, dk, dv = cfg.num_k_heads, cfg.num_v_heads, cfg.head_k_dim, cfg.head_v_dim
+    r = Hv // Hk
+    rng = np.random.default_rng(0)
+    S = rng.normal(size=(B, Hk, r, dk, dv))
+    blocks, made = [], {}
+    step = max(1, block_tokens // C) * C
+    for t0 in range(0, T, step):
+        t1 = min(T, t0 + step)
+        whole = t0 + (t1 - t0) // C * C
+        for a, b in ((t0, whole), (whole, t1)):
+            if b > a:
+                L = min(C, b - a)
+                n = (b - a) // L
+                if (n, L) not in made:
+                    made[(n, L)] = {
+                        "QK": rng.normal(size=(B, Hk, 1, n, 2 * L, dk)), "S": S,
+                        "T_inv": rng.normal(size=(B, Hk, r, n, L, L)),  # also stands for QKᵀ ⊙ E
+                        "Y": rng.normal(size=(B, Hk, r, L, dv)), "Vn": np.empty((B, Hk, r, n, L, dv)),
+                    }
+                blocks.append(made[(n, L)])
+    return blocks
+
+
+def _delta_rule_matmuls(blocks: list[dict]) -> None:
+    """The products of the chunked formula, batched like reference/delta_rule_chunked.py: per block
+    KKᵀ and QKᵀ per key head; per chunk [Q; K] S, (I + A)⁻¹ Y and Kᵀ Y; per block (QKᵀ ⊙ E) V'."""
+    for op in blocks:
+        QK, S, T_inv, Y, Vn = op["QK"], op["S"], op["T_inv"], op["Y"], op["Vn"]
+        L = T_inv.shape[-1]
+        Kt = np.swapaxes(QK[..., L:, :], -1, -2)
+        np.matmul(QK[..., L:, :], Kt)  # K Kᵀ
+        np.matmul(QK[..., :L, :], Kt)  # Q Kᵀ
+        for j in range(QK.shape[3]):
+            np.matmul(QK[..., j, :, :], S)  # [Q; K] S
+            np.matmul(T_inv[..., j, :, :], Y, out=Vn[..., j, :, :])  # (I + A)⁻¹ Y
+            np.matmul(Kt[..., j, :, :], Y)  # Kᵀ Y
+        np.matmul(T_inv, Vn)  # (QKᵀ ⊙ E) V'
+
+
+# --- the benchmark ----------------------------------------------------------------------------------
+def thread_info() -> dict:
+    """What actually runs: BLAS libraries with their thread counts, torch's thread count."""
+    info: dict = {"cpus": os.cpu_count()}
+    try:
+        from threadpoolctl import threadpool_info
+
+        info["blas"] = [f"{d.get('internal_api')} {d.get('version')} threads={d.get('num_threads')}"
+                        for d in threadpool_info() if d.get("user_api") == "blas"]
+    except ImportError:  # pragma: no cover - threadpoolctl is a dependency
+        info["blas"] = []
+    if "torch" in sys.modules:
+        info["torch_threads"] = sys.modules["torch"].get_num_threads()
+    return info
+
+
+def bench_reference(tokens: list[int], repeat: int, recurrent_max: int, layer_max: int,
+                    threads: list[int], cfg: GDNConfig = REAL, use_hf: bool = True) -> dict:
+    from threadpoolctl import threadpool_limits
+
     from .reference import Layer, delta_rule_chunked, delta_rule_recurrent
     from .synthetic import make_inputs, make_weights
 
-    limit_blas_threads(threads)
-    cfg = REAL
+    hf = hf_chunk_rule() if use_hf else None
+    layer = Layer(cfg, make_weights(cfg, seed=0)) if layer_max else None
     rows = []
-    hf = hf_chunk_rule()
-    weights = make_weights(cfg, seed=0) if layer_max else None
-    layer = Layer(cfg, weights) if weights is not None else None
-    for T in tokens:
-        q, k, v, g, beta = delta_inputs(cfg, T)
-        row: dict = {"T": T}
-        row["chunked"] = measure(lambda: delta_rule_chunked(q, k, v, g, beta, None, None, 64), repeat)
-        if T <= recurrent_max:
-            row["recurrent"] = measure(lambda: delta_rule_recurrent(q, k, v, g, beta, None, None), 1)
-            o_r, s_r = delta_rule_recurrent(q, k, v, g, beta)
-            o_c, s_c = delta_rule_chunked(q, k, v, g, beta)
-            row["chunked_vs_recurrent_rel"] = float(
-                max(np.abs(o_c - o_r).max() / np.abs(o_r).max(), np.abs(s_c - s_r).max() / np.abs(s_r).max())
-            )
+    for n_threads in threads:
+        limiter = threadpool_limits(limits=n_threads, user_api="blas")
         if hf is not None:
             import torch
 
-            torch.set_num_threads(threads)
-            tq, tk, tv = (torch.from_numpy(a.astype(np.float32)) for a in (q, k, v))
-            tg, tb = torch.from_numpy(g.astype(np.float32)), torch.from_numpy(beta.astype(np.float32))
-
-            def run_hf():
-                with torch.no_grad():
-                    return hf(tq, tk, tv, g=tg, beta=tb, chunk_size=64, initial_state=None,
-                              output_final_state=True, use_qk_l2norm_in_kernel=False)
-
-            row["hf_torch_chunk_fp32"] = measure(run_hf, repeat)
-        if layer is not None and T <= layer_max:
-            x = make_inputs(cfg, 1, T, seed=1)
-            row["layer"] = measure(lambda: layer.forward(x, layer.new_state(1), 0), repeat)
-            row["layer_matmuls"] = measure(lambda: _layer_matmuls(layer, x), repeat)
-        rows.append(row)
-        print(_row_text(row), file=sys.stderr, flush=True)
+            torch.set_num_threads(n_threads)
+        for T in tokens:
+            row: dict = {"T": T, "threads": n_threads}
+            inputs = delta_inputs(cfg, T)
+            row["chunked"], (o_c, s_c) = measure(partial(delta_rule_chunked, *inputs, chunk_size=CHUNK), repeat)
+            if T <= recurrent_max:
+                row["recurrent"], (o_r, s_r) = measure(partial(delta_rule_recurrent, *inputs), 1)
+                row["chunked_vs_recurrent"] = max(normwise(o_c, o_r), normwise(s_c, s_r))
+                del o_r, s_r
+            if hf is not None:
+                row["hf_torch_chunk_fp32"], (o_h, s_h) = measure(_hf_runner(hf, *inputs), repeat)
+                row["hf_vs_chunked"] = max(normwise(o_h.numpy(), o_c), normwise(s_h.numpy(), s_c))
+                del o_h, s_h
+            del o_c, s_c, inputs
+            if layer is not None and T <= layer_max:
+                x = make_inputs(cfg, 1, T, seed=1)
+                row["layer"], _ = measure(lambda: layer.forward(x, layer.new_state(1), 0), repeat)
+                row["layer_matmuls"], _ = measure(layer_matmuls(layer, x), repeat)
+            row["env"] = thread_info()
+            rows.append(row)
+            print(_row_text(row), file=sys.stderr, flush=True)
+        limiter.restore_original_limits()
     return {
         "config": cfg.summary(),
+        "chunk_size": CHUNK,
+        "repeat": repeat,
         "threads": threads,
         "numpy": np.__version__,
-        "machine": platform.machine(),
-        "processor": platform.processor(),
+        "torch": _version("torch") if hf is not None else None,
         "transformers": _version("transformers") if hf is not None else None,
+        "machine": platform.machine(),
+        "cpus": os.cpu_count(),
         "rows": rows,
     }
 
 
-def _layer_matmuls(layer, x: np.ndarray):
-    """Exactly the layer's matrix products, on float64 operands of the same shapes."""
-    p = layer.params
-    xn = x[0]
-    outs = [xn @ p[n].T for n in ("linear_attn.in_proj_qkv.weight", "linear_attn.in_proj_z.weight",
-                                  "linear_attn.in_proj_a.weight", "linear_attn.in_proj_b.weight")]
-    outs.append(outs[1] @ p["linear_attn.out_proj.weight"].T)
-    gate = xn @ p["mlp.gate_proj.weight"].T
-    up = xn @ p["mlp.up_proj.weight"].T
-    outs.append((gate * up) @ p["mlp.down_proj.weight"].T)
-    return outs
+def _hf_runner(hf, q, k, v, g, beta):
+    import torch
+
+    tq, tk, tv, tg, tb = (torch.from_numpy(np.ascontiguousarray(a, dtype=np.float32)) for a in (q, k, v, g, beta))
+
+    def run():
+        with torch.no_grad():
+            return hf(tq, tk, tv, g=tg, beta=tb, chunk_size=CHUNK, initial_state=None,
+                      output_final_state=True, use_qk_l2norm_in_kernel=False)
+
+    return run
 
 
 def _version(pkg: str) -> str | None:
@@ -161,6 +283,7 @@ def _version(pkg: str) -> str | None:
         return None
 
 
+# --- reporting --------------------------------------------------------------------------------------
 def _fmt(m: dict | None) -> str:
     if not m:
         return "-"
@@ -168,49 +291,65 @@ def _fmt(m: dict | None) -> str:
     return f"{m['seconds']:.3f} s / {peak}"
 
 
+def _ratio(row: dict, num: str, den: str) -> str:
+    return f"{row[num]['seconds'] / row[den]['seconds']:.2f}x" if num in row and den in row else "-"
+
+
+def _err(row: dict, key: str) -> str:
+    return f"{row[key]:.1e}" if key in row else "-"
+
+
 def _row_text(row: dict) -> str:
-    parts = [f"T={row['T']:>6}"]
-    for key in ("recurrent", "chunked", "hf_torch_chunk_fp32", "layer", "layer_matmuls"):
-        if key in row:
-            parts.append(f"{key}: {_fmt(row[key])}")
-    if "chunked_vs_recurrent_rel" in row:
-        parts.append(f"rel err {row['chunked_vs_recurrent_rel']:.1e}")
+    parts = [f"T={row['T']:>6} threads={row['threads']}"]
+    parts += [f"{key}: {_fmt(row[key])}" for key in MEASURES if key in row]
     return "  ".join(parts)
 
 
 def table(result: dict) -> str:
+    """The figures as a Markdown table (time / peak memory growth per measurement)."""
+    head = ["T", "threads", "recurrent", "chunked C=64", "chunked vs rec", "HF torch fp32", "chunked/HF",
+            "HF err", "layer", "layer matmuls", "layer/mm"]
     lines = [
-        f"float64 reference, {result['config']}, BLAS threads {result['threads']}, numpy {result['numpy']}",
-        f"{'T':>6} | {'recurrent':>18} | {'chunked C=64':>18} | {'HF torch fp32':>18} | {'chunked/HF':>10} | "
-        f"{'layer':>18} | {'matmuls':>18} | {'layer/mm':>8}",
+        f"float64 reference, {result['config']}; numpy {result['numpy']}, torch {result['torch']}, "
+        f"transformers {result['transformers']}, {result['cpus']} CPUs; median of {result['repeat']} "
+        "(recurrent: 1 run); time / peak memory growth",
+        "| " + " | ".join(head) + " |",
+        "|" + "|".join("---" for _ in head) + "|",
     ]
     for r in result["rows"]:
-        ratio = (f"{r['chunked']['seconds'] / r['hf_torch_chunk_fp32']['seconds']:.2f}x"
-                 if "hf_torch_chunk_fp32" in r else "-")
-        lm = (f"{r['layer']['seconds'] / r['layer_matmuls']['seconds']:.2f}x" if "layer" in r else "-")
-        lines.append(
-            f"{r['T']:>6} | {_fmt(r.get('recurrent')):>18} | {_fmt(r.get('chunked')):>18} | "
-            f"{_fmt(r.get('hf_torch_chunk_fp32')):>18} | {ratio:>10} | {_fmt(r.get('layer')):>18} | "
-            f"{_fmt(r.get('layer_matmuls')):>18} | {lm:>8}"
-        )
+        cells = [str(r["T"]), str(r["threads"]), _fmt(r.get("recurrent")), _fmt(r.get("chunked")),
+                 _err(r, "chunked_vs_recurrent"), _fmt(r.get("hf_torch_chunk_fp32")),
+                 _ratio(r, "chunked", "hf_torch_chunk_fp32"), _err(r, "hf_vs_chunked"), _fmt(r.get("layer")),
+                 _fmt(r.get("layer_matmuls")), _ratio(r, "layer", "layer_matmuls")]
+        lines.append("| " + " | ".join(cells) + " |")
+    blas = sorted({b for r in result["rows"] for b in r.get("env", {}).get("blas", [])})
+    lines.append(f"BLAS as measured: {'; '.join(blas) or 'unknown'}")
     return "\n".join(lines)
 
 
+# --- command line -----------------------------------------------------------------------------------
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("target", nargs="?", default="reference", choices=["reference"], help="what to benchmark")
-    p.add_argument("--tokens", default="1024,4096,16384", help="comma-separated T values")
-    p.add_argument("--repeat", type=int, default=3, help="runs per figure (median reported)")
+    p.add_argument("--tokens", default=None, help="comma-separated T values (default 1024,4096,16384)")
+    p.add_argument("--repeat", type=int, default=None, help="runs per figure, median reported (default 3)")
     p.add_argument("--recurrent-max", type=int, default=4096, help="largest T for the (slow) recurrent form")
     p.add_argument("--layer-max", type=int, default=16384, help="largest T for the whole layer (0: skip)")
-    p.add_argument("--threads", type=int, default=None, help="BLAS/torch threads (default GDN_BLAS_THREADS or 1)")
+    p.add_argument("--threads", default=None,
+                   help="comma-separated BLAS and torch thread counts, e.g. 1,2 (default GDN_BLAS_THREADS or 1)")
+    p.add_argument("--no-hf", action="store_true", help="skip the transformers comparison")
+    p.add_argument("--quick", action="store_true",
+                   help="a tiny layer (D=32, Hk=2, Hv=4) at T=16,40, one run each: checks the code path only")
     p.add_argument("--json", type=Path, default=None, help="also write the figures as JSON here")
 
 
 def run_from_args(args: argparse.Namespace) -> int:
     from .env import blas_threads
 
-    tokens = [int(t) for t in str(args.tokens).split(",") if t.strip()]
-    result = bench_reference(tokens, args.repeat, args.recurrent_max, args.layer_max, args.threads or blas_threads())
+    tokens_default, repeat_default = ("16,40", 1) if args.quick else ("1024,4096,16384", 3)
+    tokens = [int(t) for t in str(args.tokens or tokens_default).split(",") if t.strip()]
+    threads = [int(t) for t in str(args.threads).split(",") if t.strip()] if args.threads else [blas_threads()]
+    result = bench_reference(tokens, args.repeat or repeat_default, args.recurrent_max, args.layer_max, threads,
+                             cfg=QUICK if args.quick else REAL, use_hf=not args.no_hf)
     print(table(result))
     if args.json:
         args.json.write_text(json.dumps(result, indent=2))
