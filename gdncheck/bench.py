@@ -11,9 +11,11 @@ in one run and for each thread count asked for (``--threads 1,2``):
   operands of the same shapes, the projections and the products of the chunked delta rule's formula
   (KKᵀ, QKᵀ, [Q; K] S, (I + A)⁻¹ Y, Kᵀ V', (QKᵀ ⊙ E) V'), batched as the reference batches them.
 
-Each time is the median wall time of ``--repeat`` runs (the recurrent form: one run); each peak memory
-is the growth of the process's peak resident set (Linux VmHWM, reset before each measurement) over the
-resident set at its start. BLAS threads are set with threadpoolctl, torch threads with
+Each time is the median wall time of ``--repeat`` runs (the recurrent form: one run); what is compared
+(chunked and HF, layer and its matmuls) runs in turns, so that a busy neighbour slows both alike, and
+the load average before and after each row is recorded. Each peak memory is the growth of the
+process's peak resident set (Linux VmHWM, reset before each measurement) over the resident set at its
+start. BLAS threads are set with threadpoolctl, torch threads with
 ``torch.set_num_threads``. ``--quick`` runs the same code on a tiny layer (a smoke test, not a benchmark).
 
 Performance is measured here, never asserted in tests.
@@ -70,25 +72,41 @@ def _reset_peak() -> None:
         pass
 
 
-def measure(fn: Callable[[], object], repeat: int) -> tuple[dict, object]:
-    """Median (and least) seconds over ``repeat`` runs and the peak memory growth (MiB) of the first run.
+def measure(fns: dict[str, Callable[[], object]], repeat: int, keep: bool = True) -> tuple[dict, dict]:
+    """Run each function ``repeat`` times, taking turns (a, b, a, b, ...), so that a busy neighbour on a
+    shared machine slows them alike. Per function: the median and least wall seconds, the median CPU
+    seconds of the process (all its threads; kernel time such as page faults included), the median
+    kernel (system) seconds alone, and the peak memory growth (MiB) of its first run.
 
-    Returns the figures and the result of the last run.
+    Returns the figures and (``keep``) the result of each function's last run, by name.
     """
-    times, peak, result = [], None, None
+    times: dict[str, list[float]] = {name: [] for name in fns}
+    cpu: dict[str, list[float]] = {name: [] for name in fns}
+    sys_: dict[str, list[float]] = {name: [] for name in fns}
+    peaks: dict[str, float | None] = {}
+    results: dict[str, object] = {}
     for i in range(repeat):
-        result = None
-        if i == 0:
-            _reset_peak()
-            base = _rss_kb("VmRSS")
-        t0 = time.perf_counter()
-        result = fn()
-        times.append(time.perf_counter() - t0)
-        if i == 0:
-            hwm = _rss_kb("VmHWM")
-            if base is not None and hwm is not None:
-                peak = max(0, hwm - base) / 1024
-    return {"seconds": statistics.median(times), "min_seconds": min(times), "runs": times, "peak_mib": peak}, result
+        for name, fn in fns.items():
+            results[name] = None
+            if i == 0:
+                _reset_peak()
+                base = _rss_kb("VmRSS")
+            t0, c0, s0 = time.perf_counter(), time.process_time(), os.times().system
+            result = fn()
+            times[name].append(time.perf_counter() - t0)
+            cpu[name].append(time.process_time() - c0)
+            sys_[name].append(os.times().system - s0)
+            if keep:
+                results[name] = result
+            del result
+            if i == 0:
+                hwm = _rss_kb("VmHWM")
+                peaks[name] = max(0, hwm - base) / 1024 if base is not None and hwm is not None else None
+    figures = {name: {"seconds": statistics.median(ts), "min_seconds": min(ts), "runs": ts,
+                      "cpu_seconds": statistics.median(cpu[name]), "sys_seconds": statistics.median(sys_[name]),
+                      "peak_mib": peaks[name]}
+               for name, ts in times.items()}
+    return figures, results
 
 
 def normwise(a: np.ndarray, ref: np.ndarray) -> float:
@@ -227,22 +245,33 @@ def bench_reference(tokens: list[int], repeat: int, recurrent_max: int, layer_ma
 
             torch.set_num_threads(n_threads)
         for T in tokens:
-            row: dict = {"T": T, "threads": n_threads}
+            row: dict = {"T": T, "threads": n_threads, "load_before": _load()}
             inputs = delta_inputs(cfg, T)
-            row["chunked"], (o_c, s_c) = measure(partial(delta_rule_chunked, *inputs, chunk_size=CHUNK), repeat)
-            if T <= recurrent_max:
-                row["recurrent"], (o_r, s_r) = measure(partial(delta_rule_recurrent, *inputs), 1)
-                row["chunked_vs_recurrent"] = max(normwise(o_c, o_r), normwise(s_c, s_r))
-                del o_r, s_r
+            fns = {"chunked": partial(delta_rule_chunked, *inputs, chunk_size=CHUNK)}
             if hf is not None:
-                row["hf_torch_chunk_fp32"], (o_h, s_h) = measure(_hf_runner(hf, *inputs), repeat)
+                fns["hf_torch_chunk_fp32"] = _hf_runner(hf, *inputs)
+            figures, results = measure(fns, repeat)
+            row.update(figures)
+            o_c, s_c = results["chunked"]
+            if hf is not None:
+                o_h, s_h = results["hf_torch_chunk_fp32"]
                 row["hf_vs_chunked"] = max(normwise(o_h.numpy(), o_c), normwise(s_h.numpy(), s_c))
                 del o_h, s_h
+            del results, figures
+            if T <= recurrent_max:
+                figures, results = measure({"recurrent": partial(delta_rule_recurrent, *inputs)}, 1)
+                row.update(figures)
+                o_r, s_r = results["recurrent"]
+                row["chunked_vs_recurrent"] = max(normwise(o_c, o_r), normwise(s_c, s_r))
+                del results, figures, o_r, s_r
             del o_c, s_c, inputs
             if layer is not None and T <= layer_max:
                 x = make_inputs(cfg, 1, T, seed=1)
-                row["layer"], _ = measure(lambda: layer.forward(x, layer.new_state(1), 0), repeat)
-                row["layer_matmuls"], _ = measure(layer_matmuls(layer, x), repeat)
+                figures, _ = measure({"layer": lambda: layer.forward(x, layer.new_state(1), 0),
+                                      "layer_matmuls": layer_matmuls(layer, x)}, repeat, keep=False)
+                row.update(figures)
+                del x
+            row["load_after"] = _load()
             row["env"] = thread_info()
             rows.append(row)
             print(_row_text(row), file=sys.stderr, flush=True)
@@ -274,6 +303,14 @@ def _hf_runner(hf, q, k, v, g, beta):
     return run
 
 
+def _load() -> list[float] | None:
+    """The 1, 5 and 15 minute load averages (how busy the machine was), or None."""
+    try:
+        return [round(x, 2) for x in os.getloadavg()]
+    except OSError:
+        return None
+
+
 def _version(pkg: str) -> str | None:
     try:
         from importlib.metadata import version
@@ -292,11 +329,20 @@ def _fmt(m: dict | None) -> str:
 
 
 def _ratio(row: dict, num: str, den: str) -> str:
-    return f"{row[num]['seconds'] / row[den]['seconds']:.2f}x" if num in row and den in row else "-"
+    """Ratio of median wall times, then of median CPU times (which a busy neighbour barely changes)."""
+    if num not in row or den not in row:
+        return "-"
+    return (f"{row[num]['seconds'] / row[den]['seconds']:.2f}x "
+            f"(cpu {row[num]['cpu_seconds'] / row[den]['cpu_seconds']:.2f}x)")
 
 
 def _err(row: dict, key: str) -> str:
     return f"{row[key]:.1e}" if key in row else "-"
+
+
+def _load_text(row: dict) -> str:
+    before, after = row.get("load_before"), row.get("load_after")
+    return f"{before[0]:.1f}→{after[0]:.1f}" if before and after else "-"
 
 
 def _row_text(row: dict) -> str:
@@ -308,7 +354,7 @@ def _row_text(row: dict) -> str:
 def table(result: dict) -> str:
     """The figures as a Markdown table (time / peak memory growth per measurement)."""
     head = ["T", "threads", "recurrent", "chunked C=64", "chunked vs rec", "HF torch fp32", "chunked/HF",
-            "HF err", "layer", "layer matmuls", "layer/mm"]
+            "HF err", "layer", "layer matmuls", "layer/mm", "load"]
     lines = [
         f"float64 reference, {result['config']}; numpy {result['numpy']}, torch {result['torch']}, "
         f"transformers {result['transformers']}, {result['cpus']} CPUs; median of {result['repeat']} "
@@ -320,7 +366,7 @@ def table(result: dict) -> str:
         cells = [str(r["T"]), str(r["threads"]), _fmt(r.get("recurrent")), _fmt(r.get("chunked")),
                  _err(r, "chunked_vs_recurrent"), _fmt(r.get("hf_torch_chunk_fp32")),
                  _ratio(r, "chunked", "hf_torch_chunk_fp32"), _err(r, "hf_vs_chunked"), _fmt(r.get("layer")),
-                 _fmt(r.get("layer_matmuls")), _ratio(r, "layer", "layer_matmuls")]
+                 _fmt(r.get("layer_matmuls")), _ratio(r, "layer", "layer_matmuls"), _load_text(r)]
         lines.append("| " + " | ".join(cells) + " |")
     blas = sorted({b for r in result["rows"] for b in r.get("env", {}).get("blas", [])})
     lines.append(f"BLAS as measured: {'; '.join(blas) or 'unknown'}")

@@ -14,7 +14,7 @@ from gdncheck.reference import Layer, in_proj, mlp, out_proj
 from gdncheck import bench
 from gdncheck.synthetic import make_inputs, make_weights
 
-FIGURE_KEYS = {"seconds", "min_seconds", "runs", "peak_mib"}
+FIGURE_KEYS = {"seconds", "min_seconds", "runs", "cpu_seconds", "sys_seconds", "peak_mib"}
 
 
 def _run(tmp_path, capsys, *extra):
@@ -37,7 +37,7 @@ def test_quick_bench_table_and_json(tmp_path, capsys):
         assert any("threads=1" in b for b in row["env"]["blas"]), row["env"]
     header = next(line for line in out.splitlines() if line.startswith("| T |"))
     for column in ("recurrent", "chunked C=64", "chunked vs rec", "HF torch fp32", "chunked/HF", "layer",
-                   "layer matmuls", "layer/mm", "threads"):
+                   "layer matmuls", "layer/mm", "threads", "load"):
         assert column in header
     assert sum(line.startswith("| 16 |") or line.startswith("| 40 |") for line in out.splitlines()) == 2
     assert "BLAS as measured" in out
