@@ -130,7 +130,9 @@ def _block(q, k, v, g, beta, S, out, L: int, scale: float, buf: _Buffers) -> Non
     B, TL, Hk, dk = q.shape
     Hv, dv = v.shape[2:]
     r, n = Hv // Hk, TL // L
-    G, Bt = _heads(g, L, Hk), _heads(beta, L, Hk)  # [B, Hk, r, n, L]
+    # g = -inf (a full reset) as -1e300: every exp of a sum that holds it is still exactly 0, and the
+    # products with 0/1 masks below never meet inf·0
+    G, Bt = np.maximum(_heads(g, L, Hk), -1e300), _heads(beta, L, Hk)  # [B, Hk, r, n, L]
     V, O = _heads(v, L, Hk), _heads(out, L, Hk)  # [B, Hk, r, n, L, dv]
     per_key, per_value = (B, Hk, 1, n, L, L), (B, Hk, r, n, L, L)
 

@@ -38,7 +38,7 @@ def test_chunked_equals_recurrent_lengths_and_ratios(T, ratio):
     _check(q, k, v, g, beta, S0, 64)
 
 
-@pytest.mark.parametrize("regime", ["g_zero", "g_tiny", "g_very_negative", "g_mixed_extreme",
+@pytest.mark.parametrize("regime", ["g_zero", "g_tiny", "g_very_negative", "g_mixed_extreme", "g_minus_inf",
                                     "beta_zero", "beta_one", "beta_one_repeated_keys"])
 def test_chunked_equals_recurrent_extreme_gates(regime):
     rng = np.random.default_rng(11)
@@ -52,6 +52,8 @@ def test_chunked_equals_recurrent_extreme_gates(regime):
         g = -rng.uniform(50, 5000, size=g.shape)
     elif regime == "g_mixed_extreme":
         g = np.where(rng.random(g.shape) < 0.2, -rng.uniform(100, 1e4, size=g.shape), -rng.uniform(0, 1e-3, g.shape))
+    elif regime == "g_minus_inf":  # exp(g) = 0: a full reset of the state at some tokens
+        g = np.where(rng.random(g.shape) < 0.05, -np.inf, g)
     elif regime == "beta_zero":
         beta = np.zeros_like(beta)
     elif regime == "beta_one":
