@@ -229,7 +229,29 @@ def thread_info() -> dict:
 
 
 def bench_reference(tokens: list[int], repeat: int, recurrent_max: int, layer_max: int,
-                    threads: list[int], cfg: GDNConfig = REAL, use_hf: bool = True) -> dict:
+                    threads: list[int], cfg: GDNConfig = REAL, use_hf: bool = True,
+                    numpy_hugepage: bool | None = None) -> dict:
+    """The figures of the module docstring, one row per (thread count, T). ``numpy_hugepage``: set numpy's
+    madvise-hugepage switch for the run (None: leave it), restored afterwards."""
+    previous = _numpy_hugepage(numpy_hugepage)
+    try:
+        return _bench_reference(tokens, repeat, recurrent_max, layer_max, threads, cfg, use_hf)
+    finally:
+        _numpy_hugepage(previous)
+
+
+def _numpy_hugepage(enable: bool | None) -> bool | None:
+    """Set numpy's madvise(MADV_HUGEPAGE) switch (what NUMPY_MADVISE_HUGEPAGE sets at import) unless
+    ``enable`` is None; return the previous setting (None where numpy has no such switch)."""
+    try:
+        from numpy._core.multiarray import _get_madvise_hugepage, _set_madvise_hugepage
+    except ImportError:  # pragma: no cover - numpy < 2 or not Linux
+        return None
+    return bool(_set_madvise_hugepage(enable)) if enable is not None else bool(_get_madvise_hugepage())
+
+
+def _bench_reference(tokens: list[int], repeat: int, recurrent_max: int, layer_max: int,
+                     threads: list[int], cfg: GDNConfig, use_hf: bool) -> dict:
     from threadpoolctl import threadpool_limits
 
     from .reference import Layer, delta_rule_chunked, delta_rule_recurrent
@@ -282,6 +304,7 @@ def bench_reference(tokens: list[int], repeat: int, recurrent_max: int, layer_ma
         "repeat": repeat,
         "threads": threads,
         "numpy": np.__version__,
+        "numpy_madvise_hugepage": _numpy_hugepage(None),
         "torch": _version("torch") if hf is not None else None,
         "transformers": _version("transformers") if hf is not None else None,
         "machine": platform.machine(),
@@ -356,7 +379,8 @@ def table(result: dict) -> str:
     head = ["T", "threads", "recurrent", "chunked C=64", "chunked vs rec", "HF torch fp32", "chunked/HF",
             "HF err", "layer", "layer matmuls", "layer/mm", "load"]
     lines = [
-        f"float64 reference, {result['config']}; numpy {result['numpy']}, torch {result['torch']}, "
+        f"float64 reference, {result['config']}; numpy {result['numpy']} (madvise hugepage: "
+        f"{result.get('numpy_madvise_hugepage')}), torch {result['torch']}, "
         f"transformers {result['transformers']}, {result['cpus']} CPUs; median of {result['repeat']} "
         "(recurrent: 1 run); time / peak memory growth",
         "| " + " | ".join(head) + " |",
@@ -383,6 +407,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--threads", default=None,
                    help="comma-separated BLAS and torch thread counts, e.g. 1,2 (default GDN_BLAS_THREADS or 1)")
     p.add_argument("--no-hf", action="store_true", help="skip the transformers comparison")
+    p.add_argument("--numpy-hugepage", choices=["off", "on"], default="off",
+                   help="numpy's madvise(MADV_HUGEPAGE) on large arrays (NUMPY_MADVISE_HUGEPAGE); default off: "
+                        "with THP defrag=madvise it can stall first touches in compaction (numpy#31590)")
     p.add_argument("--quick", action="store_true",
                    help="a tiny layer (D=32, Hk=2, Hv=4) at T=16,40, one run each: checks the code path only")
     p.add_argument("--json", type=Path, default=None, help="also write the figures as JSON here")
@@ -395,7 +422,8 @@ def run_from_args(args: argparse.Namespace) -> int:
     tokens = [int(t) for t in str(args.tokens or tokens_default).split(",") if t.strip()]
     threads = [int(t) for t in str(args.threads).split(",") if t.strip()] if args.threads else [blas_threads()]
     result = bench_reference(tokens, args.repeat or repeat_default, args.recurrent_max, args.layer_max, threads,
-                             cfg=QUICK if args.quick else REAL, use_hf=not args.no_hf)
+                             cfg=QUICK if args.quick else REAL, use_hf=not args.no_hf,
+                             numpy_hugepage=args.numpy_hugepage == "on")
     print(table(result))
     if args.json:
         args.json.write_text(json.dumps(result, indent=2))

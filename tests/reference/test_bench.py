@@ -24,8 +24,11 @@ def _run(tmp_path, capsys, *extra):
 
 
 def test_quick_bench_table_and_json(tmp_path, capsys):
+    before = bench._numpy_hugepage(None)
     out, result = _run(tmp_path, capsys, "--no-hf", "--threads", "1")
     assert result["config"] == bench.QUICK.summary() and result["threads"] == [1]
+    assert result["numpy_madvise_hugepage"] in (False, None)  # --numpy-hugepage off, where numpy has the switch
+    assert bench._numpy_hugepage(None) == before  # and restored afterwards
     assert [r["T"] for r in result["rows"]] == [16, 40]
     for row in result["rows"]:
         assert row["threads"] == 1
