@@ -18,8 +18,9 @@ the cumulative log-decay is huge (g ≪ 0).
 
 How it is computed: chunks are taken a block at a time (BLOCK_TOKENS tokens). For a block, everything
 that does not depend on S (E, (I + A)⁻¹, QKᵀ ⊙ E) is computed for all its chunks at once; then a loop over
-the chunks carries S (two products with S per chunk: [Q; K] S, and Kᵀ V'); then the intra-chunk part
-of O is added for the whole block. Value head j reads key head j // r (r = Hv / Hk); arrays that depend
+the chunks carries S, with three products per chunk: [Q; K] S (one product gives both), (I + A)⁻¹ times
+diag(β)(V − diag(e^γ) K S), and Kᵀ diag(e^{γ_{L−1} − γ}) V'; then (QKᵀ ⊙ E) V' is added to O for the
+whole block. Value head j reads key head j // r (r = Hv / Hk); arrays that depend
 only on the key head (Q, K, QKᵀ, KKᵀ) are kept once per key head and broadcast over its r value heads.
 A last partial chunk is processed as a chunk of its own length.
 """
