@@ -2,9 +2,11 @@
 
 A bound is on the normwise relative error max|got − ref| / max|ref|. Each is earned: the measured
 worst case of a correct kernel over this suite's cases sits well below it (``observed`` in the
-comments, interpreter and exact fp32 dots), and every bug class that the suite simulates lands
-well above it (tests named ``*_wrong_*``). The failure message also gives the max absolute error,
-NMSE as SQNR in dB, and the ULP distance in the profile's dtype at the worst element.
+comments, interpreter with exact fp32 dots; the GPU's tf32 products add less than a bf16 or f16
+rounding), and every bug class that the suite simulates lands well above it (tests named
+``*_wrong_*``). Run ``pytest tests/gpu_impl -p no:xdist`` to see the margins. A failure message
+also gives the max absolute error, NMSE as SQNR in dB, and the ULP distance in the profile's dtype
+at the worst element, with a repro command.
 """
 
 from __future__ import annotations
@@ -15,15 +17,21 @@ import numpy as np
 import torch
 
 #: One stage from inputs exact in the profile dtype: the output's own rounding (2^-9 bf16,
-#: 2^-11 f16, 2^-24 f32 relative) plus fp32 math. observed: f32 1.6e-6, bf16 4.6e-3, f16 6.0e-4
-#: (largest: the chunked delta rule's state and core).
+#: 2^-11 f16, 2^-24 f32 relative) plus fp32 math. Worst observed in this suite (interpreter):
+#: f32 3.2e-6 (chunked state, nearly parallel keys), bf16 5.8e-3 (qkv_conv), f16 5.4e-4 (mlp_out).
+#: The bug classes of the stage tests land at 10x-190x the bf16 bound.
 STAGE = {"f32": 2e-5, "bf16": 1.6e-2, "f16": 2.5e-3}
 
-#: The whole layer, output and final states, after several calls (every activation rounded to
-#: the profile dtype between stages). observed: f32 3.5e-7, bf16 2.0e-2, f16 1.4e-3.
+#: The whole layer: outputs, every stage tensor of the trace and the final states, after several
+#: calls (every activation rounded to the profile dtype between stages). Worst observed: f32 4.7e-7,
+#: bf16 1.9e-2 (core), f16 1.3e-3 (attn_out). The weight-convention bugs of test_layer land at
+#: 8x-32x the bf16 bound on some stage tensor, but at 0.08x on ``out`` alone: the residual stream
+#: (inputs with 20σ outliers) hides them there, so a gate must compare the stage tensors.
 LAYER = {"f32": 2e-5, "bf16": 6e-2, "f16": 6e-3}
 
 #: Two Triton forms of the same function (chunked vs recurrent delta rule) on the same inputs.
+#: Observed: f32 2.3e-7, bf16 3.4e-7, f16 7.4e-5; on a GPU the chunked form's tf32 products can
+#: flip a bf16 rounding (one ulp, 3.9e-3).
 FORMS = {"f32": 1e-5, "bf16": 1e-2, "f16": 2e-3}
 
 
@@ -53,7 +61,7 @@ def errors(got, ref, profile: str = "f32") -> dict:
     return {
         "rel": float(diff.max() / scale) if scale > 0 and not np.isnan(diff).any() else float("inf"),
         "abs": float(diff.max()) if r.size else 0.0,
-        "sqnr_db": 10 * np.log10(signal / noise) if noise > 0 else float("inf"),
+        "sqnr_db": float("nan") if np.isnan(noise) else 10 * np.log10(signal / noise) if noise > 0 else float("inf"),
         "worst": tuple(int(i) for i in worst),
         "got": float(g[worst]) if r.size else 0.0,
         "ref": float(r[worst]) if r.size else 0.0,

@@ -46,10 +46,13 @@ def test_segments_against_reference(name, profile):
     x = make_inputs(cfg, 2, SEGMENTS[-1][1], seed=1)
     ref_state, state = ref.new_state(2), layer.new_state(2)
     for a, b in SEGMENTS:
-        want, _ = ref.forward(x[:, a:b], ref_state, a)
-        got, _ = layer.forward(x[:, a:b], state, a)
+        want, ref_trace = ref.forward(x[:, a:b], ref_state, a)
+        got, trace = layer.forward(x[:, a:b], state, a, capture=True)
         assert got.dtype == layer.dtype and got.device.type == DEVICE.type
         check(got, want, "layer", profile, f"out of tokens {a}:{b}")
+        # out alone is dominated by the residual stream: check what the layer adds, stage by stage
+        for name in ("core", "attn_out", "mlp_out"):
+            check(trace[name], ref_trace[name], "layer", profile, f"{name} of tokens {a}:{b}")
     check(state.recurrent_state, ref_state.recurrent_state, "layer", profile, "final recurrent_state")
     check(state.conv_state, ref_state.conv_state, "layer", profile, "final conv_state")
     assert state.seq_len.tolist() == [70, 70]
