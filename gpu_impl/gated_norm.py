@@ -12,7 +12,7 @@ from .target import empty, interpreting, kernel, next_pow2
 @kernel
 def gated_norm_kernel(p_x, p_z, p_w, p_out, n_rows, Hv, DV, stride_zt, stride_zh, eps,
                       BR: tl.constexpr, BD: tl.constexpr, PER_HEAD: tl.constexpr):
-    """core_gated = core / sqrt(mean_dv(core²) + eps) · w · silu(z)  — formula: reference/gated_norm.py.
+    """The gated RMSNorm (norm first, plain w, then the gate) — the formula: reference/gated_norm.py.
 
     core (x): [R, dv] rows, R = B·T·Hv, contiguous; z: row r = (bt, h) at bt·stride_zt + h·stride_zh,
     unit stride on dv; w: [dv] or, PER_HEAD, [Hv·dv] fp32; out: [R, dv] contiguous. fp32 math, one

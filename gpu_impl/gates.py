@@ -12,7 +12,7 @@ from .target import empty, interpreting, kernel, next_pow2
 @kernel
 def gates_kernel(p_a, p_b, p_alog, p_dt, p_g, p_beta, n_rows, H, stride_a, stride_b,
                  BR: tl.constexpr, BH: tl.constexpr):
-    """g = -exp(A_log) · softplus(a + dt_bias); beta = sigmoid(b)  — formula: reference/gates.py.
+    """g and beta — the formulas: reference/gates.py.
 
     a, b: [R, Hv] (row strides stride_a, stride_b; unit head stride); A_log, dt_bias: [Hv] fp32;
     g, beta: [R, Hv] fp32 contiguous. softplus(x) = max(x, 0) + log1p(e^{-|x|}), with log1p

@@ -34,7 +34,7 @@ def in_proj_stacked(
 def in_proj(
     x_norm: torch.Tensor, w_qkv: torch.Tensor, w_z: torch.Tensor, w_a: torch.Tensor, w_b: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """qkv, z, a, b = x_norm · Wᵀ for each weight; formula and shapes in reference/in_proj.py.
+    """Stage ``in_proj`` (reference/in_proj.py).
 
     Weights in the activation dtype. Returns qkv [..., T, conv_dim], z [..., T, Hv, dv],
     a, b [..., T, Hv] (strided views of one GEMM result).

@@ -14,7 +14,7 @@ from .target import empty, interpreting, kernel, next_pow2
 
 @kernel
 def rms_norm_kernel(p_x, p_w, p_out, n_rows, D, stride_x, eps, BR: tl.constexpr, BD: tl.constexpr):
-    """out[r] = x[r] / sqrt(mean(x[r]²) + eps) · (1 + w)  — formula: reference/input_norm.py.
+    """RMSNorm with the zero-centred weight (1 + w), row by row — the formula: reference/input_norm.py.
 
     x: [R, D] (row stride ``stride_x``, unit column stride); w: [D] fp32; out: [R, D] contiguous.
     fp32 math, one rounding to out's dtype. Grid: (cdiv(R, BR),); BD = next_pow2(D).
@@ -58,7 +58,7 @@ def rms_norm_one_plus(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torc
 
 
 def input_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """x_norm = RMSNorm(x) · (1 + w_in); the formula is in reference/input_norm.py.
+    """Stage ``input_norm`` (the formula: reference/input_norm.py).
 
     x: [..., T, D] in the activation dtype; weight ``input_layernorm.weight``: [D].
     Returns x_norm [..., T, D] in x's dtype.

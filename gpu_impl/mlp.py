@@ -11,7 +11,7 @@ from .target import empty, interpreting, kernel, next_pow2
 
 @kernel
 def swiglu_kernel(p_gu, p_out, n_rows, I, BR: tl.constexpr, BI: tl.constexpr):
-    """act = silu(gate) · up  — formula: reference/mlp.py.
+    """The SwiGLU activation of the MLP — the formula: reference/mlp.py.
 
     gate_up: [R, 2·I] contiguous, gate in columns [0, I), up in [I, 2·I); act: [R, I] contiguous.
     fp32 math, one rounding. Grid: (cdiv(R, BR), cdiv(I, BI)).
@@ -33,7 +33,7 @@ def stack_gate_up(w_gate: torch.Tensor, w_up: torch.Tensor) -> torch.Tensor:
 
 
 def swiglu(gate_up: torch.Tensor) -> torch.Tensor:
-    """silu(gate) · up for gate_up [..., 2·I] -> [..., I] in gate_up's dtype."""
+    """The activation for gate_up [..., 2·I] (gate then up) -> [..., I] in gate_up's dtype."""
     I = gate_up.shape[-1] // 2
     gu = gate_up.reshape(-1, 2 * I).contiguous()
     R = gu.shape[0]
@@ -49,12 +49,12 @@ def swiglu(gate_up: torch.Tensor) -> torch.Tensor:
 
 
 def mlp_stacked(h_norm: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor) -> torch.Tensor:
-    """mlp_out = swiglu(h_norm · [W_gate; W_up]ᵀ) · W_downᵀ; two GEMMs in the activation dtype."""
+    """Stage ``mlp`` with the stacked gate/up weight: two GEMMs in the activation dtype, SwiGLU between."""
     return torch.matmul(swiglu(torch.matmul(h_norm, w_gate_up.t())), w_down.t())
 
 
 def mlp(h_norm: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor, w_down: torch.Tensor) -> torch.Tensor:
-    """mlp_out = (silu(h_norm W_gateᵀ) ⊙ (h_norm W_upᵀ)) W_downᵀ (reference/mlp.py).
+    """Stage ``mlp`` (the formula: reference/mlp.py).
 
     h_norm: [..., T, D]; W_gate, W_up: [I, D]; W_down: [D, I], all one dtype. Returns [..., T, D].
     """

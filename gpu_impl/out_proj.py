@@ -6,7 +6,7 @@ import torch
 
 
 def out_proj(core_gated: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """attn_out = core_gated.reshape(T, Hv·dv) · W_outᵀ (reference/out_proj.py).
+    """Stage ``out_proj`` (reference/out_proj.py).
 
     core_gated: [..., T, Hv, dv]; weight: [D, Hv·dv] in the same dtype. ``torch.matmul`` (cuBLAS on
     a GPU, fp32 accumulation). Returns attn_out [..., T, D].

@@ -11,7 +11,7 @@ from .input_norm import rms_norm_one_plus
 
 
 def post_norm(h: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """h_norm = RMSNorm(h) · (1 + w_post); the formula is in reference/post_norm.py.
+    """Stage ``post_norm`` (the formula: reference/post_norm.py).
 
     h: [..., T, D]; weight ``post_attention_layernorm.weight``: [D]. Returns h_norm in h's dtype.
     """

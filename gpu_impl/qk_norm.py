@@ -14,7 +14,7 @@ from .target import empty, interpreting, kernel, next_pow2
 
 @kernel
 def l2_norm_heads_kernel(p_x, p_out, n_rows, stride_x, D, BR: tl.constexpr, BD: tl.constexpr):
-    """out[r] = x[r] / sqrt(Σ x[r]² + 1e-6)  — formula: reference/qk_norm.py.
+    """L2 norm of each row (one head) — the formula: reference/qk_norm.py.
 
     x: [R, D] rows of one head each (row stride ``stride_x``); out: [R, D] contiguous.
     Grid: (cdiv(R, BR),); BD = next_pow2(D).
@@ -43,7 +43,7 @@ def _l2_norm_heads(x: torch.Tensor) -> torch.Tensor:
 def qk_norm(
     qkv_conv: torch.Tensor, num_k_heads: int, head_k_dim: int, num_v_heads: int, head_v_dim: int
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Split ``[Q | K | V]``; q, k ← u / sqrt(Σu² + 1e-6) per head (reference/qk_norm.py).
+    """Stage ``qk_norm``: split ``[Q | K | V]``, L2-normalise q and k per head (reference/qk_norm.py).
 
     qkv_conv: [..., T, conv_dim] (contiguous). Returns q, k [..., T, Hk, dk] (new tensors) and
     v [..., T, Hv, dv] (a view of qkv_conv).

@@ -16,18 +16,18 @@ def _add(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 
 
 def residual(x: torch.Tensor, attn_out: torch.Tensor) -> torch.Tensor:
-    """h = x + attn_out (reference/residual.py). [..., T, D] -> [..., T, D], one rounding."""
+    """Stage ``residual`` (reference/residual.py). [..., T, D] -> [..., T, D], one rounding."""
     return _add(x, attn_out)
 
 
 def output(h: torch.Tensor, mlp_out: torch.Tensor) -> torch.Tensor:
-    """out = h + mlp_out (reference/residual.py). [..., T, D] -> [..., T, D], one rounding."""
+    """Stage ``output`` (reference/residual.py). [..., T, D] -> [..., T, D], one rounding."""
     return _add(h, mlp_out)
 
 
 @kernel
 def residual_post_norm_kernel(p_x, p_a, p_w, p_h, p_hn, n_rows, D, eps, BR: tl.constexpr, BD: tl.constexpr):
-    """h = x + attn_out; h_norm = RMSNorm(h) · (1 + w)  — reference/residual.py, reference/post_norm.py.
+    """Stages ``residual`` then ``post_norm`` — the formulas: reference/residual.py, reference/post_norm.py.
 
     x, attn_out, h, h_norm: [R, D] contiguous; w: [D] fp32. h is rounded to its dtype first and
     the norm reads the rounded h, so the result equals ``post_norm(residual(x, attn_out))``.
