@@ -5,25 +5,27 @@
 Two kernels:
 
 1. :func:`chunk_wu_kernel`, one program per (chunk, sequence × value head), all in parallel:
-   the chunk-local cumulative log-decay γ and the gap sums D[t, s] = Σ_{s<u≤t} g_u (as the
-   reference forms them, never as differences of large γ), the masked system A = tril₋₁(β ⊙ K Kᵀ ⊙ E), its
-   triangular solve T = (I + A)⁻¹, then W = T (β e^γ ⊙ K), U = T (β ⊙ V), and the masked,
-   decayed Q Kᵀ ⊙ E that the output needs. Above the diagonal the gap sums are 0 by
-   construction, so no positive log-decay gap reaches ``exp``; the mask is applied after it too.
+   the chunk-local cumulative log-decay γ and the gap sums D[t, s] = Σ_{s<u≤t} g_u (formed as
+   the reference forms them, never as differences of large γ), the masked system
+   A = tril₋₁(β ⊙ K Kᵀ ⊙ e^D), its triangular solve X = (I + A)⁻¹, then W = X (β e^γ ⊙ K),
+   U = X (β ⊙ V), and the masked, decayed Q Kᵀ ⊙ e^D that the output needs. Above the diagonal
+   the gap sums are 0 by construction, so no positive log-decay gap reaches ``exp``; the mask is
+   applied after it too.
 2. :func:`chunk_state_kernel`, one program per (dv block, sequence × value head), a loop over the
-   chunks: V' = U − W S, core = scale · (e^γ ⊙ Q S + (Q Kᵀ ⊙ E) V'), then
+   chunks: V' = U − W S, core = scale · (e^γ ⊙ Q S + (Q Kᵀ ⊙ e^D) V'), then
    S ← e^{γ_last} S + (e^{Σ_{u>t} g_u} ⊙ K)ᵀ V'. The state stays in fp32 registers; the
    per-chunk states are never written to memory.
 
-The solve is the block recursion of reference/delta_rule_chunked.py written with full C × C
-tiles: start from X = I (the inverse of the 1 × 1 diagonal blocks); at level s = 1, 2, ..., C/2,
-X ← X − X (A ⊙ M_s) X, where M_s keeps the lower-left s × s block of every 2s × 2s diagonal block.
-Each level is exact block inversion (no power series, so no cancellation when keys are
-correlated); it costs 2·(log2(C) − 1) C × C × C products on tensor cores, 5.2 MFLOP per chunk at
-C = 64 (the real work of the chunk is F(C)·C = 11.6 MFLOP at dk = dv = 128).
+The solve is the block recursion of reference/delta_rule_chunked.py on full C × C tiles. Level s
+turns the inverses of the s × s diagonal blocks (X) into those of the 2s × 2s blocks:
+X ← X − X (A ⊙ M_s) X, where M_s keeps the lower-left s × s block of every 2s × 2s diagonal
+block. Level 1 starts from X = I and is elementwise (X = I − A ⊙ M_1); levels 2, 4, ..., C/2 take
+two C × C × C products each on tensor cores, 5.2 MFLOP per chunk at C = 64 (the real work of a
+chunk is F(C)·C = 11.6 MFLOP at dk = dv = 128). Each level is exact block inversion, not a power
+series, so nothing cancels when keys are correlated.
 
-Intermediates (γ, the tail sums, W, U, Q Kᵀ ⊙ E) are fp32, sized by T (no padding); the last chunk's missing
-tokens are loaded as zeros (k = v = β = g = 0), which changes neither S nor the outputs.
+Intermediates (γ, the tail sums, W, U, Q Kᵀ ⊙ e^D) are fp32, sized by T (no padding). The last
+chunk's missing tokens load as zeros (k = v = β = g = 0), which changes neither S nor the outputs.
 """
 
 from __future__ import annotations
@@ -44,12 +46,12 @@ def chunk_wu_kernel(
     sq_b, sq_t, sq_h, sv_b, sv_t, sv_h, DK, DV,
     BT: tl.constexpr, LOG2_BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, PREC: tl.constexpr,
 ):
-    """Per chunk: γ, the UT transform (I + A)⁻¹, W, U and Q Kᵀ ⊙ E — reference/delta_rule_chunked.py.
+    """Per chunk: γ, the UT transform (I + A)⁻¹, W, U and Q Kᵀ ⊙ e^D — reference/delta_rule_chunked.py.
 
     q, k: [B, T, Hk, dk]; v: [B, T, Hv, dv] (strided, unit stride on the head dim); g, beta:
     [B, T, Hv] fp32. Out, fp32 contiguous: gc (γ_t = Σ_{u≤t} g_u) and gt (Σ_{u>t} g_u) [B, Hv, T];
-    w [B, Hv, T, dk]; u [B, Hv, T, dv];
-    aqk [B, Hv, T, BT] (row t holds its chunk's columns). Grid: (cdiv(T, BT), B·Hv).
+    w [B, Hv, T, dk]; u [B, Hv, T, dv]; aqk [B, Hv, T, BT] (row t holds its chunk's columns).
+    Grid: (cdiv(T, BT), B·Hv).
     BK = next_pow2(dk), BV = next_pow2(dv), both ≥ 16 (tl.dot).
     """
     i_n, i_bh = tl.program_id(0), tl.program_id(1)
