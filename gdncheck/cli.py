@@ -18,6 +18,7 @@ from .errors import GDNError
 COMMANDS: dict[str, tuple[str, str]] = {
     "demo": ("gdncheck.commands.demo", "run the float64 reference on built-in weights and print every stage"),
     "bench": ("gdncheck.commands.bench", "benchmark the float64 reference (python -m gdncheck.bench)"),
+    "gpu-bench": ("gdncheck.commands.gpu_bench", "benchmark the Triton kernels on a GPU (gpu_impl.bench)"),
 }
 
 DESCRIPTION = """\
