@@ -37,7 +37,7 @@ def bound_failure(subj: str, m: dict, bound: dict, a: float, e: float, allowed: 
         at = f", first at token {first[0]} (position {first[1]}, row {first[2]})" if first else ""
         parts.append(f"{subj}: max scaled error {m['max_err']:.2e} at {m['max_err_index']}: {fmt(a)}, but should be "
                      f"{fmt(e)} ± {allowed:.3g} (elem bound {bound['elem']:.3g}, {src}); {over} / {numel} elements "
-                     f"({pct:.2g}%) over the bound{at}")
+                     f"({pct:.3g}%) over the bound{at}")
         parts.append(f"NMSE {m['nmse']:.2e} ({m['sqnr_db']:.1f} dB), bound {bound['nmse']:.2e}")
     else:
         parts.append(f"{subj}: NMSE {m['nmse']:.2e} ({m['sqnr_db']:.1f} dB), but should be at most {bound['nmse']:.2e} "
