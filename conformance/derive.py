@@ -139,17 +139,15 @@ def derive(seeds=SEEDS, jobs: int = 1, progress: Callable[[str], None] | None = 
 
 def table_document(env: Envelope, seeds, cases: list[str]) -> dict:
     modes: dict = {}
+    global_max: dict[tuple, tuple[float, float]] = {}
     for (mode, profile, recipe, tensor), value in sorted(env.elem.items()):
-        floor = eps_of(profile)
         nmse = env.nmse[(mode, profile, recipe, tensor)]
         prof = modes.setdefault(mode, {}).setdefault(profile, {"global": {}, "cases": {}})
-        prof["cases"].setdefault(recipe, {})[tensor] = _row(value, nmse, floor)
-        g = prof["global"].get(tensor)
-        prof["global"][tensor] = _row(max(value, g["observed_elem"]) if g else value,
-                                      max(nmse, g["observed_nmse"]) if g else nmse, floor)
-    for mode in modes.values():
-        for prof in mode.values():
-            prof["global"] = dict(sorted(prof["global"].items()))
+        prof["cases"].setdefault(recipe, {})[tensor] = _row(value, nmse, eps_of(profile))
+        e0, n0 = global_max.get((mode, profile, tensor), (0.0, 0.0))
+        global_max[(mode, profile, tensor)] = (max(e0, value), max(n0, nmse))
+    for (mode, profile, tensor), (value, nmse) in sorted(global_max.items()):
+        modes[mode][profile]["global"][tensor] = _row(value, nmse, eps_of(profile))
     return {
         "format": TABLE_FORMAT,
         "version": TABLE_VERSION,
@@ -176,7 +174,7 @@ def table_document(env: Envelope, seeds, cases: list[str]) -> dict:
 def _row(elem: float, nmse: float, floor: float) -> dict:
     return {"elem": _round_up(max(MARGIN_ELEM * elem, floor)),
             "nmse": _round_up(max(MARGIN_NMSE * nmse, floor * floor)),
-            "observed_elem": float(f"{elem:.3g}"), "observed_nmse": float(f"{nmse:.3g}")}
+            "observed_elem": float(f"{elem:.6g}"), "observed_nmse": float(f"{nmse:.6g}")}
 
 
 def _round_up(x: float) -> float:

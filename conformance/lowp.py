@@ -119,7 +119,7 @@ def delta_rule_chunked_f32(q, k, v, g, beta, state, scale, *, chunk_size=64, low
         q, scale = q * F32(scale), 1.0
     r = lowp if lowp is not None else (lambda a: a)
     B, T, Hv, dv = v.shape
-    C = chunk_size
+    C = min(chunk_size, T)  # a call shorter than a chunk is one (unpadded) chunk
     N = -(-T // C)
     pad = N * C - T
 

@@ -87,6 +87,7 @@ def ulp_spacing(e: np.ndarray, profile: str) -> np.ndarray:
     """Distance between adjacent numbers of the profile's dtype at |e| (subnormals included)."""
     bits, _, min_exp = DTYPE_INFO[profile]
     _, ex = np.frexp(np.abs(e))
+    ex = np.where(np.asarray(e) == 0, min_exp + bits, ex)
     return np.ldexp(1.0, np.maximum(ex - bits, min_exp))
 
 
@@ -161,7 +162,8 @@ def tensor_metrics(actual: np.ndarray, expected: np.ndarray, tensor: str, profil
     bad = nan | inf_bad
     first = _index(int(np.flatnonzero(bad.ravel())[0]), a.shape) if bad.any() else None
     ok = np.isfinite(a) & np.isfinite(e)
-    d = np.where(ok, a - e, 0.0)
+    with np.errstate(invalid="ignore"):
+        d = np.where(ok, a - e, 0.0)
     ev = np.where(ok, e, 0.0)
     av = np.where(ok, a, 0.0)
     se = float(np.sum(ev * ev))

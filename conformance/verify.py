@@ -55,7 +55,7 @@ def verify(fixtures_dir: str | Path, outputs_dir: str | Path, profile: str, *, c
         raise FixtureError(f"expected --profile f32, bf16 or f16, found {profile!r}")
     problems: list[CaseProblem] = []
     manifest = load_manifest(fixtures_dir, problems)
-    entries = select_cases(manifest, cases, tags, shard)
+    entries = select_cases(manifest, cases, tags, shard, also_known=[p.case for p in problems])
     summary = Summary(
         profile=profile, mode=mode, implementation={}, tolerances=table.describe(),
         fixtures={"dir": str(fixtures_dir), "suite": manifest["suite"], "format_version": manifest["format_version"],
