@@ -174,3 +174,26 @@ def test_full_suite_lists_real_sizes(suite_name):
     ids = [s.case_id(0) for s in suite(suite_name)]
     assert len(ids) == len(set(ids))
     assert any(i.startswith("qwen3.5-27b_T102_Hk16_Hv48_dk128_dv128") for i in ids)
+
+
+def test_fixtures_from_a_checkpoint(tmp_path):
+    """--from-checkpoint: goldens from a (synthetic) Hugging Face checkpoint's layer, verified with the
+    global bounds, rebuilt identically by check."""
+    from gdncheck.conformance.run import run_impl
+    from gdncheck.conformance.verify import verify
+    from gdncheck.fixtures.build import build_checkpoint_suite
+
+    from gdncheck.synthetic import make_weights, write_hf_checkpoint
+
+    cfg = GDNConfig(hidden_size=32, intermediate_size=48, num_k_heads=2, num_v_heads=4, head_k_dim=16,
+                    head_v_dim=8)
+    ckpt = write_hf_checkpoint(tmp_path / "ckpt", cfg, {1: make_weights(cfg, 7)}, num_layers=2)
+    doc = build_checkpoint_suite(ckpt, 1, tmp_path / "fx")
+    assert [c["id"].split("_")[0] for c in doc["cases"]] == ["ckpt-l1-prefill-decode", "ckpt-l1-segments",
+                                                              "ckpt-l1-decode"]
+    assert doc["source"]["layer"] == 1
+    run_impl("reference", tmp_path / "fx", tmp_path / "out", "bf16")
+    s = verify(tmp_path / "fx", tmp_path / "out", "bf16")
+    assert s.exit_code == 0
+    assert {r.bound["source"] for c in s.cases for r in c.records if r.bound} == {"global"}
+    assert {r["status"] for r in check_suite(tmp_path / "fx")} <= {"identical", "numerically-equal"}
