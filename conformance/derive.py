@@ -35,7 +35,7 @@ SEEDS = (1, 2, 3, 4)
 MARGIN_ELEM = 4.0
 MARGIN_NMSE = 16.0  # NMSE is a squared error: the same factor 4 on the error
 TABLE_VERSION = 1
-COMMAND = "gdncheck tolerances derive --jobs 2"
+COMMAND = "gdncheck tolerances derive --suite full --jobs 2"
 
 
 class Envelope:
@@ -60,15 +60,21 @@ class Envelope:
                 mine[k] = max(mine.get(k, 0.0), v)
 
 
-def observe(spec_index: int, seed: int, profiles=VERIFY_PROFILES, placements=DERIVATION_PLACEMENTS) -> Envelope:
-    """The envelope of one case (by index into the default suite's forward cases) at one seed."""
+def forward_recipes(suite_name: str = "default"):
+    from gdncheck.fixtures.cases import suite
+
+    return [s for s in suite(suite_name) if s.error is None]
+
+
+def observe(spec_index: int, seed: int, profiles=VERIFY_PROFILES, placements=DERIVATION_PLACEMENTS,
+            suite_name: str = "default") -> Envelope:
+    """The envelope of one case (by index into the suite's forward recipes) at one seed."""
     from gdncheck.fixtures.build import golden_tensors
-    from gdncheck.fixtures.cases import FORWARD_CASES
 
     from .implementations import reference
 
     limit_blas_threads()
-    spec = FORWARD_CASES[spec_index]
+    spec = forward_recipes(suite_name)[spec_index]
     case = spec.materialize(seed)
     recipe = recipe_of(case.id)
     gold, _, _ = golden_tensors(case)
@@ -114,27 +120,30 @@ def _observe_isolated(env: Envelope, impl, gold, step: dict, profile: str, recip
 
 
 def _observe_job(args):
-    return observe(*args)
+    i, s, suite_name = args
+    return observe(i, s, suite_name=suite_name)
 
 
-def derive(seeds=SEEDS, jobs: int = 1, progress: Callable[[str], None] | None = None) -> dict:
-    """Run every observation and turn the envelope into the table document."""
-    from gdncheck.fixtures.cases import FORWARD_CASES
-
-    work = [(i, s) for i in range(len(FORWARD_CASES)) for s in seeds]
+def derive(seeds=SEEDS, jobs: int = 1, progress: Callable[[str], None] | None = None,
+           suite_name: str = "default") -> dict:
+    """Run every observation over the suite's forward recipes and turn the envelope into the table."""
+    recipes = forward_recipes(suite_name)
+    work = [(i, s, suite_name) for i in range(len(recipes)) for s in seeds]
     env = Envelope()
     if jobs > 1:
         with ProcessPoolExecutor(max_workers=jobs) as pool:
-            for (i, s), part in zip(work, pool.map(_observe_job, work)):
+            for (i, s, _), part in zip(work, pool.map(_observe_job, work)):
                 env.merge(part)
                 if progress:
-                    progress(f"{FORWARD_CASES[i].case_id(s)}")
+                    progress(recipes[i].case_id(s))
     else:
-        for i, s in work:
-            env.merge(observe(i, s))
+        for job in work:
+            env.merge(_observe_job(job))
             if progress:
-                progress(f"{FORWARD_CASES[i].case_id(s)}")
-    return table_document(env, seeds, [FORWARD_CASES[i].case_id(0) for i in range(len(FORWARD_CASES))])
+                progress(recipes[job[0]].case_id(job[1]))
+    doc = table_document(env, seeds, [r.case_id(0) for r in recipes])
+    doc["derivation"]["suite"] = suite_name
+    return doc
 
 
 def table_document(env: Envelope, seeds, cases: list[str]) -> dict:

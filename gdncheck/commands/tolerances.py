@@ -22,6 +22,9 @@ def configure(p: argparse.ArgumentParser) -> None:
     d.add_argument("--out", help="where to write it (default: the packaged conformance/tolerances.json)")
     d.add_argument("--jobs", type=int, default=1)
     d.add_argument("--seeds", default="1,2,3,4", help="comma-separated seeds (default 1,2,3,4; never 0)")
+    d.add_argument("--suite", choices=("default", "full"), default="full",
+                   help="recipes to derive from (default full: the default suite plus real Qwen3.5 sizes; "
+                        "default alone takes about a minute)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -30,7 +33,8 @@ def run(args: argparse.Namespace) -> int:
 
     if args.action == "derive":
         seeds = tuple(int(s) for s in args.seeds.split(","))
-        doc = derive.derive(seeds=seeds, jobs=args.jobs, progress=lambda m: print(f"observed {m}"))
+        doc = derive.derive(seeds=seeds, jobs=args.jobs, suite_name=args.suite,
+                            progress=lambda m: print(f"observed {m}", flush=True))
         path = args.out or tolerances.TABLE_PATH
         write_bytes_atomic(path, derive.encode_table(doc))
         print(f"wrote {path}")

@@ -50,7 +50,7 @@ def test_unknown_cases_get_the_global_bound():
 def test_derivation_reproduces_the_recorded_envelope(name):
     """Re-observe one recipe at one of the table's seeds: what it sees lies inside the recorded envelope
     (the table holds the maximum over all seeds) and is the same order of magnitude."""
-    index = next(i for i, s in enumerate(FORWARD_CASES) if s.name == name)
+    index = next(i for i, s in enumerate(FORWARD_CASES) if s.name == name)  # the default suite's order
     env = derive.observe(index, 1, profiles=("bf16",), placements=("hf",))
     table = load_table()
     recipe = recipe_of(FORWARD_CASES[index].case_id(1))
