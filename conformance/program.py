@@ -149,7 +149,7 @@ def _capture_state_in(impl: Implementation, state: Any, pos: np.ndarray, k: int,
     """The state a call's conv1d and delta_rule read: the current state, with the rows whose seq_len
     differs from ``seq_pos`` reset to zeros (SPEC §4)."""
     arrays = {n: np.array(to_numpy(a), dtype=np.float64, copy=True) for n, a in impl.state_arrays(state).items()}
-    seq_len = np.asarray(to_numpy(impl.state_arrays(state)["seq_len"]), dtype=np.int64)
+    seq_len = arrays["seq_len"].astype(np.int64)
     reset = seq_len != pos
     for name in STATE_NAMES:
         arrays[name][reset] = 0.0

@@ -237,7 +237,7 @@ def _judge_program(rep, entry, gold, outs, out: Path, profile, table, stage_isol
             if not stage_isolated:
                 _judge_seq_len(rep, outs, step, i, loc)
         elif op == "save" and not stage_isolated:
-            _judge_snapshot_file(rep, entry, gold, out, step, i, profile, table, stats)
+            _judge_snapshot_file(rep, entry, gold, out, step, i, profile, table, stats, fx)
 
 
 def _judge_seq_len(rep: CaseReport, outs: SafetensorsFile, step: dict, i: int, loc: str) -> None:
@@ -266,7 +266,7 @@ def case_stats(entry: dict, gold) -> dict[str, CaseStats]:
     return {name: CaseStats(name, arrs) for name, arrs in arrays.items()}
 
 
-def _judge_snapshot_file(rep, entry, gold, out: Path, step: dict, i: int, profile, table, stats) -> None:
+def _judge_snapshot_file(rep, entry, gold, out: Path, step: dict, i: int, profile, table, stats, fx: Path) -> None:
     case, c = entry["id"], step["state_of_call"]
     loc = messages.where(case, i, "save")
     cfg = None
@@ -287,7 +287,7 @@ def _judge_snapshot_file(rep, entry, gold, out: Path, step: dict, i: int, profil
             expected = np.zeros(shape)
         else:
             expected = gold.read(gkey)
-        rec = base_record(case, i, "save", c, name, expected_ref={"file": str(entry["file"]), "key": gkey},
+        rec = base_record(case, i, "save", c, name, expected_ref={"file": str(Path(fx) / entry["file"]), "key": gkey},
                           actual_ref={"file": str(path) if path else step["file"], "key": name})
         subj = messages.subject(name, rec.stage, c, snapshot=step["file"])
         if snap is None:
