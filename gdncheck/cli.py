@@ -18,6 +18,10 @@ from .errors import GDNError
 COMMANDS: dict[str, tuple[str, str]] = {
     "demo": ("gdncheck.commands.demo", "run the float64 reference on built-in weights and print every stage"),
     "bench": ("gdncheck.commands.bench", "benchmark the float64 reference (python -m gdncheck.bench)"),
+    "fixtures": ("gdncheck.commands.fixtures", "build, check or list the golden fixtures for ports"),
+    "run": ("gdncheck.commands.run", "run an implementation over the fixtures, writing port-format outputs"),
+    "verify": ("gdncheck.commands.verify", "judge a port's outputs against the goldens (exit 0/1/2)"),
+    "tolerances": ("gdncheck.commands.tolerances", "show or re-derive the earned tolerance table"),
     "gpu-bench": ("gdncheck.commands.gpu_bench", "benchmark the Triton kernels on a GPU (gpu_impl.bench)"),
 }
 
