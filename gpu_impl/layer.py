@@ -21,8 +21,9 @@ from collections.abc import Mapping
 import numpy as np
 import torch
 
+from gdncheck.calls import check_seq_pos, check_x, rows_to_reset
 from gdncheck.config import GDNConfig
-from gdncheck.errors import InputDtypeError, InputError, InputShapeError, SeqPosMismatchError
+from gdncheck.errors import InputError
 from gdncheck.weights import validate_weights
 
 from .conv1d import conv1d_qk_norm
@@ -133,24 +134,13 @@ class Layer:
         dtype on the device; trace: {} unless ``capture``, then every stage tensor by name.
         """
         x = self._check_input(x, state)
-        pos = self._check_seq_pos(seq_pos, state.batch)
+        raw = seq_pos.cpu().numpy() if isinstance(seq_pos, torch.Tensor) else np.asarray(seq_pos)
+        pos = check_seq_pos(seq_pos, raw, state.batch, self.layer_index)
         strict = self.strict if strict is None else strict
-        seq_len = state.seq_len.cpu().numpy()
-        mismatch = pos != seq_len
-        if mismatch.any():
-            rows = np.flatnonzero(mismatch).tolist()
-            detail = ", ".join(f"row {r}: state seq_len={seq_len[r]}, seq_pos={pos[r]}" for r in rows[:4])
-            if strict:
-                raise SeqPosMismatchError(
-                    f"expected seq_pos equal to the state's seq_len, found {detail}", layer=self.layer_index
-                )
-            if not state.warned:
-                log.warning(
-                    "linear_attention state mismatch at layer %s: %s. Resetting the state of row(s) %s.",
-                    self.layer_index, detail, rows,
-                )
-                state.warned = True
-            state.reset(mismatch)
+        reset, state.warned = rows_to_reset(pos, state.seq_len.cpu().numpy(), strict=strict, warned=state.warned,
+                                            layer=self.layer_index, logger=log)
+        if reset.any():
+            state.reset(reset)
         form = delta_rule or self.delta_rule
         if form not in DELTA_RULE_FORMS:
             raise ValueError(f"delta_rule must be one of {DELTA_RULE_FORMS}, found {form!r}")
@@ -199,27 +189,7 @@ class Layer:
         if isinstance(x, torch.Tensor):
             ok, dtype, shape = x.is_floating_point(), x.dtype, tuple(x.shape)
         else:
-            arr = np.asarray(x)
-            ok, dtype, shape = arr.dtype.kind == "f", arr.dtype, arr.shape
-            x = arr
-        if not ok:
-            raise InputDtypeError(
-                f"expected x of a real floating dtype (float16/32/64, bfloat16), found {dtype}", layer=self.layer_index
-            )
-        D = self.cfg.hidden_size
-        if len(shape) != 3 or shape[2] != D or shape[1] < 1 or shape[0] != state.batch:
-            raise InputShapeError(
-                f"expected x of shape [B={state.batch}, T>=1, D={D}], found {list(shape)}", layer=self.layer_index
-            )
+            x = np.asarray(x)
+            ok, dtype, shape = x.dtype.kind == "f", x.dtype, x.shape
+        check_x(shape, ok, dtype, self.cfg, state.batch, self.layer_index, accepted="float16/32/64, bfloat16")
         return torch.as_tensor(x).to(device=self.device, dtype=self.dtype).contiguous()
-
-    def _check_seq_pos(self, seq_pos, batch: int) -> np.ndarray:
-        pos = seq_pos.cpu().numpy() if isinstance(seq_pos, torch.Tensor) else np.asarray(seq_pos)
-        if pos.dtype.kind not in "iu" or (pos.ndim == 1 and pos.shape[0] != batch) or pos.ndim > 1:
-            raise InputShapeError(
-                f"expected seq_pos as an int or {batch} ints (one per sequence), found {seq_pos!r}",
-                layer=self.layer_index,
-            )
-        if (pos < 0).any():
-            raise InputError(f"expected seq_pos >= 0, found {seq_pos!r}", layer=self.layer_index)
-        return np.broadcast_to(pos.astype(np.int64), (batch,)).copy()
