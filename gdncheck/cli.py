@@ -22,6 +22,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "run": ("gdncheck.commands.run", "run an implementation over the fixtures, writing port-format outputs"),
     "verify": ("gdncheck.commands.verify", "judge a port's outputs against the goldens (exit 0/1/2)"),
     "tolerances": ("gdncheck.commands.tolerances", "show or re-derive the earned tolerance table"),
+    "gate": ("gdncheck.commands.gate", "the CI conformance gate: fixtures, run, verify, properties (exit 0/1/2)"),
     "gpu-bench": ("gdncheck.commands.gpu_bench", "benchmark the Triton kernels on a GPU (gpu_impl.bench)"),
 }
 

@@ -1,0 +1,123 @@
+"""What the gate prints and the report folder it writes.
+
+:func:`format_result` is the compact table (one row per profile, one for the properties), the
+cases not run and why, the first divergences and the failing properties with their replay lines.
+:func:`write_report` writes the report folder: ``summary.txt`` (that text) always, and the HTML
+report of each profile's verify summary when :mod:`gdncheck.reports` provides ``write_report``
+(issue 6), into ``REPORT/PROFILE/``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from gdncheck.safetensors_io import write_bytes_atomic
+
+MAX_DIVERGENCES = 5  # per profile, on the console
+
+
+def _row(cells: list[str], widths: list[int]) -> str:
+    return "  ".join(c.ljust(w) for c, w in zip(cells, widths)).rstrip()
+
+
+def format_table(doc: dict) -> str:
+    head = ["profile", "cases", "pass", "fail", "unusable", "tensors", "failed", "properties", "verdict"]
+    rows = []
+    props = (doc.get("properties") or {}).get("results", [])
+    for p, v in (doc.get("profiles") or {}).items():
+        t = v.get("totals") or {}
+        pr = [r for r in props if r["profile"] == p]
+        pcell = f"{sum(r['status'] == 'pass' for r in pr)}/{len(pr)}" if pr else "-"
+        if any(r["status"] == "fail" for r in pr):
+            pcell += f" ({sum(r['status'] == 'fail' for r in pr)} fail)"
+        verdict = v["verdict"] if not any(r["status"] == "fail" for r in pr) else "does not conform"
+        rows.append([p, str(t.get("cases", 0)), str(t.get("passed", 0)), str(t.get("failed", 0)),
+                     str(t.get("errors", 0)), str(t.get("records", 0)), str(t.get("records_failed", 0)), pcell,
+                     verdict])
+    widths = [max(len(r[i]) for r in [head, *rows]) for i in range(len(head))]
+    return "\n".join(_row(r, widths) for r in [head, *rows])
+
+
+def format_result(doc: dict, *, verbose: bool = True) -> str:
+    lines = []
+    if doc.get("reason") and doc["exit_code"] == 2 and not doc.get("profiles"):
+        return f"gdncheck gate: could not run: {doc['reason']}"
+    if doc.get("profiles"):
+        lines.append(format_table(doc))
+    for s in (doc.get("selection") or {}).get("skipped", []):
+        lines.append(f"skipped {s['case']} ({', '.join(s['profiles'])}): {s['reason']}")
+    for p, v in (doc.get("profiles") or {}).items():
+        for f in v["failures"][:MAX_DIVERGENCES]:
+            if f["status"] == "error":
+                lines.append(f"UNUSABLE {p} {f['case']}: {f['message']}")
+                continue
+            fd = f["first_divergence"] or {}
+            where = ", ".join(f"{k} {fd[k]}" for k in ("call", "stage", "tensor", "token") if fd.get(k) is not None)
+            lines.append(f"FAIL {p} {f['case']}: first divergence {where or fd.get('reason')}")
+            if verbose:
+                lines.append(f"     {f['message']}\n     repro: {f['repro']}")
+        if len(v["failures"]) > MAX_DIVERGENCES:
+            lines.append(f"... and {len(v['failures']) - MAX_DIVERGENCES} more failing case(s) in {p}: {v['summary']}")
+    for r in (doc.get("properties") or {}).get("results", []):
+        if r["status"] == "fail":
+            first = r["message"].splitlines()[0] if r["message"] else ""
+            lines.append(f"FAIL property {r['name']} ({r['profile']}): {first}")
+            if verbose:
+                lines.extend(f"     {n}" for n in [*r["message"].splitlines()[1:], *r["notes"]])
+                lines.append(f"     blob: {r['blob']}\n     replay: {r['replay']}")
+        elif r["status"] == "skip" and verbose:
+            lines.append(f"skipped property {r['name']} ({r['profile']}): {r['message']}")
+    return "\n".join(lines)
+
+
+def verdict_line(doc: dict) -> str:
+    impl = doc.get("implementation") or {}
+    sel = doc.get("selection") or {}
+    timing = doc.get("timing") or {}
+    where = f"{impl.get('name') or impl.get('spec')} on {impl.get('device', '?')}" + \
+        (" (Triton interpreter)" if impl.get("interpreter") else "")
+    parts = [f"gdncheck gate: {doc['verdict']} (exit {doc['exit_code']})", where]
+    if sel:
+        parts.append(f"{sel['run']} case(s) x {len(sel['profiles'])} profile(s)"
+                     + (f", shard {sel['shard'][0]}/{sel['shard'][1]}" if sel.get("shard") else "")
+                     + (f", {len(sel['skipped'])} skipped (listed above)" if sel.get("skipped") else ""))
+    props = doc.get("properties") or {}
+    if props.get("results"):
+        t = props["totals"]
+        parts.append(f"properties {t['pass']} pass, {t['fail']} fail, {t['skip']} skip "
+                     f"({props['hypothesis_profile']}, {props['max_examples']} examples)")
+    if timing.get("total_s") is not None:
+        parts.append(f"{timing['total_s']:.0f} s")
+    line = "; ".join(parts)
+    if doc.get("reason"):
+        line += f"\nreason: {doc['reason']}"
+    outs = doc.get("outputs") or {}
+    line += f"\nsummary: {outs.get('summary')}; junit: {', '.join(outs.get('junit') or [])}" + \
+        (f"; report: {outs['report']}" if outs.get("report") else "")
+    return line
+
+
+def html_report(summary_path: Path, out_dir: Path) -> list[Path] | None:
+    """The HTML report of one verify summary, when gdncheck.reports provides it (issue 6); else None."""
+    try:
+        from gdncheck.reports import write_report as html
+    except ImportError:
+        return None
+    written = html(str(summary_path), str(out_dir))
+    return [Path(p) for p in written] if isinstance(written, list | tuple) else [out_dir]
+
+
+def write_report(report_dir: Path, doc: dict, summaries: dict) -> list[Path]:
+    """``summary.txt`` (the console text) and, per profile, the HTML report when available."""
+    report_dir.mkdir(parents=True, exist_ok=True)
+    files = []
+    for p in summaries:
+        path = Path(doc["profiles"][p]["summary"])
+        made = html_report(path, report_dir / p)
+        if made:
+            files.extend(made)
+    note = "" if files else ("(the HTML report is not available in this version: gdncheck.reports has no "
+                             "write_report; this text and the JSON summaries are the report)\n")
+    text = f"{verdict_line(doc)}\n\n{format_result(doc)}\n{note}"
+    files.insert(0, write_bytes_atomic(report_dir / "summary.txt", text.encode()))
+    return files
