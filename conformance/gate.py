@@ -30,6 +30,8 @@ from gdncheck.errors import GDNError
 
 from .gate_plan import Plan, Skip, plan_cases, plan_properties
 from .junit import JUnit, add_verify_summary
+from .xfails import DEFAULT_PATH as DEFAULT_XFAILS
+from .xfails import classify, load_xfails
 
 SCHEMA = "gdncheck-gate-summary"
 SCHEMA_VERSION = 1
@@ -65,6 +67,7 @@ class GateOptions:
     jobs: int | None = None
     all_cases: bool = False
     rebuild_check: bool | None = None  # None: for the default suite only
+    xfails: str | None = None  # known-failures file; None: the packaged one; "none": no known failures
     options: dict = field(default_factory=dict)
 
 
@@ -75,6 +78,7 @@ class GateResult:
     reason: str | None
     doc: dict
     summaries: dict = field(default_factory=dict)  # profile -> verify Summary
+    known: dict = field(default_factory=dict)  # profile -> {case id: reason} (known failures)
     plan: Plan | None = None
 
 
@@ -247,21 +251,33 @@ def _run(opts: GateOptions, out: Path, doc: dict, result: GateResult, progress) 
     ids = [e["id"] for e in entries]
     worst = 0
     doc["profiles"] = {}
+    xfails = [] if (opts.xfails or "").lower() == "none" else load_xfails(opts.xfails)
+    doc["xfails"] = {"file": "none" if (opts.xfails or "").lower() == "none" else str(opts.xfails or DEFAULT_XFAILS),
+                     "stale": []}
     for p in profiles:
         if not ids:
-            doc["profiles"][p] = {"verdict": "nothing to verify", "exit_code": 0, "totals": {}, "failures": []}
+            doc["profiles"][p] = {"verdict": "nothing to verify", "exit_code": 0, "totals": {}, "failures": [],
+                                  "known_failures": []}
             continue
         summary = verify(fixtures, out / p, p, cases=ids)
         path = summary.write(out / p / f"verify-summary-{p}.json")
         result.summaries[p] = summary
-        worst = max(worst, summary.exit_code)
+        known, stale = classify(xfails, opts.impl, p, summary.cases)
+        result.known[p] = {c: x.reason for c, x in known.items()}
+        doc["xfails"]["stale"] += [{**x.to_json(), "profile_run": p} for x in stale]
+        code = 2 if any(c.status == "error" for c in summary.cases) else \
+            int(any(c.status == "fail" and c.id not in known for c in summary.cases))
+        worst = max(worst, code)
         doc["profiles"][p] = {
-            "verdict": summary.verdict(), "exit_code": summary.exit_code, "totals": summary.totals(),
-            "summary": str(path), "implementation": summary.implementation.get("name"),
+            "verdict": VERDICTS[code] if code != 2 else summary.verdict(), "exit_code": code,
+            "totals": summary.totals(), "summary": str(path), "implementation": summary.implementation.get("name"),
             "seconds": round(sum(r["seconds"] for (pp, _), r in runs.items() if pp == p), 2),
             "failures": [{"case": c.id, "status": c.status, "first_divergence": c.first_divergence,
                           "message": c.message or c.problem, "repro": c.repro}
-                         for c in summary.cases if c.status != "pass"]}
+                         for c in summary.cases if c.status != "pass" and c.id not in known],
+            "known_failures": [{"case": c.id, "tensors": sorted({r.tensor for r in c.records if r.verdict == "fail"}),
+                                "reason": known[c.id].reason, "xfails_line": known[c.id].line,
+                                "message": c.message} for c in summary.cases if c.id in known]}
     props.sort(key=lambda r: (r["name"], PROFILES.index(r["profile"])))
     doc["properties"]["results"] = props
     doc["properties"]["totals"] = {s: sum(r["status"] == s for r in props) for s in ("pass", "fail", "skip")}
@@ -309,8 +325,8 @@ def gate_junit(doc: dict, result: GateResult) -> JUnit:
         else:
             junit.case("fixtures", "fixtures", "rebuild", output=fx["rebuild"])
     skipped = [Skip(**s) for s in (doc.get("selection") or {}).get("skipped", [])]
-    for summary in result.summaries.values():
-        add_verify_summary(junit, summary, skipped=skipped)
+    for p, summary in result.summaries.items():
+        add_verify_summary(junit, summary, skipped=skipped, known=result.known.get(p))
     for r in (doc.get("properties") or {}).get("results", []):
         suite, cls = f"properties.{r['profile']}", f"properties.{r['profile']}.{r['chapter']}"
         if r["status"] == "fail":

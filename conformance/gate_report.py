@@ -31,6 +31,8 @@ def format_table(doc: dict) -> str:
         if any(r["status"] == "fail" for r in pr):
             pcell += f" ({sum(r['status'] == 'fail' for r in pr)} fail)"
         verdict = v["verdict"] if not any(r["status"] == "fail" for r in pr) else "does not conform"
+        if v.get("known_failures"):
+            verdict += f" ({len(v['known_failures'])} known failure)"
         rows.append([p, str(t.get("cases", 0)), str(t.get("passed", 0)), str(t.get("failed", 0)),
                      str(t.get("errors", 0)), str(t.get("records", 0)), str(t.get("records_failed", 0)), pcell,
                      verdict])
@@ -58,6 +60,12 @@ def format_result(doc: dict, *, verbose: bool = True) -> str:
                 lines.append(f"     {f['message']}\n     repro: {f['repro']}")
         if len(v["failures"]) > MAX_DIVERGENCES:
             lines.append(f"... and {len(v['failures']) - MAX_DIVERGENCES} more failing case(s) in {p}: {v['summary']}")
+    for p, v in (doc.get("profiles") or {}).items():
+        for k in v.get("known_failures", []):
+            lines.append(f"known failure {p} {k['case']} ({', '.join(k['tensors'])}): {k['reason']}")
+    for x in (doc.get("xfails") or {}).get("stale", []):
+        lines.append(f"warning: stale known failure ({doc['xfails']['file']}:{x['line']}: {x['impl']} {x['profile']} "
+                     f"{x['case']}): the case passes in {x['profile_run']} now; delete the entry")
     for r in (doc.get("properties") or {}).get("results", []):
         if r["status"] == "fail":
             first = r["message"].splitlines()[0] if r["message"] else ""
@@ -74,7 +82,7 @@ def verdict_line(doc: dict) -> str:
     impl = doc.get("implementation") or {}
     sel = doc.get("selection") or {}
     timing = doc.get("timing") or {}
-    where = f"{impl.get('name') or impl.get('spec')} on {impl.get('device', '?')}" + \
+    where = f"{impl.get('spec')} on {impl.get('device', '?')}" + \
         (" (Triton interpreter)" if impl.get("interpreter") else "")
     parts = [f"gdncheck gate: {doc['verdict']} (exit {doc['exit_code']})", where]
     if sel:

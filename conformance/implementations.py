@@ -74,9 +74,9 @@ def triton_stage_runner(layer, cfg: GDNConfig, weights: Mapping[str, np.ndarray]
     stored in the profile dtype as a port reading them would (g, beta and the recurrent state fp32),
     weights as the layer holds them (1-D parameters fp32, matrices in the profile dtype)."""
     import torch
+    from gdncheck.gpu_impl.layer import FP32_PARAMS
 
     from gdncheck import gpu_impl
-    from gdncheck.gpu_impl.layer import FP32_PARAMS
 
     def tensor(a, dtype):  # fresh row-major strides (numpy's may differ on size-1 axes)
         a = np.asarray(a, dtype=np.float64)
