@@ -119,13 +119,20 @@ def write_report(report_dir: Path, doc: dict, summaries: dict) -> list[Path]:
     """``summary.txt`` (the console text) and, per profile, the HTML report when available."""
     report_dir.mkdir(parents=True, exist_ok=True)
     files = []
+    problems = []
     for p in summaries:
         path = Path(doc["profiles"][p]["summary"])
-        made = html_report(path, report_dir / p)
+        try:
+            made = html_report(path, report_dir / p)
+        except Exception as exc:  # noqa: BLE001 - a report failure must not hide the verdict
+            problems.append(f"the HTML report of {p} failed: {type(exc).__name__}: {exc}")
+            continue
         if made:
             files.extend(made)
     note = "" if files else ("(the HTML report is not available in this version: gdncheck.reports has no "
                              "write_report; this text and the JSON summaries are the report)\n")
+    note += "".join(f"warning: {m}\n" for m in problems)
+    doc.setdefault("notes", []).extend(problems)
     text = f"{verdict_line(doc)}\n\n{format_result(doc)}\n{note}"
     files.insert(0, write_bytes_atomic(report_dir / "summary.txt", text.encode()))
     return files

@@ -98,3 +98,17 @@ def test_interpreter_skip_is_listed(tmp_path, device):
     skip = junit[("conformance.f32.long-decode_T2100_Hk1_Hv2_dk8_dv8_s0", "case")]
     assert skip.is_skipped and "interpreter" in skip.result[0].message
     assert junit[("conformance.f32.prefill_T1_Hk1_Hv1_dk16_dv16_s0", "delta_rule")].is_passed
+
+
+def test_verify_writes_junit_for_a_port(tmp_path):
+    """A port's CI: outputs written by any runner (here a mutant), then verify --junit."""
+    out = tmp_path / "out"
+    assert main(["run", "gdncheck.conformance.meta.mutants:norm_weight_plain", "--profile", "bf16", "--out", str(out),
+                 "--case", "decode_T12", "--case", "error-invalid-eps"]) == 0
+    code = main(["verify", "--outputs", str(out), "--profile", "bf16", "--case", "decode_T12", "--case",
+                 "error-invalid-eps", "--junit", str(tmp_path / "v.xml")])
+    assert code == 1
+    cases = {(c.classname, c.name): c for _, c in junit_cases(tmp_path / "v.xml")}
+    first = cases[("conformance.bf16.decode_T12_Hk2_Hv4_dk16_dv8_s0", "input_norm")]
+    assert not first.is_passed and "x_norm" in first.result[0].text and "repro:" in first.result[0].text
+    assert cases[("conformance.bf16.error-invalid-eps_T0_Hk1_Hv2_dk4_dv4_s0", "expected_error")].is_passed
