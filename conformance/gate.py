@@ -79,6 +79,7 @@ class GateResult:
     doc: dict
     summaries: dict = field(default_factory=dict)  # profile -> verify Summary
     known: dict = field(default_factory=dict)  # profile -> {case id: reason} (known failures)
+    case_seconds: dict = field(default_factory=dict)  # profile -> {case id: seconds of its run}
     plan: Plan | None = None
 
 
@@ -264,6 +265,7 @@ def _run(opts: GateOptions, out: Path, doc: dict, result: GateResult, progress) 
         result.summaries[p] = summary
         known, stale = classify(xfails, opts.impl, p, summary.cases)
         result.known[p] = {c: x.reason for c, x in known.items()}
+        result.case_seconds[p] = {c: r["seconds"] for (pp, c), r in runs.items() if pp == p}
         doc["xfails"]["stale"] += [{**x.to_json(), "profile_run": p} for x in stale]
         code = 2 if any(c.status == "error" for c in summary.cases) else \
             int(any(c.status == "fail" and c.id not in known for c in summary.cases))
@@ -326,7 +328,8 @@ def gate_junit(doc: dict, result: GateResult) -> JUnit:
             junit.case("fixtures", "fixtures", "rebuild", output=fx["rebuild"])
     skipped = [Skip(**s) for s in (doc.get("selection") or {}).get("skipped", [])]
     for p, summary in result.summaries.items():
-        add_verify_summary(junit, summary, skipped=skipped, known=result.known.get(p))
+        add_verify_summary(junit, summary, skipped=skipped, known=result.known.get(p),
+                           case_seconds=result.case_seconds.get(p))
     for r in (doc.get("properties") or {}).get("results", []):
         suite, cls = f"properties.{r['profile']}", f"properties.{r['profile']}.{r['chapter']}"
         if r["status"] == "fail":

@@ -11,8 +11,8 @@ import shutil
 import junitparser
 import pytest
 from gdncheck.conformance.gate import GateOptions, run_gate
-from gdncheck.conformance.properties.runner import run_property
 from gdncheck.conformance.properties.registry import subject_from_env
+from gdncheck.conformance.properties.runner import run_property
 from gdncheck.fixtures.manifest import DEFAULT_DIR
 
 from gdncheck.cli import main
