@@ -121,7 +121,12 @@ def verify_case(fx: Path, out: Path, entry: dict, profile: str, table: Tolerance
                                    run_command=meta["command"])
     err = _raised(meta)
     steps = entry["program"]
-    if entry["kind"] == "error":
+    na = _not_applicable(meta, steps)
+    if na is not None:  # judge what ran before the step the implementation cannot express
+        rep.not_applicable = na
+        if entry["kind"] != "error":
+            _judge_program(rep, entry, gold, outs, out, profile, table, stage_isolated, fx, until=na["step"])
+    elif entry["kind"] == "error":
         _check_error(rep, entry, err)
     elif err is not None:
         op = steps[err["step"]]["op"] if isinstance(err.get("step"), int) and 0 <= err["step"] < len(steps) else "?"
@@ -189,6 +194,18 @@ def _raised(meta: dict) -> dict | None:
     return {"code": meta["error_code"], "message": meta.get("error_message", ""), "step": step}
 
 
+def _not_applicable(meta: dict, steps: list) -> dict | None:
+    """``{step, op, reason}`` when the implementation declared the case not applicable (FORMAT.md §7)."""
+    if "not_applicable" not in meta:
+        return None
+    try:
+        step = int(meta.get("not_applicable_step", "0"))
+    except ValueError:
+        step = 0
+    op = steps[step]["op"] if 0 <= step < len(steps) else "?"
+    return {"step": step, "op": op, "reason": meta["not_applicable"]}
+
+
 def _check_error(rep: CaseReport, entry: dict, err: dict | None) -> None:
     expected = entry["expected_error"]
     op = entry["program"][expected["step"]]["op"]
@@ -214,12 +231,16 @@ def _read(outs: SafetensorsFile, key: str) -> tuple[np.ndarray | None, str | Non
     return outs.read(key), outs.dtype_of(key)
 
 
-def _judge_program(rep, entry, gold, outs, out: Path, profile, table, stage_isolated, fx) -> None:
+def _judge_program(rep, entry, gold, outs, out: Path, profile, table, stage_isolated, fx,
+                   until: int | None = None) -> None:
+    """Judge every call (and saved snapshot) of the program, or of its steps before ``until``."""
     mode = MODES[stage_isolated]
     required = () if stage_isolated else REQUIRED_OUTPUTS
     case = entry["id"]
     stats = case_stats(entry, gold)
     for i, step in enumerate(entry["program"]):
+        if until is not None and i >= until:
+            break
         op = step["op"]
         if op in ("forward", "decode"):
             k = step["call"]
@@ -307,6 +328,11 @@ def _finish(rep: CaseReport) -> CaseReport:
     failed = [r for r in rep.records if r.verdict == "fail"]
     if failed and rep.status == "pass":
         rep.status = "fail"
+    elif rep.not_applicable is not None and rep.status == "pass":
+        na = rep.not_applicable
+        rep.status = "not_applicable"
+        rep.message = (f"not applicable from step {na['step']} ({na['op']}): {na['reason']}"
+                       + (f"; the {len(rep.records)} tensor(s) of the steps before it pass" if rep.records else ""))
     if failed:
         first = min(failed, key=lambda r: (r.step, r.stage_index, tensor_rank(r.tensor)))
         rep.first_divergence = {"step": first.step, "call": first.call, "op": first.op, "stage": first.stage,

@@ -41,6 +41,8 @@ def run(args: argparse.Namespace) -> int:
             print(f"pass  {c.id}")
         elif c.status == "error":
             print(f"ERROR {c.id}: {c.problem}")
+        elif c.status == "not_applicable":
+            print(f"n/a   {c.id}: {c.message}")
         else:
             fd = c.first_divergence or {}
             where = ", ".join(f"{k} {fd[k]}" for k in ("call", "stage", "tensor", "token") if fd.get(k) is not None)
@@ -59,7 +61,8 @@ def run(args: argparse.Namespace) -> int:
     t = summary.totals()
     for note in summary.notes:
         print(f"note: {note}")
-    print(f"{summary.verdict()}: {t['passed']}/{t['cases']} cases pass, {t['failed']} fail, {t['errors']} unusable; "
+    print(f"{summary.verdict()}: {t['passed']}/{t['cases']} cases pass, {t['failed']} fail, {t['errors']} unusable, "
+          f"{t['not_applicable']} not applicable; "
           f"{t['records']} tensors judged, {t['records_failed']} failed, {t['records_missing']} not provided "
           f"[{summary.implementation.get('name')}, profile {args.profile}, {summary.mode}]; summary: {path}")
     return summary.exit_code
