@@ -34,6 +34,7 @@ from typing import Any
 import numpy as np
 
 from gdncheck.config import GDNConfig
+from gdncheck.env import blas_threads
 from gdncheck.errors import GDNError
 
 from .plugin import NotApplicable
@@ -148,6 +149,10 @@ class HFLayer:
         from .hf_trace import Tracer
 
         transformers.logging.set_verbosity_error()  # its "falling back to the PyTorch implementation" notes
+        # gdncheck's BLAS thread count (GDN_BLAS_THREADS, default 1): on a 2-core machine two torch threads
+        # made the whole suite 4-15x slower (small matmuls stall), as two OpenBLAS threads do
+        if torch.get_num_threads() != blas_threads():
+            torch.set_num_threads(blas_threads())
         self.cfg, self.profile, self.dtype = cfg, profile, _torch_dtype(profile)
         self.hf_config = Qwen3_5TextConfig(
             hidden_size=cfg.hidden_size, intermediate_size=cfg.intermediate_size, rms_norm_eps=cfg.rms_norm_eps,

@@ -54,6 +54,7 @@ class Recording:
         self.raw: dict[str, Any] = {}
         self.l2: list[Any] = []
         self.called: list[str] = []
+        self.conv_columns: int | None = None  # columns the conv function ran over (T, or K + T with a cache)
 
     def put(self, name: str, tensor: Any) -> None:
         self.raw[name] = tensor.detach().clone()
@@ -107,6 +108,7 @@ class Tracer:
             def conv(*args, **kwargs):
                 out = fn(*args, **kwargs)
                 rec.called.append(name)
+                rec.conv_columns = int(out.shape[-1])
                 rec.put("qkv_conv", out)
                 return out
             return conv
@@ -141,5 +143,5 @@ class Tracer:
         finally:
             for name, fn in saved.items():
                 setattr(self.module, name, fn)
-            self.calls.append({"T": T, "functions": list(self._rec.called)})
+            self.calls.append({"T": T, "functions": list(self._rec.called), "conv_columns": self._rec.conv_columns})
             self._rec = None
