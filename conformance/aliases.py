@@ -143,6 +143,14 @@ class NamedOutputs:
         """The port's key a canonical key is read from."""
         return self._alias[key][0] if key not in self.file and key in self._alias else key
 
+    def ref(self, file: str, key: str) -> dict:
+        """A record's ``actual_ref``: ``{file, key}``; read through a table, also the port's own key and the
+        table (reload with ``NamedOutputs(SafetensorsFile(file), load_names(names), dims).read(key)``)."""
+        port_key = self.source_of(key)
+        if port_key == key:
+            return {"file": file, "key": key}
+        return {"file": file, "key": key, "port_key": port_key, "names": self.table.source}
+
     def dtype_of(self, key: str) -> str:
         return self.file.dtype_of(self.source_of(key))
 

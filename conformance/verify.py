@@ -264,7 +264,7 @@ def _judge_program(rep, entry, gold, outs, out: Path, profile, table, stage_isol
                 actual, dtype = _read(outs, key, gold.shape_of(key))
                 rec = base_record(case, i, op, k, name, seq_pos=list(step["seq_pos"]),
                                   expected_ref={"file": str(Path(fx) / entry["file"]), "key": key},
-                                  actual_ref={"file": rep.outputs_file, "key": outs.source_of(key)})
+                                  actual_ref=outs.ref(rep.outputs_file, key))
                 judge(rec, actual, dtype, gold.read(key), table.bound(name, profile, mode, case),
                       required=name in required, subject=messages.subject(name, rec.stage, k), loc=loc,
                       stats=stats.get(name))
@@ -324,8 +324,8 @@ def _judge_snapshot_file(rep, entry, gold, out: Path, step: dict, i: int, profil
         else:
             expected = gold.read(gkey)
         rec = base_record(case, i, "save", c, name, expected_ref={"file": str(Path(fx) / entry["file"]), "key": gkey},
-                          actual_ref={"file": str(path) if path else step["file"],
-                                      "key": snap.source_of(name) if snap is not None else name})
+                          actual_ref=snap.ref(str(path), name) if snap is not None else
+                          {"file": str(path) if path else step["file"], "key": name})
         subj = messages.subject(name, rec.stage, c, snapshot=step["file"])
         if snap is None:
             rec.expected_shape = list(expected.shape)

@@ -113,7 +113,8 @@ def test_port_names_verify_like_the_canonical_ones(fixtures_dir, canonical, tmp_
         assert any("gates" in n and "exp(g)" in n for n in notes)
     saved = [r for c in got.cases for r in c.records if r.op == "save"]
     assert len(saved) == 2 and all(r.verdict == "pass" for r in saved)
-    assert {r.actual_ref["key"] for r in saved} == set(SNAPSHOT_NAMES[port])
+    assert {r.actual_ref["port_key"] for r in saved} == set(SNAPSHOT_NAMES[port])
+    assert all(r.actual_ref["names"] == got.outputs["names"] for r in saved)
 
 
 def _written(port: str) -> set[str]:
