@@ -39,7 +39,8 @@ from gdncheck.errors import GDNError
 
 from .plugin import NotApplicable
 
-PROFILES = ("f32", "bf16", "f16", "f64")
+#: no f64: transformers' delta rules cast their inputs to float32 whatever the model's dtype
+PROFILES = ("f32", "bf16", "f16")
 
 
 class TransformersRefused(Exception):  # noqa: N818 - carries the code of what transformers refused
@@ -53,7 +54,7 @@ class TransformersRefused(Exception):  # noqa: N818 - carries the code of what t
 def _torch_dtype(profile: str):
     import torch
 
-    return {"f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16, "f64": torch.float64}[profile]
+    return {"f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16}[profile]
 
 
 def check_case(config: Mapping[str, Any], program: list[Mapping[str, Any]]) -> None:
@@ -77,7 +78,8 @@ def hf(cfg: GDNConfig, weights, *, profile: str = "f32", strict: bool = False, *
     if options:
         raise GDNError(f"hf: unknown option(s) {', '.join(sorted(options))}; it takes none")
     if profile not in PROFILES:
-        raise GDNError(f"implementation 'hf' runs in profile {', '.join(PROFILES)}, found {profile!r}")
+        raise GDNError(f"implementation 'hf' runs in profile {', '.join(PROFILES)}, found {profile!r} "
+                       "(transformers computes its delta rule in float32 whatever the dtype)")
     if strict:  # check_case refuses strict programs first; a direct caller gets the same answer
         raise NotApplicable("strict mode is not a transformers feature")
     if importlib.util.find_spec("transformers") is None:

@@ -10,7 +10,7 @@
     ``gdncheck.gpu_impl.Layer`` (imported on first use), driven exactly like an outside port.
 ``hf``
     Hugging Face transformers' own ``Qwen3_5DecoderLayer`` and cache (:mod:`.hf`; the ``hf`` extra),
-    profiles ``f32`` and ``bf16`` on the CPU; what it cannot express is reported not applicable.
+    profiles ``f32``, ``bf16`` (and ``f16``) on the CPU; what it cannot express is reported not applicable.
 """
 
 from __future__ import annotations
