@@ -276,7 +276,9 @@ def _run(opts: GateOptions, out: Path, doc: dict, result: GateResult, progress) 
             "seconds": round(sum(r["seconds"] for (pp, _), r in runs.items() if pp == p), 2),
             "failures": [{"case": c.id, "status": c.status, "first_divergence": c.first_divergence,
                           "message": c.message or c.problem, "repro": c.repro}
-                         for c in summary.cases if c.status != "pass" and c.id not in known],
+                         for c in summary.cases if c.status in ("fail", "error") and c.id not in known],
+            "not_applicable": [{"case": c.id, "reason": (c.not_applicable or {}).get("reason") or c.message}
+                               for c in summary.cases if c.status == "not_applicable"],
             "known_failures": [{"case": c.id, "tensors": sorted({r.tensor for r in c.records if r.verdict == "fail"}),
                                 "reason": known[c.id].reason, "xfails_line": known[c.id].line,
                                 "message": c.message} for c in summary.cases if c.id in known]}

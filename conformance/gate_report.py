@@ -21,7 +21,7 @@ def _row(cells: list[str], widths: list[int]) -> str:
 
 
 def format_table(doc: dict) -> str:
-    head = ["profile", "cases", "pass", "fail", "unusable", "tensors", "failed", "properties", "verdict"]
+    head = ["profile", "cases", "pass", "fail", "unusable", "n/a", "tensors", "failed", "properties", "verdict"]
     rows = []
     props = (doc.get("properties") or {}).get("results", [])
     for p, v in (doc.get("profiles") or {}).items():
@@ -34,7 +34,8 @@ def format_table(doc: dict) -> str:
         if v.get("known_failures"):
             verdict += f" ({len(v['known_failures'])} known failure)"
         rows.append([p, str(t.get("cases", 0)), str(t.get("passed", 0)), str(t.get("failed", 0)),
-                     str(t.get("errors", 0)), str(t.get("records", 0)), str(t.get("records_failed", 0)), pcell,
+                     str(t.get("errors", 0)), str(t.get("not_applicable", 0)), str(t.get("records", 0)),
+                     str(t.get("records_failed", 0)), pcell,
                      verdict])
     widths = [max(len(r[i]) for r in [head, *rows]) for i in range(len(head))]
     return "\n".join(_row(r, widths) for r in [head, *rows])
@@ -61,6 +62,8 @@ def format_result(doc: dict, *, verbose: bool = True) -> str:
         if len(v["failures"]) > MAX_DIVERGENCES:
             lines.append(f"... and {len(v['failures']) - MAX_DIVERGENCES} more failing case(s) in {p}: {v['summary']}")
     for p, v in (doc.get("profiles") or {}).items():
+        for k in v.get("not_applicable", []):
+            lines.append(f"not applicable {p} {k['case']}: {k['reason']}")
         for k in v.get("known_failures", []):
             lines.append(f"known failure {p} {k['case']} ({', '.join(k['tensors'])}): {k['reason']}")
     for x in (doc.get("xfails") or {}).get("stale", []):

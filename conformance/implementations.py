@@ -8,6 +8,9 @@
     by ``verify --profile bf16`` passes; ``--profile f64`` passes in every profile.
 ``triton``
     ``gdncheck.gpu_impl.Layer`` (imported on first use), driven exactly like an outside port.
+``hf``
+    Hugging Face transformers' own ``Qwen3_5DecoderLayer`` and cache (:mod:`.hf`; the ``hf`` extra),
+    profiles ``f32``, ``bf16`` (and ``f16``) on the CPU; what it cannot express is reported not applicable.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from gdncheck.errors import GDNError
 from gdncheck.snapshot import Snapshot
 from gdncheck.stages import STAGE_INPUTS
 
+from .hf import hf
 from .plugin import LayerAdapter
 from .vocab import STAGE_OUTPUTS
 
@@ -159,4 +163,4 @@ def triton(cfg: GDNConfig, weights, *, profile: str = "f32", strict: bool = Fals
     return adapter(layer, f"triton ({profile}, device {device})", load_snapshot=loader, stage_runner=runner)
 
 
-BUILTIN = {"reference": reference, "triton": triton}
+BUILTIN = {"reference": reference, "triton": triton, "hf": hf}

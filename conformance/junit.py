@@ -6,7 +6,8 @@ profile of the property suite (``properties.PROFILE``), plus ``fixtures`` for th
 A case gives one ``<testcase>`` per stage group it has records in (``classname`` =
 ``conformance.PROFILE.CASE``, ``name`` = the stage, or ``state``/``snapshot``), ``expected_error``
 for an error case, and one ``<testcase name="case">`` with ``<error>`` when its inputs were
-unusable or ``<skipped>`` when the gate did not run it (the reason is the message). A failing stage
+unusable, or ``<skipped>`` when the gate did not run it or the implementation reported it not
+applicable (the reason is the message). A failing stage
 carries ``<failure message=... type=REASON>`` with every failing record's message and the repro.
 A stage whose tensors the implementation did not provide is ``<skipped>``.
 """
@@ -119,6 +120,10 @@ def add_verify_summary(junit: JUnit, summary, *, suite: str | None = None, case_
                        output=f"expected {ec.get('expected')}, got {ec.get('actual')} ({ec.get('match')})")
             continue
         groups = stage_groups(c.records)
+        if c.status == "not_applicable":
+            na = c.not_applicable or {}
+            junit.case(suite, cls, "case", seconds=secs,
+                       skipped=f"not applicable: {na.get('reason') or c.message} (from step {na.get('step')})")
         if c.status == "fail" and not groups:  # raised before any record
             junit.case(suite, cls, "case", seconds=secs,
                        failure=(c.message or "failed", (c.first_divergence or {}).get("reason") or "fail",

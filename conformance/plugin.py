@@ -11,6 +11,13 @@
 the implementation refuses must raise (a :class:`gdncheck.errors.GDNError`, or any exception with a
 string ``code`` attribute naming the error; see fixtures/FORMAT.md §6).
 
+An implementation that cannot express a case or a call (a feature it does not have: a per-head
+norm, the seq-len reset, snapshot files, a strict mode) raises :class:`NotApplicable` with the
+reason, from the factory, from any method, or from the factory's optional
+``check_case(config, program)``, which the runner calls before gdncheck parses the case's config.
+The case stops there; ``verify`` judges the calls that ran before and reports the case
+``not_applicable``, neither a pass nor a failure.
+
 The returned object implements :class:`Implementation`. Most Python ports already have a layer
 with the shape of ``gdncheck.reference.Layer``; :class:`LayerAdapter` turns such a layer into an
 :class:`Implementation` in one line, and the built-in ``reference`` and ``triton`` go through it
@@ -26,6 +33,15 @@ from typing import Any, Protocol, runtime_checkable
 import numpy as np
 
 from gdncheck.errors import GDNError
+
+
+class NotApplicable(Exception):  # noqa: N818 - a verdict, not an error
+    """The implementation cannot express this case or call; the message says why (FORMAT.md §9).
+
+    Not a failure: ``run`` records the reason and the step in the outputs' metadata
+    (``not_applicable``, ``not_applicable_step``) and ``verify`` reports the case ``not_applicable``."""
+
+    code = "not_applicable"
 
 
 @runtime_checkable
@@ -118,14 +134,15 @@ def error_code(exc: BaseException) -> str:
 
 
 def load_factory(spec: str) -> Callable[..., Implementation]:
-    """``reference``, ``triton`` or ``MODULE:CALLABLE`` -> the factory."""
+    """A built-in name (``reference``, ``triton``, ``hf``) or ``MODULE:CALLABLE`` -> the factory."""
     from . import implementations
 
     if spec in implementations.BUILTIN:
         return implementations.BUILTIN[spec]
     if ":" not in spec:
         raise GDNError(
-            f"expected an implementation 'reference', 'triton' or 'MODULE:CALLABLE', found {spec!r}"
+            f"expected an implementation {', '.join(repr(n) for n in implementations.BUILTIN)} or "
+            f"'MODULE:CALLABLE', found {spec!r}"
         )
     module_name, attr = spec.split(":", 1)
     try:

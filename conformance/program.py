@@ -21,7 +21,7 @@ from gdncheck.config import GDNConfig
 from gdncheck.stages import STAGE_INPUTS, TENSOR_BY_NAME
 from gdncheck.weights import LayerWeights
 
-from .plugin import Implementation, error_code, to_numpy
+from .plugin import Implementation, NotApplicable, error_code, to_numpy
 from .vocab import STATE_NAMES
 
 
@@ -43,6 +43,7 @@ class RunResult:
     outputs: dict[str, np.ndarray] = field(default_factory=dict)
     state_in: dict[str, np.ndarray] = field(default_factory=dict)
     error: dict[str, Any] | None = None  # {"code", "message", "step"}
+    not_applicable: dict[str, Any] | None = None  # {"reason", "step"}: the implementation cannot express it
     files: list[str] = field(default_factory=list)
     implementation: str | None = None  # the implementation's ``name``
 
@@ -57,7 +58,9 @@ def _keep(expected, call: int, name: str) -> bool:
 
 def execute(factory: Callable[..., Implementation], case: CaseInput, *, profile: str, options: Mapping | None = None,
             snapshot_dir: str | os.PathLike | None = None, capture_state_in: bool = False) -> RunResult:
-    """Run ``case.program``; an exception at step i ends the program and is recorded (code, message, i).
+    """Run ``case.program``; an exception at step i ends the program and is recorded (code, message, i),
+    :class:`~.plugin.NotApplicable` as ``not_applicable`` (reason, i). The factory's optional
+    ``check_case(config, program)`` runs first, before the config is parsed.
 
     Snapshot files of ``save``/``load`` steps live in ``snapshot_dir`` (a temporary folder if None).
     """
@@ -84,6 +87,9 @@ def _execute(factory, case: CaseInput, profile: str, options, snapshot_dir, capt
         for step_index, step in enumerate(case.program):  # noqa: B007 - read by the handler below
             op = step["op"]
             if op == "construct":
+                check_case = getattr(factory, "check_case", None)
+                if check_case is not None:
+                    check_case(dict(case.config), list(case.program))
                 cfg = GDNConfig.from_hf(dict(case.config))
                 weights = LayerWeights(case.weights, source=f"fixture {case.id}", config=cfg)
                 impl = factory(cfg, weights, profile=profile, strict=bool(step.get("strict", False)),
@@ -120,6 +126,8 @@ def _execute(factory, case: CaseInput, profile: str, options, snapshot_dir, capt
                 slots[step["slot"]] = impl.load_snapshot(str(Path(snapshot_dir) / step["file"]))
             else:
                 raise ValueError(f"unknown program op {op!r}")
+    except NotApplicable as exc:
+        res.not_applicable = {"reason": str(exc) or "not applicable", "step": step_index}
     except Exception as exc:  # noqa: BLE001 - any failure of the implementation is a result, not a crash
         res.error = {"code": error_code(exc), "message": str(exc) or type(exc).__name__, "step": step_index}
     return res

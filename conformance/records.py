@@ -73,7 +73,7 @@ class CaseReport:
     id: str
     kind: str
     tags: list[str]
-    status: str  # pass | fail | error
+    status: str  # pass | fail | error | not_applicable
     file: str | None = None
     outputs_file: str | None = None
     problem: str | None = None  # why the case could not be verified (status error)
@@ -82,6 +82,7 @@ class CaseReport:
     repro: str | None = None
     counts: dict = field(default_factory=lambda: {"pass": 0, "fail": 0, "missing": 0})
     error_check: dict | None = None
+    not_applicable: dict | None = None  # {step, op, reason}: the implementation cannot express the case from there
     notes: list[str] = field(default_factory=list)
     records: list[Record] = field(default_factory=list)
 
@@ -106,6 +107,7 @@ class Summary:
 
     @property
     def exit_code(self) -> int:
+        """2 inputs unusable, 1 a case fails, else 0 (not_applicable cases count neither way)."""
         if any(c.status == "error" for c in self.cases):
             return 2
         return 1 if any(c.status == "fail" for c in self.cases) else 0
@@ -117,6 +119,7 @@ class Summary:
             "passed": sum(c.status == "pass" for c in self.cases),
             "failed": sum(c.status == "fail" for c in self.cases),
             "errors": sum(c.status == "error" for c in self.cases),
+            "not_applicable": sum(c.status == "not_applicable" for c in self.cases),
             "records": len(recs),
             "records_failed": sum(r.verdict == "fail" for r in recs),
             "records_missing": sum(r.verdict == "missing" for r in recs),

@@ -4,7 +4,8 @@ the port format (fixtures/FORMAT.md §7), exactly as a port in another language 
 :func:`run_impl` is what the CLI and the gate call. Each case's outputs file is written atomically
 once the case has run (a case whose fixture is unusable is skipped and reported; nothing partial
 is left). An exception the implementation raises is a result: its code, message and step go into
-the outputs file, and ``verify`` judges them.
+the outputs file, and ``verify`` judges them. :class:`~.plugin.NotApplicable` goes in as metadata
+``not_applicable`` (the reason) and ``not_applicable_step``.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from gdncheck.errors import GDNError, SafetensorsFormatError
 from gdncheck.safetensors_io import SafetensorsFile, write_safetensors
 from gdncheck.stages import STAGE_NAMES
 
-from .plugin import error_code, load_factory, parse_options, to_numpy
+from .plugin import NotApplicable, error_code, load_factory, parse_options, to_numpy
 from .program import CaseInput, call_key, execute, golden_inputs
 from .verify import MODES, OUTPUTS_FORMAT, OUTPUTS_FORMAT_VERSION
 from .vocab import STAGE_OUTPUTS
@@ -33,7 +34,7 @@ RUN_PROFILES = ("f64", "f32", "bf16", "f16")
 @dataclass
 class CaseRun:
     id: str
-    status: str  # ran | raised | skipped
+    status: str  # ran | raised | not_applicable | skipped
     detail: str = ""
     file: str | None = None
 
@@ -98,22 +99,28 @@ def run_impl(impl: str | Callable, fixtures_dir: str | Path, out_dir: str | Path
             if progress:
                 progress(report.cases[-1])
             continue
+        na = None
         if stage_isolated:
-            outputs, error, impl_name = _run_isolated(factory, inp, gold, profile, options)
+            outputs, error, impl_name, na = _run_isolated(factory, inp, gold, profile, options)
         else:
             res = execute(factory, inp, profile=profile, options=options, snapshot_dir=out_dir)
-            outputs, error, impl_name = res.outputs, res.error, res.implementation
+            outputs, error, impl_name, na = res.outputs, res.error, res.implementation, res.not_applicable
         meta = {"format": OUTPUTS_FORMAT, "format_version": OUTPUTS_FORMAT_VERSION, "case": entry["id"],
                 "implementation": impl_name or name, "profile": profile, "mode": MODES[stage_isolated],
                 "fixture_sha256": entry["sha256"], "generator": f"gdncheck {__version__}", "command": command}
         if error:
             meta.update({"error_code": error["code"], "error_message": error["message"],
                          "error_step": str(error["step"])})
+        if na:
+            meta.update({"not_applicable": na["reason"], "not_applicable_step": str(na["step"])})
         path = out_dir / f"{entry['id']}.safetensors"
         write_safetensors(path, {k: np.ascontiguousarray(v) for k, v in outputs.items()}, meta)
-        report.cases.append(CaseRun(entry["id"], "raised" if error else "ran",
-                                    f"{error['code']} at step {error['step']}: {error['message']}" if error else "",
-                                    str(path)))
+        status, detail = "ran", ""
+        if error:
+            status, detail = "raised", f"{error['code']} at step {error['step']}: {error['message']}"
+        elif na:
+            status, detail = "not_applicable", f"at step {na['step']}: {na['reason']}"
+        report.cases.append(CaseRun(entry["id"], status, detail, str(path)))
         if progress:
             progress(report.cases[-1])
     return report
@@ -125,7 +132,10 @@ def _run_isolated(factory, inp: CaseInput, gold: SafetensorsFile, profile: str, 
     from gdncheck.weights import LayerWeights
 
     cfg = GDNConfig.from_hf(dict(inp.config))
-    impl = factory(cfg, LayerWeights(inp.weights, config=cfg), profile=profile, strict=False, **dict(options))
+    try:
+        impl = factory(cfg, LayerWeights(inp.weights, config=cfg), profile=profile, strict=False, **dict(options))
+    except NotApplicable as exc:
+        return {}, None, None, {"reason": str(exc), "step": 0}
     run_stage = getattr(impl, "run_stage", None)
     if run_stage is None:
         raise GDNError(f"implementation {getattr(impl, 'name', impl)!r} has no run_stage(stage, inputs): it cannot "
@@ -144,8 +154,8 @@ def _run_isolated(factory, inp: CaseInput, gold: SafetensorsFile, profile: str, 
                 result = run_stage(stage, inputs)
             except Exception as exc:  # noqa: BLE001 - recorded for verify
                 error = {"code": error_code(exc), "message": str(exc), "step": inp.program.index(step)}
-                return outputs, error, getattr(impl, "name", None)
+                return outputs, error, getattr(impl, "name", None), None
             for name in STAGE_OUTPUTS[stage]:
                 if name in result:
                     outputs[call_key(k, name)] = np.array(to_numpy(result[name]), copy=True)
-    return outputs, error, getattr(impl, "name", None)
+    return outputs, error, getattr(impl, "name", None), None

@@ -29,6 +29,7 @@ from gdncheck.errors import SafetensorsFormatError
 from gdncheck.safetensors_io import SafetensorsFile
 
 from . import messages
+from .aliases import NamedOutputs, NameTable, load_names
 from .metrics import CaseStats
 from .records import CaseReport, Record, Summary
 from .tolerances import ToleranceTable, load_table
@@ -43,13 +44,16 @@ MODES = {False: "end_to_end", True: "stage_isolated"}
 def verify(fixtures_dir: str | Path, outputs_dir: str | Path, profile: str, *, cases: list[str] | None = None,
            tags: list[str] | None = None, shard: tuple[int, int] | None = None, stage_isolated: bool = False,
            tolerances: str | Path | ToleranceTable | None = None,
-           progress: Callable[[CaseReport], None] | None = None) -> Summary:
+           progress: Callable[[CaseReport], None] | None = None, names: str | None = None) -> Summary:
     """Verify the outputs in ``outputs_dir`` against the fixtures in ``fixtures_dir`` at ``profile``.
 
-    ``cases`` (ids or id prefixes), ``tags`` and ``shard=(i, n)`` select cases. Raises
-    :class:`FixtureError` only when the fixture folder itself is unusable (no readable manifest).
+    ``cases`` (ids or id prefixes), ``tags`` and ``shard=(i, n)`` select cases; ``names`` reads the
+    outputs through a name table (:mod:`.aliases`: ``hf``, ``doppler``, ``metrale`` or a path). Raises
+    :class:`FixtureError` only when the fixture folder itself is unusable (no readable manifest) or
+    the name table is unknown.
     """
     table = tolerances if isinstance(tolerances, ToleranceTable) else load_table(tolerances)
+    name_table = load_names(names)
     mode = MODES[stage_isolated]
     if profile not in ("f32", "bf16", "f16"):
         raise FixtureError(f"expected --profile f32, bf16 or f16, found {profile!r}")
@@ -61,7 +65,7 @@ def verify(fixtures_dir: str | Path, outputs_dir: str | Path, profile: str, *, c
         fixtures={"dir": str(fixtures_dir), "suite": manifest["suite"], "format_version": manifest["format_version"],
                   "manifest_sha256": sha256_file(Path(fixtures_dir) / "manifest.json"),
                   "generator": manifest["generator"]},
-        outputs={"dir": str(outputs_dir)},
+        outputs={"dir": str(outputs_dir), "names": name_table.source if name_table else None},
         environment={"python": platform.python_version(), "numpy": np.__version__, "platform": platform.platform()},
         tool={"name": "gdncheck", "version": __version__},
     )
@@ -75,7 +79,8 @@ def verify(fixtures_dir: str | Path, outputs_dir: str | Path, profile: str, *, c
             summary.cases.append(CaseReport(p.case, "unknown", [], "error", problem=p.message))
     impls: dict[str, dict] = {}
     for entry in entries:
-        report = verify_case(Path(fixtures_dir), Path(outputs_dir), entry, profile, table, stage_isolated, impls)
+        report = verify_case(Path(fixtures_dir), Path(outputs_dir), entry, profile, table, stage_isolated, impls,
+                             names=name_table)
         summary.cases.append(report)
         if progress:
             progress(report)
@@ -94,7 +99,7 @@ def _implementation(impls: dict[str, dict], profile: str, summary: Summary) -> d
 
 
 def verify_case(fx: Path, out: Path, entry: dict, profile: str, table: ToleranceTable, stage_isolated: bool,
-                impls: dict[str, dict] | None = None) -> CaseReport:
+                impls: dict[str, dict] | None = None, names: NameTable | None = None) -> CaseReport:
     rep = CaseReport(entry["id"], entry["kind"], list(entry.get("tags", [])), "pass", file=entry["file"])
     rep.repro = messages.repro(str(fx), str(out), profile, entry["id"], stage_isolated=stage_isolated)
     try:
@@ -109,9 +114,10 @@ def verify_case(fx: Path, out: Path, entry: dict, profile: str, table: Tolerance
         if not opath.is_file():
             return _unusable(rep, f"no outputs file {name} in {out}: run the implementation on this case first "
                                   f"(gdncheck run ... --case {entry['id']})")
-        outs = SafetensorsFile(opath)
+        outs = NamedOutputs(SafetensorsFile(opath), names, _dims(entry))
         meta = outs.metadata
         _check_outputs_meta(entry, meta, stage_isolated)
+        rep.notes.extend(outs.notes())
     except (FixtureError, SafetensorsFormatError) as exc:
         return _unusable(rep, f"outputs unusable: {exc}")
     if impls is not None:
@@ -121,7 +127,12 @@ def verify_case(fx: Path, out: Path, entry: dict, profile: str, table: Tolerance
                                    run_command=meta["command"])
     err = _raised(meta)
     steps = entry["program"]
-    if entry["kind"] == "error":
+    na = _not_applicable(meta, steps)
+    if na is not None:  # judge what ran before the step the implementation cannot express
+        rep.not_applicable = na
+        if entry["kind"] != "error":
+            _judge_program(rep, entry, gold, outs, out, profile, table, stage_isolated, fx, until=na["step"])
+    elif entry["kind"] == "error":
         _check_error(rep, entry, err)
     elif err is not None:
         op = steps[err["step"]]["op"] if isinstance(err.get("step"), int) and 0 <= err["step"] < len(steps) else "?"
@@ -131,6 +142,14 @@ def verify_case(fx: Path, out: Path, entry: dict, profile: str, table: Tolerance
     else:
         _judge_program(rep, entry, gold, outs, out, profile, table, stage_isolated, fx)
     return _finish(rep)
+
+
+def _dims(entry: dict) -> dict[str, int] | None:
+    """The case's shape symbols (name-table widths), None when its config does not parse."""
+    try:
+        return GDNConfig.from_hf(dict(entry["config"])).dims()
+    except Exception:  # noqa: BLE001 - an error case's config may be broken on purpose
+        return None
 
 
 def _unusable(rep: CaseReport, problem: str) -> CaseReport:
@@ -189,6 +208,18 @@ def _raised(meta: dict) -> dict | None:
     return {"code": meta["error_code"], "message": meta.get("error_message", ""), "step": step}
 
 
+def _not_applicable(meta: dict, steps: list) -> dict | None:
+    """``{step, op, reason}`` when the implementation declared the case not applicable (FORMAT.md §7)."""
+    if "not_applicable" not in meta:
+        return None
+    try:
+        step = int(meta.get("not_applicable_step", "0"))
+    except ValueError:
+        step = 0
+    op = steps[step]["op"] if 0 <= step < len(steps) else "?"
+    return {"step": step, "op": op, "reason": meta["not_applicable"]}
+
+
 def _check_error(rep: CaseReport, entry: dict, err: dict | None) -> None:
     expected = entry["expected_error"]
     op = entry["program"][expected["step"]]["op"]
@@ -208,28 +239,32 @@ def _check_error(rep: CaseReport, entry: dict, err: dict | None) -> None:
                                 "reason": "error_expected" if err is None else "wrong_error"}
 
 
-def _read(outs: SafetensorsFile, key: str) -> tuple[np.ndarray | None, str | None]:
+def _read(outs: NamedOutputs, key: str, shape=None) -> tuple[np.ndarray | None, str | None]:
     if key not in outs:
         return None, None
-    return outs.read(key), outs.dtype_of(key)
+    return outs.read(key, shape), outs.dtype_of(key)
 
 
-def _judge_program(rep, entry, gold, outs, out: Path, profile, table, stage_isolated, fx) -> None:
+def _judge_program(rep, entry, gold, outs, out: Path, profile, table, stage_isolated, fx,
+                   until: int | None = None) -> None:
+    """Judge every call (and saved snapshot) of the program, or of its steps before ``until``."""
     mode = MODES[stage_isolated]
     required = () if stage_isolated else REQUIRED_OUTPUTS
     case = entry["id"]
     stats = case_stats(entry, gold)
     for i, step in enumerate(entry["program"]):
+        if until is not None and i >= until:
+            break
         op = step["op"]
         if op in ("forward", "decode"):
             k = step["call"]
             loc = messages.where(case, i, op, step["seq_pos"])
             for name in step["expected"]:
                 key = f"calls.{k}.{name}"
-                actual, dtype = _read(outs, key)
+                actual, dtype = _read(outs, key, gold.shape_of(key))
                 rec = base_record(case, i, op, k, name, seq_pos=list(step["seq_pos"]),
                                   expected_ref={"file": str(Path(fx) / entry["file"]), "key": key},
-                                  actual_ref={"file": rep.outputs_file, "key": key})
+                                  actual_ref=outs.ref(rep.outputs_file, key))
                 judge(rec, actual, dtype, gold.read(key), table.bound(name, profile, mode, case),
                       required=name in required, subject=messages.subject(name, rec.stage, k), loc=loc,
                       stats=stats.get(name))
@@ -237,7 +272,7 @@ def _judge_program(rep, entry, gold, outs, out: Path, profile, table, stage_isol
             if not stage_isolated:
                 _judge_seq_len(rep, outs, step, i, loc)
         elif op == "save" and not stage_isolated:
-            _judge_snapshot_file(rep, entry, gold, out, step, i, profile, table, stats, fx)
+            _judge_snapshot_file(rep, entry, gold, out, step, i, profile, table, stats, fx, outs.table)
 
 
 def _judge_seq_len(rep: CaseReport, outs: SafetensorsFile, step: dict, i: int, loc: str) -> None:
@@ -266,13 +301,14 @@ def case_stats(entry: dict, gold) -> dict[str, CaseStats]:
     return {name: CaseStats(name, arrs) for name, arrs in arrays.items()}
 
 
-def _judge_snapshot_file(rep, entry, gold, out: Path, step: dict, i: int, profile, table, stats, fx: Path) -> None:
+def _judge_snapshot_file(rep, entry, gold, out: Path, step: dict, i: int, profile, table, stats, fx: Path,
+                         names: NameTable | None = None) -> None:
     case, c = entry["id"], step["state_of_call"]
     loc = messages.where(case, i, "save")
     cfg = None
     try:
         path = safe_file(out, step["file"], "snapshot file")
-        snap = SafetensorsFile(path) if path.is_file() else None
+        snap = NamedOutputs(SafetensorsFile(path), names, _dims(entry)) if path.is_file() else None
         problem = None if snap is not None else f"file {step['file']} is not in {out}"
     except (FixtureError, SafetensorsFormatError) as exc:
         snap, problem, path = None, str(exc), None
@@ -288,14 +324,15 @@ def _judge_snapshot_file(rep, entry, gold, out: Path, step: dict, i: int, profil
         else:
             expected = gold.read(gkey)
         rec = base_record(case, i, "save", c, name, expected_ref={"file": str(Path(fx) / entry["file"]), "key": gkey},
-                          actual_ref={"file": str(path) if path else step["file"], "key": name})
+                          actual_ref=snap.ref(str(path), name) if snap is not None else
+                          {"file": str(path) if path else step["file"], "key": name})
         subj = messages.subject(name, rec.stage, c, snapshot=step["file"])
         if snap is None:
             rec.expected_shape = list(expected.shape)
             rec.verdict, rec.reason = "fail", "missing_required"
             rec.message = f"{subj}: {problem}, but should be there (the program saves it) {loc}"
         else:
-            actual, dtype = _read(snap, name)
+            actual, dtype = _read(snap, name, expected.shape)
             judge(rec, actual, dtype, expected, table.bound(name, profile, "end_to_end", case), required=True,
                   subject=subj, loc=loc, stats=stats.get(name))
         rep.records.append(rec)
@@ -307,6 +344,11 @@ def _finish(rep: CaseReport) -> CaseReport:
     failed = [r for r in rep.records if r.verdict == "fail"]
     if failed and rep.status == "pass":
         rep.status = "fail"
+    elif rep.not_applicable is not None and rep.status == "pass":
+        na = rep.not_applicable
+        rep.status = "not_applicable"
+        rep.message = (f"not applicable from step {na['step']} ({na['op']}): {na['reason']}"
+                       + (f"; the {len(rep.records)} tensor(s) of the steps before it pass" if rep.records else ""))
     if failed:
         first = min(failed, key=lambda r: (r.step, r.stage_index, tensor_rank(r.tensor)))
         rep.first_divergence = {"step": first.step, "call": first.call, "op": first.op, "stage": first.stage,

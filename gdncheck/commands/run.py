@@ -11,14 +11,16 @@ Run an implementation over the fixture cases and write its outputs in the port f
 (fixtures/FORMAT.md §7), one safetensors file per case, for `gdncheck verify`.
 
 IMPL is `reference` (the float64 reference in profile f64; its precision emulation in f32, bf16,
-f16), `triton` (gdncheck.gpu_impl, on GDN_DEVICE), or MODULE:CALLABLE, a factory of the plug-in
-contract: CALLABLE(cfg, weights, *, profile, strict, **options) -> implementation (FORMAT.md §9)."""
+f16), `triton` (gdncheck.gpu_impl, on GDN_DEVICE), `hf` (Hugging Face transformers' own layer and
+cache, the hf extra; what it cannot express is reported not applicable), or MODULE:CALLABLE, a
+factory of the plug-in contract: CALLABLE(cfg, weights, *, profile, strict, **options) ->
+implementation (FORMAT.md §9)."""
 
 
 def configure(p: argparse.ArgumentParser) -> None:
     from gdncheck.fixtures.manifest import DEFAULT_DIR
 
-    p.add_argument("impl", metavar="IMPL", help="reference | triton | MODULE:CALLABLE")
+    p.add_argument("impl", metavar="IMPL", help="reference | triton | hf | MODULE:CALLABLE")
     p.add_argument("--fixtures", default=str(DEFAULT_DIR), help=f"fixture folder (default {DEFAULT_DIR})")
     p.add_argument("--out", required=True, help="folder for the outputs (created)")
     p.add_argument("--profile", required=True, choices=("f64", "f32", "bf16", "f16"), help="precision profile")
@@ -64,7 +66,9 @@ def run(args: argparse.Namespace) -> int:
                    shard=parse_shard(args.shard), options=options, stage_isolated=args.stage_isolated,
                    command=command, progress=progress)
     skipped = rep.skipped
+    na = sum(c.status == "not_applicable" for c in rep.cases)
     print(f"ran {len(rep.cases) - len(skipped)} case(s) with {rep.implementation} ({args.profile}) into {args.out}"
+          + (f"; {na} not applicable" if na else "")
           + (f"; {len(skipped)} skipped (fixture unusable)" if skipped else ""))
     print(f"next: gdncheck verify --fixtures {shlex.quote(args.fixtures)} --outputs {shlex.quote(args.out)} "
           f"--profile {args.profile if args.profile != 'f64' else 'f32'}"

@@ -29,6 +29,9 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--summary", help="where to write the JSON summary (default OUTPUTS/verify-summary-PROFILE.json)")
     p.add_argument("--junit", help="also write JUnit XML here (one testcase per case and stage; for CI publishers)")
     p.add_argument("--verbose", action="store_true", help="print every failing record, not only the first per case")
+    p.add_argument("--names", metavar="TABLE",
+                   help="read the port's own tensor names through a name table: hf, doppler, metrale or a JSON path "
+                        "(FORMAT.md §13)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -42,6 +45,8 @@ def run(args: argparse.Namespace) -> int:
             print(f"pass  {c.id}")
         elif c.status == "error":
             print(f"ERROR {c.id}: {c.problem}")
+        elif c.status == "not_applicable":
+            print(f"n/a   {c.id}: {c.message}")
         else:
             fd = c.first_divergence or {}
             where = ", ".join(f"{k} {fd[k]}" for k in ("call", "stage", "tensor", "token") if fd.get(k) is not None)
@@ -51,10 +56,12 @@ def run(args: argparse.Namespace) -> int:
                 for r in c.records:
                     if r.verdict == "fail" and r.message != c.message:
                         print(f"      also: {r.message}")
+        for note in c.notes:
+            print(f"      note: {note}")
 
     summary = verify(args.fixtures, args.outputs, args.profile, cases=args.case, tags=args.tag,
                      shard=parse_shard(args.shard), stage_isolated=args.stage_isolated, tolerances=args.tolerances,
-                     progress=progress)
+                     progress=progress, names=args.names)
     path = Path(args.summary) if args.summary else Path(args.outputs) / f"verify-summary-{args.profile}.json"
     summary.write(path)
     if args.junit:
@@ -66,7 +73,8 @@ def run(args: argparse.Namespace) -> int:
     t = summary.totals()
     for note in summary.notes:
         print(f"note: {note}")
-    print(f"{summary.verdict()}: {t['passed']}/{t['cases']} cases pass, {t['failed']} fail, {t['errors']} unusable; "
+    print(f"{summary.verdict()}: {t['passed']}/{t['cases']} cases pass, {t['failed']} fail, {t['errors']} unusable, "
+          f"{t['not_applicable']} not applicable; "
           f"{t['records']} tensors judged, {t['records_failed']} failed, {t['records_missing']} not provided "
           f"[{summary.implementation.get('name')}, profile {args.profile}, {summary.mode}]; summary: {path}")
     return summary.exit_code
