@@ -28,6 +28,7 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tolerances", help="tolerance table (default: the packaged conformance/tolerances.json)")
     p.add_argument("--summary", help="where to write the JSON summary (default OUTPUTS/verify-summary-PROFILE.json)")
     p.add_argument("--verbose", action="store_true", help="print every failing record, not only the first per case")
+    p.add_argument("--report", metavar="DIR", help="also write the HTML diff report there (docs/report.md)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -62,4 +63,9 @@ def run(args: argparse.Namespace) -> int:
     print(f"{summary.verdict()}: {t['passed']}/{t['cases']} cases pass, {t['failed']} fail, {t['errors']} unusable; "
           f"{t['records']} tensors judged, {t['records_failed']} failed, {t['records_missing']} not provided "
           f"[{summary.implementation.get('name')}, profile {args.profile}, {summary.mode}]; summary: {path}")
+    if args.report:
+        from gdncheck.reports import write_report
+
+        index = write_report(summary.to_json(), args.report, fixtures_dir=args.fixtures, outputs_dir=args.outputs)
+        print(f"report: {index}")
     return summary.exit_code
