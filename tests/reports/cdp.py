@@ -21,7 +21,7 @@ from pathlib import Path
 
 FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking",
          "--disable-component-update", "--disable-sync", "--remote-debugging-pipe", "--hide-scrollbars",
-         "--mute-audio")
+         "--mute-audio", "--disable-dev-shm-usage")
 
 
 def find_chromium() -> str | None:
@@ -56,10 +56,11 @@ class Browser:
             os.dup2(hi_r, 3)
             os.dup2(hi_w, 4)
 
+        self._log = tempfile.TemporaryFile()  # a file, not a pipe: a chatty browser must never block on it
         self.proc = subprocess.Popen(
             [self.executable, *FLAGS, f"--user-data-dir={self.profile}", f"--window-size={self.width},{self.height}",
              "about:blank"],
-            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=self._log,
             pass_fds=(3, 4), preexec_fn=child_fds)
         for fd in (cmd_r, res_w, hi_r, hi_w):
             os.close(fd)
@@ -95,10 +96,16 @@ class Browser:
                     os.close(fd)
                 except OSError:
                     pass
-            if self.proc.stderr:
-                self.stderr = self.proc.stderr.read().decode(errors="replace")
-                self.proc.stderr.close()
+            self._log.close()
             shutil.rmtree(self.profile, ignore_errors=True)
+
+    def log_tail(self, n: int = 2000) -> str:
+        """The end of the browser's own log (stderr), for error messages."""
+        self._log.flush()
+        self._log.seek(0, os.SEEK_END)
+        size = self._log.tell()
+        self._log.seek(max(0, size - n))
+        return self._log.read().decode(errors="replace")
 
     # -- protocol ------------------------------------------------------------------------------
     def _write(self, msg: dict) -> None:
@@ -108,12 +115,13 @@ class Browser:
         while b"\0" not in self._buf:
             left = deadline - time.monotonic()
             if left <= 0:
-                raise CDPError("timed out waiting for Chromium")
+                raise CDPError(f"timed out waiting for Chromium; its log ends:\n{self.log_tail()}")
             ready, _, _ = select.select([self._res_r], [], [], left)
             if ready:
                 chunk = os.read(self._res_r, 1 << 16)
                 if not chunk:
-                    raise CDPError(f"Chromium closed the pipe (exit {self.proc.poll()})")
+                    raise CDPError(f"Chromium closed the pipe (exit {self.proc.poll()}); its log ends:\n"
+                                   f"{self.log_tail()}")
                 self._buf += chunk
         msg, self._buf = self._buf.split(b"\0", 1)
         return json.loads(msg)

@@ -83,7 +83,10 @@ def test_index_without_javascript(browser, tiled_report):
     browser.open(tiled_report.as_uri(), javascript=False)
     assert visible_rows(browser) == 4
     assert browser.evaluate("document.getElementById('filters').offsetParent") is None  # hidden filters
-    assert browser.evaluate("document.querySelectorAll('#grid td.c').length") == 4 * 13 - 13
+    stages = browser.evaluate("document.querySelectorAll('#grid thead th.stage').length")
+    assert stages == 13  # SPEC §2 stages but the input, and seq_len
+    # three rows of cells; the expected-error case is one spanning cell
+    assert browser.evaluate("document.querySelectorAll('#grid td.c').length") == 3 * stages
 
 
 def test_failing_case_in_a_browser(browser, tiled, tiled_report, artifacts):

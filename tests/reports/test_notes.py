@@ -88,3 +88,21 @@ def test_tensors_without_values_or_with_nan(tmp_path):
     row_q = next(tr for tr in page.find_all("tr") if tr.find("td") and tr.find_all("td")[1:2]
                  and tr.find_all("td")[1].text == "q")
     assert "missing" in row_q.classes()
+
+
+def test_raising_and_unusable_cases(tmp_path):
+    """A forward case whose implementation raised, and one without an outputs file (unusable)."""
+    perfect_outputs(DEFAULT_DIR, "decode_T12", tmp_path / "out",
+                    meta={"error_code": "boom", "error_message": "<b>kernel</b> failed", "error_step": "1"})
+    doc = verify(DEFAULT_DIR, tmp_path / "out", "f32", cases=["decode_T12", "prefill_T1_"]).to_json()
+    assert [c["status"] for c in doc["cases"]] == ["fail", "error"]
+    index = write_report(doc, tmp_path / "site")
+    rows = parse(index).find("table", id="grid").find("tbody").find_all("tr")
+    assert "raised" in rows[0].find("td", cls="span").text
+    assert "unusable: no outputs file prefill_T1_Hk1_Hv1_dk16_dv16_s0.safetensors" in rows[1].text
+    pages = {c.id: parse(index.parent / "cases" / f"{c.page}.html") for c in build(doc).cases}
+    raised = pages["decode_T12_Hk2_Hv4_dk16_dv8_s0"]
+    msg = raised.find("div", cls="msg").text
+    assert msg.startswith("the implementation raised boom at step 1 (decode): <b>kernel</b> failed")
+    assert raised.find("section", cls="tensor") is None
+    assert "Unusable inputs: no outputs file" in pages["prefill_T1_Hk1_Hv1_dk16_dv16_s0"].text
