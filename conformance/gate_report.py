@@ -2,9 +2,9 @@
 
 :func:`format_result` is the compact table (one row per profile, one for the properties), the
 cases not run and why, the first divergences and the failing properties with their replay lines.
-:func:`write_report` writes the report folder: ``summary.txt`` (that text) always, and the HTML
-report of each profile's verify summary when :mod:`gdncheck.reports` provides ``write_report``
-(issue 6), into ``REPORT/PROFILE/``.
+:func:`write_report` writes the report folder: ``summary.txt`` (that text), the HTML report of
+each profile's verify summary (:func:`gdncheck.reports.write_report`) in ``REPORT/PROFILE/``, and an
+``index.html`` that links them.
 """
 
 from __future__ import annotations
@@ -108,34 +108,39 @@ def verdict_line(doc: dict) -> str:
     return line
 
 
-def html_report(summary_path: Path, out_dir: Path) -> list[Path] | None:
-    """The HTML report of one verify summary, when gdncheck.reports provides it (issue 6); else None."""
-    try:
-        from gdncheck.reports import write_report as html
-    except ImportError:
-        return None
-    written = html(str(summary_path), str(out_dir))
-    return [Path(p) for p in written] if isinstance(written, list | tuple) else [out_dir]
+def html_report(summary_path: Path, out_dir: Path) -> list[Path]:
+    """The HTML report of one verify summary (:func:`gdncheck.reports.write_report`); its index page."""
+    from gdncheck.reports import write_report as html
+
+    return [Path(html(str(summary_path), out_dir))]
+
+
+def index_page(doc: dict, text: str, pages: dict[str, Path], report_dir: Path) -> str:
+    """REPORT/index.html: the verdict, links to each profile's report, the console text."""
+    from html import escape
+
+    links = "".join(f'<li><a href="{escape(str(p.relative_to(report_dir)))}">{escape(name)}</a>: '
+                    f'{escape(doc["profiles"][name]["verdict"])}</li>' for name, p in pages.items())
+    return (f'<!doctype html><html><head><meta charset="utf-8"><title>gdncheck gate: {escape(doc["verdict"])}'
+            f'</title></head><body><h1>gdncheck gate: {escape(doc["verdict"])}</h1><ul>{links}</ul>'
+            f"<pre>{escape(text)}</pre></body></html>\n")
 
 
 def write_report(report_dir: Path, doc: dict, summaries: dict) -> list[Path]:
-    """``summary.txt`` (the console text) and, per profile, the HTML report when available."""
+    """``summary.txt`` (the console text), each profile's HTML report in ``PROFILE/`` and an
+    ``index.html`` that links them. A report that fails is a warning, never a lost verdict."""
     report_dir.mkdir(parents=True, exist_ok=True)
-    files = []
-    problems = []
+    files, pages, problems = [], {}, []
     for p in summaries:
-        path = Path(doc["profiles"][p]["summary"])
         try:
-            made = html_report(path, report_dir / p)
+            made = html_report(Path(doc["profiles"][p]["summary"]), report_dir / p)
         except Exception as exc:  # noqa: BLE001 - a report failure must not hide the verdict
             problems.append(f"the HTML report of {p} failed: {type(exc).__name__}: {exc}")
             continue
-        if made:
-            files.extend(made)
-    note = "" if files else ("(the HTML report is not available in this version: gdncheck.reports has no "
-                             "write_report; this text and the JSON summaries are the report)\n")
-    note += "".join(f"warning: {m}\n" for m in problems)
+        pages[p] = made[0]
+        files.extend(made)
     doc.setdefault("notes", []).extend(problems)
-    text = f"{verdict_line(doc)}\n\n{format_result(doc)}\n{note}"
+    text = f"{verdict_line(doc)}\n\n{format_result(doc)}\n" + "".join(f"warning: {m}\n" for m in problems)
     files.insert(0, write_bytes_atomic(report_dir / "summary.txt", text.encode()))
+    files.insert(1, write_bytes_atomic(report_dir / "index.html", index_page(doc, text, pages, report_dir).encode()))
     return files

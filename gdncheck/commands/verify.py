@@ -32,6 +32,7 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--names", metavar="TABLE",
                    help="read the port's own tensor names through a name table: hf, doppler, metrale or a JSON path "
                         "(FORMAT.md §13)")
+    p.add_argument("--report", metavar="DIR", help="also write the HTML diff report there (docs/report.md)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -77,4 +78,9 @@ def run(args: argparse.Namespace) -> int:
           f"{t['not_applicable']} not applicable; "
           f"{t['records']} tensors judged, {t['records_failed']} failed, {t['records_missing']} not provided "
           f"[{summary.implementation.get('name')}, profile {args.profile}, {summary.mode}]; summary: {path}")
+    if args.report:
+        from gdncheck.reports import write_report
+
+        index = write_report(summary.to_json(), args.report, fixtures_dir=args.fixtures, outputs_dir=args.outputs)
+        print(f"report: {index}")
     return summary.exit_code

@@ -37,6 +37,8 @@ def test_reference_conforms(tmp_path):
     assert {r["name"] for r in doc["properties"]["results"]} == {"differential", "orthonormal_recall"}
     assert (tmp_path / "out" / "bf16" / "verify-summary-bf16.json").is_file()
     assert (tmp_path / "report" / "summary.txt").read_text().startswith("gdncheck gate: conforms (exit 0)")
+    assert (tmp_path / "report" / "bf16" / "index.html").is_file()
+    assert 'href="bf16/index.html"' in (tmp_path / "report" / "index.html").read_text()
     cases = junit_cases(tmp_path / "junit.xml")
     names = {(s, c.classname, c.name) for s, c in cases}
     assert ("conformance.bf16", "conformance.bf16.decode_T12_Hk2_Hv4_dk16_dv8_s0", "delta_rule") in names

@@ -59,6 +59,7 @@ def test_every_gdncheck_command_parses(workflow):
                 except SystemExit:
                     pytest.fail(f"job {name}: `gdncheck {' '.join(argv)}` does not parse")
                 seen.append((name, argv[0], args))
+    assert any(c == "report" for _, c, _ in seen)
     gates = [(n, a) for n, c, a in seen if c == "gate"]
     assert {n for n, _ in gates} == {"cpu", "gpu", "full"}
     gpu = [a for n, a in gates if n == "gpu"]
