@@ -37,6 +37,14 @@ def reference_stage_runner(cfg: GDNConfig, weights: Mapping[str, np.ndarray]):
     from gdncheck import reference as R
 
     w = {k: np.asarray(v, dtype=np.float64) for k, v in weights.items()}
+    return module_stage_runner(R, cfg, w, lambda name, a: np.asarray(a, dtype=np.float64), lambda a: a)
+
+
+def module_stage_runner(R, cfg: GDNConfig, w: Mapping, to_input, to_output):
+    """``run_stage`` over a module whose stage functions mirror the reference's (name, argument order,
+    return tuple): ``gdncheck.reference``, or ``gdncheck.gpu_impl`` on torch tensors. ``w`` holds the
+    weights as the functions take them; ``to_input(name, array)`` converts a golden input,
+    ``to_output(value)`` an output."""
     eps = cfg.rms_norm_eps
     calls = {
         "input_norm": lambda i: (R.input_norm(i["x"], w["input_layernorm.weight"], eps),),
@@ -59,9 +67,30 @@ def reference_stage_runner(cfg: GDNConfig, weights: Mapping[str, np.ndarray]):
     }
 
     def run_stage(stage: str, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-        return dict(zip(STAGE_OUTPUTS[stage], calls[stage](inputs)))
+        converted = {name: to_input(name, inputs[name]) for name in STAGE_INPUTS[stage]}
+        return {name: to_output(v) for name, v in zip(STAGE_OUTPUTS[stage], calls[stage](converted))}
 
     return run_stage
+
+
+def triton_stage_runner(layer, cfg: GDNConfig, weights: Mapping[str, np.ndarray]):
+    """``run_stage`` with ``gdncheck.gpu_impl``'s stage functions on the layer's device: golden inputs
+    stored in the profile dtype as a port reading them would (g, beta and the recurrent state fp32),
+    weights as the layer holds them (1-D parameters fp32, matrices in the profile dtype)."""
+    import torch
+    from gdncheck.gpu_impl.layer import FP32_PARAMS
+
+    from gdncheck import gpu_impl
+
+    def tensor(a, dtype):  # fresh row-major strides (numpy's may differ on size-1 axes)
+        a = np.asarray(a, dtype=np.float64)
+        return torch.empty(a.shape, dtype=dtype, device=layer.device).copy_(torch.from_numpy(a.copy()))
+
+    w = {k: tensor(v, torch.float32 if k in FP32_PARAMS else layer.dtype) for k, v in weights.items()}
+    fp32 = ("g", "beta", "recurrent_state")
+    return module_stage_runner(gpu_impl, cfg, w,
+                               lambda name, a: tensor(a, torch.float32 if name in fp32 else layer.dtype),
+                               lambda v: v)
 
 
 def method_stage_runner(layer, store=None):
@@ -103,8 +132,18 @@ def emulated_adapter(layer, name: str) -> LayerAdapter:
                         stage_runner=method_stage_runner(layer, layer.store))
 
 
-def triton(cfg: GDNConfig, weights, *, profile: str = "f32", strict: bool = False, **options) -> LayerAdapter:
-    """``gdncheck.gpu_impl.Layer`` on ``GDN_DEVICE`` (default ``auto``)."""
+class CapturingAdapter(LayerAdapter):
+    """A :class:`LayerAdapter` whose layer returns every stage tensor when asked with ``capture=True``
+    (``gdncheck.gpu_impl.Layer``): verify then judges, and localises, every stage, not only ``out``."""
+
+    def forward(self, x: np.ndarray, state, seq_pos: np.ndarray):
+        return self.layer.forward(self._prepare(x), state, seq_pos, capture=True)
+
+
+def triton(cfg: GDNConfig, weights, *, profile: str = "f32", strict: bool = False, capture: bool = True,
+           **options) -> LayerAdapter:
+    """``gdncheck.gpu_impl.Layer`` on ``GDN_DEVICE`` (default ``auto``); every stage tensor is returned
+    (``capture``; ``--option capture=false`` hands out ``out`` and the states only, as a fast path would)."""
     try:
         from gdncheck.gpu_impl import Layer
 
@@ -119,8 +158,9 @@ def triton(cfg: GDNConfig, weights, *, profile: str = "f32", strict: bool = Fals
     device = options.pop("device", os.environ.get("GDN_DEVICE", "auto"))
     layer = Layer(cfg, weights, profile=profile, device=device, strict=strict, **options)
     loader = gpu_impl.DeviceSnapshot.load if hasattr(gpu_impl, "DeviceSnapshot") else Snapshot.load
-    runner = getattr(layer, "run_stage", None)
-    return LayerAdapter(layer, f"triton ({profile}, device {device})", load_snapshot=loader, stage_runner=runner)
+    runner = getattr(layer, "run_stage", None) or triton_stage_runner(layer, cfg, weights)
+    adapter = CapturingAdapter if capture else LayerAdapter
+    return adapter(layer, f"triton ({profile}, device {device})", load_snapshot=loader, stage_runner=runner)
 
 
 BUILTIN = {"reference": reference, "triton": triton, "hf": hf}

@@ -23,6 +23,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "verify": ("gdncheck.commands.verify", "judge a port's outputs against the goldens (exit 0/1/2)"),
     "report": ("gdncheck.commands.report", "write the HTML diff report of a verify summary (and CI summaries)"),
     "tolerances": ("gdncheck.commands.tolerances", "show or re-derive the earned tolerance table"),
+    "gate": ("gdncheck.commands.gate", "the CI conformance gate: fixtures, run, verify, properties (exit 0/1/2)"),
     "gpu-bench": ("gdncheck.commands.gpu_bench", "benchmark the Triton kernels on a GPU (gpu_impl.bench)"),
 }
 

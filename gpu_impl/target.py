@@ -202,20 +202,50 @@ def _lang_anchor():  # its module globals hold ``tl`` and ``tl.core``, which _pa
     return tl, tl_core
 
 
+def _bf16_bits_rne(f32):
+    """bfloat16 bits of float32 values, rounded to nearest even as CUDA (``cvt.rn.bf16.f32``) and
+    torch round; NaN stays a quiet NaN."""
+    import numpy as np
+
+    u = np.ascontiguousarray(f32, dtype=np.float32).view(np.uint32).astype(np.uint64)
+    r = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
+    nan = (u & 0x7FFFFFFF) > 0x7F800000
+    return np.where(nan, ((u >> 16) | 0x40).astype(np.uint16), r)
+
+
+def _cast_rne(cast_impl):
+    """Triton's interpreter (3.9) casts float32 to bfloat16 by truncating the low 16 bits, where a
+    GPU rounds to nearest even: a bias of up to one bf16 ulp on every bf16 store and ``.to()``.
+    This wraps ``InterpreterBuilder.cast_impl`` to round like the GPU; other casts are unchanged."""
+    from triton.runtime.interpreter import TensorHandle
+
+    def cast(self, src, dst_type):
+        if src.dtype.scalar == tl.float32 and dst_type.scalar == tl.bfloat16:
+            return TensorHandle(_bf16_bits_rne(src.data), dst_type.scalar)
+        return cast_impl(self, src, dst_type)
+
+    return cast
+
+
 @contextlib.contextmanager
 def _interpreting():
-    """Patch ``tl`` and ``tl.core`` once for the whole launch, so nested library calls need not."""
+    """Patch ``tl`` and ``tl.core`` once for the whole launch, so nested library calls need not;
+    float32 -> bfloat16 casts round to nearest even, as compiled (:func:`_cast_rne`)."""
     global _INTERP_DEPTH
     import numpy as np
-    from triton.runtime.interpreter import _patch_lang
+    from triton.runtime.interpreter import InterpreterBuilder, _patch_lang
 
     scope = _patch_lang(_lang_anchor)
+    cast_impl = InterpreterBuilder.cast_impl
+    if not _INTERP_DEPTH:
+        InterpreterBuilder.cast_impl = _cast_rne(cast_impl)
     _INTERP_DEPTH += 1
     try:
         with np.errstate(over="ignore", divide="ignore", invalid="ignore", under="ignore"):
             yield  # IEEE semantics as on a GPU: inf and NaN without NumPy's warnings
     finally:
         _INTERP_DEPTH -= 1
+        InterpreterBuilder.cast_impl = cast_impl
         scope.restore()
 
 

@@ -27,6 +27,7 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--shard", help="I/N: every N-th selected case from the I-th (0-based)")
     p.add_argument("--tolerances", help="tolerance table (default: the packaged conformance/tolerances.json)")
     p.add_argument("--summary", help="where to write the JSON summary (default OUTPUTS/verify-summary-PROFILE.json)")
+    p.add_argument("--junit", help="also write JUnit XML here (one testcase per case and stage; for CI publishers)")
     p.add_argument("--verbose", action="store_true", help="print every failing record, not only the first per case")
     p.add_argument("--names", metavar="TABLE",
                    help="read the port's own tensor names through a name table: hf, doppler, metrale or a JSON path "
@@ -64,6 +65,12 @@ def run(args: argparse.Namespace) -> int:
                      progress=progress, names=args.names)
     path = Path(args.summary) if args.summary else Path(args.outputs) / f"verify-summary-{args.profile}.json"
     summary.write(path)
+    if args.junit:
+        from gdncheck.conformance.junit import JUnit, add_verify_summary
+
+        junit = JUnit("gdncheck verify")
+        add_verify_summary(junit, summary)
+        junit.write(args.junit)
     t = summary.totals()
     for note in summary.notes:
         print(f"note: {note}")
