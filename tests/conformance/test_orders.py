@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 from gdncheck.conformance import derive, lowp
 from gdncheck.conformance.emulate import PLACEMENTS, EmulatedLayer, placement_of
-
 from gdncheck.fixtures.cases import cfg_of
+
 from gdncheck.synthetic import make_inputs, make_weights
 
 F32 = np.float32
