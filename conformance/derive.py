@@ -1,9 +1,10 @@
 """``gdncheck tolerances derive``: earn the tolerance table from data (docs/tolerances.md).
 
-For every forward case of the default suite, rebuilt with seeds 1-4 (never the committed seed 0,
-so that the committed cases stay a test of the table and not its source): the float64 reference
-gives the goldens; the emulated layer (:mod:`.emulate`) runs the same program in each profile with
-each rounding placement of :data:`~.emulate.DERIVATION_PLACEMENTS`; the scaled elementwise error
+For every forward case of the suite, rebuilt with seeds 1-4 (never the committed seed 0, so that
+the committed cases stay a test of the table and not its source): the float64 reference gives the
+goldens; the emulated layer (:mod:`.emulate`) runs the same program in each profile with each
+rounding placement of :data:`~.emulate.DERIVATION_PLACEMENTS`, each with each summation order of
+:data:`~.emulate.DERIVATION_ORDERS` (:func:`variants`); the scaled elementwise error
 (:mod:`.metrics`) and the per-call NMSE are maximised per (profile, case recipe, tensor), end to end
 and stage by stage from golden inputs (stage-isolated mode). The bound is the envelope times a
 margin, never below one ulp of the profile's dtype; the ``global`` row is the envelope over every
@@ -25,7 +26,7 @@ from gdncheck.dtypes import eps_of
 from gdncheck.env import limit_blas_threads
 from gdncheck.stages import STAGE_NAMES
 
-from .emulate import DERIVATION_PLACEMENTS
+from .emulate import DERIVATION_ORDERS, DERIVATION_PLACEMENTS
 from .metrics import CaseStats, tensor_metrics
 from .program import CaseInput, execute, golden_inputs
 from .tolerances import MODES, TABLE_FORMAT, VERIFY_PROFILES, recipe_of
@@ -34,7 +35,12 @@ from .vocab import STAGE_OUTPUTS
 SEEDS = (1, 2, 3, 4)
 MARGIN_ELEM = 4.0
 MARGIN_NMSE = 16.0  # NMSE is a squared error: the same factor 4 on the error
-TABLE_VERSION = 1
+TABLE_VERSION = 2
+#: The sequential order costs about 0.6 ns per multiply-add in NumPy (a Python loop over K, vectorised
+#: over the outputs): 24 CPU-seconds per run at Qwen3.5-27B sizes, 1.4 with BLAS. On the real-size recipes
+#: (tag ``real-sizes``) it therefore runs in these profiles only; in bf16 and f16 the roundings to
+#: the activation dtype dominate it (docs/tolerances.md §3 has the measurement).
+SEQUENTIAL_REAL_SIZE_PROFILES = ("f32",)
 COMMAND = "gdncheck tolerances derive --suite full --jobs 2"
 
 
@@ -66,9 +72,22 @@ def forward_recipes(suite_name: str = "default"):
     return [s for s in suite(suite_name) if s.error is None]
 
 
-def observe(spec_index: int, seed: int, profiles=VERIFY_PROFILES, placements=DERIVATION_PLACEMENTS,
+def variants(profile: str, tags=()) -> tuple[str, ...]:
+    """The placement specs (``NAME`` or ``NAME:ORDER``) a recipe with ``tags`` runs in ``profile``:
+    every derivation placement with every derivation order, less the sequential order on the
+    real-size recipes outside :data:`SEQUENTIAL_REAL_SIZE_PROFILES`."""
+    out = []
+    for order in DERIVATION_ORDERS:
+        if order == "sequential" and "real-sizes" in tags and profile not in SEQUENTIAL_REAL_SIZE_PROFILES:
+            continue
+        out += [p if order == "blas" else f"{p}:{order}" for p in DERIVATION_PLACEMENTS]
+    return tuple(out)
+
+
+def observe(spec_index: int, seed: int, profiles=VERIFY_PROFILES, placements=None,
             suite_name: str = "default") -> Envelope:
-    """The envelope of one case (by index into the suite's forward recipes) at one seed."""
+    """The envelope of one case (by index into the suite's forward recipes) at one seed, over
+    ``placements`` (placement specs; default: :func:`variants` of each profile)."""
     from gdncheck.fixtures.build import golden_tensors
 
     from .implementations import reference
@@ -85,7 +104,7 @@ def observe(spec_index: int, seed: int, profiles=VERIFY_PROFILES, placements=DER
              for name in {n for s in calls for n in s["expected"]}}
     env = Envelope()
     for profile in profiles:
-        for placement in placements:
+        for placement in placements or variants(profile, spec.tags):
             res = execute(reference, inp, profile=profile, options={"placement": placement})
             if res.error:
                 raise RuntimeError(f"{case.id} {profile}/{placement}: {res.error}")
@@ -128,7 +147,9 @@ def derive(seeds=SEEDS, jobs: int = 1, progress: Callable[[str], None] | None = 
            suite_name: str = "default") -> dict:
     """Run every observation over the suite's forward recipes and turn the envelope into the table."""
     recipes = forward_recipes(suite_name)
-    work = [(i, s, suite_name) for i in range(len(recipes)) for s in seeds]
+    # the real-size recipes first, the largest (last in the suite) first, so that no long job starts last
+    first = sorted(range(len(recipes)), key=lambda i: ("real-sizes" not in recipes[i].tags, -i))
+    work = [(i, s, suite_name) for i in first for s in seeds]
     env = Envelope()
     if jobs > 1:
         with ProcessPoolExecutor(max_workers=jobs) as pool:
@@ -164,12 +185,17 @@ def table_document(env: Envelope, seeds, cases: list[str]) -> dict:
             "command": COMMAND,
             "method": "per (mode, profile, case recipe, tensor): the largest scaled elementwise error and the largest "
                       "per-call NMSE of the emulated layer against the float64 reference, over the recipe rebuilt at "
-                      "every seed and run with every placement; bound = margin x envelope, at least one ulp of the "
-                      "profile dtype (elem) or its square (nmse). 'global' is the envelope over all recipes.",
+                      "every seed and run with every placement and summation order; bound = margin x envelope, at "
+                      "least one ulp of the profile dtype (elem) or its square (nmse). 'global' is the envelope over "
+                      "all recipes.",
             "margin_elem": MARGIN_ELEM,
             "margin_nmse": MARGIN_NMSE,
             "floor": "elem >= eps(profile), nmse >= eps(profile)^2",
             "placements": list(DERIVATION_PLACEMENTS),
+            "orders": list(DERIVATION_ORDERS),
+            "orders_note": "every placement runs with every summation order (conformance/lowp.py), except the "
+                           "sequential order on the real-size recipes, which runs in "
+                           + ", ".join(SEQUENTIAL_REAL_SIZE_PROFILES) + " only (docs/tolerances.md §3)",
             "seeds": list(seeds),
             "cases": cases,
             "gdncheck": __version__,

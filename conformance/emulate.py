@@ -25,8 +25,13 @@ parameter:
     l2norm fused, gated norm rounded before the silu(z) gate, which stays fp32 (it is folded into the
     out_proj GEMV). Not used to derive tolerances: it is the held-out check that they generalise.
 
-Profile ``f32`` makes every rounding a float32 one, so the placements differ there only in the
-order of operations. Subclasses (the mutants of :mod:`gdncheck.conformance.meta`) override one
+Each placement also takes a summation *order* (:data:`.lowp.ORDERS`), written ``NAME:ORDER``
+(``hf:sequential``, ``fla:blocked16``; plain ``NAME`` is ``NAME:blas``): how every matrix product
+(in_proj, out_proj, the MLP), every reduction (the RMS means, the L2 norms) and every contraction of
+the delta rule (k.S and q.S of the recurrent form, the chunked form's products and its forward
+substitution) is accumulated in float32. Profile ``f32`` makes every rounding a float32 one, so there
+the placements differ only in the order of operations, and the summation order is most of what
+differs between correct f32 engines. Subclasses (the mutants of :mod:`gdncheck.conformance.meta`) override one
 stage method each.
 """
 
@@ -34,7 +39,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -63,6 +68,7 @@ class Placement:
     gated_norm: str  # "hf", "fused" or "metrale"
     mlp_intermediates_stored: bool
     softplus_threshold: float | None
+    order: str = "blas"  # summation order (lowp.ORDERS)
 
 
 PLACEMENTS: dict[str, Placement] = {
@@ -73,6 +79,23 @@ PLACEMENTS: dict[str, Placement] = {
 }
 #: The placements whose error envelope defines the tolerances; ``metrale`` is held out.
 DERIVATION_PLACEMENTS = ("hf", "fla", "fp32_once")
+#: The summation orders each derivation placement runs with (docs/tolerances.md §2).
+DERIVATION_ORDERS = lowp.ORDERS
+
+
+def placement_of(spec: str) -> Placement:
+    """``NAME`` or ``NAME:ORDER`` (a placement of :data:`PLACEMENTS`, a summation order of
+    :data:`.lowp.ORDERS` or ``blocked<N>``) -> the placement with that order."""
+    name, _, order = spec.partition(":")
+    if name not in PLACEMENTS:
+        raise ValueError(f"placement must be one of {', '.join(PLACEMENTS)} (optionally :ORDER), found {spec!r}")
+    if not order:
+        return PLACEMENTS[name]
+    try:
+        lowp.block_of(order)
+    except ValueError as exc:
+        raise ValueError(f"placement {spec!r}: {exc}") from None
+    return replace(PLACEMENTS[name], name=spec, order=order)
 
 
 class EmulatedState:
@@ -117,13 +140,12 @@ class EmulatedLayer:
                  profile: str = "bf16", placement: str = "hf", strict: bool = False, chunk_size: int = 64):
         if profile not in PROFILES:
             raise ValueError(f"profile must be one of {', '.join(PROFILES)}, found {profile!r}")
-        if placement not in PLACEMENTS:
-            raise ValueError(f"placement must be one of {', '.join(PLACEMENTS)}, found {placement!r}")
         self.cfg = cfg
         self.layer_index = layer_index
         self.norm_mode = validate_weights(cfg, weights, layer=layer_index)
         self.profile = profile
-        self.p = PLACEMENTS[placement]
+        self.p = placement_of(placement)
+        self.order = self.p.order
         self.strict = strict
         self.chunk_size = chunk_size
         # weights as the engine holds them: stored values (bf16/f16-exact), read as float32
@@ -133,10 +155,13 @@ class EmulatedLayer:
     def store(self, x: np.ndarray) -> np.ndarray:
         return lowp.store(x, self.profile)
 
+    def matmul_t(self, x, w):
+        return lowp.matmul_t(x, w, self.order)
+
     # --- stages (SPEC §2), each returning the tensors of the same name ---------------------------
     def rms_norm_one_plus(self, x, weight):
         """RMSNorm with (1 + w) in float32, rounded once (HF, vLLM GemmaRMSNorm)."""
-        return self.store(lowp.rms_normalize(f32(x), self.cfg.rms_norm_eps) * (F32(1) + weight))
+        return self.store(lowp.rms_normalize(f32(x), self.cfg.rms_norm_eps, self.order) * (F32(1) + weight))
 
     def input_norm(self, x):
         return self.rms_norm_one_plus(x, self.w["input_layernorm.weight"])
@@ -144,10 +169,10 @@ class EmulatedLayer:
     def in_proj(self, x_norm):
         w = self.w
         B, T = x_norm.shape[:2]
-        qkv = self.store(lowp.matmul_t(x_norm, w["linear_attn.in_proj_qkv.weight"]))
-        z = self.store(lowp.matmul_t(x_norm, w["linear_attn.in_proj_z.weight"]))
-        a = self.store(lowp.matmul_t(x_norm, w["linear_attn.in_proj_a.weight"]))
-        b = self.store(lowp.matmul_t(x_norm, w["linear_attn.in_proj_b.weight"]))
+        qkv = self.store(self.matmul_t(x_norm, w["linear_attn.in_proj_qkv.weight"]))
+        z = self.store(self.matmul_t(x_norm, w["linear_attn.in_proj_z.weight"]))
+        a = self.store(self.matmul_t(x_norm, w["linear_attn.in_proj_a.weight"]))
+        b = self.store(self.matmul_t(x_norm, w["linear_attn.in_proj_b.weight"]))
         return qkv, z.reshape(B, T, self.cfg.num_v_heads, self.cfg.head_v_dim), a, b
 
     def conv1d(self, qkv, conv_state):
@@ -172,7 +197,7 @@ class EmulatedLayer:
 
     def qk_norm(self, qkv_conv):
         q, k, v = self.split_qkv(f32(qkv_conv))
-        q, k = lowp.l2_normalize(q), lowp.l2_normalize(k)
+        q, k = lowp.l2_normalize(q, order=self.order), lowp.l2_normalize(k, order=self.order)
         if self.p.qk_stored:
             q, k = self.store(q), self.store(k)
         return q, k, v
@@ -193,10 +218,10 @@ class EmulatedLayer:
             core, S = lowp.delta_rule_chunked_f32(
                 qe, ke, v, g, beta, recurrent_state, self.cfg.scale, chunk_size=self.chunk_size,
                 lowp=self.store if self.p.fla_chunk else None,
-                scale_at="out" if self.p.fla_chunk else self.p.scale_at)
+                scale_at="out" if self.p.fla_chunk else self.p.scale_at, order=self.order)
         else:
             core, S = lowp.delta_rule_recurrent_f32(qe, ke, v, g, beta, recurrent_state, self.cfg.scale,
-                                                    scale_at=self.p.scale_at)
+                                                    scale_at=self.p.scale_at, order=self.order)
         return self.store(core), S
 
     def norm_weight(self):
@@ -206,7 +231,7 @@ class EmulatedLayer:
 
     def gated_norm(self, core, z):
         eps, w = self.cfg.rms_norm_eps, self.norm_weight()
-        normed = lowp.rms_normalize(f32(core), eps)
+        normed = lowp.rms_normalize(f32(core), eps, self.order)
         gate = lowp.silu(f32(z))
         if self.p.gated_norm == "hf":
             return self.store(self.store(self.store(normed) * w) * gate)
@@ -216,7 +241,7 @@ class EmulatedLayer:
 
     def out_proj(self, core_gated):
         B, T = core_gated.shape[:2]
-        return self.store(lowp.matmul_t(f32(core_gated).reshape(B, T, -1), self.w["linear_attn.out_proj.weight"]))
+        return self.store(self.matmul_t(f32(core_gated).reshape(B, T, -1), self.w["linear_attn.out_proj.weight"]))
 
     def residual(self, x, attn_out):
         return self.store(f32(x) + f32(attn_out))
@@ -226,10 +251,10 @@ class EmulatedLayer:
 
     def mlp(self, h_norm):
         w, s = self.w, (self.store if self.p.mlp_intermediates_stored else (lambda a: a))
-        gate = s(lowp.matmul_t(h_norm, w["mlp.gate_proj.weight"]))
-        up = s(lowp.matmul_t(h_norm, w["mlp.up_proj.weight"]))
+        gate = s(self.matmul_t(h_norm, w["mlp.gate_proj.weight"]))
+        up = s(self.matmul_t(h_norm, w["mlp.up_proj.weight"]))
         act = s(s(lowp.silu(gate)) * up)
-        return self.store(lowp.matmul_t(act, w["mlp.down_proj.weight"]))
+        return self.store(self.matmul_t(act, w["mlp.down_proj.weight"]))
 
     def output(self, h, mlp_out):
         return self.store(f32(h) + f32(mlp_out))

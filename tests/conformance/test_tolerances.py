@@ -32,6 +32,7 @@ def test_bounds_are_margin_times_the_recorded_envelope():
     table = load_table()
     d = table.data["derivation"]
     assert d["seeds"] and 0 not in d["seeds"] and d["placements"] == ["hf", "fla", "fp32_once"]
+    assert d["orders"] == ["blas", "sequential", "blocked16"] and table.version >= 2
     for mode, profiles in table.data["modes"].items():
         for profile, rows in profiles.items():
             for recipe, tensors in rows["cases"].items():
