@@ -49,7 +49,7 @@ def _report(case, status, tensors=()):
 
 
 def test_known_failures(tmp_path):
-    assert load_xfails(DEFAULT_PATH)  # the packaged file parses
+    assert isinstance(load_xfails(DEFAULT_PATH), list)  # the packaged file parses (today it has no entries)
     f = tmp_path / "x.txt"
     f.write_text("# comment\ntriton f32 case-a core,out  # why\n* * case-b *  # all of it\n")
     xs = load_xfails(f)
