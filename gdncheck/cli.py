@@ -18,6 +18,13 @@ from .errors import GDNError
 COMMANDS: dict[str, tuple[str, str]] = {
     "demo": ("gdncheck.commands.demo", "run the float64 reference on built-in weights and print every stage"),
     "bench": ("gdncheck.commands.bench", "benchmark the float64 reference (python -m gdncheck.bench)"),
+    "fixtures": ("gdncheck.commands.fixtures", "build, check or list the golden fixtures for ports"),
+    "run": ("gdncheck.commands.run", "run an implementation over the fixtures, writing port-format outputs"),
+    "verify": ("gdncheck.commands.verify", "judge a port's outputs against the goldens (exit 0/1/2)"),
+    "report": ("gdncheck.commands.report", "write the HTML diff report of a verify summary (and CI summaries)"),
+    "tolerances": ("gdncheck.commands.tolerances", "show or re-derive the earned tolerance table"),
+    "gate": ("gdncheck.commands.gate", "the CI conformance gate: fixtures, run, verify, properties (exit 0/1/2)"),
+    "gpu-bench": ("gdncheck.commands.gpu_bench", "benchmark the Triton kernels on a GPU (gpu_impl.bench)"),
 }
 
 DESCRIPTION = """\

@@ -5,6 +5,17 @@
 | ``GDN_BLAS_THREADS`` | BLAS threads for the float64 reference | 1 |
 | ``GDN_HYPOTHESIS_PROFILE`` | Hypothesis profile: ``dev``, ``ci``, ``nightly`` | ``dev`` (``ci`` under CI) |
 | ``GDN_DEVICE`` | device for the Triton path: ``auto``, ``cpu``, ``cuda`` | ``auto`` |
+| ``GDN_IMPL`` | what the property suite tests: ``reference``, ``triton``, ``MODULE:CALLABLE`` | ``reference`` |
+| ``GDN_PROFILE`` | profile the property suite tests: ``f32``, ``bf16``, ``f16`` | ``f32`` |
+| ``GDN_REQUIRE_BROWSER`` | ``1``: the report's browser tests fail instead of skipping without chromium | unset |
+| ``GDN_TORCH_VERSION`` | torch version ``scripts/bootstrap`` installs | ``2.13.0`` |
+| ``GDN_NODE_LANES`` | partial sums per dot product in the Node.js example port | 64 |
+| ``GDN_NODE_VERBOSE`` | set: the Node.js example port logs its seq-len resets | unset |
+
+``GDN_DEVICE``: ``auto`` is CUDA when torch sees a GPU (kernels compiled), else the CPU (kernels run
+in Triton's interpreter); a ``device=`` argument overrides it. The kernel target follows the
+tensors' device at each launch, whatever ``TRITON_INTERPRET`` and the import order
+(``gdncheck/gpu_impl/target.py`` says why).
 
 Two OpenBLAS threads on a 2-core VM can stall small batched matmuls 10-100x
 (research/perf-anchors.md §4.4), so the reference runs with one BLAS thread unless told otherwise.
@@ -19,6 +30,12 @@ KNOWN = {
     "GDN_BLAS_THREADS": "BLAS threads for the float64 reference (default 1)",
     "GDN_HYPOTHESIS_PROFILE": "Hypothesis profile: dev, ci, nightly",
     "GDN_DEVICE": "device for the Triton path: auto, cpu, cuda",
+    "GDN_IMPL": "implementation the property suite tests: reference, triton, MODULE:CALLABLE",
+    "GDN_PROFILE": "profile the property suite tests: f32, bf16, f16",
+    "GDN_REQUIRE_BROWSER": "1: the report's browser tests fail instead of skipping without chromium",
+    "GDN_TORCH_VERSION": "torch version scripts/bootstrap installs (default 2.13.0)",
+    "GDN_NODE_LANES": "partial sums per dot product in the Node.js example port (default 64)",
+    "GDN_NODE_VERBOSE": "set: the Node.js example port logs its seq-len resets",
 }
 
 

@@ -1,1 +1,33 @@
-"""gdncheck.gpu_impl"""
+"""The Triton production path of the Qwen3.5 GDN layer (``gdncheck.gpu_impl``).
+
+One module per stage of SPEC §2, mirroring ``gdncheck.reference`` by module, function name,
+argument order and return tuple, on torch tensors; the formulas live in the reference
+docstrings. :class:`Layer` composes the fused fast path and carries a device :class:`State`.
+
+Target: compiled on CUDA tensors, Triton's interpreter on CPU tensors, chosen per launch by the
+tensors' device; ``device=`` / ``GDN_DEVICE`` pick the device. Why this does not depend on
+``TRITON_INTERPRET`` or on import order: :mod:`.target`. Never imports ``gdncheck.reference``.
+"""
+
+from .conv1d import conv1d, conv1d_qk_norm, conv1d_update
+from .delta_rule import delta_rule_recurrent
+from .delta_rule_chunked import delta_rule_chunked
+from .gated_norm import gated_norm
+from .gates import gates
+from .in_proj import in_proj
+from .input_norm import input_norm
+from .layer import PROFILES, Layer
+from .mlp import mlp, swiglu
+from .out_proj import out_proj
+from .post_norm import post_norm
+from .qk_norm import qk_norm
+from .residual import output, residual, residual_post_norm
+from .state import DeviceSnapshot, State
+from .target import fill_allocations, resolve_device
+
+__all__ = [
+    "PROFILES", "DeviceSnapshot", "Layer", "State", "conv1d", "conv1d_qk_norm", "conv1d_update",
+    "delta_rule_chunked", "delta_rule_recurrent", "fill_allocations", "gated_norm", "gates", "in_proj",
+    "input_norm", "mlp", "out_proj", "output", "post_norm", "qk_norm", "residual", "residual_post_norm",
+    "resolve_device", "swiglu",
+]

@@ -8,8 +8,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from gdncheck.calls import check_seq_pos, check_x, rows_to_reset
 from gdncheck.config import GDNConfig
-from gdncheck.errors import InputDtypeError, InputError, InputShapeError, SeqPosMismatchError
+from gdncheck.errors import InputError
 from gdncheck.weights import validate_weights
 
 from .conv1d import conv1d
@@ -142,23 +143,12 @@ class Layer:
         sequence. A row whose state ``seq_len`` differs from its ``seq_pos`` is reset to zeros first.
         """
         x = self._check_input(x, state)
-        pos = self._check_seq_pos(seq_pos, state.batch)
+        pos = check_seq_pos(seq_pos, np.asarray(seq_pos), state.batch, self.layer_index)
         strict = self.strict if strict is None else strict
-        mismatch = pos != state.seq_len
-        if mismatch.any():
-            rows = np.flatnonzero(mismatch).tolist()
-            detail = ", ".join(f"row {r}: state seq_len={state.seq_len[r]}, seq_pos={pos[r]}" for r in rows[:4])
-            if strict:
-                raise SeqPosMismatchError(
-                    f"expected seq_pos equal to the state's seq_len, found {detail}", layer=self.layer_index
-                )
-            if not state.warned:
-                log.warning(
-                    "linear_attention state mismatch at layer %s: %s. Resetting the state of row(s) %s.",
-                    self.layer_index, detail, rows,
-                )
-                state.warned = True
-            state.reset(mismatch)
+        reset, state.warned = rows_to_reset(pos, state.seq_len, strict=strict, warned=state.warned,
+                                            layer=self.layer_index, logger=log)
+        if reset.any():
+            state.reset(reset)
         out, conv_state, rec_state, trace = layer_forward(
             self.cfg, self.params, x, state.conv_state, state.recurrent_state,
             delta_rule=delta_rule or self.delta_rule, chunk_size=chunk_size or self.chunk_size,
@@ -173,24 +163,5 @@ class Layer:
         if not isinstance(state, State):
             raise InputError(f"expected a reference State, found {type(state).__name__}", layer=self.layer_index)
         arr = np.asarray(x)
-        if not (np.issubdtype(arr.dtype, np.floating) and arr.dtype.kind == "f"):
-            raise InputDtypeError(
-                f"expected x of a real floating dtype (float16/32/64), found {arr.dtype}", layer=self.layer_index
-            )
-        D = self.cfg.hidden_size
-        if arr.ndim != 3 or arr.shape[2] != D or arr.shape[1] < 1 or arr.shape[0] != state.batch:
-            raise InputShapeError(
-                f"expected x of shape [B={state.batch}, T>=1, D={D}], found {list(arr.shape)}", layer=self.layer_index
-            )
+        check_x(arr.shape, arr.dtype.kind == "f", arr.dtype, self.cfg, state.batch, self.layer_index)
         return arr.astype(np.float64)
-
-    def _check_seq_pos(self, seq_pos, batch: int) -> np.ndarray:
-        pos = np.asarray(seq_pos)
-        if pos.dtype.kind not in "iu" or (pos.ndim == 1 and pos.shape[0] != batch) or pos.ndim > 1:
-            raise InputShapeError(
-                f"expected seq_pos as an int or {batch} ints (one per sequence), found {seq_pos!r}",
-                layer=self.layer_index,
-            )
-        if (pos < 0).any():
-            raise InputError(f"expected seq_pos >= 0, found {seq_pos!r}", layer=self.layer_index)
-        return np.broadcast_to(pos.astype(np.int64), (batch,)).copy()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from gdncheck.conformance.hypothesis_profiles import register_profiles
 
-from gdncheck.env import gdn_vars, limit_blas_threads
+from gdncheck.env import KNOWN, gdn_vars, limit_blas_threads
 
 limit_blas_threads()
 HYPOTHESIS_PROFILE = register_profiles()
@@ -15,6 +15,9 @@ def pytest_report_header(config):
     lines = [f"gdncheck: hypothesis profile {HYPOTHESIS_PROFILE}"]
     set_vars = gdn_vars()
     lines.append("GDN_* set: " + (", ".join(f"{k}={v}" for k, v in set_vars.items()) if set_vars else "none"))
+    unknown = [k for k in set_vars if k not in KNOWN]
+    if unknown:
+        lines.append(f"GDN_* not known to gdncheck (a typo?): {', '.join(unknown)}; known: {', '.join(KNOWN)}")
     return lines
 
 

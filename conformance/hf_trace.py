@@ -1,0 +1,147 @@
+"""The stage tensors of one transformers ``Qwen3_5DecoderLayer`` call, as transformers computes them.
+
+Two sources, nothing recomputed:
+
+- forward hooks on the layer's submodules: ``input_layernorm`` → ``x_norm``; ``linear_attn.in_proj_qkv``,
+  ``in_proj_z``, ``in_proj_a``, ``in_proj_b`` → ``qkv``, ``z``, ``a``, ``b``; ``linear_attn.norm`` →
+  ``core_gated``; ``linear_attn.out_proj`` → ``attn_out``; the input of ``post_attention_layernorm`` →
+  ``h`` (the residual sum it is fed) and its output → ``h_norm``; ``mlp`` → ``mlp_out``.
+- the module-level functions of ``modeling_qwen3_5``, replaced by recording wrappers only while a call
+  runs (``Tracer.recording``): ``causal_conv1d_fn`` / ``causal_conv1d_update`` → ``qkv_conv`` (their output,
+  the last T columns); ``torch_chunk_gated_delta_rule`` / ``torch_recurrent_gated_delta_rule`` → their
+  arguments ``value``, ``g``, ``beta`` → ``v``, ``g``, ``beta`` and their output → ``core``; ``l2norm``,
+  which both rules call on the query then the key → ``q``, ``k``.
+
+Only layouts change: ``z`` and ``core_gated`` are reshaped to [B, T, Hv, dv]; ``qkv_conv`` is transposed from
+transformers' [B, conv_dim, T]; ``q`` and ``k`` come out of ``l2norm`` as [B, Hv, T, dk] after transformers'
+``repeat_interleave`` over the value heads, so every r-th head is taken and the axes swapped to
+[B, T, Hk, dk] (value head j holds key head j // r, the copies are equal).
+"""
+
+from __future__ import annotations
+
+import inspect
+from contextlib import contextmanager
+from typing import Any
+
+from gdncheck.config import GDNConfig
+
+CONV_FUNCTIONS = ("causal_conv1d_fn", "causal_conv1d_update")
+RULE_FUNCTIONS = ("torch_chunk_gated_delta_rule", "torch_recurrent_gated_delta_rule")
+FUNCTIONS = (*CONV_FUNCTIONS, *RULE_FUNCTIONS, "l2norm")
+
+#: submodule (dotted path in the decoder layer) -> the stage tensor its output is
+MODULE_OUTPUTS = {
+    "input_layernorm": "x_norm",
+    "linear_attn.in_proj_qkv": "qkv",
+    "linear_attn.in_proj_z": "z",
+    "linear_attn.in_proj_a": "a",
+    "linear_attn.in_proj_b": "b",
+    "linear_attn.norm": "core_gated",
+    "linear_attn.out_proj": "attn_out",
+    "post_attention_layernorm": "h_norm",
+    "mlp": "mlp_out",
+}
+#: submodule -> the stage tensor its (first) input is
+MODULE_INPUTS = {"post_attention_layernorm": "h"}
+
+
+class Recording:
+    """What one call captured; :meth:`trace` puts it in the FORMAT.md §5 layouts."""
+
+    def __init__(self, T: int, cfg: GDNConfig):
+        self.T, self.cfg = T, cfg
+        self.raw: dict[str, Any] = {}
+        self.l2: list[Any] = []
+        self.called: list[str] = []
+        self.conv_columns: int | None = None  # columns the conv function ran over (T, or K + T with a cache)
+
+    def put(self, name: str, tensor: Any) -> None:
+        self.raw[name] = tensor.detach().clone()
+
+    def trace(self) -> dict[str, Any]:
+        cfg, raw = self.cfg, dict(self.raw)
+        out = {k: raw[k] for k in ("x_norm", "qkv", "a", "b", "v", "g", "beta", "core", "attn_out", "h", "h_norm",
+                                    "mlp_out") if k in raw}
+        if "qkv" in raw:
+            B, T = raw["qkv"].shape[:2]
+            if "z" in raw:
+                out["z"] = raw["z"].reshape(B, T, cfg.num_v_heads, cfg.head_v_dim)
+            if "core_gated" in raw:  # transformers runs the gated norm on [B*T*Hv, dv] rows
+                out["core_gated"] = raw["core_gated"].reshape(B, T, cfg.num_v_heads, cfg.head_v_dim)
+            if "qkv_conv" in raw:  # [B, conv_dim, T'] (T' > T when the conv ran over the cached columns too)
+                out["qkv_conv"] = raw["qkv_conv"][:, :, raw["qkv_conv"].shape[-1] - T:].transpose(1, 2)
+        if len(self.l2) == 2:  # query, then key, each [B, Hv, T, dk] after repeat_interleave
+            r = cfg.head_ratio
+            out["q"], out["k"] = (t[:, ::r].transpose(1, 2) for t in self.l2)
+        return out
+
+
+class Tracer:
+    """Hooks on a decoder layer's submodules (always installed, active only while recording) and the
+    recording wrappers of ``module``'s functions (installed for one call at a time)."""
+
+    def __init__(self, layer, module, cfg: GDNConfig):
+        self.layer, self.module, self.cfg = layer, module, cfg
+        self.calls: list[dict] = []
+        self._rec: Recording | None = None
+        for path, name in MODULE_OUTPUTS.items():
+            layer.get_submodule(path).register_forward_hook(self._output_hook(name))
+        for path, name in MODULE_INPUTS.items():
+            layer.get_submodule(path).register_forward_pre_hook(self._input_hook(name))
+
+    def _output_hook(self, name: str):
+        def hook(_module, _args, output):
+            if self._rec is not None:
+                self._rec.put(name, output)
+        return hook
+
+    def _input_hook(self, name: str):
+        def hook(_module, args):
+            if self._rec is not None:
+                self._rec.put(name, args[0])
+        return hook
+
+    def _wrap(self, name: str, fn):
+        rec = self._rec
+        if name in CONV_FUNCTIONS:
+            def conv(*args, **kwargs):
+                out = fn(*args, **kwargs)
+                rec.called.append(name)
+                rec.conv_columns = int(out.shape[-1])
+                rec.put("qkv_conv", out)
+                return out
+            return conv
+        if name in RULE_FUNCTIONS:
+            signature = inspect.signature(fn)
+
+            def rule(*args, **kwargs):
+                bound = signature.bind_partial(*args, **kwargs).arguments
+                result = fn(*args, **kwargs)
+                rec.called.append(name)
+                for ours, theirs in (("v", "value"), ("g", "g"), ("beta", "beta")):
+                    rec.put(ours, bound[theirs])
+                rec.put("core", result[0])
+                return result
+            return rule
+
+        def l2norm(*args, **kwargs):
+            out = fn(*args, **kwargs)
+            rec.l2.append(out.detach().clone())
+            return out
+        return l2norm
+
+    @contextmanager
+    def recording(self, T: int):
+        """Capture one call: yields its :class:`Recording`; the module's functions are restored after."""
+        self._rec = Recording(T, self.cfg)
+        saved = {name: getattr(self.module, name) for name in FUNCTIONS}
+        try:
+            for name, fn in saved.items():
+                setattr(self.module, name, self._wrap(name, fn))
+            yield self._rec
+        finally:
+            for name, fn in saved.items():
+                setattr(self.module, name, fn)
+            self.calls.append({"T": T, "functions": list(self._rec.called), "conv_columns": self._rec.conv_columns})
+            self._rec = None

@@ -1,0 +1,1 @@
+"""Meta tests of the comparison engine: mutant implementations, one per known bug class."""

@@ -1,0 +1,74 @@
+"""The kill matrix: every mutant, in every profile, through the same ``run`` + ``verify`` path as a
+port, and where verify first catches it.
+
+    python -m gdncheck.conformance.meta [--profiles f32,bf16,f16] [--fixtures DIR] [--markdown]
+"""
+
+from __future__ import annotations
+
+import logging
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from gdncheck.fixtures.manifest import DEFAULT_DIR
+
+from gdncheck.stages import STAGE_NAMES
+
+from ..run import run_impl
+from ..verify import verify
+from .mutants import MUTANTS, Mutant
+
+
+@dataclass
+class KillResult:
+    mutant: str
+    profile: str
+    killed: bool
+    first_stage: str | None
+    cases_failed: int
+    cases: int
+    first_by_case: dict[str, dict] = field(default_factory=dict)
+    message: str | None = None
+    repro: str | None = None
+
+    def cell(self) -> str:
+        if not self.killed:
+            return "survives"
+        return f"{self.first_stage} ({self.cases_failed}/{self.cases})"
+
+
+def kill(mutant: Mutant, profile: str, fixtures_dir=DEFAULT_DIR, out_dir=None, cases=None) -> KillResult:
+    """Run ``mutant`` over the cases in ``profile`` and verify its outputs."""
+    logging.getLogger("gdncheck").setLevel(logging.ERROR)
+    with tempfile.TemporaryDirectory(prefix=f"gdncheck-mutant-{mutant.name}-") as tmp:
+        out = Path(out_dir) if out_dir else Path(tmp)
+        run_impl(mutant.factory, fixtures_dir, out, profile, cases=cases,
+                 command=f"gdncheck run gdncheck.conformance.meta.mutants:{mutant.name} --fixtures {fixtures_dir} "
+                         f"--out {out} --profile {profile}")
+        summary = verify(fixtures_dir, out, profile, cases=cases)
+    failing = [c for c in summary.cases if c.status == "fail"]
+    first_by_case = {c.id: c.first_divergence for c in failing}
+    stages = [fd["stage"] for fd in first_by_case.values() if fd and fd.get("stage")]
+    first = min(stages, key=STAGE_NAMES.index) if stages else None
+    earliest = next((c for c in failing if c.first_divergence and c.first_divergence.get("stage") == first), None)
+    return KillResult(mutant.name, profile, bool(failing), first, len(failing), len(summary.cases), first_by_case,
+                      earliest.message if earliest else None, earliest.repro if earliest else None)
+
+
+def matrix(profiles=("f32", "bf16", "f16"), fixtures_dir=DEFAULT_DIR, mutants=MUTANTS) -> list[KillResult]:
+    return [kill(m, p, fixtures_dir) for m in mutants for p in profiles]
+
+
+def format_matrix(results: list[KillResult], profiles=("f32", "bf16", "f16")) -> str:
+    """A markdown table: mutant (bug class), expected first stage, then the first stage caught per profile."""
+    by = {(r.mutant, r.profile): r for r in results}
+    lines = ["| mutant (bug class) | expected first stage | " + " | ".join(profiles) + " |",
+             "|---|---|" + "---|" * len(profiles)]
+    for m in MUTANTS:
+        if not any((m.name, p) in by for p in profiles):
+            continue
+        cells = [by[(m.name, p)].cell() if (m.name, p) in by else "-" for p in profiles]
+        where = f" (first at call {m.call[1]} of {m.call[0]})" if m.call else ""
+        lines.append(f"| `{m.name}` ({m.bug_class}) | {m.stage}{where} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)

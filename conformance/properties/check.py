@@ -1,0 +1,124 @@
+"""Comparisons of the property suite, judged exactly as ``verify`` judges a fixture case.
+
+A generated configuration is no fixture recipe, so its bound is the tolerance table's ``global``
+row for the profile: the envelope, over every recipe of the fixture suites, of the errors correct
+low-precision implementations make (docs/tolerances.md). The strategies stay inside the regimes
+those recipes cover (checkpoint-like weights, normal inputs with outliers, tiny and huge norms,
+gate extremes, short sequences), and the suite run against the precision-emulating reference in
+every placement is the evidence that the bound holds there (tests/properties).
+
+The NMSE bound is judged only on a call's tensor of at least :data:`MIN_NMSE_ELEMENTS` elements.
+An NMSE is a mean over the tensor's elements; over a handful (a one-token call's ``b`` of one head
+holds one number) it is one or two roundings, and a correct emulated port exceeds the global NMSE
+bound there (measured: ``b`` of one element 4.8e-5 against 1.4e-5 in f16) while staying within the
+elementwise bound, which judges every element whatever the size.
+
+``a`` and ``b`` are not judged here: each is one dot product per head and token, which cancels to
+near zero now and then, and a generated layer with one value head and a one-token call has a single
+such number in its group, so no scale makes its relative error meaningful (measured: 6% on a value
+of 7e-4, bf16). What they feed is judged: ``g`` and ``beta`` (dt_bias and the sigmoid keep those
+well scaled).
+
+Calls are judged like a case's calls: the scales of the case-wide groups and the NMSE's
+normaliser come from every call of the program together (:class:`~gdncheck.conformance.metrics.CaseStats`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+import numpy as np
+
+from ..metrics import CaseStats
+from ..tolerances import Bound, load_table
+from ..verdicts import base_record, judge
+from ..vocab import STATE_NAMES
+
+REQUIRED = ("out", "conv_state", "recurrent_state")
+MIN_NMSE_ELEMENTS = 256
+
+
+NOT_JUDGED = ("a", "b")
+
+
+def bounded_tensors(profile: str) -> set[str]:
+    return set(load_table().data["modes"]["end_to_end"][profile]["global"]) - set(NOT_JUDGED)
+
+
+def compare_calls(actual: Sequence[dict], expected: Sequence[dict], profile: str, what: str, *,
+                  tensors: Iterable[str] | None = None, required: Iterable[str] = REQUIRED) -> list[str]:
+    """Failure messages (empty when every tensor of every call is within the global bound).
+
+    ``actual`` and ``expected``: one dict per call, tensor name -> array. A tensor the implementation
+    does not return is not judged, unless it is ``required``.
+    """
+    names = set(tensors) if tensors is not None else bounded_tensors(profile)
+    failures: list[str] = []
+    for name in sorted(names, key=_order):
+        exp = [e.get(name) for e in expected]
+        if any(e is None for e in exp):
+            continue
+        acts = [a.get(name) for a in actual]
+        if any(a is None for a in acts):
+            if name in required:
+                failures.append(f"{name}: not returned by the implementation, but should be [{what}]")
+            continue
+        stats = None if name in STATE_NAMES else CaseStats(name, exp)
+        for k, (a, e) in enumerate(zip(acts, exp)):
+            bound = global_bound(name, profile, np.size(e))
+            rec = base_record("property", k, "forward", k, name, actual_ref={"file": "-", "key": name})
+            judge(rec, np.asarray(a), "F64", np.asarray(e), bound, required=True,
+                  subject=f"{name} of call {k}", loc=f"[{what}]", stats=stats)
+            if rec.verdict == "fail":
+                failures.append(rec.message)
+                break  # the first failing call of a tensor is enough
+    return failures
+
+
+def global_bound(name: str, profile: str, size: int) -> Bound:
+    """The table's global bound; its NMSE part only for tensors of at least MIN_NMSE_ELEMENTS."""
+    b = load_table().bound(name, profile, "end_to_end", None)
+    if size >= MIN_NMSE_ELEMENTS:
+        return b
+    return Bound(b.tensor, b.profile, b.mode, b.elem, float("inf"), f"{b.source} (elementwise only: {size} elements)")
+
+
+def assert_close(actual: Sequence[dict], expected: Sequence[dict], profile: str, what: str, **kw) -> None:
+    failures = compare_calls(actual, expected, profile, what, **kw)
+    if failures:
+        more = f"\n(and {len(failures) - 3} more tensors)" if len(failures) > 3 else ""
+        raise AssertionError("\n".join(failures[:3]) + more)
+
+
+def assert_identical(actual: dict, expected: dict, what: str) -> None:
+    """Bit-identical arrays (the snapshot promises): name the first differing element."""
+    for name in sorted(set(actual) & set(expected)):
+        a, e = np.asarray(actual[name]), np.asarray(expected[name])
+        if a.shape != e.shape:
+            raise AssertionError(f"{name}: shape {list(a.shape)}, but should be {list(e.shape)} as before [{what}]")
+        diff = ~((a == e) | (np.isnan(a) & np.isnan(e)))
+        if diff.any():
+            idx = tuple(int(i) for i in np.argwhere(diff)[0])
+            raise AssertionError(f"{name}: {int(diff.sum())} / {a.size} elements differ, first at {list(idx)}: "
+                                 f"{a[idx]!r}, but should be bit-identical to {e[idx]!r} [{what}]")
+
+
+def concat_calls(calls: Sequence[dict], names: Iterable[str] | None = None) -> dict:
+    """One dict of the stage tensors of consecutive calls joined along the token axis, and the state
+    after the last call."""
+    out = {}
+    keys = set(calls[0]) if names is None else set(names)
+    for name in keys:
+        if not all(name in c for c in calls):
+            continue
+        if name in STATE_NAMES or name == "seq_len":
+            out[name] = calls[-1][name]
+        else:
+            out[name] = np.concatenate([c[name] for c in calls], axis=1)
+    return out
+
+
+def _order(name: str) -> tuple:
+    from ..vocab import stage_index, stage_of
+
+    return (stage_index(stage_of(name)), name)

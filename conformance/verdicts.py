@@ -1,0 +1,99 @@
+"""The verdict on one tensor: the rules, in order, and the record that says why.
+
+1. missing: a required output (``out``, ``conv_state``, ``recurrent_state`` end to end) fails;
+   any other stage tensor is recorded ``missing`` (a port need not expose every intermediate).
+2. dtype: floating dtypes only, no narrower than the profile's (states: float32 or wider for the
+   recurrent state, the profile's dtype or wider for the conv state).
+3. shape: exactly the golden's.
+4. NaN anywhere fails; an infinity passes only where the golden holds the same infinity.
+5. the bound: the scaled elementwise error (:mod:`.metrics`) at most ``elem`` everywhere and the
+   NMSE at most ``nmse`` (:mod:`.tolerances`).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from . import messages
+from .metrics import CaseStats, downsample_max, group_scale, has_tokens, scaled_error, tensor_metrics, token_errors
+from .records import Record
+from .tolerances import Bound
+from .vocab import stage_index, stage_of
+
+ALLOWED_DTYPES = {
+    "f32": ("F32", "F64"),
+    "bf16": ("BF16", "F32", "F64"),
+    "f16": ("F16", "F32", "F64"),
+}
+STATE_DTYPES = {"recurrent_state": ("F32", "F64")}
+
+
+def allowed_dtypes(tensor: str, profile: str) -> tuple[tuple[str, ...], str]:
+    if tensor in STATE_DTYPES:
+        return STATE_DTYPES[tensor], "the recurrent state is kept in float32 or wider"
+    return ALLOWED_DTYPES[profile], f"profile {profile} stores activations in {profile} or wider"
+
+
+def base_record(case: str, step: int, op: str, call: int | None, tensor: str, **kw) -> Record:
+    stage = stage_of(tensor)
+    return Record(case=case, step=step, op=op, call=call, tensor=tensor, stage=stage, stage_index=stage_index(stage),
+                  verdict="pass", **kw)
+
+
+def judge(rec: Record, actual: np.ndarray | None, dtype: str | None, expected: np.ndarray, bound: Bound, *,
+          required: bool, subject: str, loc: str, stats: CaseStats | None = None) -> Record:
+    """Fill ``rec`` (verdict, reason, message, metrics...) for ``actual`` against ``expected``."""
+    rec.expected_shape = list(expected.shape)
+    rec.bound = bound.to_json()
+    if actual is None:
+        rec.verdict = "fail" if required else "missing"
+        if required:
+            rec.reason = "missing_required"
+            rec.message = messages.missing_required(subject, rec.actual_ref["key"], loc)
+        return rec
+    rec.dtype, rec.shape = dtype, list(actual.shape)
+    allowed, why = allowed_dtypes(rec.tensor, bound.profile)
+    if dtype not in allowed:
+        return _fail(rec, "dtype", messages.dtype_failure(subject, dtype, allowed, why, loc))
+    if tuple(actual.shape) != tuple(expected.shape):
+        return _fail(rec, "shape", messages.shape_failure(subject, actual.shape, expected.shape, loc))
+    a = np.asarray(actual, dtype=np.float64)
+    e = np.asarray(expected, dtype=np.float64)
+    err = scaled_error(a, e, rec.tensor, bound.profile, stats)
+    m = tensor_metrics(a, e, rec.tensor, bound.profile, stats, err=err)
+    rec.metrics = m.to_json()
+    rec.min_tolerance = {"elem": m.max_err if m.nan == 0 and m.inf_mismatch == 0 else float("inf"), "nmse": m.nmse}
+    over_mask = ~(err <= bound.elem)  # NaN and unmatched infinities count as over
+    rec.over_bound = int(over_mask.sum())
+    if has_tokens(rec.tensor) and err.ndim >= 2:
+        starts, values = downsample_max(token_errors(err))
+        rec.token_profile = {"token": starts, "max_err": values}
+        bad = over_mask.reshape(err.shape[0], err.shape[1], -1).any(axis=2)  # [B, T]
+        if bad.any():
+            t = int(np.flatnonzero(bad.any(axis=0))[0])
+            row = int(np.flatnonzero(bad[:, t])[0])
+            rec.first_bad_token, rec.first_bad_row = t, row
+            rec.first_bad_position = (rec.seq_pos[row] + t) if rec.seq_pos else t
+    if m.nan:
+        return _fail(rec, "nan", messages.nan_failure(subject, m.nan, m.first_nonfinite, loc))
+    if m.inf_mismatch:
+        idx = tuple(m.first_nonfinite)
+        return _fail(rec, "inf", messages.inf_failure(subject, m.inf_mismatch, list(idx), float(a[idx]),
+                                                      float(e[idx]), loc))
+    elem_failed = m.max_err > bound.elem
+    nmse_failed = m.nmse > bound.nmse
+    if elem_failed or nmse_failed:
+        idx = tuple(m.max_err_index)
+        scale = abs(float(e[idx])) + float(np.broadcast_to(group_scale(e, rec.tensor, bound.profile, stats),
+                                                              e.shape)[idx])
+        first = (rec.first_bad_token, rec.first_bad_position, rec.first_bad_row) if rec.first_bad_token is not None \
+            else None
+        msg = messages.bound_failure(subject, rec.metrics, rec.bound, float(a[idx]), float(e[idx]),
+                                     bound.elem * scale, rec.over_bound, first, elem_failed, loc)
+        return _fail(rec, "elem_bound" if elem_failed else "nmse_bound", msg)
+    return rec
+
+
+def _fail(rec: Record, reason: str, message: str) -> Record:
+    rec.verdict, rec.reason, rec.message = "fail", reason, message
+    return rec

@@ -1,0 +1,187 @@
+#!/usr/bin/env node
+// Runs every case of a gdncheck fixture folder through the float32 layer of layer.js and writes the
+// outputs `gdncheck verify --profile f32` judges (fixtures/FORMAT.md §2, §4, §7, §12).
+//
+//   node run.js --fixtures ../../../fixtures/default --out out [--case ID_OR_PREFIX ...]
+//
+// Exit status: 0 every case ran (its outputs written, an expected or unexpected error included),
+// 2 some case could not be read (missing or damaged file, checksum mismatch, a path outside the folder).
+
+import { lstatSync, mkdirSync, readFileSync, realpathSync } from 'node:fs';
+import { isAbsolute, join, relative, resolve } from 'node:path';
+import { GDNError, GDNLayer } from './layer.js';
+import { parseSafetensors, readSafetensors, sha256, writeSafetensors } from './safetensors.js';
+
+const FORMAT_VERSION = 1;
+
+function parseArgs(argv) {
+  const args = { fixtures: 'fixtures/default', out: null, cases: [] };
+  for (let i = 0; i < argv.length; i++) {
+    const a = argv[i];
+    if (a === '--fixtures') args.fixtures = argv[++i];
+    else if (a === '--out') args.out = argv[++i];
+    else if (a === '--case') args.cases.push(argv[++i]);
+    else if (a === '--help' || a === '-h') args.help = true;
+    else throw new Error(`unknown argument ${a} (expected --fixtures DIR --out DIR [--case ID])`);
+  }
+  return args;
+}
+
+// A case file's path, refusing names that leave the fixture folder (§2: `..`, absolute paths, links).
+function caseFile(dir, name) {
+  if (isAbsolute(name) || name.split(/[\\/]/).includes('..')) throw new Error(`file name ${name} leaves the fixture folder`);
+  const path = join(dir, name);
+  if (lstatSync(path).isSymbolicLink()) {
+    const rel = relative(realpathSync(dir), realpathSync(path));
+    if (rel.startsWith('..') || isAbsolute(rel)) throw new Error(`file ${name} links outside the fixture folder`);
+  }
+  return path;
+}
+
+function readCase(dir, entry) {
+  const bytes = readFileSync(caseFile(dir, entry.file));
+  if (bytes.length !== entry.bytes) throw new Error(`${entry.file}: ${bytes.length} bytes, the manifest says ${entry.bytes}`);
+  const digest = sha256(bytes);
+  if (digest !== entry.sha256) throw new Error(`${entry.file}: sha256 ${digest.slice(0, 16)}..., the manifest says ${entry.sha256.slice(0, 16)}...`);
+  return parseSafetensors(bytes, entry.file);
+}
+
+// x [B, T, D] -> token j of every sequence, [B, 1, D]
+function tokenSlice(x, j) {
+  const [B, T, D] = x.shape;
+  const data = new Float32Array(B * D);
+  for (let b = 0; b < B; b++) data.set(x.data.subarray((b * T + j) * D, (b * T + j + 1) * D), b * D);
+  return { dtype: x.dtype, shape: [B, 1, D], data };
+}
+
+// T traces of one-token calls -> one trace stacked along the token axis
+function stack(traces) {
+  const out = {};
+  for (const name of Object.keys(traces[0])) {
+    const [B, , ...rest] = traces[0][name].shape;
+    const n = rest.reduce((p, q) => p * q, 1);
+    const T = traces.length;
+    const data = new Float32Array(B * T * n);
+    traces.forEach((tr, j) => {
+      for (let b = 0; b < B; b++) data.set(tr[name].data.subarray(b * n, (b + 1) * n), (b * T + j) * n);
+    });
+    out[name] = { shape: [B, T, ...rest], data };
+  }
+  return out;
+}
+
+function stateTensors(layer, state) {
+  const { convDim, K, Hv, dk, dv } = layer.c;
+  return {
+    conv_state: { dtype: 'F32', shape: [state.batch, convDim, K], data: state.conv.slice() },
+    recurrent_state: { dtype: 'F32', shape: [state.batch, Hv, dk, dv], data: state.rec.slice() },
+    seq_len: { dtype: 'I64', shape: [state.batch], data: state.seqLen.slice() },
+  };
+}
+
+// After call k: the stage tensors the step expects, the two states, and seq_len.
+function keep(outputs, step, trace, layer, state) {
+  const k = step.call;
+  for (const name of step.expected) {
+    if (trace[name]) outputs[`calls.${k}.${name}`] = { dtype: 'F32', ...trace[name] };
+  }
+  for (const [name, t] of Object.entries(stateTensors(layer, state))) outputs[`calls.${k}.${name}`] = t;
+}
+
+function runCase(st, entry, outDir) {
+  const weights = {};
+  for (const [name, t] of Object.entries(st.tensors)) if (name.startsWith('weights.')) weights[name.slice(8)] = t;
+  const outputs = {};
+  const slots = {};
+  let layer = null;
+  let state = null;
+  let i = 0;
+  try {
+    for (i = 0; i < entry.program.length; i++) {
+      const step = entry.program[i];
+      switch (step.op) {
+        case 'construct':
+          layer = new GDNLayer(entry.config, weights, { strict: step.strict });
+          state = layer.newState(entry.batch);
+          break;
+        case 'reset':
+          state = layer.newState(entry.batch);
+          break;
+        case 'forward':
+          keep(outputs, step, layer.forward(st.tensors[`calls.${step.call}.x`], state, step.seq_pos), layer, state);
+          break;
+        case 'decode': {
+          const x = st.tensors[`calls.${step.call}.x`];
+          const traces = [];
+          for (let j = 0; j < step.T; j++) traces.push(layer.forward(tokenSlice(x, j), state, step.seq_pos.map((p) => p + j)));
+          keep(outputs, step, stack(traces), layer, state);
+          break;
+        }
+        case 'snapshot':
+          slots[step.slot] = GDNLayer.cloneState(state);
+          break;
+        case 'restore':
+          state = GDNLayer.cloneState(slots[step.slot]);
+          break;
+        case 'save':
+          writeSafetensors(join(outDir, step.file), stateTensors(layer, slots[step.slot]), { format: 'gdncheck-snapshot-port' });
+          break;
+        case 'load': {
+          const snap = readSafetensors(join(outDir, step.file)).tensors;
+          slots[step.slot] = {
+            batch: entry.batch, conv: Float32Array.from(snap.conv_state.data), rec: Float32Array.from(snap.recurrent_state.data),
+            seqLen: Array.from(snap.seq_len.data, Number),
+          };
+          break;
+        }
+        default:
+          throw new Error(`unknown program step ${step.op}`);
+      }
+    }
+    return { outputs, error: null };
+  } catch (err) {
+    return { outputs, error: { code: err instanceof GDNError ? err.code : err.name, message: err.message, step: i } };
+  }
+}
+
+function main() {
+  const args = parseArgs(process.argv.slice(2));
+  if (args.help || !args.out) {
+    console.log('usage: node run.js --fixtures DIR --out DIR [--case ID_OR_PREFIX ...]');
+    return args.help ? 0 : 2;
+  }
+  const dir = resolve(args.fixtures);
+  const manifest = JSON.parse(readFileSync(join(dir, 'manifest.json'), 'utf8'));
+  if (manifest.format !== 'gdncheck-fixtures' || manifest.format_version !== FORMAT_VERSION) {
+    throw new Error(`${dir}/manifest.json: format ${manifest.format} v${manifest.format_version}, this runner reads gdncheck-fixtures v${FORMAT_VERSION}`);
+  }
+  mkdirSync(args.out, { recursive: true });
+  // verify's repro lines append `--case ID` to this command
+  const command = `node examples/ports/node/run.js --fixtures ${args.fixtures} --out ${args.out}`;
+  let unusable = 0;
+  for (const entry of manifest.cases) {
+    if (args.cases.length && !args.cases.some((c) => entry.id.startsWith(c))) continue;
+    const t0 = performance.now();
+    let st;
+    try {
+      st = readCase(dir, entry);
+    } catch (err) {
+      unusable++;
+      console.log(`skipped  ${entry.id}: ${err.message}`);
+      continue;
+    }
+    const { outputs, error } = runCase(st, entry, args.out);
+    const meta = {
+      format: 'gdncheck-outputs', format_version: String(FORMAT_VERSION), case: entry.id, fixture_sha256: entry.sha256,
+      implementation: 'node-f32 (examples/ports/node)', profile: 'f32', device: `cpu, Node.js ${process.version}`,
+      command,
+    };
+    if (error) Object.assign(meta, { error_code: error.code, error_message: error.message, error_step: String(error.step) });
+    writeSafetensors(join(args.out, `${entry.id}.safetensors`), outputs, meta);
+    const ms = (performance.now() - t0).toFixed(0);
+    console.log(`${error ? 'raised' : 'ran   '}   ${entry.id} (${ms} ms)${error ? `: ${error.code} at step ${error.step}: ${error.message}` : ''}`);
+  }
+  return unusable ? 2 : 0;
+}
+
+process.exitCode = main();

@@ -1,0 +1,51 @@
+"""``gdncheck report``: the HTML diff report of a verify summary, and short summaries for CI."""
+
+from __future__ import annotations
+
+import argparse
+
+DESCRIPTION = """\
+Write the HTML diff report of a verify summary (gdncheck verify --summary) into a folder: an
+index with the verdict, the environment and a grid of cases × stages, and a page per case with
+the metrics of every call and stage tensor and, for each failing tensor, its error heatmap,
+histogram, error-over-tokens curve, worst elements and minimum passing tolerance. The folder opens
+from file:// (no network). Plots reload the full tensors from the fixture and outputs files the
+summary names (--fixtures / --outputs if they moved).
+
+Always prints a short text summary (for CI logs); --markdown appends a Markdown summary to a file
+(e.g. "$GITHUB_STEP_SUMMARY") or prints it with "-". Exit status 0 when written, 2 for an unusable
+summary or folder."""
+
+
+def configure(p: argparse.ArgumentParser) -> None:
+    p.add_argument("summary", metavar="SUMMARY.json", help="the JSON summary verify wrote")
+    p.add_argument("-o", "--out", metavar="DIR", help="folder for the HTML report (replaced as a whole)")
+    p.add_argument("--fixtures", help="fixture folder, if the files moved since verify ran")
+    p.add_argument("--outputs", help="the port's outputs folder, if it moved since verify ran")
+    p.add_argument("--markdown", metavar="PATH", help="append a Markdown summary to PATH ('-': print it)")
+    p.add_argument("--top-k", type=int, default=10, help="worst elements listed per failing tensor (default 10)")
+    p.add_argument("--quiet", action="store_true", help="no text summary")
+
+
+def run(args: argparse.Namespace) -> int:
+    from gdncheck.reports import markdown_summary, text_summary, write_report
+    from gdncheck.reports.model import load_summary
+
+    doc = load_summary(args.summary)
+    index = None
+    if args.out:
+        index = write_report(doc, args.out, fixtures_dir=args.fixtures, outputs_dir=args.outputs, top_k=args.top_k)
+    if args.markdown:
+        emit_markdown(markdown_summary(doc, report=str(index) if index else None), args.markdown)
+    if not args.quiet:
+        print(text_summary(doc, report=index), end="")
+    return 0
+
+
+def emit_markdown(text: str, dest: str) -> None:
+    """Append to ``dest`` (a CI job summary file is appended to), or print for ``-``."""
+    if dest == "-":
+        print(text, end="")
+        return
+    with open(dest, "a", encoding="utf-8") as f:
+        f.write(text)

@@ -1,0 +1,76 @@
+"""``gdncheck run``: run a Python implementation over the fixture cases, writing port-format outputs."""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+
+DESCRIPTION = """\
+Run an implementation over the fixture cases and write its outputs in the port format
+(fixtures/FORMAT.md §7), one safetensors file per case, for `gdncheck verify`.
+
+IMPL is `reference` (the float64 reference in profile f64; its precision emulation in f32, bf16,
+f16), `triton` (gdncheck.gpu_impl, on GDN_DEVICE), `hf` (Hugging Face transformers' own layer and
+cache, the hf extra; what it cannot express is reported not applicable), or MODULE:CALLABLE, a
+factory of the plug-in contract: CALLABLE(cfg, weights, *, profile, strict, **options) ->
+implementation (FORMAT.md §9)."""
+
+
+def configure(p: argparse.ArgumentParser) -> None:
+    from gdncheck.fixtures.manifest import DEFAULT_DIR
+
+    p.add_argument("impl", metavar="IMPL", help="reference | triton | hf | MODULE:CALLABLE")
+    p.add_argument("--fixtures", default=str(DEFAULT_DIR), help=f"fixture folder (default {DEFAULT_DIR})")
+    p.add_argument("--out", required=True, help="folder for the outputs (created)")
+    p.add_argument("--profile", required=True, choices=("f64", "f32", "bf16", "f16"), help="precision profile")
+    p.add_argument("--case", action="append", help="only this case (id or id prefix; repeatable)")
+    p.add_argument("--tag", action="append", help="only cases with this tag (repeatable)")
+    p.add_argument("--shard", help="I/N: every N-th selected case from the I-th (0-based)")
+    p.add_argument("--option", action="append", metavar="KEY=VALUE",
+                   help="passed to the factory (reference: placement=hf|fla|fp32_once|metrale, chunk_size=N)")
+    p.add_argument("--stage-isolated", action="store_true",
+                   help="run each stage alone from golden inputs (needs run_stage; FORMAT.md §8)")
+
+
+def parse_shard(text):
+    if not text:
+        return None
+    from gdncheck.errors import GDNError
+
+    try:
+        i, n = (int(v) for v in text.split("/"))
+    except ValueError:
+        raise GDNError(f"expected --shard I/N, found {text!r}") from None
+    if not 0 <= i < n:
+        raise GDNError(f"expected --shard I/N with 0 <= I < N, found {text!r}")
+    return i, n
+
+
+def run(args: argparse.Namespace) -> int:
+    import logging
+
+    from gdncheck.conformance.plugin import parse_options
+    from gdncheck.conformance.run import default_command, run_impl
+    from gdncheck.env import limit_blas_threads
+
+    limit_blas_threads()
+    logging.getLogger("gdncheck").setLevel(logging.ERROR)  # the seq-len reset warning is part of the programs
+    options = parse_options(args.option)
+    command = default_command(args.impl, args.fixtures, args.out, args.profile, options, args.stage_isolated)
+
+    def progress(c):
+        print(f"{c.status:<8} {c.id}" + (f": {c.detail}" if c.detail else ""))
+
+    rep = run_impl(args.impl, args.fixtures, args.out, args.profile, cases=args.case, tags=args.tag,
+                   shard=parse_shard(args.shard), options=options, stage_isolated=args.stage_isolated,
+                   command=command, progress=progress)
+    skipped = rep.skipped
+    na = sum(c.status == "not_applicable" for c in rep.cases)
+    print(f"ran {len(rep.cases) - len(skipped)} case(s) with {rep.implementation} ({args.profile}) into {args.out}"
+          + (f"; {na} not applicable" if na else "")
+          + (f"; {len(skipped)} skipped (fixture unusable)" if skipped else ""))
+    print(f"next: gdncheck verify --fixtures {shlex.quote(args.fixtures)} --outputs {shlex.quote(args.out)} "
+          f"--profile {args.profile if args.profile != 'f64' else 'f32'}"
+          + (" --stage-isolated" if args.stage_isolated else ""), file=sys.stdout)
+    return 2 if skipped else 0

@@ -1,0 +1,56 @@
+"""``gdncheck tolerances``: show or re-derive the earned tolerance table (docs/tolerances.md)."""
+
+from __future__ import annotations
+
+import argparse
+
+DESCRIPTION = """\
+The tolerance table verify applies: bounds per (mode, profile, case recipe, tensor), earned from
+the envelope of correct low-precision implementations (docs/tolerances.md).
+
+  show     print the global bounds per profile (or one case recipe's with --case)
+  derive   re-derive the table from data and write it (about a minute with --jobs 2)"""
+
+
+def configure(p: argparse.ArgumentParser) -> None:
+    sub = p.add_subparsers(dest="action", metavar="ACTION", required=True)
+    s = sub.add_parser("show", help="print bounds")
+    s.add_argument("--mode", choices=("end_to_end", "stage_isolated"), default="end_to_end")
+    s.add_argument("--case", help="a case id or recipe (default: the global bounds)")
+    s.add_argument("--table", help="table file (default: the packaged one)")
+    d = sub.add_parser("derive", help="re-derive the table")
+    d.add_argument("--out", help="where to write it (default: the packaged conformance/tolerances.json)")
+    d.add_argument("--jobs", type=int, default=1)
+    d.add_argument("--seeds", default="1,2,3,4", help="comma-separated seeds (default 1,2,3,4; never 0)")
+    d.add_argument("--suite", choices=("default", "full"), default="full",
+                   help="recipes to derive from (default full: the default suite plus real Qwen3.5 sizes; "
+                        "default alone takes about a minute)")
+
+
+def run(args: argparse.Namespace) -> int:
+    from gdncheck.conformance import derive, tolerances
+    from gdncheck.safetensors_io import write_bytes_atomic
+
+    if args.action == "derive":
+        seeds = tuple(int(s) for s in args.seeds.split(","))
+        doc = derive.derive(seeds=seeds, jobs=args.jobs, suite_name=args.suite,
+                            progress=lambda m: print(f"observed {m}", flush=True))
+        path = args.out or tolerances.TABLE_PATH
+        write_bytes_atomic(path, derive.encode_table(doc))
+        print(f"wrote {path}")
+        return 0
+    table = tolerances.load_table(args.table)
+    recipe = tolerances.recipe_of(args.case) if args.case else None
+    print(f"tolerance table v{table.version} ({table.source}, sha256 {table.sha256[:16]}), mode {args.mode}, "
+          f"{'case ' + recipe if recipe else 'global'}; elem = scaled elementwise error, nmse = per-call NMSE")
+    profiles = ("f32", "bf16", "f16")
+    rows = table.data["modes"][args.mode]
+    names = list(rows["f32"]["global"])
+    print(f"{'tensor':<16}" + "".join(f"{p + ' elem':>12}{p + ' nmse':>12}" for p in profiles))
+    for name in names:
+        cells = []
+        for p in profiles:
+            b = table.bound(name, p, args.mode, args.case)
+            cells.append(f"{b.elem:>12.3g}{b.nmse:>12.3g}")
+        print(f"{name:<16}" + "".join(cells))
+    return 0

@@ -1,0 +1,86 @@
+"""``gdncheck verify``: judge a port's outputs against the golden fixtures."""
+
+from __future__ import annotations
+
+import argparse
+
+DESCRIPTION = """\
+Verify a port's outputs (fixtures/FORMAT.md §7) against the goldens, per case, call and stage
+tensor, with the tolerances earned for the profile (docs/tolerances.md). Prints each case's
+verdict and, for a failing case, the first divergence (call, stage, tensor, token) and a repro
+line; writes a JSON summary (docs/verify.md).
+
+Exit status: 0 every case conforms, 1 some case does not, 2 some case's inputs were unusable
+(missing, truncated or damaged files, a checksum that does not match the manifest, a file name
+outside its folder); every other case is still verified."""
+
+
+def configure(p: argparse.ArgumentParser) -> None:
+    from gdncheck.fixtures.manifest import DEFAULT_DIR
+
+    p.add_argument("--fixtures", default=str(DEFAULT_DIR), help=f"fixture folder (default {DEFAULT_DIR})")
+    p.add_argument("--outputs", required=True, help="the port's outputs folder")
+    p.add_argument("--profile", required=True, choices=("f32", "bf16", "f16"), help="precision profile")
+    p.add_argument("--stage-isolated", action="store_true", help="outputs of stages run alone from golden inputs")
+    p.add_argument("--case", action="append", help="only this case (id or id prefix; repeatable)")
+    p.add_argument("--tag", action="append", help="only cases with this tag (repeatable)")
+    p.add_argument("--shard", help="I/N: every N-th selected case from the I-th (0-based)")
+    p.add_argument("--tolerances", help="tolerance table (default: the packaged conformance/tolerances.json)")
+    p.add_argument("--summary", help="where to write the JSON summary (default OUTPUTS/verify-summary-PROFILE.json)")
+    p.add_argument("--junit", help="also write JUnit XML here (one testcase per case and stage; for CI publishers)")
+    p.add_argument("--verbose", action="store_true", help="print every failing record, not only the first per case")
+    p.add_argument("--names", metavar="TABLE",
+                   help="read the port's own tensor names through a name table: hf, doppler, metrale or a JSON path "
+                        "(FORMAT.md §13)")
+    p.add_argument("--report", metavar="DIR", help="also write the HTML diff report there (docs/report.md)")
+
+
+def run(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from gdncheck.commands.run import parse_shard
+    from gdncheck.conformance.verify import verify
+
+    def progress(c):
+        if c.status == "pass":
+            print(f"pass  {c.id}")
+        elif c.status == "error":
+            print(f"ERROR {c.id}: {c.problem}")
+        elif c.status == "not_applicable":
+            print(f"n/a   {c.id}: {c.message}")
+        else:
+            fd = c.first_divergence or {}
+            where = ", ".join(f"{k} {fd[k]}" for k in ("call", "stage", "tensor", "token") if fd.get(k) is not None)
+            print(f"FAIL  {c.id}: first divergence {where or fd.get('reason')}")
+            print(f"      {c.message}\n      repro: {c.repro}")
+            if args.verbose:
+                for r in c.records:
+                    if r.verdict == "fail" and r.message != c.message:
+                        print(f"      also: {r.message}")
+        for note in c.notes:
+            print(f"      note: {note}")
+
+    summary = verify(args.fixtures, args.outputs, args.profile, cases=args.case, tags=args.tag,
+                     shard=parse_shard(args.shard), stage_isolated=args.stage_isolated, tolerances=args.tolerances,
+                     progress=progress, names=args.names)
+    path = Path(args.summary) if args.summary else Path(args.outputs) / f"verify-summary-{args.profile}.json"
+    summary.write(path)
+    if args.junit:
+        from gdncheck.conformance.junit import JUnit, add_verify_summary
+
+        junit = JUnit("gdncheck verify")
+        add_verify_summary(junit, summary)
+        junit.write(args.junit)
+    t = summary.totals()
+    for note in summary.notes:
+        print(f"note: {note}")
+    print(f"{summary.verdict()}: {t['passed']}/{t['cases']} cases pass, {t['failed']} fail, {t['errors']} unusable, "
+          f"{t['not_applicable']} not applicable; "
+          f"{t['records']} tensors judged, {t['records_failed']} failed, {t['records_missing']} not provided "
+          f"[{summary.implementation.get('name')}, profile {args.profile}, {summary.mode}]; summary: {path}")
+    if args.report:
+        from gdncheck.reports import write_report
+
+        index = write_report(summary.to_json(), args.report, fixtures_dir=args.fixtures, outputs_dir=args.outputs)
+        print(f"report: {index}")
+    return summary.exit_code

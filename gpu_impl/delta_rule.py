@@ -1,0 +1,146 @@
+"""Stage 6, ``delta_rule``: the gated delta rule, fused recurrent kernel (decode, short prefills).
+
+The chunked prefill pipeline is in :mod:`.delta_rule_chunked`. Both take ``q, k, v, g, beta`` in
+that order, as the reference does.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from .target import empty, interpreting, kernel, next_pow2, num_sms
+
+
+@kernel
+def delta_rule_recurrent_kernel(
+    p_q, p_k, p_v, p_g, p_beta, p_h0, p_ht, p_o, T, Hv, r, scale,
+    sq_b, sq_t, sq_h, sv_b, sv_t, sv_h, DK, DV,
+    BK: tl.constexpr, BV: tl.constexpr, HAS_H0: tl.constexpr, INPLACE: tl.constexpr,
+):
+    """The gated delta rule token by token — the formula: reference/delta_rule.py.
+
+    q, k: [B, T, Hk, dk] (strides sq_*; unit stride on dk; value head h reads key head h // r);
+    v: [B, T, Hv, dv] (strides sv_*); g, beta: [B, T, Hv] fp32 contiguous; h0, ht: [B, Hv, dk, dv]
+    fp32 contiguous (ht may be h0: INPLACE); o (core): [B, T, Hv, dv] contiguous.
+    Grid: (cdiv(dv, BV), B·Hv). Each program keeps its [BK, BV] slice of the state in fp32
+    registers and loops over the T tokens.
+    """
+    i_v, i_bh = tl.program_id(0), tl.program_id(1)
+    i_b = i_bh // Hv
+    i_h = i_bh % Hv
+    i_hk = i_h // r
+    o_k = tl.arange(0, BK)
+    o_v = i_v * BV + tl.arange(0, BV)
+    m_k = o_k < DK
+    m_v = o_v < DV
+    m_h = m_k[:, None] & m_v[None, :]
+    o_h = i_bh.to(tl.int64) * DK * DV + o_k[:, None] * DV + o_v[None, :]
+    if HAS_H0:
+        b_h = tl.load(p_h0 + o_h, mask=m_h, other=0.0).to(tl.float32)
+    else:
+        b_h = tl.zeros([BK, BV], dtype=tl.float32)
+    # pointers of token 0, advanced by one token per step
+    p_qt = p_q + i_b.to(tl.int64) * sq_b + i_hk * sq_h + o_k
+    p_kt = p_k + i_b.to(tl.int64) * sq_b + i_hk * sq_h + o_k
+    p_vt = p_v + i_b.to(tl.int64) * sv_b + i_h * sv_h + o_v
+    p_gt = p_g + i_b.to(tl.int64) * T * Hv + i_h
+    p_bt = p_beta + i_b.to(tl.int64) * T * Hv + i_h
+    p_ot = p_o + (i_b.to(tl.int64) * T * Hv + i_h) * DV + o_v
+    for _ in range(T):
+        b_q = tl.load(p_qt, mask=m_k, other=0.0).to(tl.float32)
+        b_k = tl.load(p_kt, mask=m_k, other=0.0).to(tl.float32)
+        b_v = tl.load(p_vt, mask=m_v, other=0.0).to(tl.float32)
+        b_g = tl.load(p_gt)
+        b_beta = tl.load(p_bt)
+        b_h *= tl.exp(b_g)
+        b_delta = b_beta * (b_v - tl.sum(b_h * b_k[:, None], axis=0))
+        b_h += b_k[:, None] * b_delta[None, :]
+        b_o = tl.sum(b_h * b_q[:, None], axis=0) * scale
+        tl.store(p_ot, b_o.to(p_o.dtype.element_ty), mask=m_v)
+        p_qt += sq_t
+        p_kt += sq_t
+        p_vt += sv_t
+        p_gt += Hv
+        p_bt += Hv
+        p_ot += Hv * DV
+    if INPLACE:
+        tl.debug_barrier()  # every thread of this program has read its slice of h0
+    tl.store(p_ht + o_h, b_h, mask=m_h)
+
+
+def check_delta_inputs(q, k, v, g, beta, initial_state):
+    """Shapes of the delta rule's arguments; returns B, T, Hk, Hv, dk, dv."""
+    B, T, Hv, dv = v.shape
+    Hk, dk = q.shape[-2:]
+    if q.shape != (B, T, Hk, dk) or k.shape != q.shape or g.shape != (B, T, Hv) or beta.shape != g.shape:
+        raise ValueError(
+            f"delta_rule: expected q, k [B, T, Hk, dk], v [B, T, Hv, dv], g, beta [B, T, Hv]; found "
+            f"{list(q.shape)}, {list(k.shape)}, {list(v.shape)}, {list(g.shape)}, {list(beta.shape)}"
+        )
+    if Hv % Hk:
+        raise ValueError(f"delta_rule: Hv={Hv} is not a multiple of Hk={Hk}")
+    if q.stride() != k.stride() or q.stride(-1) != 1 or v.stride(-1) != 1:
+        raise ValueError("delta_rule: expected q and k with equal strides and unit stride on the head dims")
+    if initial_state is not None and initial_state.shape != (B, Hv, dk, dv):
+        raise ValueError(f"delta_rule: expected initial_state [B, Hv, dk, dv] = {[B, Hv, dk, dv]}, "
+                         f"found {list(initial_state.shape)}")
+    return B, T, Hk, Hv, dk, dv
+
+
+def prepare_state(initial_state, out_state, shape, device):
+    """(h0 to read or None, ht to write, in place?) as fp32 contiguous tensors."""
+    h0 = None if initial_state is None else initial_state.to(torch.float32).contiguous()
+    if out_state is None:
+        return h0, empty(shape, torch.float32, device), False
+    if out_state.dtype != torch.float32 or not out_state.is_contiguous() or out_state.shape != shape:
+        raise ValueError(f"delta_rule: out_state must be a contiguous fp32 tensor of shape {list(shape)}")
+    return h0, out_state, h0 is not None and h0.data_ptr() == out_state.data_ptr()
+
+
+def recurrent_block_v(v: torch.Tensor, B: int, Hv: int, dv: int) -> int:
+    """dv columns per program: all of them under the interpreter (fewest programs); on a GPU the
+    widest block that still gives every SM two programs (more parallelism for small batches)."""
+    if interpreting(v):
+        return next_pow2(dv)
+    for bv in (64, 32, 16):
+        if bv <= next_pow2(dv) and B * Hv * triton.cdiv(dv, bv) >= 2 * num_sms(v):
+            return bv
+    return min(8, next_pow2(dv))
+
+
+def delta_rule_recurrent(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    initial_state: torch.Tensor | None = None,
+    scale: float | None = None,
+    *,
+    out_state: torch.Tensor | None = None,
+    block_v: int | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The gated delta rule, one token at a time (reference/delta_rule.py).
+
+    q, k: [B, T, Hk, dk] (L2-normalised, unscaled); v: [B, T, Hv, dv]; g, beta: [B, T, Hv] (fp32);
+    initial_state: [B, Hv, dk, dv] or None (zeros); scale defaults to dk^-0.5. Returns core
+    [B, T, Hv, dv] in v's dtype and the final state [B, Hv, dk, dv] fp32. ``out_state`` receives
+    the final state (it may be ``initial_state`` itself: an in-place update); ``block_v`` overrides
+    the dv block (benchmarks).
+    """
+    B, T, Hk, Hv, dk, dv = check_delta_inputs(q, k, v, g, beta, initial_state)
+    scale = dk ** -0.5 if scale is None else float(scale)
+    h0, ht, inplace = prepare_state(initial_state, out_state, (B, Hv, dk, dv), v.device)
+    core = empty((B, T, Hv, dv), v.dtype, v.device)
+    BK = next_pow2(dk)
+    BV = block_v or recurrent_block_v(v, B, Hv, dv)
+    g, beta = g.to(torch.float32).contiguous(), beta.to(torch.float32).contiguous()
+    grid = (triton.cdiv(dv, BV), B * Hv)
+    delta_rule_recurrent_kernel[grid](
+        q, k, v, g, beta, h0 if h0 is not None else ht, ht, core, T, Hv, Hv // Hk, scale,
+        q.stride(0), q.stride(1), q.stride(2), v.stride(0), v.stride(1), v.stride(2), dk, dv,
+        BK=BK, BV=BV, HAS_H0=h0 is not None, INPLACE=inplace, num_warps=max(1, min(8, BK * BV // 1024)),
+    )
+    return core, ht

@@ -1,0 +1,232 @@
+"""Stage 6, ``delta_rule``, chunked (WY / UT-transform) prefill: the same function as
+:func:`.delta_rule.delta_rule_recurrent`, as matrix products over chunks of C tokens
+(C = 16, 32 or 64). The formulas are in reference/delta_rule_chunked.py.
+
+Two kernels:
+
+1. :func:`chunk_wu_kernel`, one program per (chunk, sequence × value head), all in parallel:
+   the chunk-local cumulative log-decay γ and the gap sums D[t, s] = Σ_{s<u≤t} g_u (formed as
+   the reference forms them, never as differences of large γ), the masked system
+   A = tril₋₁(β ⊙ K Kᵀ ⊙ e^D), its triangular solve X = (I + A)⁻¹, then W = X (β e^γ ⊙ K),
+   U = X (β ⊙ V), and the masked, decayed Q Kᵀ ⊙ e^D that the output needs. Above the diagonal
+   the gap sums are 0 by construction, so no positive log-decay gap reaches ``exp``; the mask is
+   applied after it too.
+2. :func:`chunk_state_kernel`, one program per (dv block, sequence × value head), a loop over the
+   chunks: V' = U − W S, core = scale · (e^γ ⊙ Q S + (Q Kᵀ ⊙ e^D) V'), then
+   S ← e^{γ_last} S + (e^{Σ_{u>t} g_u} ⊙ K)ᵀ V'. The state stays in fp32 registers; the
+   per-chunk states are never written to memory.
+
+The solve is the block recursion of reference/delta_rule_chunked.py on full C × C tiles. Level s
+turns the inverses of the s × s diagonal blocks (X) into those of the 2s × 2s blocks:
+X ← X − X (A ⊙ M_s) X, where M_s keeps the lower-left s × s block of every 2s × 2s diagonal
+block. Level 1 starts from X = I and is elementwise (X = I − A ⊙ M_1); levels 2, 4, ..., C/2 take
+two C × C × C products each on tensor cores, 5.2 MFLOP per chunk at C = 64 (the real work of a
+chunk is F(C)·C = 11.6 MFLOP at dk = dv = 128). Each level is exact block inversion, not a power
+series, so nothing cancels when keys are correlated.
+
+Intermediates (γ, the tail sums, W, U, Q Kᵀ ⊙ e^D) are fp32, sized by T (no padding). The last
+chunk's missing tokens load as zeros (k = v = β = g = 0), which changes neither S nor the outputs.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from .delta_rule import check_delta_inputs, prepare_state
+from .target import dot_precision, empty, interpreting, kernel, next_pow2, num_sms
+
+CHUNK_SIZES = (16, 32, 64)
+
+
+@kernel
+def chunk_wu_kernel(
+    p_q, p_k, p_v, p_g, p_beta, p_gc, p_gt, p_w, p_u, p_aqk, T, Hv, r,
+    sq_b, sq_t, sq_h, sv_b, sv_t, sv_h, DK, DV,
+    BT: tl.constexpr, LOG2_BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, PREC: tl.constexpr,
+):
+    """Per chunk: γ, the UT transform (I + A)⁻¹, W, U and Q Kᵀ ⊙ e^D — reference/delta_rule_chunked.py.
+
+    q, k: [B, T, Hk, dk]; v: [B, T, Hv, dv] (strided, unit stride on the head dim); g, beta:
+    [B, T, Hv] fp32. Out, fp32 contiguous: gc (γ_t = Σ_{u≤t} g_u) and gt (Σ_{u>t} g_u) [B, Hv, T];
+    w [B, Hv, T, dk]; u [B, Hv, T, dv]; aqk [B, Hv, T, BT] (row t holds its chunk's columns).
+    Grid: (cdiv(T, BT), B·Hv).
+    BK = next_pow2(dk), BV = next_pow2(dv), both ≥ 16 (tl.dot).
+    """
+    i_n, i_bh = tl.program_id(0), tl.program_id(1)
+    i_b = i_bh // Hv
+    i_h = i_bh % Hv
+    i_hk = i_h // r
+    o_i = tl.arange(0, BT)
+    o_t = i_n * BT + o_i
+    m_t = o_t < T
+    o_k = tl.arange(0, BK)
+    o_v = tl.arange(0, BV)
+    m_tk = m_t[:, None] & (o_k < DK)[None, :]
+    m_tv = m_t[:, None] & (o_v < DV)[None, :]
+
+    b_g = tl.load(p_g + (i_b.to(tl.int64) * T + o_t) * Hv + i_h, mask=m_t, other=0.0)
+    b_beta = tl.load(p_beta + (i_b.to(tl.int64) * T + o_t) * Hv + i_h, mask=m_t, other=0.0)
+    b_gc = tl.cumsum(b_g, axis=0)
+    o_qk = i_b.to(tl.int64) * sq_b + o_t[:, None].to(tl.int64) * sq_t + i_hk * sq_h + o_k[None, :]
+    b_k = tl.load(p_k + o_qk, mask=m_tk, other=0.0).to(tl.float32)
+    b_q = tl.load(p_q + o_qk, mask=m_tk, other=0.0).to(tl.float32)
+
+    m_lower = o_i[:, None] >= o_i[None, :]
+    m_strict = o_i[:, None] > o_i[None, :]
+    # log-decay between tokens D[t, s] = Σ_{s<u≤t} g_u, summed over the gap rather than taken as
+    # γ_t − γ_s (same-sign sums keep every factor accurate when γ itself is large); zero above the
+    # diagonal, so no positive exponent reaches exp, and the mask is applied again after it
+    b_D = tl.cumsum(tl.where(m_strict, b_g[:, None], 0.0), axis=0)
+    b_E = tl.where(m_lower, tl.exp(b_D), 0.0)
+    # Σ_{u>t} g_u over the chunk: the last row of D (missing tokens have g = 0)
+    b_tail = tl.sum(tl.where(o_i[:, None] == BT - 1, b_D, 0.0), axis=0)
+    b_kk = tl.dot(b_k, tl.trans(b_k), input_precision=PREC)
+    b_A = tl.where(m_strict, b_beta[:, None] * b_kk * b_E, 0.0)
+    b_qk = tl.dot(b_q, tl.trans(b_k), input_precision=PREC)
+    b_aqk = tl.where(m_lower, b_qk * b_E, 0.0)
+
+    # (I + A)^-1 by block recursion: X <- X - X (A ⊙ M_s) X for s = 1, 2, ..., BT/2. Level s = 1
+    # starts from X = I and gives I - A ⊙ M_1 (inverse of [[1, 0], [a, 1]]): no product needed
+    m_1 = ((o_i[:, None] // 2) == (o_i[None, :] // 2)) & (o_i[:, None] > o_i[None, :])
+    b_X = tl.where(o_i[:, None] == o_i[None, :], 1.0, 0.0) - tl.where(m_1, b_A, 0.0)
+    for i_s in tl.static_range(1, LOG2_BT):
+        s = 1 << i_s
+        m_s = ((o_i[:, None] // (2 * s)) == (o_i[None, :] // (2 * s))) & (
+            ((o_i[:, None] // s) % 2) > ((o_i[None, :] // s) % 2))
+        b_XA = tl.dot(b_X, tl.where(m_s, b_A, 0.0), input_precision=PREC)
+        b_X = b_X - tl.dot(b_XA, b_X, input_precision=PREC)
+
+    o_bh = i_bh.to(tl.int64) * T
+    tl.store(p_gc + o_bh + o_t, b_gc, mask=m_t)
+    tl.store(p_gt + o_bh + o_t, b_tail, mask=m_t)
+    b_kb = b_k * (b_beta * tl.exp(b_gc))[:, None]
+    b_w = tl.dot(b_X, b_kb, input_precision=PREC)
+    tl.store(p_w + (o_bh + o_t[:, None]) * DK + o_k[None, :], b_w, mask=m_tk)
+    o_v_in = i_b.to(tl.int64) * sv_b + o_t[:, None].to(tl.int64) * sv_t + i_h * sv_h + o_v[None, :]
+    b_v = tl.load(p_v + o_v_in, mask=m_tv, other=0.0).to(tl.float32)
+    b_u = tl.dot(b_X, b_v * b_beta[:, None], input_precision=PREC)
+    tl.store(p_u + (o_bh + o_t[:, None]) * DV + o_v[None, :], b_u, mask=m_tv)
+    tl.store(p_aqk + (o_bh + o_t[:, None]) * BT + o_i[None, :], b_aqk, mask=m_t[:, None])
+
+
+@kernel
+def chunk_state_kernel(
+    p_q, p_k, p_gc, p_gt, p_w, p_u, p_aqk, p_h0, p_ht, p_o, T, Hv, r, scale,
+    sq_b, sq_t, sq_h, DK, DV,
+    BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, PREC: tl.constexpr,
+    HAS_H0: tl.constexpr, INPLACE: tl.constexpr,
+):
+    """The chunk-state recurrence and the output — reference/delta_rule_chunked.py.
+
+    Inputs as written by :func:`chunk_wu_kernel`; h0, ht: [B, Hv, dk, dv] fp32 contiguous (ht may
+    be h0: INPLACE); o (core): [B, T, Hv, dv] contiguous. Grid: (cdiv(dv, BV), B·Hv); each program
+    carries a [BK, BV] slice of the state through the cdiv(T, BT) chunks.
+    """
+    i_v, i_bh = tl.program_id(0), tl.program_id(1)
+    i_b = i_bh // Hv
+    i_h = i_bh % Hv
+    i_hk = i_h // r
+    o_i = tl.arange(0, BT)
+    o_k = tl.arange(0, BK)
+    o_v = i_v * BV + tl.arange(0, BV)
+    m_k = o_k < DK
+    m_v = o_v < DV
+    m_h = m_k[:, None] & m_v[None, :]
+    o_h = i_bh.to(tl.int64) * DK * DV + o_k[:, None] * DV + o_v[None, :]
+    if HAS_H0:
+        b_h = tl.load(p_h0 + o_h, mask=m_h, other=0.0).to(tl.float32)
+    else:
+        b_h = tl.zeros([BK, BV], dtype=tl.float32)
+
+    o_bh = i_bh.to(tl.int64) * T
+    p_qk = p_q + i_b.to(tl.int64) * sq_b + i_hk * sq_h + o_k[None, :]
+    p_kk = p_k + i_b.to(tl.int64) * sq_b + i_hk * sq_h + o_k[None, :]
+    p_o = p_o + (i_b.to(tl.int64) * T * Hv + i_h) * DV + o_v[None, :]
+    for i_n in range((T + BT - 1) // BT):
+        o_t = i_n * BT + o_i
+        m_t = o_t < T
+        m_tk = m_t[:, None] & m_k[None, :]
+        m_tv = m_t[:, None] & m_v[None, :]
+        b_gc = tl.load(p_gc + o_bh + o_t, mask=m_t, other=0.0)
+        b_glast = tl.load(p_gc + o_bh + tl.minimum(i_n * BT + BT, T) - 1)
+        b_w = tl.load(p_w + (o_bh + o_t[:, None]) * DK + o_k[None, :], mask=m_tk, other=0.0)
+        b_u = tl.load(p_u + (o_bh + o_t[:, None]) * DV + o_v[None, :], mask=m_tv, other=0.0)
+        b_vn = b_u - tl.dot(b_w, b_h, input_precision=PREC)
+        o_tq = o_t[:, None].to(tl.int64) * sq_t
+        b_q = tl.load(p_qk + o_tq, mask=m_tk, other=0.0).to(tl.float32)
+        b_k = tl.load(p_kk + o_tq, mask=m_tk, other=0.0).to(tl.float32)
+        b_aqk = tl.load(p_aqk + (o_bh + o_t[:, None]) * BT + o_i[None, :], mask=m_t[:, None], other=0.0)
+        b_o = tl.dot(b_q * tl.exp(b_gc)[:, None], b_h, input_precision=PREC)
+        b_o += tl.dot(b_aqk, b_vn, input_precision=PREC)
+        tl.store(p_o + o_t[:, None].to(tl.int64) * Hv * DV, (b_o * scale).to(p_o.dtype.element_ty), mask=m_tv)
+        b_kd = b_k * tl.exp(tl.load(p_gt + o_bh + o_t, mask=m_t, other=0.0))[:, None]
+        b_h = b_h * tl.exp(b_glast) + tl.dot(tl.trans(b_kd), b_vn, input_precision=PREC)
+    if INPLACE:
+        tl.debug_barrier()  # every thread of this program has read its slice of h0
+    tl.store(p_ht + o_h, b_h, mask=m_h)
+
+
+def state_block_v(v: torch.Tensor, B: int, Hv: int, dv: int) -> int:
+    """dv columns per program of the state kernel: all under the interpreter; on a GPU 32, or 16
+    when that is needed for one program per SM (the serial chunk loop is the critical path)."""
+    BV = next_pow2(dv, 16)
+    if interpreting(v):
+        return BV
+    BV = min(BV, 32)
+    if BV > 16 and B * Hv * triton.cdiv(dv, BV) < num_sms(v):
+        BV = 16
+    return BV
+
+
+def delta_rule_chunked(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    initial_state: torch.Tensor | None = None,
+    scale: float | None = None,
+    chunk_size: int = 64,
+    *,
+    out_state: torch.Tensor | None = None,
+    precision: str | None = None,
+    block_v: int | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The gated delta rule in chunked form (reference/delta_rule_chunked.py).
+
+    Same arguments, shapes and results as :func:`.delta_rule.delta_rule_recurrent`, plus
+    ``chunk_size`` (16, 32 or 64). ``precision`` overrides ``tl.dot``'s input precision (default
+    from the activation dtype, :func:`.target.dot_precision`); ``block_v`` the state kernel's
+    dv block (benchmarks).
+    """
+    if chunk_size not in CHUNK_SIZES:
+        raise ValueError(f"delta_rule_chunked: chunk_size must be one of {CHUNK_SIZES}, found {chunk_size}")
+    B, T, Hk, Hv, dk, dv = check_delta_inputs(q, k, v, g, beta, initial_state)
+    scale = dk ** -0.5 if scale is None else float(scale)
+    h0, ht, inplace = prepare_state(initial_state, out_state, (B, Hv, dk, dv), v.device)
+    prec = precision or dot_precision(v.dtype)
+    dev = v.device
+    BT = chunk_size
+    BK, BV = next_pow2(dk, 16), next_pow2(dv, 16)
+    g, beta = g.to(torch.float32).contiguous(), beta.to(torch.float32).contiguous()
+    gc = empty((B, Hv, T), torch.float32, dev)
+    gt = empty((B, Hv, T), torch.float32, dev)
+    w = empty((B, Hv, T, dk), torch.float32, dev)
+    u = empty((B, Hv, T, dv), torch.float32, dev)
+    aqk = empty((B, Hv, T, BT), torch.float32, dev)
+    core = empty((B, T, Hv, dv), v.dtype, dev)
+    strides = (q.stride(0), q.stride(1), q.stride(2))
+    big = BT * max(BK, BV) >= 4096
+    chunk_wu_kernel[(triton.cdiv(T, BT), B * Hv)](
+        q, k, v, g, beta, gc, gt, w, u, aqk, T, Hv, Hv // Hk, *strides, v.stride(0), v.stride(1), v.stride(2),
+        dk, dv, BT=BT, LOG2_BT=BT.bit_length() - 1, BK=BK, BV=BV, PREC=prec, num_warps=8 if big else 4,
+    )
+    BVS = block_v or state_block_v(v, B, Hv, dv)
+    chunk_state_kernel[(triton.cdiv(dv, BVS), B * Hv)](
+        q, k, gc, gt, w, u, aqk, h0 if h0 is not None else ht, ht, core, T, Hv, Hv // Hk, scale, *strides, dk, dv,
+        BT=BT, BK=BK, BV=BVS, PREC=prec, HAS_H0=h0 is not None, INPLACE=inplace,
+        num_warps=4 if BK * BVS <= 4096 else 8, num_stages=2,
+    )
+    return core, ht

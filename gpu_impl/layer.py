@@ -1,0 +1,195 @@
+"""The whole GDN decoder layer on the Triton path, with its state (SPEC §2, §4).
+
+Fast path of one call (T tokens of B sequences), in the profile's activation dtype with fp32
+math inside every kernel:
+
+    input_norm kernel → one in_proj GEMM (stacked weights) → conv1d + SiLU + q/k L2 norm kernel
+    (decode: the conv state updated in place) → gates kernel (g, beta fp32) → delta rule (fused
+    recurrent kernel for T ≤ RECURRENT_MAX_TOKENS, else the chunked WY pipeline; the fp32 state
+    updated in place) → gated_norm kernel → out_proj GEMM → residual + post_norm kernel →
+    gate/up GEMM → SwiGLU kernel → down GEMM → output add.
+
+``capture=True`` runs the same kernels; the fused conv kernel additionally stores its pre-norm
+output ``qkv_conv``, and every stage tensor of :data:`gdncheck.stages.STAGE_TENSORS` is returned.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+
+import numpy as np
+import torch
+
+from gdncheck.calls import check_seq_pos, check_x, rows_to_reset
+from gdncheck.config import GDNConfig
+from gdncheck.errors import InputError
+from gdncheck.weights import validate_weights
+
+from .conv1d import conv1d_qk_norm
+from .delta_rule import delta_rule_recurrent
+from .delta_rule_chunked import CHUNK_SIZES, delta_rule_chunked
+from .gated_norm import gated_norm
+from .gates import gates
+from .in_proj import in_proj_stacked, stack_in_proj
+from .input_norm import input_norm
+from .mlp import mlp_stacked, stack_gate_up
+from .out_proj import out_proj
+from .residual import output, residual_post_norm
+from .state import State
+from .target import resolve_device
+
+log = logging.getLogger("gdncheck.gpu_impl")
+
+PROFILES: dict[str, torch.dtype] = {"f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16}
+DELTA_RULE_FORMS = ("auto", "recurrent", "chunked")
+
+#: ``delta_rule="auto"`` runs the fused recurrent kernel up to this many tokens, else the chunked one.
+RECURRENT_MAX_TOKENS = 16
+
+#: 1-D parameters kept in fp32 (Qwen3.5 stores A_log and the gated-norm weight as F32); every
+#: matrix and the conv weight are held in the profile dtype.
+FP32_PARAMS = ("input_layernorm.weight", "post_attention_layernorm.weight", "linear_attn.norm.weight",
+               "linear_attn.A_log", "linear_attn.dt_bias")
+
+
+class Layer:
+    """One GDN decoder layer on the Triton path (compiled on CUDA, interpreted on the CPU).
+
+    >>> layer = Layer(cfg, weights, profile="bf16")
+    >>> state = layer.new_state(batch=2)
+    >>> out, trace = layer.forward(x, state, seq_pos=0)   # x: [2, T, D]; state updated in place
+
+    Same promises as :class:`gdncheck.reference.Layer`: seq_pos reset (warning logged once per
+    state on logger ``gdncheck.gpu_impl``) or ``strict`` error, snapshots, input errors.
+    """
+
+    def __init__(
+        self,
+        cfg: GDNConfig,
+        weights: Mapping[str, np.ndarray],
+        layer_index: int | None = None,
+        *,
+        profile: str = "f32",
+        device: str | torch.device = "auto",
+        strict: bool = False,
+        delta_rule: str = "auto",
+        chunk_size: int = 64,
+    ):
+        if layer_index is None:
+            layer_index = getattr(weights, "layer", None)
+        if profile not in PROFILES:
+            raise ValueError(f"profile must be one of {', '.join(PROFILES)}, found {profile!r}")
+        if delta_rule not in DELTA_RULE_FORMS:
+            raise ValueError(f"delta_rule must be one of {DELTA_RULE_FORMS}, found {delta_rule!r}")
+        if chunk_size not in CHUNK_SIZES:
+            raise ValueError(f"chunk_size must be one of {CHUNK_SIZES}, found {chunk_size!r}")
+        self.cfg = cfg
+        self.layer_index = layer_index
+        self.norm_mode = validate_weights(cfg, weights, layer=layer_index)
+        self.profile = profile
+        self.dtype = PROFILES[profile]
+        self.device = resolve_device(device)
+        self.strict = strict
+        self.delta_rule = delta_rule
+        self.chunk_size = chunk_size
+
+        def param(name: str) -> torch.Tensor:
+            dtype = torch.float32 if name in FP32_PARAMS else self.dtype
+            return torch.tensor(np.asarray(weights[name], dtype=np.float64), dtype=dtype, device=self.device)
+
+        p = {name: param(name) for name in weights}
+        self.w_in_norm = p["input_layernorm.weight"]
+        self.w_in = stack_in_proj(p["linear_attn.in_proj_qkv.weight"], p["linear_attn.in_proj_z.weight"],
+                                  p["linear_attn.in_proj_a.weight"], p["linear_attn.in_proj_b.weight"])
+        self.w_conv = p["linear_attn.conv1d.weight"].reshape(cfg.conv_dim, cfg.conv_kernel).contiguous()
+        self.A_log = p["linear_attn.A_log"]
+        self.dt_bias = p["linear_attn.dt_bias"]
+        self.w_norm = p["linear_attn.norm.weight"]
+        self.w_out = p["linear_attn.out_proj.weight"]
+        self.w_post_norm = p["post_attention_layernorm.weight"]
+        self.w_gate_up = stack_gate_up(p["mlp.gate_proj.weight"], p["mlp.up_proj.weight"])
+        self.w_down = p["mlp.down_proj.weight"]
+
+    def new_state(self, batch: int = 1) -> State:
+        return State(self.cfg, batch, dtype=self.dtype, device=self.device)
+
+    # --- one call ---------------------------------------------------------------------------------
+    def forward(
+        self,
+        x,
+        state: State,
+        seq_pos,
+        capture: bool = False,
+        *,
+        strict: bool | None = None,
+        delta_rule: str | None = None,
+        chunk_size: int | None = None,
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """Run T tokens of each sequence; update ``state`` in place; return ``(out, trace)``.
+
+        x: [B, T, D] floating point (NumPy array or torch tensor; cast to the profile dtype on the
+        layer's device). seq_pos: the position of the first token, an int or one per sequence; a
+        row whose state ``seq_len`` differs is reset to zeros first. out: [B, T, D] in the profile
+        dtype on the device; trace: {} unless ``capture``, then every stage tensor by name.
+        """
+        x = self._check_input(x, state)
+        raw = seq_pos.cpu().numpy() if isinstance(seq_pos, torch.Tensor) else np.asarray(seq_pos)
+        pos = check_seq_pos(seq_pos, raw, state.batch, self.layer_index)
+        strict = self.strict if strict is None else strict
+        reset, state.warned = rows_to_reset(pos, state.seq_len.cpu().numpy(), strict=strict, warned=state.warned,
+                                            layer=self.layer_index, logger=log)
+        if reset.any():
+            state.reset(reset)
+        form = delta_rule or self.delta_rule
+        if form not in DELTA_RULE_FORMS:
+            raise ValueError(f"delta_rule must be one of {DELTA_RULE_FORMS}, found {form!r}")
+        out, trace = self._run(x, state, form, chunk_size or self.chunk_size, capture)
+        state.seq_len.copy_(torch.as_tensor(pos + x.shape[1]))
+        return out, trace
+
+    def _run(self, x: torch.Tensor, state: State, form: str, chunk_size: int, capture: bool):
+        cfg, eps = self.cfg, self.cfg.rms_norm_eps
+        T = x.shape[1]
+        decode = T == 1
+        x_norm = input_norm(x, self.w_in_norm, eps)
+        qkv, z, a, b = in_proj_stacked(x_norm, self.w_in, cfg.conv_dim, cfg.num_v_heads)
+        q, k, v, qkv_conv, conv_state = conv1d_qk_norm(
+            qkv, state.conv_state, self.w_conv, cfg.num_k_heads, cfg.head_k_dim, cfg.num_v_heads, cfg.head_v_dim,
+            inplace=decode, capture=capture,
+        )
+        if not decode:
+            state.conv_state.copy_(conv_state)
+        g, beta = gates(a, b, self.A_log, self.dt_bias)
+        if form == "auto":
+            form = "recurrent" if T <= RECURRENT_MAX_TOKENS else "chunked"
+        S = state.recurrent_state
+        if form == "recurrent":
+            core, _ = delta_rule_recurrent(q, k, v, g, beta, S, cfg.scale, out_state=S)
+        else:
+            core, _ = delta_rule_chunked(q, k, v, g, beta, S, cfg.scale, chunk_size, out_state=S)
+        core_gated = gated_norm(core, z, self.w_norm, eps)
+        attn_out = out_proj(core_gated, self.w_out)
+        h, h_norm = residual_post_norm(x, attn_out, self.w_post_norm, eps)
+        mlp_out = mlp_stacked(h_norm, self.w_gate_up, self.w_down)
+        out = output(h, mlp_out)
+        if not capture:
+            return out, {}
+        trace = {
+            "x": x, "x_norm": x_norm, "qkv": qkv, "z": z, "a": a, "b": b, "qkv_conv": qkv_conv,
+            "q": q, "k": k, "v": v, "g": g, "beta": beta, "core": core, "core_gated": core_gated,
+            "attn_out": attn_out, "h": h, "h_norm": h_norm, "mlp_out": mlp_out, "out": out,
+        }
+        return out, {name: t.contiguous() for name, t in trace.items()}
+
+    # --- input checks -----------------------------------------------------------------------------
+    def _check_input(self, x, state: State) -> torch.Tensor:
+        if not isinstance(state, State):
+            raise InputError(f"expected a gpu_impl State, found {type(state).__name__}", layer=self.layer_index)
+        if isinstance(x, torch.Tensor):
+            ok, dtype, shape = x.is_floating_point(), x.dtype, tuple(x.shape)
+        else:
+            x = np.asarray(x)
+            ok, dtype, shape = x.dtype.kind == "f", x.dtype, x.shape
+        check_x(shape, ok, dtype, self.cfg, state.batch, self.layer_index, accepted="float16/32/64, bfloat16")
+        return torch.as_tensor(x).to(device=self.device, dtype=self.dtype).contiguous()

@@ -1,0 +1,127 @@
+"""The layer's state on the device (SPEC §4), and device snapshots in the neutral file format.
+
+``conv_state`` [B, conv_dim, K] holds the last K pre-conv qkv columns in the activation dtype
+(they are in_proj outputs, already rounded to it, so that dtype loses nothing); ``recurrent_state``
+[B, Hv, dk, dv] is fp32 in every profile; ``seq_len`` [B] int64. All three live on the layer's
+device. A :class:`DeviceSnapshot` is a deep copy on the device; it saves to and loads from the
+file format of :class:`gdncheck.snapshot.Snapshot`, which the reference reads and writes too.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from gdncheck.config import GDNConfig
+from gdncheck.snapshot import SNAPSHOT_SCHEMA_VERSION, Snapshot
+
+
+@dataclass
+class DeviceSnapshot:
+    """An independent deep copy of a :class:`State`, as torch tensors on the state's device."""
+
+    conv_state: torch.Tensor
+    recurrent_state: torch.Tensor
+    seq_len: torch.Tensor
+    fingerprint: str
+    warned: bool = False
+    schema_version: int = SNAPSHOT_SCHEMA_VERSION
+
+    @property
+    def batch(self) -> int:
+        return int(self.seq_len.shape[0])
+
+    def check_compatible(self, fingerprint: str, batch: int, where: str = "restore") -> None:
+        """Same checks and errors as :meth:`Snapshot.check_compatible` (schema, dimensions, batch)."""
+        Snapshot.check_compatible(self, fingerprint, batch, where)  # type: ignore[arg-type]
+
+    def to_snapshot(self) -> Snapshot:
+        """The neutral NumPy snapshot: conv state as float32 (exact for f32, bf16 and f16)."""
+        return Snapshot(
+            self.conv_state.detach().to("cpu", torch.float32).numpy(),
+            self.recurrent_state.detach().to("cpu", torch.float32).numpy(),
+            self.seq_len.detach().to("cpu", torch.int64).numpy(),
+            self.fingerprint, self.warned, self.schema_version,
+        )
+
+    @classmethod
+    def from_snapshot(cls, snap: Snapshot, device: str | torch.device = "cpu") -> DeviceSnapshot:
+        return cls(
+            torch.tensor(np.asarray(snap.conv_state), device=device),
+            torch.tensor(np.asarray(snap.recurrent_state), device=device),
+            torch.tensor(np.asarray(snap.seq_len, dtype=np.int64), device=device),
+            snap.fingerprint, bool(snap.warned), int(snap.schema_version),
+        )
+
+    def save(self, path: str | os.PathLike) -> Path:
+        """Write the neutral safetensors snapshot file (readable by ``Snapshot.load``)."""
+        return self.to_snapshot().save(path)
+
+    @classmethod
+    def load(cls, path: str | os.PathLike, device: str | torch.device = "cpu") -> DeviceSnapshot:
+        """Read a snapshot file written by either implementation; damaged or foreign files are refused."""
+        return cls.from_snapshot(Snapshot.load(path), device)
+
+
+class State:
+    """conv_state [B, conv_dim, K], recurrent_state [B, Hv, dk, dv] fp32, seq_len [B] int64 on
+    ``device``, and whether the seq-len warning was logged."""
+
+    def __init__(self, cfg: GDNConfig, batch: int, *, dtype: torch.dtype, device: torch.device):
+        if not isinstance(batch, int | np.integer) or isinstance(batch, bool) or batch < 1:
+            raise ValueError(f"batch must be a positive integer, found {batch!r}")
+        self.cfg = cfg
+        self.conv_state = torch.zeros((batch, cfg.conv_dim, cfg.conv_kernel), dtype=dtype, device=device)
+        self.recurrent_state = torch.zeros(
+            (batch, cfg.num_v_heads, cfg.head_k_dim, cfg.head_v_dim), dtype=torch.float32, device=device
+        )
+        self.seq_len = torch.zeros(batch, dtype=torch.int64, device=device)
+        self.warned = False
+
+    @property
+    def batch(self) -> int:
+        return int(self.seq_len.shape[0])
+
+    @property
+    def device(self) -> torch.device:
+        return self.recurrent_state.device
+
+    @property
+    def fingerprint(self) -> str:
+        return self.cfg.state_fingerprint()
+
+    def reset(self, rows=None) -> None:
+        """Zero the state of ``rows`` (default: every row; a bool mask or indices) and their seq_len."""
+        if rows is None:
+            rows = slice(None)
+        elif not isinstance(rows, slice):
+            rows = torch.as_tensor(np.asarray(rows), device=self.device)
+        self.conv_state[rows] = 0
+        self.recurrent_state[rows] = 0
+        self.seq_len[rows] = 0
+
+    def snapshot(self) -> DeviceSnapshot:
+        """An independent deep copy on the device."""
+        return DeviceSnapshot(self.conv_state.clone(), self.recurrent_state.clone(), self.seq_len.clone(),
+                              self.fingerprint, self.warned)
+
+    def restore(self, snap: DeviceSnapshot | Snapshot) -> None:
+        """Copy ``snap`` into this state (its tensors keep their storage); refuse other dimensions.
+
+        A :class:`DeviceSnapshot` of this profile restores bit for bit. A reference
+        :class:`Snapshot` (float64) is rounded: the recurrent state to fp32, the conv state to the
+        activation dtype.
+        """
+        snap.check_compatible(self.fingerprint, self.batch)
+        self.conv_state.copy_(torch.as_tensor(snap.conv_state))
+        self.recurrent_state.copy_(torch.as_tensor(snap.recurrent_state))
+        self.seq_len.copy_(torch.as_tensor(np.asarray(snap.seq_len, dtype=np.int64)
+                                           if isinstance(snap, Snapshot) else snap.seq_len))
+        self.warned = bool(snap.warned)
+
+    def __repr__(self) -> str:
+        return f"State(batch={self.batch}, seq_len={self.seq_len.tolist()}, device={self.device})"

@@ -1,0 +1,335 @@
+"""The report's view of a verify summary: cases, records and the cases × stages grid, as plain data.
+
+Nothing here reads tensors or renders anything: :func:`load_summary` parses and checks the summary
+(a path or the parsed dict of ``conformance/summary.schema.json``), :func:`build` turns it into the
+view objects the templates show. Every number shown comes from the summary's records unchanged (the
+engine's metrics); the non-finite strings ``"inf"``, ``"-inf"``, ``"nan"`` become floats again.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+import math
+import re
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from gdncheck.conformance.records import SUMMARY_SCHEMA, SUMMARY_SCHEMA_VERSION
+from gdncheck.conformance.vocab import tensor_rank
+
+from gdncheck.errors import GDNError
+from gdncheck.stages import STAGE_NAMES, TENSOR_BY_NAME
+
+
+class ReportInputError(GDNError):
+    """A summary the report cannot read (not JSON, another schema or version, a broken record)."""
+
+    code = "report_input"
+
+
+#: Grid columns: every stage verify judges (``input`` is given, never compared), then the state
+#: bookkeeping (``seq_len``, stage ``state``).
+GRID_STAGES: tuple[str, ...] = tuple(STAGE_NAMES[1:]) + ("state",)
+VERDICT_ORDER = {"fail": 0, "missing": 1, "pass": 2}
+
+
+def _num(v):
+    if isinstance(v, str) and v in ("inf", "-inf", "nan"):
+        return float(v)
+    return v
+
+
+def _nums(d: dict | None) -> dict | None:
+    if d is None:
+        return None
+    return {k: ([_num(x) for x in v] if isinstance(v, list) else _num(v)) for k, v in d.items()}
+
+
+class CheckedSummary(dict):
+    """A summary :func:`load_summary` has checked; passing it back in skips the check."""
+
+
+def load_summary(summary: str | Path | dict) -> CheckedSummary:
+    """The summary as a dict (a deep copy when given one), checked: schema name, version, structure."""
+    if isinstance(summary, CheckedSummary):
+        return summary
+    if isinstance(summary, dict):
+        doc = copy.deepcopy(summary)
+    else:
+        path = Path(summary)
+        try:
+            doc = json.loads(path.read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            raise ReportInputError(f"no summary file {path}: write one with `gdncheck verify ... --summary {path}`") \
+                from None
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise ReportInputError(f"{path}: expected a JSON verify summary, found unreadable content ({exc})") \
+                from None
+    if not isinstance(doc, dict) or doc.get("schema") != SUMMARY_SCHEMA:
+        found = doc.get("schema") if isinstance(doc, dict) else type(doc).__name__
+        raise ReportInputError(f"expected a summary of schema {SUMMARY_SCHEMA!r} (gdncheck verify --summary), "
+                               f"found {found!r}")
+    if doc.get("schema_version") != SUMMARY_SCHEMA_VERSION:
+        raise ReportInputError(f"expected summary schema_version {SUMMARY_SCHEMA_VERSION}, found "
+                               f"{doc.get('schema_version')!r}: use the gdncheck that wrote it")
+    import jsonschema
+    from gdncheck.conformance.records import validate_summary
+
+    try:
+        validate_summary(doc)
+    except jsonschema.ValidationError as exc:
+        where = "/".join(str(p) for p in exc.absolute_path) or "(top)"
+        raise ReportInputError(f"the summary breaks its schema at {where}: {exc.message}") from None
+    return CheckedSummary(doc)
+
+
+def slug(text: str, taken: set[str]) -> str:
+    """A file-name-safe, unique stem for ``text`` (case ids are safe already and stay as they are)."""
+    base = re.sub(r"[^A-Za-z0-9._-]", "_", text)[:80].strip("._") or "case"
+    name = base if base == text else f"{base}-{hashlib.sha1(text.encode()).hexdigest()[:8]}"
+    while name.lower() in taken:
+        name = f"{name}-{hashlib.sha1(name.encode()).hexdigest()[:4]}"
+    taken.add(name.lower())
+    return name
+
+
+@dataclass
+class RecordView:
+    """One record (case, call, tensor) as the case page shows it."""
+
+    anchor: str
+    raw: dict
+    case: str
+    step: int
+    op: str
+    call: int | None
+    tensor: str
+    stage: str
+    stage_index: int
+    verdict: str
+    reason: str | None
+    message: str | None
+    metrics: dict | None
+    bound: dict | None
+    min_tolerance: dict | None
+    token_profile: dict | None
+    is_state: bool
+    first: bool = False  # the case's first divergence
+    plots: dict[str, str] = field(default_factory=dict)  # kind -> path relative to the case page
+    captions: dict[str, str] = field(default_factory=dict)  # kind -> extra caption text
+    heat: dict | None = None  # heatmap layout (assets.heat_layout)
+    blocks: list | None = None  # (head or segment, elements over the bound, elements)
+
+    @property
+    def blocks_over(self) -> list | None:
+        """The heads (segments) with elements over the bound, when only some have."""
+        if not self.blocks:
+            return None
+        over = [b for b in self.blocks if b[1]]
+        return over if over and len(over) < len(self.blocks) else None
+    notes: list[str] = field(default_factory=list)
+    worst: list[dict] = field(default_factory=list)  # top-k rows
+    worst_axes: list[str] = field(default_factory=list)
+
+    @property
+    def where(self) -> str:
+        if self.op == "save":
+            return "saved snapshot" + (f" (state of call {self.call})" if self.call is not None else " (zero state)")
+        return f"call {self.call}"
+
+    @property
+    def elem_ratio(self) -> float | None:
+        """How many times the elementwise bound the largest scaled error is."""
+        if not self.metrics or not self.bound or not self.bound.get("elem"):
+            return None
+        return self.metrics["max_err"] / self.bound["elem"]
+
+    @property
+    def nmse_ratio(self) -> float | None:
+        if not self.metrics or not self.bound or not self.bound.get("nmse"):
+            return None
+        return self.metrics["nmse"] / self.bound["nmse"]
+
+
+@dataclass
+class StepView:
+    """One row of the case page's pipeline: a call (forward/decode) or a saved snapshot."""
+
+    step: int
+    op: str
+    call: int | None
+    seq_pos: list | None
+    records: list[RecordView]
+    cells: dict[str, str]  # grid stage -> worst verdict
+    first_stage: str | None
+
+    @property
+    def label(self) -> str:
+        if self.op == "save":
+            return f"step {self.step}: save" + (f" (state of call {self.call})" if self.call is not None else "")
+        pos = f", seq_pos {self.seq_pos}" if self.seq_pos is not None else ""
+        return f"call {self.call} ({self.op}{pos})"
+
+    @property
+    def failed(self) -> int:
+        return sum(r.verdict == "fail" for r in self.records)
+
+
+@dataclass
+class CaseView:
+    raw: dict
+    id: str
+    page: str  # file stem of the case page
+    kind: str
+    tags: list[str]
+    status: str
+    steps: list[StepView]
+    records: list[RecordView]
+    cells: dict[str, str]
+    cell_calls: dict[str, tuple[int, int]]  # stage -> (failing records, judged records)
+    first: dict | None
+
+    @property
+    def failing(self) -> list[RecordView]:
+        """Failing records, the first divergence first, then in program and pipeline order."""
+        fails = [r for r in self.records if r.verdict == "fail"]
+        return sorted(fails, key=lambda r: (not r.first, r.step, r.stage_index, tensor_rank(r.tensor)))
+
+    @property
+    def first_text(self) -> str:
+        return divergence_text(self.first)
+
+    def target(self, stage: str, step: int | None = None) -> str:
+        """Anchor on the case page for a stage (of one step): its first failing tensor's section,
+        else its first row in the metrics tables."""
+        recs = [r for r in self.records if r.stage == stage and (step is None or r.step == step)]
+        fails = [r for r in recs if r.verdict == "fail"]
+        if fails:
+            return (fails[0] if step is not None else min(fails, key=lambda r: (not r.first, r.step))).anchor
+        return f"t-{recs[0].anchor}" if recs else "pipeline"
+
+
+def divergence_text(fd: dict | None) -> str:
+    """``call 1, stage delta_rule, tensor core, token 1877 (position 1929, row 0)`` or the reason."""
+    if not fd:
+        return ""
+    parts = []
+    if fd.get("call") is not None:
+        parts.append(f"call {fd['call']}")
+    elif fd.get("op") == "save":
+        parts.append("saved snapshot")
+    elif fd.get("step") is not None:
+        parts.append(f"step {fd['step']} ({fd.get('op')})")
+    for k in ("stage", "tensor"):
+        if fd.get(k):
+            parts.append(f"{k} {fd[k]}")
+    if fd.get("token") is not None:
+        extra = [f"position {fd['position']}" if fd.get("position") is not None else None,
+                 f"row {fd['row']}" if fd.get("row") is not None else None]
+        extra = [e for e in extra if e]
+        parts.append(f"token {fd['token']}" + (f" ({', '.join(extra)})" if extra else ""))
+    if fd.get("reason") and not fd.get("tensor"):
+        parts.append(str(fd["reason"]).replace("_", " "))
+    return ", ".join(parts)
+
+
+def worst_verdict(verdicts) -> str:
+    vs = [v for v in verdicts if v in VERDICT_ORDER]
+    return min(vs, key=VERDICT_ORDER.__getitem__) if vs else "none"
+
+
+def _record_view(rec: dict, index: int) -> RecordView:
+    return RecordView(
+        anchor=f"r{index}", raw=rec, case=rec["case"], step=rec["step"], op=rec["op"], call=rec.get("call"),
+        tensor=str(rec["tensor"]), stage=str(rec["stage"]), stage_index=rec["stage_index"],
+        verdict=rec["verdict"], reason=rec.get("reason"), message=rec.get("message"),
+        metrics=_nums(rec.get("metrics")), bound=_nums(rec.get("bound")), min_tolerance=_nums(rec.get("min_tolerance")),
+        token_profile=_nums(rec.get("token_profile")),
+        is_state=rec["tensor"] in ("conv_state", "recurrent_state") or rec["tensor"] not in TENSOR_BY_NAME,
+    )
+
+
+def _is_first(r: RecordView, fd: dict | None) -> bool:
+    return bool(fd) and r.verdict == "fail" and r.step == fd.get("step") and r.tensor == fd.get("tensor") \
+        and r.stage == fd.get("stage")
+
+
+def case_view(case: dict, page: str, columns: list[str]) -> CaseView:
+    records = [_record_view(r, i) for i, r in enumerate(case.get("records", []))]
+    fd = case.get("first_divergence")
+    for r in records:
+        r.first = _is_first(r, fd)
+    steps: dict[int, list[RecordView]] = {}
+    for r in records:
+        steps.setdefault(r.step, []).append(r)
+    step_views = []
+    for step, recs in sorted(steps.items()):
+        recs.sort(key=lambda r: (r.stage_index, tensor_rank(r.tensor)))
+        cells = {s: worst_verdict(r.verdict for r in recs if r.stage == s) for s in columns}
+        first_stage = fd.get("stage") if fd and fd.get("step") == step else None
+        seq_pos = next((r.raw.get("seq_pos") for r in recs if r.raw.get("seq_pos") is not None), None)
+        step_views.append(StepView(step, recs[0].op, recs[0].call, seq_pos, recs, cells, first_stage))
+    cells = {s: worst_verdict(r.verdict for r in records if r.stage == s) for s in columns}
+    counts = {s: (sum(r.verdict == "fail" for r in records if r.stage == s),
+                  sum(r.verdict in ("pass", "fail") for r in records if r.stage == s)) for s in columns}
+    return CaseView(raw=case, id=str(case["id"]), page=page, kind=str(case.get("kind")),
+                    tags=[str(t) for t in case.get("tags", [])], status=case["status"], steps=step_views,
+                    records=records, cells=cells, cell_calls=counts, first=fd)
+
+
+@dataclass
+class ReportView:
+    summary: dict
+    cases: list[CaseView]
+    columns: list[str]
+    tags: list[str]
+    first_stages: list[tuple[str, int]]  # (first diverging stage or reason, number of cases), most first
+    first_cases: dict[str, list[CaseView]]  # stage or reason -> its failing cases
+
+    @property
+    def totals(self) -> dict:
+        return self.summary["totals"]
+
+
+def build(summary: dict) -> ReportView:
+    """The view of a summary checked by :func:`load_summary`."""
+    columns = list(GRID_STAGES)
+    for case in summary["cases"]:
+        for r in case.get("records", []):
+            if r["stage"] not in columns:
+                columns.append(str(r["stage"]))
+    taken: set[str] = {"index"}
+    cases = [case_view(c, slug(str(c["id"]), taken), columns) for c in summary["cases"]]
+    tags = sorted({str(t) for c in cases for t in c.tags})
+    firsts = Counter()
+    first_cases: dict[str, list[CaseView]] = {}
+    for c in cases:
+        if c.status == "fail" and c.first:
+            key = c.first.get("stage") or str(c.first.get("reason") or "?").replace("_", " ")
+            firsts[key] += 1
+            first_cases.setdefault(key, []).append(c)
+    return ReportView(summary, cases, columns, tags, firsts.most_common(), first_cases)
+
+
+def fmt_num(v, digits: int = 3) -> str:
+    """A number for a table: ``1.23e-04``, ``0``, ``inf``, ``nan``; ``—`` for none."""
+    if v is None:
+        return "—"
+    if isinstance(v, str):
+        return v
+    if isinstance(v, bool):
+        return str(v)
+    if isinstance(v, int):
+        return str(v)
+    if math.isnan(v):
+        return "nan"
+    if math.isinf(v):
+        return "inf" if v > 0 else "-inf"
+    if v == 0:
+        return "0"
+    if 1e-3 <= abs(v) < 1e4:
+        return f"{v:.{digits}g}"
+    return f"{v:.{max(digits - 1, 1)}e}"

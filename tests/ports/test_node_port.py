@@ -1,0 +1,41 @@
+"""The dependency-free Node.js port (examples/ports/node/) runs every case from FORMAT.md alone and
+gdncheck verify accepts it in profile f32, whether it sums like a GPU workgroup (64 strided partial
+sums, then a tree: the default) or with one running float32 sum per dot product (GDN_NODE_LANES=1,
+a naive kernel loop: the summation order the f32 tolerances were derived to admit, docs/tolerances.md)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+from gdncheck.conformance.records import validate_summary
+from gdncheck.conformance.verify import verify
+
+REPO = Path(__file__).resolve().parents[2]
+RUN_JS = REPO / "examples" / "ports" / "node" / "run.js"
+NODE = shutil.which("node")
+
+
+@pytest.mark.skipif(NODE is None, reason="node (>= 20) is not on PATH; the Node.js port cannot run here")
+@pytest.mark.parametrize("lanes", [None, "1"], ids=["lanes64", "lanes1"])
+def test_node_port_conforms_in_f32(fixtures_dir, manifest, tmp_path, lanes):
+    out = tmp_path / "node"
+    env = {k: v for k, v in os.environ.items() if k != "GDN_NODE_LANES"}
+    if lanes:
+        env["GDN_NODE_LANES"] = lanes
+    proc = subprocess.run([NODE, str(RUN_JS), "--fixtures", str(fixtures_dir), "--out", str(out)],
+                          capture_output=True, text=True, timeout=600, env=env)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    s = verify(fixtures_dir, out, "f32")
+    validate_summary(s.to_json())
+    bad = [f"{c.id}: {c.message or c.problem}" for c in s.cases if c.status != "pass"]
+    assert s.exit_code == 0 and not bad, "\n".join(bad)
+    t = s.totals()
+    assert t["passed"] == len(manifest["cases"]) and t["records_missing"] == 0  # every stage tensor, every case
+    assert all(c.error_check["match"] == "exact" for c in s.cases if c.kind == "error")
+    saved = [r for c in s.cases for r in c.records if r.op == "save"]
+    assert saved and all(r.verdict == "pass" for r in saved)  # its snapshot files, read back by verify
+    assert s.implementation["name"] == "node-f32 (examples/ports/node)"

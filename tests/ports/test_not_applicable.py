@@ -1,0 +1,78 @@
+"""The not_applicable verdict: an implementation that cannot express a case says so with a reason; the
+steps before are judged, the case is neither a pass nor a failure, and the exit code ignores it."""
+
+from __future__ import annotations
+
+from gdncheck.conformance.implementations import reference
+from gdncheck.conformance.meta.mutants import MUTANT_BY_NAME
+from gdncheck.conformance.plugin import NotApplicable
+from gdncheck.conformance.records import validate_summary
+from gdncheck.conformance.run import run_impl
+from gdncheck.conformance.verify import verify
+
+from gdncheck.safetensors_io import SafetensorsFile
+
+
+def without_snapshot_files(factory):
+    """``factory``'s implementation, but one that has no snapshot file format."""
+
+    def make(*args, **kwargs):
+        impl = factory(*args, **kwargs)
+
+        def refuse(*_a, **_k):
+            raise NotApplicable("no snapshot file format")
+
+        impl.save_snapshot = refuse
+        return impl
+
+    return make
+
+
+def never_strict(config, program):
+    if any(s.get("strict") for s in program):
+        raise NotApplicable("no strict mode")
+
+
+def test_not_applicable_is_neither_pass_nor_fail(fixtures_dir, tmp_path):
+    factory = without_snapshot_files(reference)
+    factory.check_case = never_strict
+    rep = run_impl(factory, fixtures_dir, tmp_path, "f64", cases=["snapshot-replay", "prefill_T1_", "error-seq-pos"])
+    assert [c.status for c in rep.cases] == ["ran", "not_applicable", "not_applicable"]
+    meta = SafetensorsFile(tmp_path / "snapshot-replay_T33_Hk2_Hv4_dk16_dv8_s0.safetensors").metadata
+    assert meta["not_applicable"] == "no snapshot file format" and meta["not_applicable_step"] == "3"
+    s = verify(fixtures_dir, tmp_path, "f32", cases=["snapshot-replay", "prefill_T1_", "error-seq-pos"])
+    by_id = {c.id.split("_")[0]: c for c in s.cases}
+    snap, strict = by_id["snapshot-replay"], by_id["error-seq-pos-mismatch"]
+    assert snap.status == "not_applicable" and snap.not_applicable == {"step": 3, "op": "save",
+                                                                         "reason": "no snapshot file format"}
+    assert {r.call for r in snap.records} == {0} and all(r.verdict == "pass" for r in snap.records)
+    assert strict.status == "not_applicable" and strict.error_check is None and strict.not_applicable["step"] == 0
+    assert s.exit_code == 0 and s.verdict() == "conforms"
+    t = s.totals()
+    assert (t["passed"], t["failed"], t["not_applicable"]) == (1, 0, 2)
+    doc = s.to_json()
+    validate_summary(doc)
+    assert doc["totals"]["not_applicable"] == 2
+
+
+def test_a_failure_before_the_step_it_cannot_express_is_a_failure(fixtures_dir, tmp_path):
+    factory = without_snapshot_files(MUTANT_BY_NAME["norm_weight_plain"].factory)
+    run_impl(factory, fixtures_dir, tmp_path, "f32", cases=["snapshot-replay"])
+    s = verify(fixtures_dir, tmp_path, "f32", cases=["snapshot-replay"])
+    (case,) = s.cases
+    assert case.status == "fail" and case.first_divergence["tensor"] == "x_norm" and s.exit_code == 1
+    assert case.not_applicable["step"] == 3  # still recorded
+
+
+def test_a_port_declares_not_applicable_in_its_outputs(fixtures_dir, tmp_path):
+    """Any port (not only Python plug-ins) writes the metadata of FORMAT.md §7."""
+    from tests.conformance.helpers import perfect_outputs
+
+    perfect_outputs(fixtures_dir, "per-head-norm", tmp_path,
+                    alter=lambda t: [t.pop(k) for k in [k for k in t if not k.startswith("calls.0.")]],
+                    meta={"not_applicable": "no per-head norm", "not_applicable_step": "2"})
+    s = verify(fixtures_dir, tmp_path, "bf16", cases=["per-head-norm"])
+    (case,) = s.cases
+    assert case.status == "not_applicable" and case.not_applicable["op"] == "forward"
+    assert "no per-head norm" in case.message and all(r.call == 0 for r in case.records)
+    assert len(case.records) == 21 and all(r.verdict == "pass" for r in case.records)  # 20 tensors + seq_len

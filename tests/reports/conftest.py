@@ -1,0 +1,50 @@
+"""Failing runs to report on: meta mutants (conformance/meta/mutants.py) driven through the same
+run + verify path as an outside port, on a few small cases (built once per test process)."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+from gdncheck.conformance.run import run_impl
+from gdncheck.conformance.verify import verify
+from gdncheck.fixtures.manifest import DEFAULT_DIR
+
+MUTANTS = "gdncheck.conformance.meta.mutants"
+#: tiled heads fail the first two (Hk=2, r>1) from delta_rule on, and cannot show in the Hk=1 case;
+#: the expected-error case passes: a report with failing, passing and error-kind rows
+TILED_CASES = ["prefill_T100_Hk2_Hv6", "decode_T12_Hk2_Hv4", "prefill_T1_Hk1_Hv1", "error-head-ratio"]
+
+
+class Run:
+    def __init__(self, fixtures, outputs, summary):
+        self.fixtures, self.outputs, self.summary = fixtures, outputs, summary
+        self.doc = summary.to_json()
+
+
+def mutant_run(tmp_path_factory, mutant: str, cases: list[str], profile: str = "bf16") -> Run:
+    logging.getLogger("gdncheck").setLevel(logging.ERROR)
+    out = tmp_path_factory.mktemp(mutant)
+    run_impl(f"{MUTANTS}:{mutant}", DEFAULT_DIR, out, profile, cases=cases,
+             command=f"gdncheck run {MUTANTS}:{mutant} --out {out} --profile {profile}")
+    return Run(DEFAULT_DIR, out, verify(DEFAULT_DIR, out, profile, cases=cases))
+
+
+@pytest.fixture(scope="session")
+def tiled(tmp_path_factory) -> Run:
+    """head_grouping_tiled on four cases: two fail from delta_rule on, two pass."""
+    return mutant_run(tmp_path_factory, "head_grouping_tiled", TILED_CASES)
+
+
+@pytest.fixture(scope="session")
+def tiled_report(tiled, tmp_path_factory):
+    from gdncheck.reports import write_report
+
+    return write_report(tiled.doc, tmp_path_factory.mktemp("report") / "site")
+
+
+@pytest.fixture(scope="session")
+def all_failing(tmp_path_factory) -> Run:
+    """norm_weight_plain (w instead of 1 + w) fails every float tensor of every call from input_norm on;
+    on the long decode (2048 tokens) the tensors are the largest of the light cases."""
+    return mutant_run(tmp_path_factory, "norm_weight_plain", ["long-decode"])
