@@ -1,9 +1,10 @@
-"""Test configuration: BLAS threads, Hypothesis profiles, the GDN_* header, GPU skips."""
+"""Test configuration: BLAS threads, Hypothesis profiles, the GDN_* header, GPU skips, the committed suite."""
 
 from __future__ import annotations
 
 import pytest
 from gdncheck.conformance.hypothesis_profiles import register_profiles
+from gdncheck.fixtures.manifest import DEFAULT_DIR, load_manifest
 
 from gdncheck.env import KNOWN, gdn_vars, limit_blas_threads
 
@@ -36,3 +37,13 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def fixtures_dir():
+    return DEFAULT_DIR
+
+
+@pytest.fixture(scope="session")
+def manifest():
+    return load_manifest(DEFAULT_DIR)

@@ -6,20 +6,10 @@ import logging
 import shutil
 
 import pytest
-from gdncheck.fixtures.manifest import DEFAULT_DIR, load_manifest
+from gdncheck.fixtures.manifest import DEFAULT_DIR
 
 #: Cases cheap enough to run many times (the real-head-size cases and the 2048-token decode are not).
 HEAVY_TAGS = ("real-heads", "long")
-
-
-@pytest.fixture(scope="session")
-def fixtures_dir():
-    return DEFAULT_DIR
-
-
-@pytest.fixture(scope="session")
-def manifest():
-    return load_manifest(DEFAULT_DIR)
 
 
 @pytest.fixture(scope="session")

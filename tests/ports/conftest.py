@@ -1,21 +1,10 @@
-"""Shared fixtures of the port tests: the committed suite, quiet seq-len resets."""
+"""Shared fixtures of the port tests: quiet seq-len resets (the committed suite: tests/conftest.py)."""
 
 from __future__ import annotations
 
 import logging
 
 import pytest
-from gdncheck.fixtures.manifest import DEFAULT_DIR, load_manifest
-
-
-@pytest.fixture(scope="session")
-def fixtures_dir():
-    return DEFAULT_DIR
-
-
-@pytest.fixture(scope="session")
-def manifest():
-    return load_manifest(DEFAULT_DIR)
 
 
 @pytest.fixture(autouse=True)
