@@ -20,11 +20,11 @@ NODE = shutil.which("node")
 
 
 @pytest.mark.skipif(NODE is None, reason="node (>= 20) is not on PATH; the Node.js port cannot run here")
-@pytest.mark.parametrize("lanes", [None, "1"], ids=["lanes64", "lanes1"])
+@pytest.mark.parametrize("lanes", [None, "", "1"], ids=["lanes64", "empty-is-64", "lanes1"])
 def test_node_port_conforms_in_f32(fixtures_dir, manifest, tmp_path, lanes):
     out = tmp_path / "node"
     env = {k: v for k, v in os.environ.items() if k != "GDN_NODE_LANES"}
-    if lanes:
+    if lanes is not None:
         env["GDN_NODE_LANES"] = lanes
     proc = subprocess.run([NODE, str(RUN_JS), "--fixtures", str(fixtures_dir), "--out", str(out)],
                           capture_output=True, text=True, timeout=600, env=env)
@@ -39,3 +39,16 @@ def test_node_port_conforms_in_f32(fixtures_dir, manifest, tmp_path, lanes):
     saved = [r for c in s.cases for r in c.records if r.op == "save"]
     assert saved and all(r.verdict == "pass" for r in saved)  # its snapshot files, read back by verify
     assert s.implementation["name"] == "node-f32 (examples/ports/node)"
+
+
+@pytest.mark.skipif(NODE is None, reason="node (>= 20) is not on PATH; the Node.js port cannot run here")
+@pytest.mark.parametrize("lanes", ["0", "abc", "2.5"])
+def test_node_port_refuses_a_bad_lane_count(fixtures_dir, tmp_path, lanes):
+    """A typo in GDN_NODE_LANES stops the port with what was expected and found, before any case runs
+    (Number('') was 0 lanes once: every reduction summed nothing, and 17 of 29 cases failed)."""
+    env = {**os.environ, "GDN_NODE_LANES": lanes}
+    proc = subprocess.run([NODE, str(RUN_JS), "--fixtures", str(fixtures_dir), "--out", str(tmp_path / "o")],
+                          capture_output=True, text=True, timeout=60, env=env)
+    assert proc.returncode != 0
+    assert f'GDN_NODE_LANES: expected a positive integer (partial sums per reduction), found "{lanes}"' in proc.stderr
+    assert not list(tmp_path.glob("o/*.safetensors"))  # no case ran

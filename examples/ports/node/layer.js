@@ -110,10 +110,18 @@ function checkWeights(c, weights) {
 // --- float32 building blocks ---------------------------------------------------------------------
 
 // Reductions are summed the way a GPU workgroup sums them: LANES partial sums over strided elements,
-// then a pairwise tree over the partials, all in float32. (One sequential float32 accumulator over
-// D = 1024 elements is also a float32 implementation, but its error grows with the length, and at
-// D = 1024 it exceeds the f32 bounds, which were earned by implementations that sum pairwise.)
-const LANES = Number(process.env.GDN_NODE_LANES ?? 64);
+// then a pairwise tree over the partials, all in float32. GDN_NODE_LANES=1 gives one sequential
+// float32 accumulator, as a naive kernel loop sums: also a float32 implementation, and it conforms too
+// (the f32 bounds were derived over several summation orders), but its error grows with the length.
+function lanesFromEnv(text) {
+  if (text === undefined || text === '') return 64;
+  const n = Number(text);
+  if (!Number.isInteger(n) || n < 1) {
+    throw new Error(`GDN_NODE_LANES: expected a positive integer (partial sums per reduction), found ${JSON.stringify(text)}`);
+  }
+  return n;
+}
+const LANES = lanesFromEnv(process.env.GDN_NODE_LANES);
 const partial = new Float32Array(LANES);
 
 function treeSum(p, n) { // pairwise sum of p[0..n), in float32
