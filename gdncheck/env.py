@@ -26,6 +26,8 @@ from __future__ import annotations
 import contextlib
 import os
 
+from .errors import GDNError
+
 KNOWN = {
     "GDN_BLAS_THREADS": "BLAS threads for the float64 reference (default 1)",
     "GDN_HYPOTHESIS_PROFILE": "Hypothesis profile: dev, ci, nightly",
@@ -45,10 +47,18 @@ def gdn_vars() -> dict[str, str]:
 
 
 def blas_threads() -> int:
-    try:
-        return max(1, int(os.environ.get("GDN_BLAS_THREADS", "1")))
-    except ValueError:
+    """GDN_BLAS_THREADS (unset or empty: 1); anything but a positive integer is refused."""
+    text = os.environ.get("GDN_BLAS_THREADS", "").strip()
+    if not text:
         return 1
+    try:
+        n = int(text)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise GDNError(f"GDN_BLAS_THREADS: expected a positive integer (BLAS threads for the float64 "
+                         f"reference), found {text!r}")
+    return n
 
 
 def limit_blas_threads(n: int | None = None):
