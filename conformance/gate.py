@@ -35,6 +35,17 @@ from .xfails import classify, load_xfails
 
 SCHEMA = "gdncheck-gate-summary"
 SCHEMA_VERSION = 1
+#: JSON Schema (draft 2020-12) of OUT/gate-summary.json
+SCHEMA_PATH = Path(__file__).with_name("gate_summary.schema.json")
+
+
+def validate_gate_summary(doc: dict) -> None:
+    """Raise ``jsonschema.ValidationError`` if ``doc`` breaks the gate-summary schema."""
+    import json
+
+    import jsonschema
+
+    jsonschema.Draft202012Validator(json.loads(SCHEMA_PATH.read_text())).validate(doc)
 PROFILES = ("f32", "bf16", "f16")
 #: Examples per property under Triton's interpreter (an interpreted layer call costs ~0.2-0.5 s).
 INTERPRETER_MAX_EXAMPLES = 2

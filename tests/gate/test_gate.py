@@ -1,16 +1,19 @@
 """gdncheck gate end to end on small selections: a correct implementation conforms, a mutant does
 not (first divergence at its stage, a property failure that replays from its blob), drifted
 fixtures and unknown implementations are refused (exit 2), the interpreter skip is listed, JUnit
-reads as CI publishers read it."""
+reads as CI publishers read it, and every gate-summary.json written here meets its JSON schema."""
 
 from __future__ import annotations
 
+import copy
 import json
 import shutil
+from pathlib import Path
 
 import junitparser
 import pytest
-from gdncheck.conformance.gate import GateOptions, run_gate
+from gdncheck.conformance.gate import GateOptions, validate_gate_summary
+from gdncheck.conformance.gate import run_gate as _run_gate
 from gdncheck.conformance.properties.registry import subject_from_env
 from gdncheck.conformance.properties.runner import run_property
 from gdncheck.fixtures.manifest import DEFAULT_DIR
@@ -18,6 +21,14 @@ from gdncheck.fixtures.manifest import DEFAULT_DIR
 from gdncheck.cli import main
 
 CASES = ["prefill_T1_", "decode_T12", "snapshot-replay", "error-head-ratio"]
+
+
+def run_gate(opts: GateOptions):
+    """run_gate, then the summary it returned and the one it wrote are checked against the schema."""
+    res = _run_gate(opts)
+    validate_gate_summary(res.doc)
+    validate_gate_summary(json.loads((Path(opts.out) / "gate-summary.json").read_text()))
+    return res
 
 
 def junit_cases(path) -> list:
@@ -81,6 +92,9 @@ def test_drifted_fixtures_are_refused(tmp_path, capsys):
     assert "fixtures drifted" in out and "decode_T12_Hk2_Hv4_dk16_dv8_s0" in out and "sha256" in out
     cases = junit_cases(tmp_path / "j.xml")
     assert [c.name for _, c in cases] == ["setup"] and "fixtures drifted" in cases[0][1].result[0].message
+    doc = json.loads((tmp_path / "out" / "gate-summary.json").read_text())
+    validate_gate_summary(doc)
+    assert doc["verdict"] == "could not run" and "fixtures drifted" in doc["reason"] and "profiles" not in doc
 
 
 def test_unknown_implementation_cannot_run(tmp_path):
@@ -114,3 +128,29 @@ def test_verify_writes_junit_for_a_port(tmp_path):
     first = cases[("conformance.bf16.decode_T12_Hk2_Hv4_dk16_dv8_s0", "input_norm")]
     assert not first.is_passed and "x_norm" in first.result[0].text and "repro:" in first.result[0].text
     assert cases[("conformance.bf16.error-invalid-eps_T0_Hk1_Hv2_dk4_dv4_s0", "expected_error")].is_passed
+
+
+def test_the_schema_rejects_inconsistent_summaries(tmp_path):
+    """The schema is not a formality: a verdict that contradicts the exit code, a missing section and
+    a property failure without its replay line are each refused."""
+    import jsonschema
+
+    res = run_gate(GateOptions(impl="reference", profiles=("f32",), cases=["prefill_T1_"], out=str(tmp_path),
+                               property_names=["orthonormal"], max_examples=1))
+    assert res.exit_code == 0
+    broken = []
+    doc = copy.deepcopy(res.doc)
+    doc["verdict"] = "does not conform"
+    broken.append(doc)
+    doc = copy.deepcopy(res.doc)
+    del doc["profiles"]
+    broken.append(doc)
+    doc = copy.deepcopy(res.doc)
+    doc["properties"]["results"][0].update(status="fail", replay=None)
+    broken.append(doc)
+    doc = copy.deepcopy(res.doc)
+    doc["fixtures"]["manifest_sha256"] = "not a digest"
+    broken.append(doc)
+    for doc in broken:
+        with pytest.raises(jsonschema.ValidationError):
+            validate_gate_summary(doc)
