@@ -122,6 +122,9 @@ class RecordView:
     captions: dict[str, str] = field(default_factory=dict)  # kind -> extra caption text
     heat: dict | None = None  # heatmap layout (assets.heat_layout)
     blocks: list | None = None  # (head or segment, elements over the bound, elements)
+    notes: list[str] = field(default_factory=list)
+    worst: list[dict] = field(default_factory=list)  # top-k rows
+    worst_axes: list[str] = field(default_factory=list)
 
     @property
     def blocks_over(self) -> list | None:
@@ -130,9 +133,6 @@ class RecordView:
             return None
         over = [b for b in self.blocks if b[1]]
         return over if over and len(over) < len(self.blocks) else None
-    notes: list[str] = field(default_factory=list)
-    worst: list[dict] = field(default_factory=list)  # top-k rows
-    worst_axes: list[str] = field(default_factory=list)
 
     @property
     def where(self) -> str:
