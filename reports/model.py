@@ -1,7 +1,7 @@
 """The report's view of a verify summary: cases, records and the cases × stages grid, as plain data.
 
 Nothing here reads tensors or renders anything: :func:`load_summary` parses and checks the summary
-(a path or the parsed dict of ``conformance/summary.schema.json``), :func:`build` turns it into the
+(a path or the parsed dict of ``conformance/judge/summary.schema.json``), :func:`build` turns it into the
 view objects the templates show. Every number shown comes from the summary's records unchanged (the
 engine's metrics); the non-finite strings ``"inf"``, ``"-inf"``, ``"nan"`` become floats again.
 """
@@ -17,11 +17,9 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from gdncheck.conformance.records import SUMMARY_SCHEMA, SUMMARY_SCHEMA_VERSION
-from gdncheck.conformance.vocab import tensor_rank
-
+from gdncheck.conformance.judge.records import SUMMARY_SCHEMA, SUMMARY_SCHEMA_VERSION, validate_summary
 from gdncheck.errors import GDNError
-from gdncheck.stages import STAGE_NAMES, TENSOR_BY_NAME
+from gdncheck.stages import STAGE_NAMES, TENSOR_BY_NAME, tensor_rank
 
 
 class ReportInputError(GDNError):
@@ -75,8 +73,7 @@ def load_summary(summary: str | Path | dict) -> CheckedSummary:
     if doc.get("schema_version") != SUMMARY_SCHEMA_VERSION:
         raise ReportInputError(f"expected summary schema_version {SUMMARY_SCHEMA_VERSION}, found "
                                f"{doc.get('schema_version')!r}: use the gdncheck that wrote it")
-    import jsonschema
-    from gdncheck.conformance.records import validate_summary
+    import jsonschema  # deferred: only a summary that needs checking pays for it
 
     try:
         validate_summary(doc)

@@ -1,5 +1,5 @@
 """Full tensors behind a failing record: reloaded from the fixture and the port's outputs, with the
-engine's own scaled error (:func:`gdncheck.conformance.metrics.scaled_error`, the same case-wide
+engine's own scaled error (:func:`gdncheck.conformance.judge.metrics.scaled_error`, the same case-wide
 scales verify used), reduced to what the plots and the worst-elements table need.
 
 The page never holds full tensors: heatmaps are max-pooled to at most :data:`HEAT_ROWS` ×
@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
-from gdncheck.conformance.metrics import CaseStats, scaled_error
 
+from gdncheck.conformance.judge.metrics import CaseStats, scaled_error
 from gdncheck.errors import GDNError
 from gdncheck.safetensors_io import SafetensorsFile
 from gdncheck.stages import TENSOR_BY_NAME

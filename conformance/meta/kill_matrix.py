@@ -11,12 +11,12 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from gdncheck.conformance.judge.verify import verify
+from gdncheck.conformance.ports.run import run_impl
 from gdncheck.fixtures.manifest import DEFAULT_DIR
-
+from gdncheck.profiles import VERIFY_PROFILES
 from gdncheck.stages import STAGE_NAMES
 
-from ..run import run_impl
-from ..verify import verify
 from .mutants import MUTANTS, Mutant
 
 
@@ -56,11 +56,11 @@ def kill(mutant: Mutant, profile: str, fixtures_dir=DEFAULT_DIR, out_dir=None, c
                       earliest.message if earliest else None, earliest.repro if earliest else None)
 
 
-def matrix(profiles=("f32", "bf16", "f16"), fixtures_dir=DEFAULT_DIR, mutants=MUTANTS) -> list[KillResult]:
+def matrix(profiles=VERIFY_PROFILES, fixtures_dir=DEFAULT_DIR, mutants=MUTANTS) -> list[KillResult]:
     return [kill(m, p, fixtures_dir) for m in mutants for p in profiles]
 
 
-def format_matrix(results: list[KillResult], profiles=("f32", "bf16", "f16")) -> str:
+def format_matrix(results: list[KillResult], profiles=VERIFY_PROFILES) -> str:
     """A markdown table: mutant (bug class), expected first stage, then the first stage caught per profile."""
     by = {(r.mutant, r.profile): r for r in results}
     lines = ["| mutant (bug class) | expected first stage | " + " | ".join(profiles) + " |",

@@ -1,5 +1,6 @@
-"""Mutant implementations: the correct emulated layer (:class:`~..emulate.EmulatedLayer`) with one
-known bug each (SPEC §6, the issue's list, research/gdn-spec.md §8, seed-ports.md §4-5).
+"""Mutant implementations: the correct emulated layer
+(:class:`~gdncheck.conformance.earn.emulate.EmulatedLayer`) with one known bug each (SPEC §6, the
+issue's list, research/gdn-spec.md §8, seed-ports.md §4-5).
 
 Each mutant overrides one method. ``MUTANTS`` names each with the stage where ``verify`` must first
 see it, and, where the bug only shows on a later call, the case and call where it must first show.
@@ -14,10 +15,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .. import lowp
-from ..emulate import EmulatedLayer, EmulatedState
-from ..implementations import emulated_adapter
-from ..lowp import F32, f32
+from gdncheck.conformance.earn import lowp
+from gdncheck.conformance.earn.emulate import EmulatedLayer, EmulatedState, emulated_adapter
+from gdncheck.conformance.earn.lowp import F32, f32
+from gdncheck.snapshot import Snapshot
 
 
 class HeadGroupingTiled(EmulatedLayer):
@@ -172,8 +173,6 @@ class _AliasSnapshot:
 
 
 def state_snapshot(snap):
-    from gdncheck.snapshot import Snapshot
-
     return Snapshot(snap.conv_state, snap.recurrent_state, snap.seq_len, snap.fingerprint, snap.warned)
 
 

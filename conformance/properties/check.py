@@ -20,7 +20,7 @@ of 7e-4, bf16). What they feed is judged: ``g`` and ``beta`` (dt_bias and the si
 well scaled).
 
 Calls are judged like a case's calls: the scales of the case-wide groups and the NMSE's
-normaliser come from every call of the program together (:class:`~gdncheck.conformance.metrics.CaseStats`).
+normaliser come from every call of the program together (:class:`~gdncheck.conformance.judge.metrics.CaseStats`).
 """
 
 from __future__ import annotations
@@ -29,10 +29,10 @@ from collections.abc import Iterable, Sequence
 
 import numpy as np
 
-from ..metrics import CaseStats
-from ..tolerances import Bound, load_table
-from ..verdicts import base_record, judge
-from ..vocab import STATE_NAMES
+from gdncheck.conformance.judge.metrics import CaseStats
+from gdncheck.conformance.judge.tolerances import Bound, load_table
+from gdncheck.conformance.judge.verdicts import base_record, judge
+from gdncheck.stages import STATE_NAMES, stage_index, stage_of
 
 REQUIRED = ("out", "conv_state", "recurrent_state")
 MIN_NMSE_ELEMENTS = 256
@@ -119,6 +119,4 @@ def concat_calls(calls: Sequence[dict], names: Iterable[str] | None = None) -> d
 
 
 def _order(name: str) -> tuple:
-    from ..vocab import stage_index, stage_of
-
     return (stage_index(stage_of(name)), name)

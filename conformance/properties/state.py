@@ -1,4 +1,4 @@
-"""State promises (SPEC §4): snapshots restore bit-identically and survive a file, a call at
+"""State promises (docs/spec.md §4): snapshots restore bit-identically and survive a file, a call at
 another position resets the state (the reference's answer from a zero state), strict mode raises
 and changes nothing."""
 
@@ -10,14 +10,14 @@ from pathlib import Path
 import numpy as np
 from hypothesis import strategies as st
 
+from gdncheck.harness import error_code, to_numpy
 from gdncheck.safetensors_io import SafetensorsFile
 
-from ..plugin import error_code, to_numpy
-from ..strategies import build_inputs
 from .check import assert_close, assert_identical
 from .differential import consecutive_calls
 from .metamorphic import _setup
 from .registry import Subject, prop, run_calls
+from .strategies import build_inputs
 
 
 def _state(impl, state) -> dict:

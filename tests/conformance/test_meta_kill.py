@@ -6,6 +6,7 @@ prints the whole matrix over every case, and docs/meta.md records it."""
 from __future__ import annotations
 
 import pytest
+
 from gdncheck.conformance.meta.kill_matrix import kill
 from gdncheck.conformance.meta.mutants import MUTANTS
 

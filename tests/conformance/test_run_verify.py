@@ -4,11 +4,12 @@ mode localises a bug to its stage, and the summary follows its schema."""
 from __future__ import annotations
 
 import pytest
-from gdncheck.conformance.emulate import PLACEMENTS
+
+from gdncheck.conformance.earn.emulate import PLACEMENTS
+from gdncheck.conformance.judge.records import validate_summary
+from gdncheck.conformance.judge.verify import verify
 from gdncheck.conformance.meta.mutants import MUTANT_BY_NAME
-from gdncheck.conformance.records import validate_summary
-from gdncheck.conformance.run import run_impl
-from gdncheck.conformance.verify import verify
+from gdncheck.conformance.ports.run import run_impl
 
 
 def _worst(summary):

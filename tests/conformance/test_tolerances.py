@@ -4,11 +4,11 @@ and reproducible from the derivation code."""
 from __future__ import annotations
 
 import pytest
-from gdncheck.conformance import derive
-from gdncheck.conformance.tolerances import load_table, recipe_of
-from gdncheck.fixtures.cases import FORWARD_CASES
 
+from gdncheck.conformance.earn import derive
+from gdncheck.conformance.judge.tolerances import load_table, recipe_of
 from gdncheck.dtypes import eps_of
+from gdncheck.fixtures.cases import FORWARD_CASES
 
 PROFILES = ("f32", "bf16", "f16")
 

@@ -3,10 +3,11 @@ profile. Under the Triton interpreter (no GPU) on a chosen subset of cases; on a
 
 from __future__ import annotations
 
-import gdncheck.gpu_impl as gpu_impl
 import pytest
-from gdncheck.conformance.run import run_impl
-from gdncheck.conformance.verify import verify
+
+import gdncheck.gpu_impl as gpu_impl
+from gdncheck.conformance.judge.verify import verify
+from gdncheck.conformance.ports.run import run_impl
 
 #: Cheap under the interpreter, yet every program feature: prefill, decode steps and the decode op,
 #: snapshot/save/load/restore, both resets, batches at different positions, per_head norm, gate

@@ -6,10 +6,10 @@ from __future__ import annotations
 import json
 
 import numpy as np
-from gdncheck.conformance.records import validate_summary
-from gdncheck.conformance.run import run_impl
-from gdncheck.conformance.verify import verify
 
+from gdncheck.conformance.judge.records import validate_summary
+from gdncheck.conformance.judge.verify import verify
+from gdncheck.conformance.ports.run import run_impl
 from gdncheck.dtypes import round_to
 
 from .helpers import case_entry, perfect_outputs

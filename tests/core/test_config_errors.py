@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from gdncheck.reference import Layer
 
 from gdncheck import errors as E
 from gdncheck.config import GDNConfig
+from gdncheck.reference import Layer
 from gdncheck.synthetic import make_weights
 from gdncheck.weights import validate_weights
 from tests.helpers import tiny_config

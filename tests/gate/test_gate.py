@@ -12,13 +12,13 @@ from pathlib import Path
 
 import junitparser
 import pytest
-from gdncheck.conformance.gate import GateOptions, validate_gate_summary
-from gdncheck.conformance.gate import run_gate as _run_gate
+
+from gdncheck.cli import main
 from gdncheck.conformance.properties.registry import subject_from_env
 from gdncheck.conformance.properties.runner import run_property
 from gdncheck.fixtures.manifest import DEFAULT_DIR
-
-from gdncheck.cli import main
+from gdncheck.gate import GateOptions, validate_gate_summary
+from gdncheck.gate import run_gate as _run_gate
 
 CASES = ["prefill_T1_", "decode_T12", "snapshot-replay", "error-head-ratio"]
 

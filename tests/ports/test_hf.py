@@ -12,12 +12,12 @@ import pytest
 
 pytest.importorskip("transformers", reason="the hf extra is not installed (pip install -e '.[hf]')")
 
-from gdncheck.conformance.hf import hf  # noqa: E402
-from gdncheck.conformance.plugin import to_numpy  # noqa: E402
-from gdncheck.conformance.program import CaseInput, execute  # noqa: E402
-from gdncheck.conformance.records import validate_summary  # noqa: E402
-from gdncheck.conformance.run import load_case_input, run_impl  # noqa: E402
-from gdncheck.conformance.verify import verify  # noqa: E402
+from gdncheck.conformance.judge.records import validate_summary  # noqa: E402
+from gdncheck.conformance.judge.verify import verify  # noqa: E402
+from gdncheck.conformance.ports.hf import hf  # noqa: E402
+from gdncheck.conformance.ports.run import load_case_input, run_impl  # noqa: E402
+from gdncheck.harness import to_numpy  # noqa: E402
+from gdncheck.harness.program import CaseInput, execute  # noqa: E402
 
 KNOWN_FAILURES = json.loads((Path(__file__).with_name("known_failures.json")).read_text())["hf"]
 

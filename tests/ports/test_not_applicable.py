@@ -3,13 +3,12 @@ steps before are judged, the case is neither a pass nor a failure, and the exit 
 
 from __future__ import annotations
 
-from gdncheck.conformance.implementations import reference
+from gdncheck.conformance.judge.records import validate_summary
+from gdncheck.conformance.judge.verify import verify
 from gdncheck.conformance.meta.mutants import MUTANT_BY_NAME
-from gdncheck.conformance.plugin import NotApplicable
-from gdncheck.conformance.records import validate_summary
-from gdncheck.conformance.run import run_impl
-from gdncheck.conformance.verify import verify
-
+from gdncheck.conformance.ports.implementations import reference
+from gdncheck.conformance.ports.run import run_impl
+from gdncheck.harness import NotApplicable
 from gdncheck.safetensors_io import SafetensorsFile
 
 

@@ -7,11 +7,11 @@ import logging
 
 import numpy as np
 import pytest
-from gdncheck.reference import Layer
 from hypothesis import given
 from hypothesis import strategies as st
 
 from gdncheck.errors import InputDtypeError, InputShapeError, SeqPosMismatchError, SnapshotDimensionError
+from gdncheck.reference import Layer
 from gdncheck.synthetic import make_inputs, make_weights
 from tests.helpers import rel_err, tiny_config
 from tests.reference.naive_layer import naive_layer

@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 
 import pytest
+
 from gdncheck.reports.model import build, fmt_num
 
 from .pages import parse

@@ -4,7 +4,7 @@ the port format (fixtures/FORMAT.md §7), exactly as a port in another language 
 :func:`run_impl` is what the CLI and the gate call. Each case's outputs file is written atomically
 once the case has run (a case whose fixture is unusable is skipped and reported; nothing partial
 is left). An exception the implementation raises is a result: its code, message and step go into
-the outputs file, and ``verify`` judges them. :class:`~.plugin.NotApplicable` goes in as metadata
+the outputs file, and ``verify`` judges them. :class:`~gdncheck.harness.NotApplicable` goes in as metadata
 ``not_applicable`` (the reason) and ``not_applicable_step``.
 """
 
@@ -16,19 +16,30 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
-from gdncheck.fixtures.manifest import FixtureError, case_file, load_manifest, select_cases
 
 from gdncheck._version import __version__
+from gdncheck.config import GDNConfig
 from gdncheck.errors import GDNError, SafetensorsFormatError
+from gdncheck.fixtures.manifest import FixtureError, case_file, load_manifest, select_cases
+from gdncheck.harness import (
+    OUTPUTS_FORMAT,
+    OUTPUTS_FORMAT_VERSION,
+    CaseInput,
+    NotApplicable,
+    call_key,
+    call_steps,
+    error_code,
+    execute,
+    golden_inputs,
+    mode_name,
+    to_numpy,
+)
+from gdncheck.profiles import RUN_PROFILES
 from gdncheck.safetensors_io import SafetensorsFile, write_safetensors
-from gdncheck.stages import STAGE_NAMES
+from gdncheck.stages import STAGE_NAMES, STAGE_OUTPUTS
+from gdncheck.weights import LayerWeights
 
-from .plugin import NotApplicable, error_code, load_factory, parse_options, to_numpy
-from .program import CaseInput, call_key, execute, golden_inputs
-from .verify import MODES, OUTPUTS_FORMAT, OUTPUTS_FORMAT_VERSION
-from .vocab import STAGE_OUTPUTS
-
-RUN_PROFILES = ("f64", "f32", "bf16", "f16")
+from .plugin import load_factory, parse_options
 
 
 @dataclass
@@ -56,12 +67,11 @@ def load_case_input(fixtures_dir: Path, entry: dict) -> tuple[CaseInput, Safeten
     f = SafetensorsFile(case_file(fixtures_dir, entry))
     weights = {k[len("weights."):]: f.read(k) for k in f if k.startswith("weights.")}
     inputs = {}
-    for step in entry["program"]:
-        if step["op"] in ("forward", "decode"):
-            key = call_key(step["call"], "x")
-            if key not in f:
-                raise FixtureError(f"{entry['file']}: input {key} is missing (fixture damaged)")
-            inputs[step["call"]] = f.read(key)
+    for step in call_steps(entry["program"]):
+        key = call_key(step["call"], "x")
+        if key not in f:
+            raise FixtureError(f"{entry['file']}: input {key} is missing (fixture damaged)")
+        inputs[step["call"]] = f.read(key)
     return CaseInput(entry["id"], entry["config"], weights, entry["batch"], entry["program"], inputs), f
 
 
@@ -106,7 +116,7 @@ def run_impl(impl: str | Callable, fixtures_dir: str | Path, out_dir: str | Path
             res = execute(factory, inp, profile=profile, options=options, snapshot_dir=out_dir)
             outputs, error, impl_name, na = res.outputs, res.error, res.implementation, res.not_applicable
         meta = {"format": OUTPUTS_FORMAT, "format_version": OUTPUTS_FORMAT_VERSION, "case": entry["id"],
-                "implementation": impl_name or name, "profile": profile, "mode": MODES[stage_isolated],
+                "implementation": impl_name or name, "profile": profile, "mode": mode_name(stage_isolated),
                 "fixture_sha256": entry["sha256"], "generator": f"gdncheck {__version__}", "command": command}
         if error:
             meta.update({"error_code": error["code"], "error_message": error["message"],
@@ -128,9 +138,6 @@ def run_impl(impl: str | Callable, fixtures_dir: str | Path, out_dir: str | Path
 
 def _run_isolated(factory, inp: CaseInput, gold: SafetensorsFile, profile: str, options: Mapping):
     """Stage-isolated mode (FORMAT.md §8): every stage of every call from its golden inputs."""
-    from gdncheck.config import GDNConfig
-    from gdncheck.weights import LayerWeights
-
     cfg = GDNConfig.from_hf(dict(inp.config))
     try:
         impl = factory(cfg, LayerWeights(inp.weights, config=cfg), profile=profile, strict=False, **dict(options))
@@ -142,9 +149,7 @@ def _run_isolated(factory, inp: CaseInput, gold: SafetensorsFile, profile: str, 
                        f"run in stage-isolated mode (FORMAT.md §8)")
     outputs: dict[str, np.ndarray] = {}
     error = None
-    for step in inp.program:
-        if step["op"] not in ("forward", "decode"):
-            continue
+    for step in call_steps(inp.program):
         k = step["call"]
         for stage in STAGE_NAMES[1:]:
             inputs = golden_inputs(gold, k, stage)

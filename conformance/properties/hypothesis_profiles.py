@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import os
 
+from hypothesis import HealthCheck, settings
+
 PROFILES = ("dev", "ci", "nightly")
 
 
 def register_profiles() -> str:
     """Register the three profiles and load the chosen one; return its name."""
-    from hypothesis import HealthCheck, settings
-
     slow_ok = [HealthCheck.too_slow, HealthCheck.data_too_large]
     settings.register_profile("dev", max_examples=20, deadline=None, print_blob=True,
                               suppress_health_check=slow_ok)

@@ -2,7 +2,7 @@
 
 One :class:`Record` per (case, call, tensor) and per saved snapshot tensor; one :class:`CaseReport`
 per case (its status, first divergence, records); one :class:`Summary` per run, serialised to JSON
-that ``conformance/summary.schema.json`` describes (docs/verify.md lists every field).
+that ``conformance/judge/summary.schema.json`` describes (docs/verify.md lists every field).
 """
 
 from __future__ import annotations

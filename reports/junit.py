@@ -96,7 +96,7 @@ def stage_groups(records: Iterable) -> dict[str, list]:
 
 def add_verify_summary(junit: JUnit, summary, *, suite: str | None = None, case_seconds: dict | None = None,
                        skipped: Iterable = (), known: dict[str, str] | None = None) -> None:
-    """The testcases of one verify :class:`~gdncheck.conformance.records.Summary` (one profile).
+    """The testcases of one verify :class:`~gdncheck.conformance.judge.records.Summary` (one profile).
     ``known``: case id -> reason, for known failures (their failing stages are ``<skipped>``)."""
     known = known or {}
     profile = summary.profile

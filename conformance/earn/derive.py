@@ -22,15 +22,18 @@ from concurrent.futures import ProcessPoolExecutor
 import numpy as np
 
 from gdncheck._version import __version__
+from gdncheck.config import GDNConfig
+from gdncheck.conformance.judge.metrics import CaseStats, tensor_metrics
+from gdncheck.conformance.judge.tolerances import TABLE_FORMAT, recipe_of
 from gdncheck.dtypes import eps_of
 from gdncheck.env import limit_blas_threads
-from gdncheck.stages import STAGE_NAMES
+from gdncheck.fixtures.build import golden_tensors
+from gdncheck.fixtures.cases import suite
+from gdncheck.harness import MODES, CaseInput, call_key, call_steps, execute, golden_inputs
+from gdncheck.profiles import VERIFY_PROFILES
+from gdncheck.stages import STAGE_NAMES, STAGE_OUTPUTS
 
-from .emulate import DERIVATION_ORDERS, DERIVATION_PLACEMENTS
-from .metrics import CaseStats, tensor_metrics
-from .program import CaseInput, execute, golden_inputs
-from .tolerances import MODES, TABLE_FORMAT, VERIFY_PROFILES, recipe_of
-from .vocab import STAGE_OUTPUTS
+from .emulate import DERIVATION_ORDERS, DERIVATION_PLACEMENTS, emulated
 
 SEEDS = (1, 2, 3, 4)
 MARGIN_ELEM = 4.0
@@ -67,8 +70,6 @@ class Envelope:
 
 
 def forward_recipes(suite_name: str = "default"):
-    from gdncheck.fixtures.cases import suite
-
     return [s for s in suite(suite_name) if s.error is None]
 
 
@@ -88,10 +89,6 @@ def observe(spec_index: int, seed: int, profiles=VERIFY_PROFILES, placements=Non
             suite_name: str = "default") -> Envelope:
     """The envelope of one case (by index into the suite's forward recipes) at one seed, over
     ``placements`` (placement specs; default: :func:`variants` of each profile)."""
-    from gdncheck.fixtures.build import golden_tensors
-
-    from .implementations import reference
-
     limit_blas_threads()
     spec = forward_recipes(suite_name)[spec_index]
     case = spec.materialize(seed)
@@ -99,30 +96,24 @@ def observe(spec_index: int, seed: int, profiles=VERIFY_PROFILES, placements=Non
     gold, _, _ = golden_tensors(case)
     inp = CaseInput(case.id, case.config, case.weights, case.batch, case.program.steps, case.program.inputs,
                     case.expected)
-    calls = [s for s in case.program.steps if s["op"] in ("forward", "decode")]
-    stats = {name: CaseStats(name, [gold[f"calls.{s['call']}.{name}"] for s in calls if name in s["expected"]])
+    calls = call_steps(case.program.steps)
+    stats = {name: CaseStats(name, [gold[call_key(s["call"], name)] for s in calls if name in s["expected"]])
              for name in {n for s in calls for n in s["expected"]}}
     env = Envelope()
     for profile in profiles:
         for placement in placements or variants(profile, spec.tags):
-            res = execute(reference, inp, profile=profile, options={"placement": placement})
+            res = execute(emulated, inp, profile=profile, options={"placement": placement})
             if res.error:
                 raise RuntimeError(f"{case.id} {profile}/{placement}: {res.error}")
             for step in calls:
                 for name in step["expected"]:
-                    key = f"calls.{step['call']}.{name}"
+                    key = call_key(step["call"], name)
                     env.add("end_to_end", profile, recipe, name, res.outputs[key], gold[key], stats[name])
             if spec.state_in:
-                impl = reference(_cfg(case), case.weights, profile=profile, placement=placement)
+                impl = emulated(GDNConfig.from_hf(case.config), case.weights, profile=profile, placement=placement)
                 for step in calls:
                     _observe_isolated(env, impl, gold, step, profile, recipe, stats)
     return env
-
-
-def _cfg(case):
-    from gdncheck.config import GDNConfig
-
-    return GDNConfig.from_hf(case.config)
 
 
 def _observe_isolated(env: Envelope, impl, gold, step: dict, profile: str, recipe: str, stats) -> None:
@@ -133,7 +124,7 @@ def _observe_isolated(env: Envelope, impl, gold, step: dict, profile: str, recip
             continue
         outputs = impl.run_stage(stage, inputs)
         for name in STAGE_OUTPUTS[stage]:
-            key = f"calls.{k}.{name}"
+            key = call_key(k, name)
             if key in gold:
                 env.add("stage_isolated", profile, recipe, name, outputs[name], gold[key], stats[name])
 
@@ -193,7 +184,7 @@ def table_document(env: Envelope, seeds, cases: list[str]) -> dict:
             "floor": "elem >= eps(profile), nmse >= eps(profile)^2",
             "placements": list(DERIVATION_PLACEMENTS),
             "orders": list(DERIVATION_ORDERS),
-            "orders_note": "every placement runs with every summation order (conformance/lowp.py), except the "
+            "orders_note": "every placement runs with every summation order (conformance/earn/lowp.py), except the "
                            "sequential order on the real-size recipes, which runs in "
                            + ", ".join(SEQUENTIAL_REAL_SIZE_PROFILES) + " only (docs/tolerances.md §3)",
             "seeds": list(seeds),

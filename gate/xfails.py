@@ -1,6 +1,6 @@
 """Known failures (xfails): cases that an implementation is known to fail, each with its reason.
 
-A plain-text file, one entry a line (``conformance/xfails.txt`` is the packaged default)::
+A plain-text file, one entry a line (``gate/xfails.txt`` is the packaged default)::
 
     IMPL  PROFILE  CASE  TENSORS  # reason
     triton  f32  wide-d1024_T4_Hk1_Hv2_dk16_dv16  core_gated,attn_out  # why, and where it is tracked

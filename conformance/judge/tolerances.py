@@ -1,6 +1,6 @@
 """The tolerance table: bounds per (mode, profile, case recipe, tensor), versioned data.
 
-``conformance/tolerances.json`` is written by ``gdncheck tolerances derive`` (:mod:`.derive`) and
+``conformance/judge/tolerances.json`` is written by ``gdncheck tolerances derive`` (:mod:`.derive`) and
 read here. A bound has two parts, both earned from data (docs/tolerances.md):
 
 - ``elem``: the largest scaled elementwise error (:mod:`.metrics`) allowed anywhere in the tensor;
@@ -23,11 +23,11 @@ from functools import lru_cache
 from pathlib import Path
 
 from gdncheck.errors import GDNError
+from gdncheck.harness import END_TO_END
+from gdncheck.profiles import VERIFY_PROFILES
 
 TABLE_PATH = Path(__file__).with_name("tolerances.json")
 TABLE_FORMAT = "gdncheck-tolerances"
-MODES = ("end_to_end", "stage_isolated")
-VERIFY_PROFILES = ("f32", "bf16", "f16")
 
 
 class ToleranceError(GDNError):
@@ -63,7 +63,7 @@ class ToleranceTable:
     def version(self) -> int:
         return int(self.data["version"])
 
-    def bound(self, tensor: str, profile: str, mode: str = "end_to_end", case_id: str | None = None) -> Bound:
+    def bound(self, tensor: str, profile: str, mode: str = END_TO_END, case_id: str | None = None) -> Bound:
         try:
             table = self.data["modes"][mode][profile]
         except KeyError:

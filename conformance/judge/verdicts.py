@@ -14,11 +14,12 @@ from __future__ import annotations
 
 import numpy as np
 
+from gdncheck.stages import stage_index, stage_of
+
 from . import messages
 from .metrics import CaseStats, downsample_max, group_scale, has_tokens, scaled_error, tensor_metrics, token_errors
 from .records import Record
 from .tolerances import Bound
-from .vocab import stage_index, stage_of
 
 ALLOWED_DTYPES = {
     "f32": ("F32", "F64"),

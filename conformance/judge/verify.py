@@ -13,6 +13,10 @@ from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
+
+from gdncheck._version import __version__
+from gdncheck.config import GDNConfig
+from gdncheck.errors import SafetensorsFormatError
 from gdncheck.fixtures.manifest import (
     CaseProblem,
     FixtureError,
@@ -22,11 +26,9 @@ from gdncheck.fixtures.manifest import (
     select_cases,
     sha256_file,
 )
-
-from gdncheck._version import __version__
-from gdncheck.config import GDNConfig
-from gdncheck.errors import SafetensorsFormatError
+from gdncheck.harness import OUTPUTS_FORMAT, mode_name
 from gdncheck.safetensors_io import SafetensorsFile
+from gdncheck.stages import REQUIRED_OUTPUTS, STATE_STAGE_INDEX, tensor_rank
 
 from . import messages
 from .aliases import NamedOutputs, NameTable, load_names
@@ -34,11 +36,6 @@ from .metrics import CaseStats
 from .records import CaseReport, Record, Summary
 from .tolerances import ToleranceTable, load_table
 from .verdicts import base_record, judge
-from .vocab import REQUIRED_OUTPUTS, STATE_STAGE_INDEX, tensor_rank
-
-OUTPUTS_FORMAT = "gdncheck-outputs"
-OUTPUTS_FORMAT_VERSION = "1"
-MODES = {False: "end_to_end", True: "stage_isolated"}
 
 
 def verify(fixtures_dir: str | Path, outputs_dir: str | Path, profile: str, *, cases: list[str] | None = None,
@@ -54,7 +51,7 @@ def verify(fixtures_dir: str | Path, outputs_dir: str | Path, profile: str, *, c
     """
     table = tolerances if isinstance(tolerances, ToleranceTable) else load_table(tolerances)
     name_table = load_names(names)
-    mode = MODES[stage_isolated]
+    mode = mode_name(stage_isolated)
     if profile not in ("f32", "bf16", "f16"):
         raise FixtureError(f"expected --profile f32, bf16 or f16, found {profile!r}")
     problems: list[CaseProblem] = []
@@ -193,8 +190,8 @@ def _check_outputs_meta(entry: dict, meta: dict, stage_isolated: bool) -> None:
         raise FixtureError(f"the outputs were made from a fixture file of sha256 {sha[:16]}..., but this fixture's "
                            f"is {entry['sha256'][:16]}...: rerun the implementation on the current fixtures")
     mode = meta.get("mode", "end_to_end")
-    if mode != MODES[stage_isolated]:
-        raise FixtureError(f"the outputs were made in mode {mode}, but verify runs in {MODES[stage_isolated]} "
+    if mode != mode_name(stage_isolated):
+        raise FixtureError(f"the outputs were made in mode {mode}, but verify runs in {mode_name(stage_isolated)} "
                            f"(add or drop --stage-isolated)")
 
 
@@ -248,7 +245,7 @@ def _read(outs: NamedOutputs, key: str, shape=None) -> tuple[np.ndarray | None, 
 def _judge_program(rep, entry, gold, outs, out: Path, profile, table, stage_isolated, fx,
                    until: int | None = None) -> None:
     """Judge every call (and saved snapshot) of the program, or of its steps before ``until``."""
-    mode = MODES[stage_isolated]
+    mode = mode_name(stage_isolated)
     required = () if stage_isolated else REQUIRED_OUTPUTS
     case = entry["id"]
     stats = case_stats(entry, gold)

@@ -18,6 +18,7 @@ loaded, a device that is not there, a case whose inputs are unusable).
 
 from __future__ import annotations
 
+import json
 import os
 import platform
 import time
@@ -26,10 +27,28 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from gdncheck._version import __version__
+from gdncheck.conformance.judge.verify import verify
+from gdncheck.conformance.ports.plugin import load_factory
+from gdncheck.conformance.ports.run import default_command
+from gdncheck.conformance.properties import PROPERTIES
 from gdncheck.errors import GDNError
+from gdncheck.fixtures.build import check_suite
+from gdncheck.fixtures.manifest import (
+    DEFAULT_DIR,
+    MANIFEST_NAME,
+    CaseProblem,
+    FixtureError,
+    case_file,
+    load_manifest,
+    sha256_file,
+)
+from gdncheck.profiles import VERIFY_PROFILES
+from gdncheck.reports.junit import JUnit, add_verify_summary
+from gdncheck.safetensors_io import write_bytes_atomic
 
-from .gate_plan import Plan, Skip, plan_cases, plan_properties
-from .junit import JUnit, add_verify_summary
+from .plan import Plan, Skip, plan_cases, plan_properties
+from .report import write_report
+from .workers import execute, run_case_unit, run_property_unit
 from .xfails import DEFAULT_PATH as DEFAULT_XFAILS
 from .xfails import classify, load_xfails
 
@@ -41,12 +60,10 @@ SCHEMA_PATH = Path(__file__).with_name("gate_summary.schema.json")
 
 def validate_gate_summary(doc: dict) -> None:
     """Raise ``jsonschema.ValidationError`` if ``doc`` breaks the gate-summary schema."""
-    import json
-
-    import jsonschema
+    import jsonschema  # only a caller that validates needs it
 
     jsonschema.Draft202012Validator(json.loads(SCHEMA_PATH.read_text())).validate(doc)
-PROFILES = ("f32", "bf16", "f16")
+PROFILES = VERIFY_PROFILES
 #: Examples per property under Triton's interpreter (an interpreted layer call costs ~0.2-0.5 s).
 INTERPRETER_MAX_EXAMPLES = 2
 #: Examples per property elsewhere (every new shape compiles its kernels once on a GPU).
@@ -98,8 +115,6 @@ VERDICTS = {0: "conforms", 1: "does not conform", 2: "could not run"}
 
 
 def resolve_fixtures(opts: GateOptions) -> Path:
-    from gdncheck.fixtures.manifest import DEFAULT_DIR, MANIFEST_NAME
-
     if opts.fixtures:
         path = Path(opts.fixtures)
     else:
@@ -133,8 +148,6 @@ def resolve_device(opts: GateOptions) -> tuple[str, bool]:
 def check_fixtures(fixtures: Path, suite_check: bool) -> tuple[dict, dict]:
     """Schema, checksums and (``suite_check``) a rebuild; raises :class:`CouldNotRun` on drift.
     Returns (what was checked, the manifest)."""
-    from gdncheck.fixtures.manifest import CaseProblem, FixtureError, case_file, load_manifest, sha256_file
-
     problems: list[CaseProblem] = []
     try:
         manifest = load_manifest(fixtures, problems)
@@ -152,8 +165,6 @@ def check_fixtures(fixtures: Path, suite_check: bool) -> tuple[dict, dict]:
     info = {"dir": str(fixtures), "suite": manifest["suite"], "cases": len(manifest["cases"]),
             "manifest_sha256": sha256_file(fixtures / "manifest.json"), "checksums": "ok", "rebuild": "not checked"}
     if suite_check:
-        from gdncheck.fixtures.build import check_suite
-
         report = check_suite(fixtures)
         changed = [r for r in report if r["status"] in ("changed", "missing")]
         if changed:
@@ -201,11 +212,6 @@ def run_gate(opts: GateOptions, progress: Callable[[float, float, dict], None] |
 
 
 def _run(opts: GateOptions, out: Path, doc: dict, result: GateResult, progress) -> None:
-    from .gate_workers import execute, run_case_unit, run_property_unit
-    from .plugin import load_factory
-    from .run import default_command
-    from .verify import verify
-
     bad = [p for p in opts.profiles if p not in PROFILES]
     if bad or not opts.profiles:
         raise CouldNotRun(f"expected profiles from {', '.join(PROFILES)}, found {', '.join(opts.profiles) or 'none'}")
@@ -225,8 +231,6 @@ def _run(opts: GateOptions, out: Path, doc: dict, result: GateResult, progress) 
                                                             all_cases=opts.all_cases)
     except GDNError as exc:
         raise CouldNotRun(str(exc)) from None
-    from .properties import PROPERTIES
-
     names = [n for n in PROPERTIES if not opts.property_names or any(k in n for k in opts.property_names)]
     prop_units = plan_properties(names, profiles, opts.shard, {n for n in names if PROPERTIES[n].once}) \
         if opts.properties else []
@@ -309,12 +313,6 @@ def _run(opts: GateOptions, out: Path, doc: dict, result: GateResult, progress) 
 
 
 def _write(opts: GateOptions, out: Path, doc: dict, result: GateResult) -> None:
-    import json
-
-    from gdncheck.safetensors_io import write_bytes_atomic
-
-    from .gate_report import write_report
-
     out.mkdir(parents=True, exist_ok=True)
     junit_paths = [out / "gate-junit.xml"] + ([Path(opts.junit)] if opts.junit else [])
     doc["outputs"].update(summary=str(out / "gate-summary.json"), junit=[str(p) for p in junit_paths],

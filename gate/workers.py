@@ -16,13 +16,16 @@ from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from multiprocessing import get_context
 from pathlib import Path
 
-from .gate_plan import CaseUnit, PropertyUnit
+from gdncheck.conformance.ports.run import run_impl
+from gdncheck.conformance.properties.registry import subject_from_env
+from gdncheck.conformance.properties.runner import run_property
+from gdncheck.env import limit_blas_threads
+
+from .plan import CaseUnit, PropertyUnit
 
 
 def init_worker(env: dict[str, str]) -> None:
     os.environ.update(env)
-    from gdncheck.env import limit_blas_threads
-
     limit_blas_threads(1)
     logging.getLogger("gdncheck").setLevel(logging.ERROR)  # seq-len resets are part of the programs
     try:
@@ -34,8 +37,6 @@ def init_worker(env: dict[str, str]) -> None:
 
 
 def run_case_unit(impl: str, fixtures: str, out: str, unit: CaseUnit, options: dict, command: str) -> dict:
-    from .run import run_impl
-
     start = time.perf_counter()
     rep = run_impl(impl, fixtures, Path(out) / unit.profile, unit.profile, cases=[unit.case], options=options,
                    command=command)
@@ -47,9 +48,6 @@ def run_case_unit(impl: str, fixtures: str, out: str, unit: CaseUnit, options: d
 
 def run_property_unit(impl: str, unit: PropertyUnit, max_examples: int | None, hypothesis_profile: str,
                       shrink: bool) -> dict:
-    from .properties.registry import subject_from_env
-    from .properties.runner import run_property
-
     r = run_property(unit.name, subject_from_env(impl, unit.profile), max_examples=max_examples,
                      hypothesis_profile=hypothesis_profile, shrink=shrink)
     return {"kind": "property", **r.to_json()}

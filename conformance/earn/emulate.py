@@ -45,13 +45,14 @@ import numpy as np
 
 from gdncheck.config import GDNConfig
 from gdncheck.errors import InputDtypeError, InputShapeError, SeqPosMismatchError
+from gdncheck.harness import LayerAdapter, method_stage_runner
 from gdncheck.snapshot import Snapshot
 from gdncheck.weights import conv_weight_2d, validate_weights
 
 from . import lowp
 from .lowp import F32, f32
 
-log = logging.getLogger("gdncheck.conformance.emulate")
+log = logging.getLogger("gdncheck.conformance.earn.emulate")
 
 PROFILES = ("f32", "bf16", "f16")
 
@@ -312,3 +313,19 @@ class EmulatedLayer:
         state.conv_state[...] = conv_state
         state.recurrent_state[...] = rec_state
         state.seq_len[...] = seq_len
+
+
+# --- the emulated layer as an implementation of the port contract ---------------------------------
+def emulated_adapter(layer: EmulatedLayer, name: str) -> LayerAdapter:
+    """``layer`` (an :class:`EmulatedLayer` or a mutant of it) as an implementation of the port
+    contract, with stage-isolated mode through its stage methods."""
+    return LayerAdapter(layer, name, load_snapshot=Snapshot.load, stage_runner=method_stage_runner(layer, layer.store))
+
+
+def emulated(cfg: GDNConfig, weights, *, profile: str = "bf16", strict: bool = False, placement: str = "hf",
+             chunk_size: int = 64) -> LayerAdapter:
+    """A factory of the port contract: the reference's math with ``profile``'s roundings at ``placement``
+    (what the built-in ``reference`` runs in f32, bf16 and f16)."""
+    layer = EmulatedLayer(cfg, weights, profile=profile, placement=placement, strict=strict, chunk_size=chunk_size)
+    return emulated_adapter(layer, f"reference ({profile} emulated, placement {placement})")
+

@@ -9,8 +9,10 @@ each profile's verify summary (:func:`gdncheck.reports.write_report`) in ``REPOR
 
 from __future__ import annotations
 
+from html import escape
 from pathlib import Path
 
+from gdncheck.reports import write_report as html
 from gdncheck.safetensors_io import write_bytes_atomic
 
 MAX_DIVERGENCES = 5  # per profile, on the console
@@ -110,15 +112,11 @@ def verdict_line(doc: dict) -> str:
 
 def html_report(summary_path: Path, out_dir: Path) -> list[Path]:
     """The HTML report of one verify summary (:func:`gdncheck.reports.write_report`); its index page."""
-    from gdncheck.reports import write_report as html
-
     return [Path(html(str(summary_path), out_dir))]
 
 
 def index_page(doc: dict, text: str, pages: dict[str, Path], report_dir: Path) -> str:
     """REPORT/index.html: the verdict, links to each profile's report, the console text."""
-    from html import escape
-
     links = "".join(f'<li><a href="{escape(str(p.relative_to(report_dir)))}">{escape(name)}</a>: '
                     f'{escape(doc["profiles"][name]["verdict"])}</li>' for name, p in pages.items())
     return (f'<!doctype html><html><head><meta charset="utf-8"><title>gdncheck gate: {escape(doc["verdict"])}'

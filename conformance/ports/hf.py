@@ -1,6 +1,6 @@
 """Hugging Face transformers as a port: ``gdncheck run hf --profile f32|bf16``.
 
-A factory of the plug-in contract (:mod:`.plugin`) around transformers' own ``Qwen3_5DecoderLayer``
+A factory of the port contract (:mod:`gdncheck.harness.contract`) around transformers' own ``Qwen3_5DecoderLayer``
 for a ``linear_attention`` layer, built from a small ``Qwen3_5TextConfig`` made from the case config,
 its weights loaded with ``load_state_dict(strict=True)`` and cast to the profile's dtype (as
 ``from_pretrained(dtype=...)`` does). Every call goes through the layer's own ``forward`` with a
@@ -14,7 +14,7 @@ The stage tensors are what transformers computes, captured by :mod:`.hf_trace` (
 layer's submodules, the module-level functions of ``modeling_qwen3_5`` wrapped while a call runs);
 gdncheck recomputes none of them, it only reshapes them into the FORMAT.md §5 layouts.
 
-What transformers cannot express is reported :class:`~.plugin.NotApplicable`, with the reason:
+What transformers cannot express is reported :class:`~gdncheck.harness.NotApplicable`, with the reason:
 a per-head gated norm, a declared ``linear_norm_mode``, the seq-len rule (its cache keeps no position,
 so a call at another position than the state's is not something it can do), a strict mode, snapshot
 files, and the configuration errors its ``Qwen3_5TextConfig`` accepts without a check. The weight
@@ -36,11 +36,10 @@ import numpy as np
 from gdncheck.config import GDNConfig
 from gdncheck.env import blas_threads
 from gdncheck.errors import GDNError
+from gdncheck.harness import NotApplicable
+from gdncheck.profiles import PROFILES, VERIFY_PROFILES
 
-from .plugin import NotApplicable
-
-#: no f64: transformers' delta rules cast their inputs to float32 whatever the model's dtype
-PROFILES = ("f32", "bf16", "f16")
+from .hf_trace import Tracer
 
 
 class TransformersRefused(Exception):  # noqa: N818 - carries the code of what transformers refused
@@ -52,9 +51,9 @@ class TransformersRefused(Exception):  # noqa: N818 - carries the code of what t
 
 
 def _torch_dtype(profile: str):
-    import torch
+    import torch  # the hf extra: only an hf run needs it
 
-    return {"f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16}[profile]
+    return getattr(torch, PROFILES[profile].torch_dtype)
 
 
 def check_case(config: Mapping[str, Any], program: list[Mapping[str, Any]]) -> None:
@@ -77,8 +76,8 @@ def hf(cfg: GDNConfig, weights, *, profile: str = "f32", strict: bool = False, *
     """The plug-in factory of implementation ``hf``."""
     if options:
         raise GDNError(f"hf: unknown option(s) {', '.join(sorted(options))}; it takes none")
-    if profile not in PROFILES:
-        raise GDNError(f"implementation 'hf' runs in profile {', '.join(PROFILES)}, found {profile!r} "
+    if profile not in VERIFY_PROFILES:  # no f64: transformers' delta rules cast their inputs to float32
+        raise GDNError(f"implementation 'hf' runs in profile {', '.join(VERIFY_PROFILES)}, found {profile!r} "
                        "(transformers computes its delta rule in float32 whatever the dtype)")
     if strict:  # check_case refuses strict programs first; a direct caller gets the same answer
         raise NotApplicable("strict mode is not a transformers feature")
@@ -140,15 +139,13 @@ class HFState:
 
 
 class HFLayer:
-    """An :class:`~.plugin.Implementation` driving transformers' ``Qwen3_5DecoderLayer``."""
+    """An :class:`~gdncheck.harness.Implementation` driving transformers' ``Qwen3_5DecoderLayer``."""
 
     def __init__(self, cfg: GDNConfig, weights, profile: str):
         import torch
         import transformers
         from transformers.models.qwen3_5 import modeling_qwen3_5
         from transformers.models.qwen3_5.configuration_qwen3_5 import Qwen3_5TextConfig
-
-        from .hf_trace import Tracer
 
         transformers.logging.set_verbosity_error()  # its "falling back to the PyTorch implementation" notes
         # gdncheck's BLAS thread count (GDN_BLAS_THREADS, default 1): on a 2-core machine two torch threads
@@ -221,8 +218,8 @@ class HFLayer:
             b = int(moved[0])
             raise NotApplicable(
                 f"the seq-len rule: row {b} is called at position {int(seq_pos[b])} but its state holds "
-                f"{int(state.seq_len[b])} tokens; SPEC §4 resets that row to zeros, transformers' linear-attention "
-                "cache keeps no position and resets no row")
+                f"{int(state.seq_len[b])} tokens; docs/spec.md §4 resets that row to zeros, transformers' "
+                "linear-attention cache keeps no position and resets no row")
         xt = torch.from_numpy(np.ascontiguousarray(x))
         if xt.is_floating_point():
             xt = xt.to(self.dtype)

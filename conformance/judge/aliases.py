@@ -1,6 +1,6 @@
 """Name tables: let a port write the tensor names it already dumps (``verify --names hf|doppler|metrale``).
 
-A table (``conformance/names/<port>.json``, format ``gdncheck-names`` v1; fixtures/FORMAT.md §13) maps
+A table (``conformance/judge/names/<port>.json``, format ``gdncheck-names`` v1; fixtures/FORMAT.md §13) maps
 a port's tensor name to the stage vocabulary:
 
 - ``{"as": "x_norm"}``: the same tensor under another name; when its shape differs from the golden's
@@ -27,9 +27,9 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from gdncheck.fixtures.manifest import FixtureError
 
-from .vocab import TENSOR_ORDER
+from gdncheck.fixtures.manifest import FixtureError
+from gdncheck.stages import TENSOR_ORDER
 
 NAMES_DIR = Path(__file__).with_name("names")
 NAMES_FORMAT = "gdncheck-names"

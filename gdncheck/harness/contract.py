@@ -1,4 +1,4 @@
-"""The plug-in contract: how the suite drives a Python implementation of the layer.
+"""The port contract: how the suite drives a Python implementation of the layer.
 
 ``gdncheck run MODULE:CALLABLE`` imports ``CALLABLE`` from ``MODULE`` and calls it once per case::
 
@@ -6,33 +6,32 @@
 
 ``cfg`` is a :class:`gdncheck.config.GDNConfig`, ``weights`` a :class:`gdncheck.weights.LayerWeights`
 (Hugging Face names, float32 arrays holding the stored bf16/f32 values), ``profile`` one of
-``f64 f32 bf16 f16``, ``strict`` asks for an error instead of the seq-len reset (SPEC §4), and
-``options`` are the ``--option KEY=VALUE`` pairs of the command line. A configuration or weight
-the implementation refuses must raise (a :class:`gdncheck.errors.GDNError`, or any exception with a
-string ``code`` attribute naming the error; see fixtures/FORMAT.md §6).
+``f64 f32 bf16 f16`` (:mod:`gdncheck.profiles`), ``strict`` asks for an error instead of the
+seq-len reset (docs/spec.md §4), and ``options`` are the ``--option KEY=VALUE`` pairs of the command
+line. A configuration or weight the implementation refuses must raise (a
+:class:`gdncheck.errors.GDNError`, or any exception with a string ``code`` attribute naming the
+error; see fixtures/FORMAT.md §6).
 
 An implementation that cannot express a case or a call (a feature it does not have: a per-head
 norm, the seq-len reset, snapshot files, a strict mode) raises :class:`NotApplicable` with the
 reason, from the factory, from any method, or from the factory's optional
-``check_case(config, program)``, which the runner calls before gdncheck parses the case's config.
+``check_case(config, program)``, which the executor calls before gdncheck parses the case's config.
 The case stops there; ``verify`` judges the calls that ran before and reports the case
 ``not_applicable``, neither a pass nor a failure.
 
 The returned object implements :class:`Implementation`. Most Python ports already have a layer
 with the shape of ``gdncheck.reference.Layer``; :class:`LayerAdapter` turns such a layer into an
 :class:`Implementation` in one line, and the built-in ``reference`` and ``triton`` go through it
-too (:mod:`.implementations`).
+too (``gdncheck.conformance.ports.implementations``). Loading a factory by name is the ports'
+business (``gdncheck.conformance.ports.plugin``); this module is what a factory returns.
 """
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
-
-from gdncheck.errors import GDNError
 
 
 class NotApplicable(Exception):  # noqa: N818 - a verdict, not an error
@@ -131,47 +130,3 @@ def error_code(exc: BaseException) -> str:
     """The error code an exception stands for: its ``code`` attribute, else its class name."""
     code = getattr(exc, "code", None)
     return code if isinstance(code, str) and code else type(exc).__name__
-
-
-def load_factory(spec: str) -> Callable[..., Implementation]:
-    """A built-in name (``reference``, ``triton``, ``hf``) or ``MODULE:CALLABLE`` -> the factory."""
-    from . import implementations
-
-    if spec in implementations.BUILTIN:
-        return implementations.BUILTIN[spec]
-    if ":" not in spec:
-        raise GDNError(
-            f"expected an implementation {', '.join(repr(n) for n in implementations.BUILTIN)} or "
-            f"'MODULE:CALLABLE', found {spec!r}"
-        )
-    module_name, attr = spec.split(":", 1)
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise GDNError(f"cannot import module {module_name!r} for implementation {spec!r}: {exc}") from None
-    factory = module
-    for part in attr.split("."):
-        factory = getattr(factory, part, None)
-        if factory is None:
-            raise GDNError(f"module {module_name!r} has no attribute {attr!r} (implementation {spec!r})")
-    if not callable(factory):
-        raise GDNError(f"{spec!r} is not callable; expected a factory(cfg, weights, *, profile, strict)")
-    return factory
-
-
-def parse_options(pairs: list[str] | None) -> dict[str, Any]:
-    """``["placement=fla", "chunk_size=32"]`` -> ``{"placement": "fla", "chunk_size": 32}``."""
-    out: dict[str, Any] = {}
-    for pair in pairs or []:
-        if "=" not in pair:
-            raise GDNError(f"expected --option KEY=VALUE, found {pair!r}")
-        key, value = pair.split("=", 1)
-        for cast in (int, float):
-            try:
-                out[key] = cast(value)
-                break
-            except ValueError:
-                continue
-        else:
-            out[key] = {"true": True, "false": False}.get(value.lower(), value)
-    return out

@@ -1,8 +1,9 @@
-"""Executes a case's program (fixtures/FORMAT.md §4) on an implementation of the plug-in contract.
+"""Executes a case's program (fixtures/FORMAT.md §4) on an implementation of the port contract.
 
 The same executor builds the goldens (with the float64 reference) and runs any implementation for
 ``verify``, so both read the program the same way. Outputs are keyed as in the fixture files:
-``calls.{k}.{tensor}`` for the stage tensors and the states after call ``k``.
+``calls.{k}.{tensor}`` for the stage tensors and the states after call ``k``. The program's ops are
+named here once (:data:`PROGRAM_OPS`; :data:`CALL_OPS` are the ones that call the layer).
 """
 
 from __future__ import annotations
@@ -18,11 +19,16 @@ from typing import Any
 import numpy as np
 
 from gdncheck.config import GDNConfig
-from gdncheck.stages import STAGE_INPUTS, TENSOR_BY_NAME
+from gdncheck.stages import STAGE_INPUTS, STATE_NAMES, TENSOR_BY_NAME
 from gdncheck.weights import LayerWeights
 
-from .plugin import Implementation, NotApplicable, error_code, to_numpy
-from .vocab import STATE_NAMES
+from .contract import Implementation, NotApplicable, error_code, to_numpy
+
+#: The steps that call the layer: ``forward`` (one call over the step's T tokens) and ``decode`` (T
+#: one-token calls, outputs stacked along T); each has a call index and an input ``calls.{k}.x``.
+CALL_OPS: tuple[str, ...] = ("forward", "decode")
+#: Every op a program may hold (FORMAT.md §4), in the order the format lists them.
+PROGRAM_OPS: tuple[str, ...] = ("construct", "reset", *CALL_OPS, "snapshot", "restore", "save", "load")
 
 
 @dataclass
@@ -52,6 +58,11 @@ def call_key(call: int, tensor: str) -> str:
     return f"calls.{call}.{tensor}"
 
 
+def call_steps(program: list[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+    """The steps of ``program`` that call the layer (:data:`CALL_OPS`), in order."""
+    return [step for step in program if step["op"] in CALL_OPS]
+
+
 def _keep(expected, call: int, name: str) -> bool:
     return expected is None or name in expected.get(call, ())
 
@@ -59,7 +70,7 @@ def _keep(expected, call: int, name: str) -> bool:
 def execute(factory: Callable[..., Implementation], case: CaseInput, *, profile: str, options: Mapping | None = None,
             snapshot_dir: str | os.PathLike | None = None, capture_state_in: bool = False) -> RunResult:
     """Run ``case.program``; an exception at step i ends the program and is recorded (code, message, i),
-    :class:`~.plugin.NotApplicable` as ``not_applicable`` (reason, i). The factory's optional
+    :class:`~.contract.NotApplicable` as ``not_applicable`` (reason, i). The factory's optional
     ``check_case(config, program)`` runs first, before the config is parsed.
 
     Snapshot files of ``save``/``load`` steps live in ``snapshot_dir`` (a temporary folder if None).
@@ -98,7 +109,7 @@ def _execute(factory, case: CaseInput, profile: str, options, snapshot_dir, capt
                 state = impl.new_state(case.batch)
             elif op == "reset":
                 state = impl.new_state(case.batch)
-            elif op in ("forward", "decode"):
+            elif op in CALL_OPS:
                 k = int(step["call"])
                 pos = np.asarray(step["seq_pos"], dtype=np.int64)
                 x = case.inputs[k]
@@ -125,7 +136,7 @@ def _execute(factory, case: CaseInput, profile: str, options, snapshot_dir, capt
             elif op == "load":
                 slots[step["slot"]] = impl.load_snapshot(str(Path(snapshot_dir) / step["file"]))
             else:
-                raise ValueError(f"unknown program op {op!r}")
+                raise ValueError(f"expected a program op of {', '.join(PROGRAM_OPS)}, found {op!r}")
     except NotApplicable as exc:
         res.not_applicable = {"reason": str(exc) or "not applicable", "step": step_index}
     except Exception as exc:  # noqa: BLE001 - any failure of the implementation is a result, not a crash
@@ -155,7 +166,7 @@ def _decode(impl: Implementation, x: np.ndarray, state: Any, pos: np.ndarray) ->
 
 def _capture_state_in(impl: Implementation, state: Any, pos: np.ndarray, k: int, res: RunResult) -> None:
     """The state a call's conv1d and delta_rule read: the current state, with the rows whose seq_len
-    differs from ``seq_pos`` reset to zeros (SPEC §4)."""
+    differs from ``seq_pos`` reset to zeros (docs/spec.md §4)."""
     arrays = {n: np.array(to_numpy(a), dtype=np.float64, copy=True) for n, a in impl.state_arrays(state).items()}
     seq_len = arrays["seq_len"].astype(np.int64)
     reset = seq_len != pos
