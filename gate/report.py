@@ -12,6 +12,7 @@ from __future__ import annotations
 from html import escape
 from pathlib import Path
 
+from gdncheck.conformance.judge.records import FirstDivergence
 from gdncheck.reports import write_report as html
 from gdncheck.safetensors_io import write_bytes_atomic
 
@@ -56,9 +57,7 @@ def format_result(doc: dict, *, verbose: bool = True) -> str:
             if f["status"] == "error":
                 lines.append(f"UNUSABLE {p} {f['case']}: {f['message']}")
                 continue
-            fd = f["first_divergence"] or {}
-            where = ", ".join(f"{k} {fd[k]}" for k in ("call", "stage", "tensor", "token") if fd.get(k) is not None)
-            lines.append(f"FAIL {p} {f['case']}: first divergence {where or fd.get('reason')}")
+            lines.append(f"FAIL {p} {f['case']}: first divergence {FirstDivergence.from_json(f['first_divergence'])}")
             if verbose:
                 lines.append(f"     {f['message']}\n     repro: {f['repro']}")
         if len(v["failures"]) > MAX_DIVERGENCES:

@@ -289,7 +289,8 @@ def _run(opts: GateOptions, out: Path, doc: dict, result: GateResult, progress) 
             "verdict": VERDICTS[code] if code != 2 else summary.verdict(), "exit_code": code,
             "totals": summary.totals(), "summary": str(path), "implementation": summary.implementation.get("name"),
             "seconds": round(sum(r["seconds"] for (pp, _), r in runs.items() if pp == p), 2),
-            "failures": [{"case": c.id, "status": c.status, "first_divergence": c.first_divergence,
+            "failures": [{"case": c.id, "status": c.status,
+                          "first_divergence": c.first_divergence and c.first_divergence.to_json(),
                           "message": c.message or c.problem, "repro": c.repro}
                          for c in summary.cases if c.status in ("fail", "error") and c.id not in known],
             "not_applicable": [{"case": c.id, "reason": (c.not_applicable or {}).get("reason") or c.message}

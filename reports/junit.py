@@ -114,7 +114,7 @@ def add_verify_summary(junit: JUnit, summary, *, suite: str | None = None, case_
             ec = c.error_check or {}
             failure = None
             if c.status == "fail":
-                failure = (c.message or "wrong error", (c.first_divergence or {}).get("reason") or "error_expected",
+                failure = (c.message or "wrong error", getattr(c.first_divergence, "reason", None) or "error_expected",
                            f"{c.message}{repro}")
             junit.case(suite, cls, "expected_error", seconds=secs, failure=failure,
                        output=f"expected {ec.get('expected')}, got {ec.get('actual')} ({ec.get('match')})")
@@ -126,7 +126,7 @@ def add_verify_summary(junit: JUnit, summary, *, suite: str | None = None, case_
                        skipped=f"not applicable: {na.get('reason') or c.message} (from step {na.get('step')})")
         if c.status == "fail" and not groups:  # raised before any record
             junit.case(suite, cls, "case", seconds=secs,
-                       failure=(c.message or "failed", (c.first_divergence or {}).get("reason") or "fail",
+                       failure=(c.message or "failed", getattr(c.first_divergence, "reason", None) or "fail",
                                 f"{c.message}{repro}"))
             continue
         share = secs / max(1, len(groups))

@@ -17,6 +17,7 @@ import numpy as np
 
 from gdncheck.conformance.judge.metrics import CaseStats, scaled_error
 from gdncheck.errors import GDNError
+from gdncheck.harness import CALL_OPS
 from gdncheck.safetensors_io import SafetensorsFile
 from gdncheck.stages import TENSOR_BY_NAME
 
@@ -118,7 +119,7 @@ def case_stats(files: CaseFiles, records: list[dict], tensor: str) -> tuple[Case
 def _case_stats(files: CaseFiles, records: list[dict], tensor: str) -> tuple[CaseStats | None, str | None]:
     arrays = []
     for r in records:
-        if r["tensor"] == tensor and r["op"] in ("forward", "decode"):
+        if r["tensor"] == tensor and r["op"] in CALL_OPS:
             arr, note = files.read("expected", r.get("expected_ref"))
             if arr is None:
                 return None, note

@@ -25,12 +25,11 @@ from gdncheck._version import __version__
 from gdncheck.config import GDNConfig
 from gdncheck.conformance.judge.metrics import CaseStats, tensor_metrics
 from gdncheck.conformance.judge.tolerances import TABLE_FORMAT, recipe_of
-from gdncheck.dtypes import eps_of
 from gdncheck.env import limit_blas_threads
 from gdncheck.fixtures.build import golden_tensors
 from gdncheck.fixtures.cases import suite
-from gdncheck.harness import MODES, CaseInput, call_key, call_steps, execute, golden_inputs
-from gdncheck.profiles import VERIFY_PROFILES
+from gdncheck.harness import END_TO_END, MODES, STAGE_ISOLATED, CaseInput, call_key, call_steps, execute, golden_inputs
+from gdncheck.profiles import PROFILES, VERIFY_PROFILES
 from gdncheck.stages import STAGE_NAMES, STAGE_OUTPUTS
 
 from .emulate import DERIVATION_ORDERS, DERIVATION_PLACEMENTS, emulated
@@ -108,7 +107,7 @@ def observe(spec_index: int, seed: int, profiles=VERIFY_PROFILES, placements=Non
             for step in calls:
                 for name in step["expected"]:
                     key = call_key(step["call"], name)
-                    env.add("end_to_end", profile, recipe, name, res.outputs[key], gold[key], stats[name])
+                    env.add(END_TO_END, profile, recipe, name, res.outputs[key], gold[key], stats[name])
             if spec.state_in:
                 impl = emulated(GDNConfig.from_hf(case.config), case.weights, profile=profile, placement=placement)
                 for step in calls:
@@ -126,7 +125,7 @@ def _observe_isolated(env: Envelope, impl, gold, step: dict, profile: str, recip
         for name in STAGE_OUTPUTS[stage]:
             key = call_key(k, name)
             if key in gold:
-                env.add("stage_isolated", profile, recipe, name, outputs[name], gold[key], stats[name])
+                env.add(STAGE_ISOLATED, profile, recipe, name, outputs[name], gold[key], stats[name])
 
 
 def _observe_job(args):
@@ -164,11 +163,11 @@ def table_document(env: Envelope, seeds, cases: list[str]) -> dict:
     for (mode, profile, recipe, tensor), value in sorted(env.elem.items()):
         nmse = env.nmse[(mode, profile, recipe, tensor)]
         prof = modes.setdefault(mode, {}).setdefault(profile, {"global": {}, "cases": {}})
-        prof["cases"].setdefault(recipe, {})[tensor] = _row(value, nmse, eps_of(profile))
+        prof["cases"].setdefault(recipe, {})[tensor] = _row(value, nmse, PROFILES[profile].eps)
         e0, n0 = global_max.get((mode, profile, tensor), (0.0, 0.0))
         global_max[(mode, profile, tensor)] = (max(e0, value), max(n0, nmse))
     for (mode, profile, tensor), (value, nmse) in sorted(global_max.items()):
-        modes[mode][profile]["global"][tensor] = _row(value, nmse, eps_of(profile))
+        modes[mode][profile]["global"][tensor] = _row(value, nmse, PROFILES[profile].eps)
     return {
         "format": TABLE_FORMAT,
         "version": TABLE_VERSION,

@@ -46,6 +46,7 @@ import numpy as np
 from gdncheck.config import GDNConfig
 from gdncheck.errors import InputDtypeError, InputShapeError, SeqPosMismatchError
 from gdncheck.harness import LayerAdapter, method_stage_runner
+from gdncheck.profiles import VERIFY_PROFILES
 from gdncheck.snapshot import Snapshot
 from gdncheck.weights import conv_weight_2d, validate_weights
 
@@ -54,7 +55,6 @@ from .lowp import F32, f32
 
 log = logging.getLogger("gdncheck.conformance.earn.emulate")
 
-PROFILES = ("f32", "bf16", "f16")
 
 
 @dataclass(frozen=True)
@@ -139,8 +139,8 @@ class EmulatedLayer:
 
     def __init__(self, cfg: GDNConfig, weights: Mapping[str, np.ndarray], layer_index: int | None = None, *,
                  profile: str = "bf16", placement: str = "hf", strict: bool = False, chunk_size: int = 64):
-        if profile not in PROFILES:
-            raise ValueError(f"profile must be one of {', '.join(PROFILES)}, found {profile!r}")
+        if profile not in VERIFY_PROFILES:
+            raise ValueError(f"profile must be one of {', '.join(VERIFY_PROFILES)}, found {profile!r}")
         self.cfg = cfg
         self.layer_index = layer_index
         self.norm_mode = validate_weights(cfg, weights, layer=layer_index)

@@ -31,6 +31,7 @@ from __future__ import annotations
 import numpy as np
 
 from gdncheck.dtypes import bf16_bits_to_f32, f32_to_bf16_bits
+from gdncheck.profiles import VERIFY_PROFILES, choices
 
 F32 = np.float32
 #: Summation orders (module docstring); ``blas`` is the default everywhere.
@@ -51,7 +52,7 @@ def store(x, profile: str) -> np.ndarray:
     if profile == "f16":
         with np.errstate(over="ignore"):
             return x.astype(np.float16).astype(F32)
-    raise ValueError(f"unknown precision profile {profile!r}; expected f32, bf16 or f16")
+    raise ValueError(f"unknown precision profile {profile!r}; expected {choices(VERIFY_PROFILES)}")
 
 
 def sigmoid(x: np.ndarray) -> np.ndarray:

@@ -31,14 +31,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-#: precision bits (hidden bit included), smallest normal, smallest subnormal exponent
-DTYPE_INFO = {
-    "f64": (53, 2.0 ** -1022, -1074),
-    "f32": (24, 2.0 ** -126, -149),
-    "bf16": (8, 2.0 ** -126, -133),
-    "f16": (11, 2.0 ** -14, -24),
-}
-
+from gdncheck.profiles import PROFILES
+from gdncheck.stages import STATE_NAMES
 
 CASE_WIDE = ("a", "b", "core", "core_gated", "attn_out")
 HEAD_OVER_CASE = ("g", "beta")
@@ -80,12 +74,13 @@ class CaseStats:
 
 
 def has_tokens(tensor: str) -> bool:
-    return tensor not in ("conv_state", "recurrent_state")
+    return tensor not in STATE_NAMES
 
 
 def ulp_spacing(e: np.ndarray, profile: str) -> np.ndarray:
     """Distance between adjacent numbers of the profile's dtype at |e| (subnormals included)."""
-    bits, _, min_exp = DTYPE_INFO[profile]
+    p = PROFILES[profile]
+    bits, min_exp = p.bits, p.subnormal_exponent
     _, ex = np.frexp(np.abs(e))
     ex = np.where(np.asarray(e) == 0, min_exp + bits, ex)
     return np.ldexp(1.0, np.maximum(ex - bits, min_exp))
@@ -132,7 +127,7 @@ def group_scale(expected: np.ndarray, tensor: str, profile: str, stats: CaseStat
         s = np.sqrt(np.mean(fin * fin, axis=group_axes(tensor, e.ndim), keepdims=True))
     else:
         s = np.abs(fin)
-    return np.maximum(s, DTYPE_INFO[profile][1])
+    return np.maximum(s, PROFILES[profile].smallest_normal)
 
 
 def scaled_error(actual: np.ndarray, expected: np.ndarray, tensor: str, profile: str,
@@ -174,7 +169,7 @@ def tensor_metrics(actual: np.ndarray, expected: np.ndarray, tensor: str, profil
     absd = np.abs(d)
     with np.errstate(divide="ignore", invalid="ignore"):
         rel = np.where(absd == 0, 0.0, absd / np.abs(ev))
-    ulp = absd / ulp_spacing(ev, profile) if profile in DTYPE_INFO else absd
+    ulp = absd / ulp_spacing(ev, profile) if profile in PROFILES else absd
     na = float(np.sqrt(np.sum(av * av)))
     cos = 1.0 if na == 0 and se == 0 else (float(np.sum(av * ev)) / (na * math.sqrt(se)) if na and se else 0.0)
     finite_err = np.where(np.isfinite(err), err, -1.0)

@@ -1,15 +1,17 @@
 """Result records: what ``verify`` found, as data for the gate and the HTML report.
 
 One :class:`Record` per (case, call, tensor) and per saved snapshot tensor; one :class:`CaseReport`
-per case (its status, first divergence, records); one :class:`Summary` per run, serialised to JSON
-that ``conformance/judge/summary.schema.json`` describes (docs/verify.md lists every field).
+per case (its status, :class:`FirstDivergence`, records); one :class:`Summary` per run, serialised to
+JSON that ``conformance/judge/summary.schema.json`` describes (docs/verify.md lists every field).
+A record and a first divergence read back from that JSON (:meth:`Record.from_json`,
+:meth:`FirstDivergence.from_json`) are what the report shows.
 """
 
 from __future__ import annotations
 
 import json
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +34,17 @@ def _clean(value: Any) -> Any:
         return {k: _clean(v) for k, v in value.items()}
     if isinstance(value, list | tuple):
         return [_clean(v) for v in value]
+    return value
+
+
+def _unclean(value: Any) -> Any:
+    """The inverse of :func:`_clean` for numbers: the strings "inf", "-inf", "nan" as floats again."""
+    if isinstance(value, str) and value in ("inf", "-inf", "nan"):
+        return float(value)
+    if isinstance(value, dict):
+        return {k: _unclean(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_unclean(v) for v in value]
     return value
 
 
@@ -67,6 +80,64 @@ class Record:
     def to_json(self) -> dict:
         return _clean(asdict(self))
 
+    @classmethod
+    def from_json(cls, doc: dict) -> Record:
+        """A record of a summary, non-finite numbers restored (its numeric fields only: a message stays text)."""
+        numeric = ("metrics", "bound", "min_tolerance", "token_profile")
+        return cls(**{f.name: _unclean(doc[f.name]) if f.name in numeric else doc[f.name]
+                      for f in fields(Record) if f.name in doc})
+
+
+@dataclass(frozen=True)
+class FirstDivergence:
+    """Where a failing case first departs from the goldens: the earliest failing step, then the
+    earliest stage and tensor in pipeline order, then the first token over the bound; or, for a case
+    that failed without a tensor record (it raised, or raised the wrong error), the step and why."""
+
+    step: int | None
+    call: int | None
+    op: str | None
+    stage: str | None
+    tensor: str | None
+    token: int | None
+    position: int | None
+    row: int | None
+    reason: str | None
+
+    @classmethod
+    def of_record(cls, rec: Record) -> FirstDivergence:
+        return cls(rec.step, rec.call, rec.op, rec.stage, rec.tensor, rec.first_bad_token, rec.first_bad_position,
+                   rec.first_bad_row, rec.reason)
+
+    @classmethod
+    def at_step(cls, step: int | None, op: str, reason: str) -> FirstDivergence:
+        """A failure of a whole step (no tensor): the implementation raised, or raised the wrong error."""
+        return cls(step, None, op, None, None, None, None, None, reason)
+
+    @classmethod
+    def from_json(cls, doc: dict | None) -> FirstDivergence | None:
+        return None if doc is None else cls(**{f.name: doc.get(f.name) for f in fields(cls)})
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+    def __str__(self) -> str:
+        """``call 1, stage delta_rule, tensor core, token 1877 (position 1929, row 0)``, or where and why."""
+        parts = []
+        if self.call is not None:
+            parts.append(f"call {self.call}")
+        elif self.op == "save":
+            parts.append("saved snapshot")
+        elif self.step is not None:
+            parts.append(f"step {self.step} ({self.op})")
+        parts += [f"{k} {v}" for k, v in (("stage", self.stage), ("tensor", self.tensor)) if v]
+        if self.token is not None:
+            extra = [f"{k} {v}" for k, v in (("position", self.position), ("row", self.row)) if v is not None]
+            parts.append(f"token {self.token}" + (f" ({', '.join(extra)})" if extra else ""))
+        if self.reason and not self.tensor:
+            parts.append(self.reason.replace("_", " "))
+        return ", ".join(parts)
+
 
 @dataclass
 class CaseReport:
@@ -77,7 +148,7 @@ class CaseReport:
     file: str | None = None
     outputs_file: str | None = None
     problem: str | None = None  # why the case could not be verified (status error)
-    first_divergence: dict | None = None
+    first_divergence: FirstDivergence | None = None
     message: str | None = None  # the first failure's message
     repro: str | None = None
     counts: dict = field(default_factory=lambda: {"pass": 0, "fail": 0, "missing": 0})

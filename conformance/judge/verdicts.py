@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from gdncheck.profiles import PROFILES, STATE_OUTPUTS
 from gdncheck.stages import stage_index, stage_of
 
 from . import messages
@@ -21,18 +22,12 @@ from .metrics import CaseStats, downsample_max, group_scale, has_tokens, scaled_
 from .records import Record
 from .tolerances import Bound
 
-ALLOWED_DTYPES = {
-    "f32": ("F32", "F64"),
-    "bf16": ("BF16", "F32", "F64"),
-    "f16": ("F16", "F32", "F64"),
-}
-STATE_DTYPES = {"recurrent_state": ("F32", "F64")}
-
 
 def allowed_dtypes(tensor: str, profile: str) -> tuple[tuple[str, ...], str]:
-    if tensor in STATE_DTYPES:
-        return STATE_DTYPES[tensor], "the recurrent state is kept in float32 or wider"
-    return ALLOWED_DTYPES[profile], f"profile {profile} stores activations in {profile} or wider"
+    """The safetensors dtypes ``tensor`` may be written in at ``profile``, and why (for the message)."""
+    if tensor == "recurrent_state":
+        return STATE_OUTPUTS, "the recurrent state is kept in float32 or wider"
+    return PROFILES[profile].outputs, f"profile {profile} stores activations in {profile} or wider"
 
 
 def base_record(case: str, step: int, op: str, call: int | None, tensor: str, **kw) -> Record:

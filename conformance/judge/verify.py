@@ -27,13 +27,14 @@ from gdncheck.fixtures.manifest import (
     sha256_file,
 )
 from gdncheck.harness import OUTPUTS_FORMAT, mode_name
+from gdncheck.profiles import VERIFY_PROFILES, choices
 from gdncheck.safetensors_io import SafetensorsFile
 from gdncheck.stages import REQUIRED_OUTPUTS, STATE_STAGE_INDEX, tensor_rank
 
 from . import messages
 from .aliases import NamedOutputs, NameTable, load_names
 from .metrics import CaseStats
-from .records import CaseReport, Record, Summary
+from .records import CaseReport, FirstDivergence, Record, Summary
 from .tolerances import ToleranceTable, load_table
 from .verdicts import base_record, judge
 
@@ -52,8 +53,8 @@ def verify(fixtures_dir: str | Path, outputs_dir: str | Path, profile: str, *, c
     table = tolerances if isinstance(tolerances, ToleranceTable) else load_table(tolerances)
     name_table = load_names(names)
     mode = mode_name(stage_isolated)
-    if profile not in ("f32", "bf16", "f16"):
-        raise FixtureError(f"expected --profile f32, bf16 or f16, found {profile!r}")
+    if profile not in VERIFY_PROFILES:
+        raise FixtureError(f"expected --profile {choices(VERIFY_PROFILES)}, found {profile!r}")
     problems: list[CaseProblem] = []
     manifest = load_manifest(fixtures_dir, problems)
     entries = select_cases(manifest, cases, tags, shard, also_known=[p.case for p in problems])
@@ -134,8 +135,7 @@ def verify_case(fx: Path, out: Path, entry: dict, profile: str, table: Tolerance
     elif err is not None:
         op = steps[err["step"]]["op"] if isinstance(err.get("step"), int) and 0 <= err["step"] < len(steps) else "?"
         rep.status, rep.message = "fail", messages.raised(entry["id"], err, op)
-        rep.first_divergence = {"step": err.get("step"), "call": None, "op": op, "stage": None, "tensor": None,
-                                "token": None, "position": None, "row": None, "reason": "raised"}
+        rep.first_divergence = FirstDivergence.at_step(err.get("step"), op, "raised")
     else:
         _judge_program(rep, entry, gold, outs, out, profile, table, stage_isolated, fx)
     return _finish(rep)
@@ -231,9 +231,8 @@ def _check_error(rep: CaseReport, entry: dict, err: dict | None) -> None:
         rep.status, rep.message = "fail", messages.wrong_error(entry["id"], err, expected, op)
     rep.error_check = check
     if rep.status == "fail":
-        rep.first_divergence = {"step": expected["step"], "call": None, "op": op, "stage": None, "tensor": None,
-                                "token": None, "position": None, "row": None,
-                                "reason": "error_expected" if err is None else "wrong_error"}
+        rep.first_divergence = FirstDivergence.at_step(expected["step"], op,
+                                                       "error_expected" if err is None else "wrong_error")
 
 
 def _read(outs: NamedOutputs, key: str, shape=None) -> tuple[np.ndarray | None, str | None]:
@@ -348,10 +347,7 @@ def _finish(rep: CaseReport) -> CaseReport:
                        + (f"; the {len(rep.records)} tensor(s) of the steps before it pass" if rep.records else ""))
     if failed:
         first = min(failed, key=lambda r: (r.step, r.stage_index, tensor_rank(r.tensor)))
-        rep.first_divergence = {"step": first.step, "call": first.call, "op": first.op, "stage": first.stage,
-                                "tensor": first.tensor, "token": first.first_bad_token,
-                                "position": first.first_bad_position, "row": first.first_bad_row,
-                                "reason": first.reason}
+        rep.first_divergence = FirstDivergence.of_record(first)
         rep.message = first.message
     return rep
 

@@ -51,9 +51,7 @@ def run(args: argparse.Namespace) -> int:
         elif c.status == "not_applicable":
             print(f"n/a   {c.id}: {c.message}")
         else:
-            fd = c.first_divergence or {}
-            where = ", ".join(f"{k} {fd[k]}" for k in ("call", "stage", "tensor", "token") if fd.get(k) is not None)
-            print(f"FAIL  {c.id}: first divergence {where or fd.get('reason')}")
+            print(f"FAIL  {c.id}: first divergence {c.first_divergence}")
             print(f"      {c.message}\n      repro: {c.repro}")
             if args.verbose:
                 for r in c.records:

@@ -63,7 +63,7 @@ def test_stage_isolated_mode_passes_and_localises(fixtures_dir, tmp_path, light_
     s = verify(fixtures_dir, tmp_path / "bad", "bf16", cases=cases, stage_isolated=True)
     failed = {r.stage for c in s.cases for r in c.records if r.verdict == "fail"}
     assert failed == {"input_norm", "post_norm"}
-    assert all(c.first_divergence["stage"] == "input_norm" for c in s.cases)
+    assert all(c.first_divergence.stage == "input_norm" for c in s.cases)
     validate_summary(s.to_json())
 
 

@@ -59,7 +59,7 @@ def test_a_failure_before_the_step_it_cannot_express_is_a_failure(fixtures_dir, 
     run_impl(factory, fixtures_dir, tmp_path, "f32", cases=["snapshot-replay"])
     s = verify(fixtures_dir, tmp_path, "f32", cases=["snapshot-replay"])
     (case,) = s.cases
-    assert case.status == "fail" and case.first_divergence["tensor"] == "x_norm" and s.exit_code == 1
+    assert case.status == "fail" and case.first_divergence.tensor == "x_norm" and s.exit_code == 1
     assert case.not_applicable["step"] == 3  # still recorded
 
 
