@@ -1,7 +1,8 @@
-"""What the gate prints and the report folder it writes.
+"""What the gate prints, and the JUnit XML and the report folder it writes.
 
-:func:`format_result` is the compact table (one row per profile, one for the properties), the
-cases not run and why, the first divergences and the failing properties with their replay lines.
+:func:`gate_junit` is the JUnit document (docs/gate.md). :func:`format_result` is the compact table
+(one row per profile, one for the properties), the cases not run and why, the first divergences and
+the failing properties with their replay lines.
 :func:`write_report` writes the report folder: ``summary.txt`` (that text), the HTML report of
 each profile's verify summary (:func:`gdncheck.reports.write_report`) in ``REPORT/PROFILE/``, and an
 ``index.html`` that links them.
@@ -14,7 +15,10 @@ from pathlib import Path
 
 from gdncheck.conformance.judge.records import FirstDivergence
 from gdncheck.reports import write_report as html
+from gdncheck.reports.junit import JUnit, add_verify_summary
 from gdncheck.safetensors_io import write_bytes_atomic
+
+from .plan import Skip
 
 MAX_DIVERGENCES = 5  # per profile, on the console
 
@@ -141,3 +145,32 @@ def write_report(report_dir: Path, doc: dict, summaries: dict) -> list[Path]:
     files.insert(0, write_bytes_atomic(report_dir / "summary.txt", text.encode()))
     files.insert(1, write_bytes_atomic(report_dir / "index.html", index_page(doc, text, pages, report_dir).encode()))
     return files
+
+
+def gate_junit(doc: dict, summaries: dict, known: dict, case_seconds: dict) -> JUnit:
+    """The gate's JUnit document: fixtures check, every profile's cases by stage group (the verify
+    summaries; ``known`` and ``case_seconds`` per profile), properties."""
+    junit = JUnit("gdncheck gate")
+    fx = doc.get("fixtures")
+    if doc["exit_code"] == 2 and doc.get("reason") and not summaries:
+        junit.case("gate", "gate", "setup", error=(doc["reason"], doc["reason"]))
+    if fx:
+        junit.case("fixtures", "fixtures", "checksums", output=f"{fx['cases']} case files match the manifest")
+        if fx["rebuild"] == "not checked":
+            junit.case("fixtures", "fixtures", "rebuild", skipped="not checked (a suite other than the committed one)")
+        else:
+            junit.case("fixtures", "fixtures", "rebuild", output=fx["rebuild"])
+    skipped = [Skip(**s) for s in (doc.get("selection") or {}).get("skipped", [])]
+    for p, summary in summaries.items():
+        add_verify_summary(junit, summary, skipped=skipped, known=known.get(p), case_seconds=case_seconds.get(p))
+    for r in (doc.get("properties") or {}).get("results", []):
+        suite, cls = f"properties.{r['profile']}", f"properties.{r['profile']}.{r['chapter']}"
+        if r["status"] == "fail":
+            text = "\n".join([r["message"], *r["notes"], f"blob: {r['blob']}", f"replay: {r['replay']}"])
+            junit.case(suite, cls, r["name"], seconds=r["seconds"],
+                       failure=(r["message"].splitlines()[0] if r["message"] else "property failed", "property", text))
+        elif r["status"] == "skip":
+            junit.case(suite, cls, r["name"], seconds=r["seconds"], skipped=r["message"])
+        else:
+            junit.case(suite, cls, r["name"], seconds=r["seconds"], output=f"{r['examples']} example(s)")
+    return junit

@@ -56,7 +56,7 @@ def run_property_unit(impl: str, unit: PropertyUnit, max_examples: int | None, h
 Task = tuple[Callable[..., dict], tuple, float]  # (function, arguments, cost)
 
 
-def execute(tasks: list[Task], jobs: int, env: dict[str, str]) -> Iterator[tuple[float, dict]]:
+def execute_tasks(tasks: list[Task], jobs: int, env: dict[str, str]) -> Iterator[tuple[float, dict]]:
     """Run every task, most expensive first; yield ``(cost, result)`` as each one finishes."""
     tasks = sorted(tasks, key=lambda t: -t[2])
     if jobs <= 1:

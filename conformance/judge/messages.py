@@ -5,6 +5,9 @@ each standing alone, then a one-line repro command.
     0.399812 ± 0.00621 (elem bound 0.23, case prefill-decode_T65_Hk2_Hv6_dk16_dv8, bf16); 14 / 4096
     elements (0.34%) over the bound, first at token 3 (position 64, row 0); NMSE 2.1e-05 (46.8 dB),
     bound 1.0e-05 [case prefill-decode_T65_Hk2_Hv6_dk16_dv8_s0, step 2: forward seq_pos [61, 61]]
+
+Every builder takes keyword arguments only: a message has many parts of the same type (numbers,
+strings), and a swapped pair would read as a plausible, wrong message.
 """
 
 from __future__ import annotations
@@ -27,66 +30,79 @@ def subject(tensor: str, stage: str, call: int | None, snapshot: str | None = No
     return f"{tensor} ({stage}) of call {call}"
 
 
-def bound_failure(subj: str, m: dict, bound: dict, a: float, e: float, allowed: float, over: int,
-                  first: tuple[int, int, int] | None, elem_failed: bool, loc: str) -> str:
+def bound_failure(*, subject: str, metrics: dict, bound: dict, actual: float, expected: float, allowed: float,
+                  over: int, first: tuple[int, int, int] | None, elem_failed: bool, loc: str) -> str:
+    """A tensor over its bound: the worst element (``actual`` where ``expected`` ± ``allowed``), how many
+    elements are ``over``, the ``first`` (token, position, row) over it, and the NMSE."""
+    m = metrics
     numel = m["numel"]
     pct = 100.0 * over / numel if numel else 0.0
     src = f"{bound['source']}, {bound['profile']}"
     parts = []
     if elem_failed:
         at = f", first at token {first[0]} (position {first[1]}, row {first[2]})" if first else ""
-        parts.append(f"{subj}: max scaled error {m['max_err']:.2e} at {m['max_err_index']}: {fmt(a)}, but should be "
-                     f"{fmt(e)} ± {allowed:.3g} (elem bound {bound['elem']:.3g}, {src}); {over} / {numel} elements "
-                     f"({pct:.3g}%) over the bound{at}")
+        parts.append(f"{subject}: max scaled error {m['max_err']:.2e} at {m['max_err_index']}: {fmt(actual)}, "
+                     f"but should be {fmt(expected)} ± {allowed:.3g} (elem bound {bound['elem']:.3g}, {src}); {over} / "
+                     f"{numel} elements ({pct:.3g}%) over the bound{at}")
         parts.append(f"NMSE {m['nmse']:.2e} ({m['sqnr_db']:.1f} dB), bound {bound['nmse']:.2e}")
     else:
-        parts.append(f"{subj}: NMSE {m['nmse']:.2e} ({m['sqnr_db']:.1f} dB), but should be at most {bound['nmse']:.2e} "
-                     f"(nmse bound, {src}); max scaled error {m['max_err']:.2e} at {m['max_err_index']} "
-                     f"(elem bound {bound['elem']:.3g})")
+        parts.append(f"{subject}: NMSE {m['nmse']:.2e} ({m['sqnr_db']:.1f} dB), but should be at most "
+                     f"{bound['nmse']:.2e} (nmse bound, {src}); max scaled error {m['max_err']:.2e} at "
+                     f"{m['max_err_index']} (elem bound {bound['elem']:.3g})")
     return "; ".join(parts) + " " + loc
 
 
-def shape_failure(subj: str, shape, expected, loc: str) -> str:
-    return f"{subj}: shape {list(shape)}, but should be {list(expected)} {loc}"
+def shape_failure(*, subject: str, shape, expected, loc: str) -> str:
+    return f"{subject}: shape {list(shape)}, but should be {list(expected)} {loc}"
 
 
-def dtype_failure(subj: str, dtype: str, allowed: tuple[str, ...], why: str, loc: str) -> str:
-    return f"{subj}: dtype {dtype}, but should be {' or '.join(allowed)} ({why}) {loc}"
+def dtype_failure(*, subject: str, dtype: str, allowed: tuple[str, ...], why: str, loc: str) -> str:
+    return f"{subject}: dtype {dtype}, but should be {' or '.join(allowed)} ({why}) {loc}"
 
 
-def nan_failure(subj: str, count: int, index, loc: str) -> str:
-    return f"{subj}: {count} NaN value(s), first at {index}, but should be finite (NaN fails everywhere) {loc}"
+def nan_failure(*, subject: str, count: int, index, loc: str) -> str:
+    return f"{subject}: {count} NaN value(s), first at {index}, but should be finite (NaN fails everywhere) {loc}"
 
 
-def inf_failure(subj: str, count: int, index, actual: float, expected: float, loc: str) -> str:
-    return (f"{subj}: {count} unmatched infinity(ies), first at {index}: {actual}, but should be {fmt(expected)} "
+def inf_failure(*, subject: str, count: int, index, actual: float, expected: float, loc: str) -> str:
+    return (f"{subject}: {count} unmatched infinity(ies), first at {index}: {actual}, but should be {fmt(expected)} "
             f"(an infinity passes only where the expected value is the same infinity) {loc}")
 
 
-def missing_required(subj: str, key: str, loc: str) -> str:
-    return (f"{subj}: no tensor {key} in the outputs, but should be there (every call writes out, conv_state and "
+def missing_required(*, subject: str, key: str, loc: str) -> str:
+    return (f"{subject}: no tensor {key} in the outputs, but should be there (every call writes out, conv_state and "
             f"recurrent_state) {loc}")
 
 
-def seq_len_failure(subj: str, actual, expected, loc: str) -> str:
-    return f"{subj}: seq_len {list(actual)}, but should be {list(expected)} (seq_pos + T; SPEC §4) {loc}"
+def snapshot_missing(*, subject: str, problem: str, loc: str) -> str:
+    return f"{subject}: {problem}, but should be there (the program saves it) {loc}"
 
 
-def raised(case: str, err: dict, op: str) -> str:
+def seq_len_failure(*, subject: str, actual, expected, loc: str) -> str:
+    return f"{subject}: seq_len {list(actual)}, but should be {list(expected)} (seq_pos + T; docs/spec.md §4) {loc}"
+
+
+def raised(*, case: str, err: dict, op: str) -> str:
     return (f"the implementation raised {err.get('code')} at step {err.get('step')} ({op}): {err.get('message')}, "
             f"but should have run the whole program [case {case}]")
 
 
-def error_expected(case: str, expected: dict, op: str) -> str:
+def error_expected(*, case: str, expected: dict, op: str) -> str:
     alts = [c for c in expected["accept"] if c != expected["code"]]
     alt = f" (or the more general {', '.join(alts)})" if alts else ""
     return (f"the implementation raised nothing, but should raise {expected['code']}{alt} at step {expected['step']} "
             f"({op}) [case {case}]")
 
 
-def wrong_error(case: str, err: dict, expected: dict, op: str) -> str:
+def wrong_error(*, case: str, err: dict, expected: dict, op: str) -> str:
     return (f"the implementation raised {err.get('code')} at step {err.get('step')}: {err.get('message')}, but should "
             f"raise {expected['code']} at step {expected['step']} ({op}) [case {case}]")
+
+
+def not_applicable(*, na: dict, passed: int) -> str:
+    """A case the implementation cannot express from step ``na['step']``; ``passed`` records before it pass."""
+    return (f"not applicable from step {na['step']} ({na['op']}): {na['reason']}"
+            + (f"; the {passed} tensor(s) of the steps before it pass" if passed else ""))
 
 
 def repro(fixtures: str, outputs: str, profile: str, case: str, *, stage_isolated: bool = False,

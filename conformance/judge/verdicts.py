@@ -45,14 +45,16 @@ def judge(rec: Record, actual: np.ndarray | None, dtype: str | None, expected: n
         rec.verdict = "fail" if required else "missing"
         if required:
             rec.reason = "missing_required"
-            rec.message = messages.missing_required(subject, rec.actual_ref["key"], loc)
+            rec.message = messages.missing_required(subject=subject, key=rec.actual_ref["key"], loc=loc)
         return rec
     rec.dtype, rec.shape = dtype, list(actual.shape)
     allowed, why = allowed_dtypes(rec.tensor, bound.profile)
     if dtype not in allowed:
-        return _fail(rec, "dtype", messages.dtype_failure(subject, dtype, allowed, why, loc))
+        return _fail(rec, "dtype", messages.dtype_failure(subject=subject, dtype=dtype, allowed=allowed, why=why,
+                                                             loc=loc))
     if tuple(actual.shape) != tuple(expected.shape):
-        return _fail(rec, "shape", messages.shape_failure(subject, actual.shape, expected.shape, loc))
+        return _fail(rec, "shape", messages.shape_failure(subject=subject, shape=actual.shape,
+                                                             expected=expected.shape, loc=loc))
     a = np.asarray(actual, dtype=np.float64)
     e = np.asarray(expected, dtype=np.float64)
     err = scaled_error(a, e, rec.tensor, bound.profile, stats)
@@ -71,11 +73,11 @@ def judge(rec: Record, actual: np.ndarray | None, dtype: str | None, expected: n
             rec.first_bad_token, rec.first_bad_row = t, row
             rec.first_bad_position = (rec.seq_pos[row] + t) if rec.seq_pos else t
     if m.nan:
-        return _fail(rec, "nan", messages.nan_failure(subject, m.nan, m.first_nonfinite, loc))
+        return _fail(rec, "nan", messages.nan_failure(subject=subject, count=m.nan, index=m.first_nonfinite, loc=loc))
     if m.inf_mismatch:
         idx = tuple(m.first_nonfinite)
-        return _fail(rec, "inf", messages.inf_failure(subject, m.inf_mismatch, list(idx), float(a[idx]),
-                                                      float(e[idx]), loc))
+        return _fail(rec, "inf", messages.inf_failure(subject=subject, count=m.inf_mismatch, index=list(idx),
+                                                      actual=float(a[idx]), expected=float(e[idx]), loc=loc))
     elem_failed = m.max_err > bound.elem
     nmse_failed = m.nmse > bound.nmse
     if elem_failed or nmse_failed:
@@ -84,8 +86,9 @@ def judge(rec: Record, actual: np.ndarray | None, dtype: str | None, expected: n
                                                               e.shape)[idx])
         first = (rec.first_bad_token, rec.first_bad_position, rec.first_bad_row) if rec.first_bad_token is not None \
             else None
-        msg = messages.bound_failure(subject, rec.metrics, rec.bound, float(a[idx]), float(e[idx]),
-                                     bound.elem * scale, rec.over_bound, first, elem_failed, loc)
+        msg = messages.bound_failure(subject=subject, metrics=rec.metrics, bound=rec.bound, actual=float(a[idx]),
+                                     expected=float(e[idx]), allowed=bound.elem * scale, over=rec.over_bound,
+                                     first=first, elem_failed=elem_failed, loc=loc)
         return _fail(rec, "elem_bound" if elem_failed else "nmse_bound", msg)
     return rec
 
