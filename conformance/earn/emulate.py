@@ -4,7 +4,7 @@ A correct port in profile ``bf16`` does not reproduce the float64 reference; it 
 to the roundings its engine makes. :class:`EmulatedLayer` is the layer computed that way:
 activations stored in the profile's dtype (``f32``, ``bf16`` or ``f16``), every stage's math in
 float32, matrix products accumulated in float32, the recurrent state in float32. Where exactly an
-engine rounds differs between engines (research/gdn-spec.md §6), so the rounding *placement* is a
+engine rounds differs between engines (docs/math.md §4), so the rounding *placement* is a
 parameter:
 
 ``hf``
@@ -43,8 +43,9 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from gdncheck.calls import check_seq_pos, check_state, check_x, rows_to_reset
 from gdncheck.config import GDNConfig
-from gdncheck.errors import InputDtypeError, InputShapeError, SeqPosMismatchError
+from gdncheck.errors import InputError
 from gdncheck.harness import LayerAdapter, method_stage_runner
 from gdncheck.profiles import VERIFY_PROFILES
 from gdncheck.snapshot import Snapshot
@@ -159,7 +160,7 @@ class EmulatedLayer:
     def matmul_t(self, x, w):
         return lowp.matmul_t(x, w, self.order)
 
-    # --- stages (SPEC §2), each returning the tensors of the same name ---------------------------
+    # --- stages (docs/spec.md §2), each returning the tensors of the same name ---------------------------
     def rms_norm_one_plus(self, x, weight):
         """RMSNorm with (1 + w) in float32, rounded once (HF, vLLM GemmaRMSNorm)."""
         return self.store(lowp.rms_normalize(f32(x), self.cfg.rms_norm_eps, self.order) * (F32(1) + weight))
@@ -264,31 +265,27 @@ class EmulatedLayer:
     def new_state(self, batch: int = 1) -> EmulatedState:
         return EmulatedState(self.cfg, batch)
 
-    def check_seq_pos(self, state: EmulatedState, pos: np.ndarray) -> None:
-        """SPEC §4: rows whose seq_len differs from seq_pos are reset (strict: refused)."""
-        mismatch = pos != state.seq_len
-        if not mismatch.any():
-            return
-        detail = ", ".join(f"row {r}: state seq_len={state.seq_len[r]}, seq_pos={pos[r]}"
-                           for r in np.flatnonzero(mismatch)[:4])
-        if self.strict:
-            raise SeqPosMismatchError(f"expected seq_pos equal to the state's seq_len, found {detail}",
-                                      layer=self.layer_index)
-        if not state.warned:
-            log.warning("linear_attention state mismatch at layer %s: %s. Resetting.", self.layer_index, detail)
-            state.warned = True
-        state.reset(mismatch)
+    def apply_seq_pos_rule(self, state: EmulatedState, pos: np.ndarray) -> None:
+        """The seq_pos rule (docs/spec.md §4, :func:`gdncheck.calls.rows_to_reset`): rows whose seq_len
+        differs from seq_pos are reset (strict: refused, nothing changed)."""
+        reset, state.warned = rows_to_reset(pos, state.seq_len, strict=self.strict, warned=state.warned,
+                                            layer=self.layer_index, logger=log)
+        if reset.any():
+            state.reset(reset)
+
+    def check_input(self, x, state: EmulatedState) -> np.ndarray:
+        """The call contract's input checks (:mod:`gdncheck.calls`), shared with every other layer."""
+        if not isinstance(state, EmulatedState):
+            raise InputError(f"expected an emulated-layer State, found {type(state).__name__}", layer=self.layer_index)
+        check_state(state.cfg, self.cfg, self.layer_index)
+        arr = np.asarray(x)
+        check_x(arr.shape, arr.dtype.kind == "f", arr.dtype, self.cfg, state.batch, self.layer_index)
+        return arr
 
     def forward(self, x, state: EmulatedState, seq_pos):
-        x = np.asarray(x)
-        if x.dtype.kind != "f":
-            raise InputDtypeError(f"expected x of a floating dtype, found {x.dtype}", layer=self.layer_index)
-        D = self.cfg.hidden_size
-        if x.ndim != 3 or x.shape[0] != state.batch or x.shape[1] < 1 or x.shape[2] != D:
-            raise InputShapeError(f"expected x of shape [B={state.batch}, T>=1, D={D}], found {list(x.shape)}",
-                                  layer=self.layer_index)
-        pos = np.broadcast_to(np.asarray(seq_pos, dtype=np.int64), (state.batch,)).copy()
-        self.check_seq_pos(state, pos)
+        x = self.check_input(x, state)
+        pos = check_seq_pos(seq_pos, np.asarray(seq_pos), state.batch, self.layer_index)
+        self.apply_seq_pos_rule(state, pos)
         x = self.store(f32(x))
         x_norm = self.input_norm(x)
         qkv, z, a, b = self.in_proj(x_norm)
