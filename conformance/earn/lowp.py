@@ -3,7 +3,7 @@
 Arrays are float32 NumPy arrays throughout: float32 arithmetic is float32 arithmetic, and a value
 "stored in the profile dtype" is a float32 holding a bf16 or f16 number (:func:`store`). The gated
 delta rule is here in the two forms engines use, each with hooks where an engine stores an
-intermediate in the activation dtype (gdn-spec §6). The formulas are those of ``gdncheck.reference``
+intermediate in the activation dtype (docs/math.md §4). The formulas are those of ``gdncheck.reference``
 (their docstrings hold the math); only the arithmetic differs.
 
 Every sum of products and every reduction is accumulated in float32 in one of :data:`ORDERS`

@@ -1,4 +1,4 @@
-"""Every configuration and weight error of SPEC §5: its class, and a message that says what was
+"""Every configuration and weight error of docs/spec.md §5: its class, and a message that says what was
 expected, what was found and where."""
 
 from __future__ import annotations
