@@ -16,6 +16,7 @@ def _worst(summary):
     return max(r.metrics["max_err"] / r.bound["elem"] for c in summary.cases for r in c.records if r.metrics)
 
 
+@pytest.mark.slow
 def test_float64_reference_conforms_in_every_profile(fixtures_dir, tmp_path):
     rep = run_impl("reference", fixtures_dir, tmp_path, "f64")
     assert not rep.skipped and sum(c.status == "raised" for c in rep.cases) == 12  # the error cases raise
@@ -26,6 +27,7 @@ def test_float64_reference_conforms_in_every_profile(fixtures_dir, tmp_path):
         assert all(c.error_check["match"] == "exact" for c in s.cases if c.kind == "error")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("profile", ["f32", "bf16", "f16"])
 @pytest.mark.parametrize("placement", list(PLACEMENTS))
 def test_correct_low_precision_implementations_conform(fixtures_dir, tmp_path, placement, profile):
@@ -37,6 +39,7 @@ def test_correct_low_precision_implementations_conform(fixtures_dir, tmp_path, p
     assert s.totals()["records_missing"] == 0
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("placement,profile", [("metrale:sequential", "f32"), ("metrale:blocked16", "f32"),
                                                ("metrale:sequential", "bf16")])
 def test_the_held_out_placement_conforms_with_every_summation_order(fixtures_dir, tmp_path, placement, profile):

@@ -41,6 +41,7 @@ def _na_entry(case_id: str):
     return next((v for k, v in NOT_APPLICABLE.items() if case_id.startswith(k)), None)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("profile", ["f32", "bf16"])
 def test_transformers_conforms_on_every_case_it_can_express(fixtures_dir, tmp_path, profile):
     run_impl("hf", fixtures_dir, tmp_path, profile)
