@@ -1,11 +1,12 @@
-"""gdncheck.conformance: judging implementations against the float64 reference.
+"""gdncheck.conformance: judging implementations against the float64 reference, in floors.
 
-The comparison engine (:mod:`.metrics`, :mod:`.verdicts`, :mod:`.records`, :mod:`.messages`,
-:mod:`.tolerances`), ``run`` and ``verify`` (:mod:`.run`, :mod:`.verify`, over the program executor
-:mod:`.program` and the plug-in contract :mod:`.plugin`), the precision-emulating layer that earns
-the tolerances (:mod:`.emulate`, :mod:`.lowp`, :mod:`.derive`), and the mutants that prove the
-suite catches known bugs (:mod:`.meta`), the Hypothesis property suite (:mod:`.properties`, over
-:mod:`.strategies`) and the CI gate (:mod:`.gate`: :mod:`.gate_plan`, :mod:`.gate_workers`,
-:mod:`.junit`, :mod:`.gate_report`, known failures in :mod:`.xfails`). The only place where
-``reference`` and ``gpu_impl`` meet.
+- :mod:`.judge`: metrics, verdicts, messages, records, tolerances, ``verify`` and name tables;
+- :mod:`.earn`: the precision-emulating layer and the derivation of the tolerance table;
+- :mod:`.ports`: loading implementations (built-ins and plug-ins) and ``gdncheck run``;
+- :mod:`.properties` (the Hypothesis property suite) and :mod:`.meta` (mutants that prove the suite
+  catches known bugs): both stand on the ports and the judge, never on each other.
+
+Each floor imports only the floors below it (tests/test_layers.py keeps it so). The port contract
+and the program executor they share with the fixture builder are :mod:`gdncheck.harness`; the CI
+gate that composes all of this with the reports is :mod:`gdncheck.gate`.
 """

@@ -1,7 +1,8 @@
-"""The call contract every implementation keeps (SPEC §4): input checks and the seq_pos rule.
+"""The call contract every implementation keeps (docs/spec.md §4): input checks and the seq_pos rule.
 
-Neutral bookkeeping, no math: the reference and the Triton path both call these, so a call is
-refused, or a state reset, by the same rule and with the same message in each.
+Neutral bookkeeping, no math: the reference, the Triton path and the precision-emulating layer all
+call these, so a call is refused, or a state reset, by the same rule and with the same message in
+each (tests/test_call_contract.py runs the contract over every one of them).
 """
 
 from __future__ import annotations
@@ -22,6 +23,16 @@ def check_x(shape: tuple[int, ...], is_real_float: bool, dtype, cfg: GDNConfig, 
     D = cfg.hidden_size
     if len(shape) != 3 or shape[2] != D or shape[1] < 1 or shape[0] != batch:
         raise InputShapeError(f"expected x of shape [B={batch}, T>=1, D={D}], found {list(shape)}", layer=layer)
+
+
+def check_state(state_cfg: GDNConfig, cfg: GDNConfig, layer: int | None) -> None:
+    """A state made for a layer of these dimensions (the state fingerprint of docs/spec.md §4)."""
+    if state_cfg.state_fingerprint() != cfg.state_fingerprint():
+        def dims(c: GDNConfig) -> str:
+            return f"Hk={c.num_k_heads} Hv={c.num_v_heads} dk={c.head_k_dim} dv={c.head_v_dim} K={c.conv_kernel}"
+
+        raise InputError(f"expected a state of this layer's dimensions ({dims(cfg)}), found one made for "
+                         f"{dims(state_cfg)}", layer=layer)
 
 
 def check_seq_pos(seq_pos, pos: np.ndarray, batch: int, layer: int | None) -> np.ndarray:

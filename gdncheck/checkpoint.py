@@ -3,7 +3,7 @@
 Accepts one ``model.safetensors`` or shards listed in ``model.safetensors.index.json``; the layer
 prefixes ``model.language_model.layers.{i}.`` (Qwen3.5 VLM checkpoints) and ``model.layers.{i}.``
 (text-only, Qwen3-Next); any stored float dtype, read exactly. The Qwen3-Next fused projections
-(``in_proj_qkvz``, ``in_proj_ba``, interleaved per key-head group, gdn-spec §3.2) are converted to
+(``in_proj_qkvz``, ``in_proj_ba``, interleaved per key-head group, docs/math.md §3) are converted to
 the canonical Qwen3.5 names.
 """
 

@@ -1,4 +1,4 @@
-"""The layer configuration (SPEC §1), built from a Hugging Face ``config.json`` dict.
+"""The layer configuration (docs/spec.md §1), built from a Hugging Face ``config.json`` dict.
 
 Neutral: both ``reference/`` and ``gpu_impl/`` import it; it holds no math.
 """
@@ -140,7 +140,7 @@ class GDNConfig:
 
     # --- norm mode ------------------------------------------------------------------------------
     def resolve_norm_mode(self, norm_weight_size: int, layer: int | None = None) -> str:
-        """The norm mode implied by ``linear_attn.norm.weight``'s element count (SPEC §5).
+        """The norm mode implied by ``linear_attn.norm.weight``'s element count (docs/spec.md §5).
 
         ``head_v_dim`` elements means ``shared``, ``value_dim`` elements ``per_head``. When the two
         coincide (one value head) the declared mode wins, else ``shared``.

@@ -8,8 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-#: Profile name -> (storage name in safetensors, bits of mantissa incl. hidden, smallest normal)
-PROFILES = ("f32", "bf16", "f16")
+from .profiles import RUN_PROFILES
 
 
 def bf16_bits_to_f32(bits: np.ndarray) -> np.ndarray:
@@ -44,7 +43,7 @@ def round_to(x: np.ndarray, profile: str) -> np.ndarray:
         # float32, and the error is at most one float32 ulp before the bf16 rounding.
         with np.errstate(over="ignore", invalid="ignore"):
             return bf16_bits_to_f32(f32_to_bf16_bits(x.astype(np.float32))).astype(np.float64)
-    raise ValueError(f"unknown precision profile {profile!r}; expected one of f64, {', '.join(PROFILES)}")
+    raise ValueError(f"unknown precision profile {profile!r}; expected one of {', '.join(RUN_PROFILES)}")
 
 
 def round_to_common(x: np.ndarray) -> np.ndarray:
@@ -65,6 +64,3 @@ def is_representable(x: np.ndarray, profile: str) -> bool:
     return bool(np.array_equal(round_to(x, profile), x, equal_nan=True))
 
 
-def eps_of(profile: str) -> float:
-    """Machine epsilon (spacing at 1.0) of the profile's dtype."""
-    return {"f64": 2.0 ** -52, "f32": 2.0 ** -23, "bf16": 2.0 ** -7, "f16": 2.0 ** -10}[profile]

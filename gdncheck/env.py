@@ -15,10 +15,10 @@
 ``GDN_DEVICE``: ``auto`` is CUDA when torch sees a GPU (kernels compiled), else the CPU (kernels run
 in Triton's interpreter); a ``device=`` argument overrides it. The kernel target follows the
 tensors' device at each launch, whatever ``TRITON_INTERPRET`` and the import order
-(``gdncheck/gpu_impl/target.py`` says why).
+(``gpu_impl/target.py`` says why).
 
 Two OpenBLAS threads on a 2-core VM can stall small batched matmuls 10-100x
-(research/perf-anchors.md §4.4), so the reference runs with one BLAS thread unless told otherwise.
+(docs/math.md §6), so the reference runs with one BLAS thread unless told otherwise.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Every error gdncheck raises, one class per failure of SPEC §5 under one base class.
+"""Every error gdncheck raises, one class per failure of docs/spec.md §5 under one base class.
 
 Each message says what was expected, what was found, and where (layer index, weight name,
 file). Each class carries a stable ``code``: the fixture format names expected errors by it, so

@@ -1,4 +1,4 @@
-"""Snapshots of a layer's state (SPEC §4) and their file format. Neutral: arrays and I/O only.
+"""Snapshots of a layer's state (docs/spec.md §4) and their file format. Neutral: arrays and I/O only.
 
 A :class:`Snapshot` is an independent deep copy: conv state ``[B, conv_dim, K]``, recurrent state
 ``[B, Hv, dk, dv]``, ``seq_len`` ``[B]``, the schema version, a fingerprint of the dimensions and the

@@ -1,4 +1,4 @@
-"""The weights of one GDN layer by their Hugging Face names (SPEC §1), and their validation.
+"""The weights of one GDN layer by their Hugging Face names (docs/spec.md §1), and their validation.
 
 Neutral: no math. Arrays keep the values the checkpoint stored, exactly (bf16 and f16 as
 float32, f32 as float32, f64 as float64); each implementation casts to its own precision.
@@ -89,7 +89,7 @@ class LayerWeights(Mapping):
 
 
 def validate_weights(cfg: GDNConfig, weights: Mapping[str, np.ndarray], layer: int | None = None) -> str:
-    """Check names and shapes against ``cfg``; return the resolved norm mode (SPEC §5).
+    """Check names and shapes against ``cfg``; return the resolved norm mode (docs/spec.md §5).
 
     Order: missing weights, conv kernel, projection sizes, norm mode, every other shape, finiteness.
     """

@@ -2,7 +2,7 @@
 :func:`.delta_rule.delta_rule_recurrent`, computed with matrix products over chunks of C tokens.
 
 For one chunk of L ≤ C tokens and one value head, with S the state entering the chunk
-(research/gdn-spec.md §4):
+(docs/math.md §2):
 
     γ_t    = Σ_{u≤t} g_u                                  chunk-local inclusive cumsum
     E_ts   = exp(Σ_{s<u≤t} g_u) for t ≥ s, else 0         (= exp(γ_t − γ_s), masked before exp)

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from gdncheck.calls import check_seq_pos, check_x, rows_to_reset
+from gdncheck.calls import check_seq_pos, check_state, check_x, rows_to_reset
 from gdncheck.config import GDNConfig
 from gdncheck.errors import InputError
 from gdncheck.weights import validate_weights
@@ -162,6 +162,7 @@ class Layer:
     def _check_input(self, x, state: State) -> np.ndarray:
         if not isinstance(state, State):
             raise InputError(f"expected a reference State, found {type(state).__name__}", layer=self.layer_index)
+        check_state(state.cfg, self.cfg, self.layer_index)
         arr = np.asarray(x)
         check_x(arr.shape, arr.dtype.kind == "f", arr.dtype, self.cfg, state.batch, self.layer_index)
         return arr.astype(np.float64)

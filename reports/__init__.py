@@ -10,7 +10,7 @@ Library API (what ``gdncheck report``, ``gdncheck verify --report`` and the gate
     md = markdown_summary(summary, *, report=None, max_cases=50) -> str
 
 - ``summary``: a verify summary, as a path to its JSON or the parsed dict (``Summary.to_json()``);
-  it is checked against ``conformance/summary.schema.json``; a bad one raises
+  it is checked against ``conformance/judge/summary.schema.json``; a bad one raises
   :class:`ReportInputError` (a ``GDNError``, code ``report_input``).
 - ``write_report`` writes a static site into ``out_dir`` (replaced as a whole; a non-empty folder
   that is not an earlier report is refused) and returns the path of its ``index.html``. Plots

@@ -1,9 +1,12 @@
 """The report's view of a verify summary: cases, records and the cases × stages grid, as plain data.
 
 Nothing here reads tensors or renders anything: :func:`load_summary` parses and checks the summary
-(a path or the parsed dict of ``conformance/summary.schema.json``), :func:`build` turns it into the
-view objects the templates show. Every number shown comes from the summary's records unchanged (the
-engine's metrics); the non-finite strings ``"inf"``, ``"-inf"``, ``"nan"`` become floats again.
+(a path or the parsed dict of ``conformance/judge/summary.schema.json``), :func:`build` turns it into the
+view objects the templates show. A record's view *is* the judge's record read back
+(:meth:`~gdncheck.conformance.judge.records.Record.from_json`: the non-finite strings ``"inf"``,
+``"-inf"``, ``"nan"`` become floats again) with what the page adds; a case's first divergence is the
+judge's :class:`~gdncheck.conformance.judge.records.FirstDivergence`, printed its one way. Every
+number shown comes from the summary unchanged (the engine's metrics).
 """
 
 from __future__ import annotations
@@ -17,11 +20,15 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from gdncheck.conformance.records import SUMMARY_SCHEMA, SUMMARY_SCHEMA_VERSION
-from gdncheck.conformance.vocab import tensor_rank
-
+from gdncheck.conformance.judge.records import (
+    SUMMARY_SCHEMA,
+    SUMMARY_SCHEMA_VERSION,
+    FirstDivergence,
+    Record,
+    validate_summary,
+)
 from gdncheck.errors import GDNError
-from gdncheck.stages import STAGE_NAMES, TENSOR_BY_NAME
+from gdncheck.stages import STAGE_NAMES, TENSOR_BY_NAME, tensor_rank
 
 
 class ReportInputError(GDNError):
@@ -34,18 +41,6 @@ class ReportInputError(GDNError):
 #: bookkeeping (``seq_len``, stage ``state``).
 GRID_STAGES: tuple[str, ...] = tuple(STAGE_NAMES[1:]) + ("state",)
 VERDICT_ORDER = {"fail": 0, "missing": 1, "pass": 2}
-
-
-def _num(v):
-    if isinstance(v, str) and v in ("inf", "-inf", "nan"):
-        return float(v)
-    return v
-
-
-def _nums(d: dict | None) -> dict | None:
-    if d is None:
-        return None
-    return {k: ([_num(x) for x in v] if isinstance(v, list) else _num(v)) for k, v in d.items()}
 
 
 class CheckedSummary(dict):
@@ -75,8 +70,7 @@ def load_summary(summary: str | Path | dict) -> CheckedSummary:
     if doc.get("schema_version") != SUMMARY_SCHEMA_VERSION:
         raise ReportInputError(f"expected summary schema_version {SUMMARY_SCHEMA_VERSION}, found "
                                f"{doc.get('schema_version')!r}: use the gdncheck that wrote it")
-    import jsonschema
-    from gdncheck.conformance.records import validate_summary
+    import jsonschema  # deferred: only a summary that needs checking pays for it
 
     try:
         validate_summary(doc)
@@ -96,27 +90,12 @@ def slug(text: str, taken: set[str]) -> str:
     return name
 
 
-@dataclass
-class RecordView:
-    """One record (case, call, tensor) as the case page shows it."""
+@dataclass(kw_only=True)
+class RecordView(Record):
+    """One record (case, call, tensor) as the case page shows it: the judge's record, and the page's additions."""
 
     anchor: str
-    raw: dict
-    case: str
-    step: int
-    op: str
-    call: int | None
-    tensor: str
-    stage: str
-    stage_index: int
-    verdict: str
-    reason: str | None
-    message: str | None
-    metrics: dict | None
-    bound: dict | None
-    min_tolerance: dict | None
-    token_profile: dict | None
-    is_state: bool
+    raw: dict  # the record as the summary holds it (for the tensor loader)
     first: bool = False  # the case's first divergence
     plots: dict[str, str] = field(default_factory=dict)  # kind -> path relative to the case page
     captions: dict[str, str] = field(default_factory=dict)  # kind -> extra caption text
@@ -133,6 +112,11 @@ class RecordView:
             return None
         over = [b for b in self.blocks if b[1]]
         return over if over and len(over) < len(self.blocks) else None
+
+    @property
+    def is_state(self) -> bool:
+        """A state tensor (or anything else that is no stage tensor of a call's trace)."""
+        return self.tensor not in TENSOR_BY_NAME
 
     @property
     def where(self) -> str:
@@ -190,7 +174,7 @@ class CaseView:
     records: list[RecordView]
     cells: dict[str, str]
     cell_calls: dict[str, tuple[int, int]]  # stage -> (failing records, judged records)
-    first: dict | None
+    first: FirstDivergence | None
 
     @property
     def failing(self) -> list[RecordView]:
@@ -200,7 +184,7 @@ class CaseView:
 
     @property
     def first_text(self) -> str:
-        return divergence_text(self.first)
+        return str(self.first) if self.first else ""
 
     def target(self, stage: str, step: int | None = None) -> str:
         """Anchor on the case page for a stage (of one step): its first failing tensor's section,
@@ -212,54 +196,22 @@ class CaseView:
         return f"t-{recs[0].anchor}" if recs else "pipeline"
 
 
-def divergence_text(fd: dict | None) -> str:
-    """``call 1, stage delta_rule, tensor core, token 1877 (position 1929, row 0)`` or the reason."""
-    if not fd:
-        return ""
-    parts = []
-    if fd.get("call") is not None:
-        parts.append(f"call {fd['call']}")
-    elif fd.get("op") == "save":
-        parts.append("saved snapshot")
-    elif fd.get("step") is not None:
-        parts.append(f"step {fd['step']} ({fd.get('op')})")
-    for k in ("stage", "tensor"):
-        if fd.get(k):
-            parts.append(f"{k} {fd[k]}")
-    if fd.get("token") is not None:
-        extra = [f"position {fd['position']}" if fd.get("position") is not None else None,
-                 f"row {fd['row']}" if fd.get("row") is not None else None]
-        extra = [e for e in extra if e]
-        parts.append(f"token {fd['token']}" + (f" ({', '.join(extra)})" if extra else ""))
-    if fd.get("reason") and not fd.get("tensor"):
-        parts.append(str(fd["reason"]).replace("_", " "))
-    return ", ".join(parts)
-
-
 def worst_verdict(verdicts) -> str:
     vs = [v for v in verdicts if v in VERDICT_ORDER]
     return min(vs, key=VERDICT_ORDER.__getitem__) if vs else "none"
 
 
 def _record_view(rec: dict, index: int) -> RecordView:
-    return RecordView(
-        anchor=f"r{index}", raw=rec, case=rec["case"], step=rec["step"], op=rec["op"], call=rec.get("call"),
-        tensor=str(rec["tensor"]), stage=str(rec["stage"]), stage_index=rec["stage_index"],
-        verdict=rec["verdict"], reason=rec.get("reason"), message=rec.get("message"),
-        metrics=_nums(rec.get("metrics")), bound=_nums(rec.get("bound")), min_tolerance=_nums(rec.get("min_tolerance")),
-        token_profile=_nums(rec.get("token_profile")),
-        is_state=rec["tensor"] in ("conv_state", "recurrent_state") or rec["tensor"] not in TENSOR_BY_NAME,
-    )
+    return RecordView(**vars(Record.from_json(rec)), anchor=f"r{index}", raw=rec)
 
 
-def _is_first(r: RecordView, fd: dict | None) -> bool:
-    return bool(fd) and r.verdict == "fail" and r.step == fd.get("step") and r.tensor == fd.get("tensor") \
-        and r.stage == fd.get("stage")
+def _is_first(r: RecordView, fd: FirstDivergence | None) -> bool:
+    return fd is not None and r.verdict == "fail" and (r.step, r.tensor, r.stage) == (fd.step, fd.tensor, fd.stage)
 
 
 def case_view(case: dict, page: str, columns: list[str]) -> CaseView:
     records = [_record_view(r, i) for i, r in enumerate(case.get("records", []))]
-    fd = case.get("first_divergence")
+    fd = FirstDivergence.from_json(case.get("first_divergence"))
     for r in records:
         r.first = _is_first(r, fd)
     steps: dict[int, list[RecordView]] = {}
@@ -269,7 +221,7 @@ def case_view(case: dict, page: str, columns: list[str]) -> CaseView:
     for step, recs in sorted(steps.items()):
         recs.sort(key=lambda r: (r.stage_index, tensor_rank(r.tensor)))
         cells = {s: worst_verdict(r.verdict for r in recs if r.stage == s) for s in columns}
-        first_stage = fd.get("stage") if fd and fd.get("step") == step else None
+        first_stage = fd.stage if fd and fd.step == step else None
         seq_pos = next((r.raw.get("seq_pos") for r in recs if r.raw.get("seq_pos") is not None), None)
         step_views.append(StepView(step, recs[0].op, recs[0].call, seq_pos, recs, cells, first_stage))
     cells = {s: worst_verdict(r.verdict for r in records if r.stage == s) for s in columns}
@@ -308,7 +260,7 @@ def build(summary: dict) -> ReportView:
     first_cases: dict[str, list[CaseView]] = {}
     for c in cases:
         if c.status == "fail" and c.first:
-            key = c.first.get("stage") or str(c.first.get("reason") or "?").replace("_", " ")
+            key = c.first.stage or (c.first.reason or "?").replace("_", " ")
             firsts[key] += 1
             first_cases.setdefault(key, []).append(c)
     return ReportView(summary, cases, columns, tags, firsts.most_common(), first_cases)

@@ -18,7 +18,7 @@ from jinja2 import Environment, FileSystemLoader, StrictUndefined
 
 from . import plots
 from .assets import render_case
-from .model import ReportInputError, ReportView, build, divergence_text, fmt_num, load_summary
+from .model import ReportInputError, ReportView, build, fmt_num, load_summary
 
 TEMPLATES = Path(__file__).with_name("templates")
 MARKER = ".gdncheck-report"
@@ -32,7 +32,6 @@ def environment() -> Environment:
     env.filters["times"] = lambda v: "—" if v is None else f"×{fmt_num(v)}"
     env.filters["idx"] = lambda v: "—" if v is None else "[" + ", ".join(str(i) for i in v) + "]"
     env.filters["under"] = lambda s: str(s).replace("_", " ")
-    env.globals["divergence_text"] = divergence_text
     env.globals["EMPTY"] = defaultdict(lambda: None)  # metrics of a record that has none: every field "—"
     return env
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from jinja2 import Environment, FileSystemLoader, StrictUndefined
 
-from .model import build, divergence_text, fmt_num, load_summary
+from .model import build, fmt_num, load_summary
 
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")
 _MD_SPECIAL = re.compile(r"([\\`*_{}\[\]|~!<>])")  # not '#': it only counts at a line's start, and in &#x27;
@@ -78,7 +78,7 @@ def text_summary(summary: str | Path | dict, *, report: str | Path | None = None
             continue
         r = firsts.get(c.id)
         extra = f"; {_ratio(r)}" if r is not None and _ratio(r) else ""
-        lines.append(plain(f"FAIL  {c.id}: {divergence_text(c.first) or c.raw.get('message')}{extra}"))
+        lines.append(plain(f"FAIL  {c.id}: {c.first_text or c.raw.get('message')}{extra}"))
     if len(bad) > max_cases:
         lines.append(f"... and {len(bad) - max_cases} more failing or unusable cases")
     if report is not None:
@@ -106,7 +106,7 @@ def markdown_summary(summary: str | Path | dict, *, report: str | None = None, m
     rows = []
     for c in bad[:max_cases]:
         r = firsts.get(c.id)
-        rows.append({"case": c, "where": divergence_text(c.first) if c.status == "fail" else c.raw.get("problem"),
+        rows.append({"case": c, "where": c.first_text if c.status == "fail" else c.raw.get("problem"),
                      "ratio": _ratio(r) if r is not None else "",
                      "message": c.raw.get("message") or c.raw.get("problem"), "repro": c.raw.get("repro")})
     text = markdown_environment().get_template("summary.md.j2").render(

@@ -1,5 +1,5 @@
 """Full tensors behind a failing record: reloaded from the fixture and the port's outputs, with the
-engine's own scaled error (:func:`gdncheck.conformance.metrics.scaled_error`, the same case-wide
+engine's own scaled error (:func:`gdncheck.conformance.judge.metrics.scaled_error`, the same case-wide
 scales verify used), reduced to what the plots and the worst-elements table need.
 
 The page never holds full tensors: heatmaps are max-pooled to at most :data:`HEAT_ROWS` ×
@@ -14,9 +14,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
-from gdncheck.conformance.metrics import CaseStats, scaled_error
 
+from gdncheck.conformance.judge.metrics import CaseStats, scaled_error
 from gdncheck.errors import GDNError
+from gdncheck.harness import CALL_OPS
 from gdncheck.safetensors_io import SafetensorsFile
 from gdncheck.stages import TENSOR_BY_NAME
 
@@ -118,7 +119,7 @@ def case_stats(files: CaseFiles, records: list[dict], tensor: str) -> tuple[Case
 def _case_stats(files: CaseFiles, records: list[dict], tensor: str) -> tuple[CaseStats | None, str | None]:
     arrays = []
     for r in records:
-        if r["tensor"] == tensor and r["op"] in ("forward", "decode"):
+        if r["tensor"] == tensor and r["op"] in CALL_OPS:
             arr, note = files.read("expected", r.get("expected_ref"))
             if arr is None:
                 return None, note

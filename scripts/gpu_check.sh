@@ -38,7 +38,7 @@ if ! (cd /tmp && "$PY" -c "import gdncheck.gpu_impl, sys; sys.exit(0 if gdncheck
   SITE=$(mktemp -d)
   mkdir "$SITE/gdncheck"
   for f in gdncheck/*; do ln -s "$ROOT/$f" "$SITE/gdncheck/"; done
-  for sub in reference gpu_impl conformance fixtures reports; do ln -s "$ROOT/$sub" "$SITE/gdncheck/$sub"; done
+  for sub in reference gpu_impl conformance fixtures reports gate; do ln -s "$ROOT/$sub" "$SITE/gdncheck/$sub"; done
   export PYTHONPATH="$SITE:$ROOT${PYTHONPATH:+:$PYTHONPATH}"
   RUN_DIR=$SITE
   PYTEST_ARGS=(--rootdir "$ROOT" -c "$ROOT/pyproject.toml" --import-mode=append)

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import pytest
-from gdncheck.conformance.hypothesis_profiles import register_profiles
-from gdncheck.fixtures.manifest import DEFAULT_DIR, load_manifest
 
+from gdncheck.conformance.properties.hypothesis_profiles import register_profiles
 from gdncheck.env import KNOWN, gdn_vars, limit_blas_threads
+from gdncheck.fixtures.manifest import DEFAULT_DIR, load_manifest
 
 limit_blas_threads()
 HYPOTHESIS_PROFILE = register_profiles()

@@ -5,9 +5,9 @@ from __future__ import annotations
 import argparse
 import sys
 
-from gdncheck.fixtures.manifest import DEFAULT_DIR
-
 from gdncheck.env import limit_blas_threads
+from gdncheck.fixtures.manifest import DEFAULT_DIR
+from gdncheck.profiles import VERIFY_PROFILES
 
 from .kill_matrix import format_matrix, kill
 from .mutants import MUTANTS
@@ -15,7 +15,7 @@ from .mutants import MUTANTS
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m gdncheck.conformance.meta", description=__doc__)
-    p.add_argument("--profiles", default="f32,bf16,f16", help="comma-separated profiles (default all three)")
+    p.add_argument("--profiles", default=",".join(VERIFY_PROFILES), help="comma-separated profiles (default all three)")
     p.add_argument("--fixtures", default=str(DEFAULT_DIR), help="fixture folder (default: the committed suite)")
     p.add_argument("--mutant", action="append", help="only this mutant (repeatable)")
     p.add_argument("--verbose", action="store_true", help="print the first failure message of each cell")

@@ -11,12 +11,13 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from gdncheck.conformance.judge.records import FirstDivergence
+from gdncheck.conformance.judge.verify import verify
+from gdncheck.conformance.ports.run import run_impl
 from gdncheck.fixtures.manifest import DEFAULT_DIR
-
+from gdncheck.profiles import VERIFY_PROFILES
 from gdncheck.stages import STAGE_NAMES
 
-from ..run import run_impl
-from ..verify import verify
 from .mutants import MUTANTS, Mutant
 
 
@@ -28,7 +29,7 @@ class KillResult:
     first_stage: str | None
     cases_failed: int
     cases: int
-    first_by_case: dict[str, dict] = field(default_factory=dict)
+    first_by_case: dict[str, FirstDivergence] = field(default_factory=dict)
     message: str | None = None
     repro: str | None = None
 
@@ -49,18 +50,18 @@ def kill(mutant: Mutant, profile: str, fixtures_dir=DEFAULT_DIR, out_dir=None, c
         summary = verify(fixtures_dir, out, profile, cases=cases)
     failing = [c for c in summary.cases if c.status == "fail"]
     first_by_case = {c.id: c.first_divergence for c in failing}
-    stages = [fd["stage"] for fd in first_by_case.values() if fd and fd.get("stage")]
+    stages = [fd.stage for fd in first_by_case.values() if fd and fd.stage]
     first = min(stages, key=STAGE_NAMES.index) if stages else None
-    earliest = next((c for c in failing if c.first_divergence and c.first_divergence.get("stage") == first), None)
+    earliest = next((c for c in failing if c.first_divergence and c.first_divergence.stage == first), None)
     return KillResult(mutant.name, profile, bool(failing), first, len(failing), len(summary.cases), first_by_case,
                       earliest.message if earliest else None, earliest.repro if earliest else None)
 
 
-def matrix(profiles=("f32", "bf16", "f16"), fixtures_dir=DEFAULT_DIR, mutants=MUTANTS) -> list[KillResult]:
+def matrix(profiles=VERIFY_PROFILES, fixtures_dir=DEFAULT_DIR, mutants=MUTANTS) -> list[KillResult]:
     return [kill(m, p, fixtures_dir) for m in mutants for p in profiles]
 
 
-def format_matrix(results: list[KillResult], profiles=("f32", "bf16", "f16")) -> str:
+def format_matrix(results: list[KillResult], profiles=VERIFY_PROFILES) -> str:
     """A markdown table: mutant (bug class), expected first stage, then the first stage caught per profile."""
     by = {(r.mutant, r.profile): r for r in results}
     lines = ["| mutant (bug class) | expected first stage | " + " | ".join(profiles) + " |",

@@ -1,5 +1,6 @@
-"""Mutant implementations: the correct emulated layer (:class:`~..emulate.EmulatedLayer`) with one
-known bug each (SPEC §6, the issue's list, research/gdn-spec.md §8, seed-ports.md §4-5).
+"""Mutant implementations: the correct emulated layer
+(:class:`~gdncheck.conformance.earn.emulate.EmulatedLayer`) with one known bug each (docs/spec.md §6;
+where each bug class comes from: docs/math.md §5).
 
 Each mutant overrides one method. ``MUTANTS`` names each with the stage where ``verify`` must first
 see it, and, where the bug only shows on a later call, the case and call where it must first show.
@@ -14,10 +15,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .. import lowp
-from ..emulate import EmulatedLayer, EmulatedState
-from ..implementations import emulated_adapter
-from ..lowp import F32, f32
+from gdncheck.conformance.earn import lowp
+from gdncheck.conformance.earn.emulate import EmulatedLayer, EmulatedState, emulated_adapter
+from gdncheck.conformance.earn.lowp import F32, f32
+from gdncheck.snapshot import Snapshot
 
 
 class HeadGroupingTiled(EmulatedLayer):
@@ -131,7 +132,7 @@ class SigmoidReplaced(EmulatedLayer):
 
 class SoftplusClamped(EmulatedLayer):
     """softplus(x) = log(1 + exp(min(x, 20))): saturates at 20 where the exact softplus returns x
-    (metrale's CUDA gate epilogue, seed-ports.md §4.1). Only the a + dt_bias > 20 case shows it."""
+    (metrale's CUDA gate epilogue, docs/math.md §5). Only the a + dt_bias > 20 case shows it."""
 
     def gates(self, a, b):
         x = f32(a) + self.w["linear_attn.dt_bias"]
@@ -172,8 +173,6 @@ class _AliasSnapshot:
 
 
 def state_snapshot(snap):
-    from gdncheck.snapshot import Snapshot
-
     return Snapshot(snap.conv_state, snap.recurrent_state, snap.seq_len, snap.fingerprint, snap.warned)
 
 
@@ -192,7 +191,7 @@ class SnapshotAliasesState(EmulatedLayer):
 class NoResetOnMismatch(EmulatedLayer):
     """A call whose seq_pos differs from the state's seq_len continues from the old state."""
 
-    def check_seq_pos(self, state, pos):
+    def apply_seq_pos_rule(self, state, pos):
         return None
 
 

@@ -20,7 +20,7 @@ of 7e-4, bf16). What they feed is judged: ``g`` and ``beta`` (dt_bias and the si
 well scaled).
 
 Calls are judged like a case's calls: the scales of the case-wide groups and the NMSE's
-normaliser come from every call of the program together (:class:`~gdncheck.conformance.metrics.CaseStats`).
+normaliser come from every call of the program together (:class:`~gdncheck.conformance.judge.metrics.CaseStats`).
 """
 
 from __future__ import annotations
@@ -29,12 +29,13 @@ from collections.abc import Iterable, Sequence
 
 import numpy as np
 
-from ..metrics import CaseStats
-from ..tolerances import Bound, load_table
-from ..verdicts import base_record, judge
-from ..vocab import STATE_NAMES
+from gdncheck.conformance.judge.metrics import CaseStats
+from gdncheck.conformance.judge.tolerances import Bound, load_table
+from gdncheck.conformance.judge.verdicts import base_record, judge
+from gdncheck.harness import END_TO_END
+from gdncheck.stages import REQUIRED_OUTPUTS, STATE_NAMES, stage_index, stage_of
 
-REQUIRED = ("out", "conv_state", "recurrent_state")
+REQUIRED = REQUIRED_OUTPUTS
 MIN_NMSE_ELEMENTS = 256
 
 
@@ -42,7 +43,7 @@ NOT_JUDGED = ("a", "b")
 
 
 def bounded_tensors(profile: str) -> set[str]:
-    return set(load_table().data["modes"]["end_to_end"][profile]["global"]) - set(NOT_JUDGED)
+    return set(load_table().data["modes"][END_TO_END][profile]["global"]) - set(NOT_JUDGED)
 
 
 def compare_calls(actual: Sequence[dict], expected: Sequence[dict], profile: str, what: str, *,
@@ -77,7 +78,7 @@ def compare_calls(actual: Sequence[dict], expected: Sequence[dict], profile: str
 
 def global_bound(name: str, profile: str, size: int) -> Bound:
     """The table's global bound; its NMSE part only for tensors of at least MIN_NMSE_ELEMENTS."""
-    b = load_table().bound(name, profile, "end_to_end", None)
+    b = load_table().bound(name, profile, END_TO_END, None)
     if size >= MIN_NMSE_ELEMENTS:
         return b
     return Bound(b.tensor, b.profile, b.mode, b.elem, float("inf"), f"{b.source} (elementwise only: {size} elements)")
@@ -119,6 +120,4 @@ def concat_calls(calls: Sequence[dict], names: Iterable[str] | None = None) -> d
 
 
 def _order(name: str) -> tuple:
-    from ..vocab import stage_index, stage_of
-
     return (stage_index(stage_of(name)), name)

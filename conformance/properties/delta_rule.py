@@ -15,8 +15,11 @@ from __future__ import annotations
 import numpy as np
 from hypothesis import strategies as st
 
-from ..strategies import configs
+from gdncheck.harness import to_numpy
+from gdncheck.synthetic import make_weights
+
 from .registry import PropertySkip, Subject, prop
+from .strategies import configs
 
 
 def hadamard(n: int) -> np.ndarray:
@@ -49,8 +52,6 @@ def orthonormal_recall(subject: Subject, data) -> None:
     if run_stage is None:
         raise PropertySkip("the implementation has no run_stage(stage, inputs) (fixtures/FORMAT.md §8)")
     out = run_stage("delta_rule", {"q": q, "k": k, "v": v, "g": g, "beta": beta, "recurrent_state": S0})
-    from ..plugin import to_numpy
-
     core = np.asarray(to_numpy(out["core"]), dtype=np.float64)
     expected = cfg.scale * v[:, reads]
     if not np.array_equal(core, expected):
@@ -64,6 +65,4 @@ def orthonormal_recall(subject: Subject, data) -> None:
 
 def _weights_for(cfg):
     """Any valid weights: the stage runner needs a layer, the delta rule reads none of them."""
-    from gdncheck.synthetic import make_weights
-
     return make_weights(cfg, 0)

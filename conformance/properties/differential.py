@@ -6,9 +6,9 @@ from __future__ import annotations
 import numpy as np
 from hypothesis import strategies as st
 
-from ..strategies import build_inputs, build_weights, configs, input_draws, weight_draws
 from .check import assert_close
 from .registry import Subject, prop, run_calls
+from .strategies import build_inputs, build_weights, configs, input_draws, weight_draws
 
 
 def consecutive_calls(x: np.ndarray, lengths: list[int], start: int = 0) -> list[tuple[np.ndarray, int]]:

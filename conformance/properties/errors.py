@@ -1,4 +1,4 @@
-"""Errors (SPEC §5, fixtures/FORMAT.md §6) for generated shapes: every norm-mode, configuration,
+"""Errors (docs/spec.md §5, fixtures/FORMAT.md §6) for generated shapes: every norm-mode, configuration,
 weight and input error is refused with its code (or a more general code of its family), through
 the same route as a fixture case: gdncheck's config parser, then the implementation's factory,
 then ``forward``."""
@@ -6,15 +6,15 @@ then ``forward``."""
 from __future__ import annotations
 
 import numpy as np
-from gdncheck.fixtures.build import accepted_codes as accepted
 from hypothesis import strategies as st
 
 from gdncheck.config import GDNConfig
+from gdncheck.fixtures.build import accepted_codes as accepted
+from gdncheck.harness import error_code
 from gdncheck.weights import LayerWeights
 
-from ..plugin import error_code
-from ..strategies import build_inputs, build_weights, configs, weight_draws
 from .registry import Subject, prop
+from .strategies import InputDraw, build_inputs, build_weights, configs, weight_draws
 
 ERRORS = ("missing_head_setting", "head_ratio", "invalid_eps", "unknown_norm_mode", "norm_mode_conflict",
           "norm_weight_size", "projection_size", "missing_weight", "conv_kernel_mismatch", "input_shape",
@@ -50,7 +50,7 @@ def broken(code: str, cfg: GDNConfig, weights: dict, data) -> tuple[dict, dict]:
 
 @prop("errors", once=True)
 def configuration_errors(subject: Subject, data) -> None:
-    """Each error of SPEC §5 is refused with its code (or its family's), at construction or at the call."""
+    """Each error of docs/spec.md §5 is refused with its code (or its family's), at construction or at the call."""
     cfg = data.draw(configs(), label="config")
     assume_multi = cfg.num_v_heads > 1
     code = data.draw(st.sampled_from([c for c in ERRORS if assume_multi or c != "norm_mode_conflict"]),
@@ -84,6 +84,4 @@ def configuration_errors(subject: Subject, data) -> None:
 
 
 def _inputs():
-    from ..strategies import InputDraw
-
     return InputDraw(0, "normal")

@@ -18,15 +18,15 @@ import numpy as np
 from hypothesis import assume
 from hypothesis import strategies as st
 
+from gdncheck.conformance.judge.metrics import CaseStats
+from gdncheck.conformance.judge.verdicts import base_record, judge
 from gdncheck.dtypes import round_to_common
 from gdncheck.weights import LayerWeights
 
-from ..metrics import CaseStats
-from ..strategies import build_inputs, build_weights, configs, group_permutations, input_draws, splits, weight_draws
-from ..verdicts import base_record, judge
 from .check import assert_close, concat_calls, global_bound
 from .differential import consecutive_calls
 from .registry import PropertySkip, Subject, prop, run_calls
+from .strategies import build_inputs, build_weights, configs, group_permutations, input_draws, splits, weight_draws
 
 
 def _setup(data, *, max_heads: int = 6, regimes=None):

@@ -16,12 +16,13 @@ from typing import Any
 import numpy as np
 
 from gdncheck.config import GDNConfig
+from gdncheck.conformance.ports.plugin import load_factory
 from gdncheck.errors import GDNError
+from gdncheck.fixtures.reference_impl import reference_f64
+from gdncheck.harness import to_numpy
+from gdncheck.profiles import VERIFY_PROFILES
 from gdncheck.weights import LayerWeights
 
-from ..plugin import load_factory, to_numpy
-
-PROFILES = ("f32", "bf16", "f16")
 CHAPTERS = ("differential", "metamorphic", "delta_rule", "state", "errors")
 
 
@@ -67,11 +68,9 @@ class Subject:
         return self.factory(cfg, w, profile=self.profile, strict=strict, **options)
 
     @staticmethod
-    def reference(cfg: GDNConfig, weights: Mapping[str, np.ndarray], **options):
-        from ..implementations import reference
-
+    def reference(cfg: GDNConfig, weights: Mapping[str, np.ndarray]):
         w = weights if isinstance(weights, LayerWeights) else LayerWeights(weights, config=cfg)
-        return reference(cfg, w, profile="f64", **options)
+        return reference_f64(cfg, w)
 
     def env(self) -> str:
         return f"GDN_IMPL={self.spec} GDN_PROFILE={self.profile}"
@@ -81,8 +80,8 @@ def subject_from_env(impl: str | None = None, profile: str | None = None) -> Sub
     """The subject named by the arguments, else by ``GDN_IMPL`` / ``GDN_PROFILE``."""
     spec = impl or os.environ.get("GDN_IMPL") or "reference"
     profile = profile or os.environ.get("GDN_PROFILE") or "f32"
-    if profile not in PROFILES:
-        raise GDNError(f"expected GDN_PROFILE one of {', '.join(PROFILES)}, found {profile!r}")
+    if profile not in VERIFY_PROFILES:
+        raise GDNError(f"expected GDN_PROFILE one of {', '.join(VERIFY_PROFILES)}, found {profile!r}")
     return Subject(spec, profile, load_factory(spec))
 
 

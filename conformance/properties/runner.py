@@ -2,7 +2,7 @@
 ``python -m gdncheck.conformance.properties``.
 
 Each property becomes a Hypothesis test (``@given(data=st.data())``) under the chosen profile
-(``dev``, ``ci``, ``nightly``: :mod:`gdncheck.conformance.hypothesis_profiles`) and ``max_examples``.
+(``dev``, ``ci``, ``nightly``: :mod:`gdncheck.conformance.properties.hypothesis_profiles`) and ``max_examples``.
 A failure is reported with Hypothesis' falsifying example (every draw by its label), the blob that
 replays it, and a one-line command that does::
 
@@ -13,12 +13,22 @@ replays it, and a one-line command that does::
 from __future__ import annotations
 
 import argparse
+import logging
+import os
 import re
 import shlex
 import sys
 import time
 from dataclasses import asdict, dataclass, field
 
+from hypothesis import HealthCheck, Phase, given, reproduce_failure, settings
+from hypothesis import __version__ as hyp_version
+from hypothesis import strategies as st
+
+from gdncheck.env import limit_blas_threads
+from gdncheck.errors import GDNError
+
+from .hypothesis_profiles import register_profiles
 from .registry import PROPERTIES, PropertySkip, Subject, subject_from_env
 
 BLOB = re.compile(r"@reproduce_failure\(\s*'([^']+)'\s*,\s*b'([^']*)'\s*\)")
@@ -49,10 +59,6 @@ def replay_command(name: str, subject: Subject, hypothesis_profile: str, blob: s
 
 
 def make_settings(hypothesis_profile: str, max_examples: int | None, shrink: bool):
-    from hypothesis import HealthCheck, Phase, settings
-
-    from ..hypothesis_profiles import register_profiles
-
     register_profiles()
     parent = settings.get_profile(hypothesis_profile)
     phases = tuple(p for p in parent.phases if shrink or p != Phase.shrink)
@@ -64,13 +70,7 @@ def make_settings(hypothesis_profile: str, max_examples: int | None, shrink: boo
 def run_property(name: str, subject: Subject | None = None, *, max_examples: int | None = None,
                  hypothesis_profile: str = "ci", shrink: bool = True, replay: str | None = None) -> PropertyResult:
     """Search one property; never raises for a failure of the implementation (it is the result)."""
-    from hypothesis import __version__ as hyp_version
-    from hypothesis import given, reproduce_failure
-    from hypothesis import strategies as st
-
     if name not in PROPERTIES:
-        from gdncheck.errors import GDNError
-
         raise GDNError(f"no property {name!r}; properties: {', '.join(sorted(PROPERTIES))}")
     p = PROPERTIES[name]
     subject = subject or subject_from_env()
@@ -88,8 +88,6 @@ def run_property(name: str, subject: Subject | None = None, *, max_examples: int
     wrapped = make_settings(hypothesis_profile, max_examples, shrink)(given(data=st.data())(test))
     if replay:
         wrapped = reproduce_failure(hyp_version, replay.encode() if isinstance(replay, str) else replay)(wrapped)
-    import logging
-
     logging.getLogger("gdncheck").setLevel(logging.ERROR)  # the seq-len reset warning is part of the programs
     start = time.perf_counter()
     result = PropertyResult(name, p.chapter, subject.spec, subject.profile, "pass", 0.0, 0)
@@ -137,10 +135,6 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-shrink", action="store_true", help="report the first failing example as found")
     ap.add_argument("--list", action="store_true", help="list the properties and exit")
     args = ap.parse_args(argv)
-    import os
-
-    from gdncheck.env import limit_blas_threads
-
     limit_blas_threads()
     if args.list:
         for p in PROPERTIES.values():

@@ -1,4 +1,4 @@
-"""State promises (SPEC §4): snapshots restore bit-identically and survive a file, a call at
+"""State promises (docs/spec.md §4): snapshots restore bit-identically and survive a file, a call at
 another position resets the state (the reference's answer from a zero state), strict mode raises
 and changes nothing."""
 
@@ -10,14 +10,15 @@ from pathlib import Path
 import numpy as np
 from hypothesis import strategies as st
 
+from gdncheck.harness import error_code, to_numpy
 from gdncheck.safetensors_io import SafetensorsFile
+from gdncheck.stages import STATE_NAMES
 
-from ..plugin import error_code, to_numpy
-from ..strategies import build_inputs
 from .check import assert_close, assert_identical
 from .differential import consecutive_calls
 from .metamorphic import _setup
 from .registry import Subject, prop, run_calls
+from .strategies import build_inputs
 
 
 def _state(impl, state) -> dict:
@@ -62,7 +63,7 @@ def snapshot_file_round_trip(subject: Subject, data) -> None:
         path = str(Path(tmp) / "snap.safetensors")
         impl.save_snapshot(snap, path)
         f = SafetensorsFile(path)
-        stored = {k: np.asarray(f.read(k), dtype=np.float64) for k in ("conv_state", "recurrent_state") if k in f}
+        stored = {k: np.asarray(f.read(k), dtype=np.float64) for k in STATE_NAMES if k in f}
         if set(stored) != {"conv_state", "recurrent_state"}:
             raise AssertionError(f"snapshot file holds {sorted(f)}, but should hold conv_state and recurrent_state "
                                  f"(fixtures/FORMAT.md §7) [{what}]")

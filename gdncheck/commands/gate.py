@@ -1,9 +1,11 @@
-"""``gdncheck gate``: the CI conformance gate (gdncheck.conformance.gate)."""
+"""``gdncheck gate``: the CI conformance gate (gdncheck.gate)."""
 
 from __future__ import annotations
 
 import argparse
 import sys
+
+from gdncheck.profiles import VERIFY_PROFILES
 
 DESCRIPTION = """\
 The CI conformance gate: does an implementation conform? With no arguments: the committed
@@ -28,8 +30,8 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--impl", default="triton", help="triton (default) | reference | MODULE:CALLABLE (FORMAT.md §9)")
     p.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"),
                    help="auto (default): cuda when torch sees a GPU, else cpu (the Triton interpreter)")
-    p.add_argument("--profiles", type=_profiles, default=("f32", "bf16", "f16"), metavar="P[,P...]",
-                   help="precision profiles, comma-separated (default f32,bf16,f16)")
+    p.add_argument("--profiles", type=_profiles, default=VERIFY_PROFILES, metavar="P[,P...]",
+                   help=f"precision profiles, comma-separated (default {','.join(VERIFY_PROFILES)})")
     p.add_argument("--suite", default="default", choices=("default", "full"),
                    help="default: the committed fixtures; full: adds real Qwen3.5 sizes (built with "
                         "gdncheck fixtures build --suite full; looked for in ./fixtures-full)")
@@ -56,7 +58,7 @@ def configure(p: argparse.ArgumentParser) -> None:
                    help="check the fixtures' checksums only, not a rebuild (default for suites other than the "
                         "committed one)")
     p.add_argument("--xfails", metavar="FILE", help="known failures (default: the packaged "
-                   "conformance/xfails.txt; 'none' for none); stale entries warn")
+                   "gate/xfails.txt; 'none' for none); stale entries warn")
     p.add_argument("--option", action="append", metavar="KEY=VALUE", help="passed to the implementation's factory")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress, no per-case lines: the table, "
                                                               "failures and the verdict (for CI logs)")
@@ -100,10 +102,10 @@ def _label(res: dict) -> str:
 
 def run(args: argparse.Namespace) -> int:
     from gdncheck.commands.run import parse_shard
-    from gdncheck.conformance.gate import GateOptions, run_gate
-    from gdncheck.conformance.gate_report import format_result, verdict_line
-    from gdncheck.conformance.plugin import parse_options
+    from gdncheck.conformance.ports.plugin import parse_options
     from gdncheck.env import limit_blas_threads
+    from gdncheck.gate import GateOptions, run_gate
+    from gdncheck.gate.report import format_result, verdict_line
 
     limit_blas_threads()
     opts = GateOptions(

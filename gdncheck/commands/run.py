@@ -6,6 +6,8 @@ import argparse
 import shlex
 import sys
 
+from gdncheck.profiles import RUN_PROFILES
+
 DESCRIPTION = """\
 Run an implementation over the fixture cases and write its outputs in the port format
 (fixtures/FORMAT.md §7), one safetensors file per case, for `gdncheck verify`.
@@ -23,7 +25,7 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("impl", metavar="IMPL", help="reference | triton | hf | MODULE:CALLABLE")
     p.add_argument("--fixtures", default=str(DEFAULT_DIR), help=f"fixture folder (default {DEFAULT_DIR})")
     p.add_argument("--out", required=True, help="folder for the outputs (created)")
-    p.add_argument("--profile", required=True, choices=("f64", "f32", "bf16", "f16"), help="precision profile")
+    p.add_argument("--profile", required=True, choices=RUN_PROFILES, help="precision profile")
     p.add_argument("--case", action="append", help="only this case (id or id prefix; repeatable)")
     p.add_argument("--tag", action="append", help="only cases with this tag (repeatable)")
     p.add_argument("--shard", help="I/N: every N-th selected case from the I-th (0-based)")
@@ -50,8 +52,8 @@ def parse_shard(text):
 def run(args: argparse.Namespace) -> int:
     import logging
 
-    from gdncheck.conformance.plugin import parse_options
-    from gdncheck.conformance.run import default_command, run_impl
+    from gdncheck.conformance.ports.plugin import parse_options
+    from gdncheck.conformance.ports.run import default_command, run_impl
     from gdncheck.env import limit_blas_threads
 
     limit_blas_threads()

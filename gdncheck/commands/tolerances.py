@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import argparse
 
+from gdncheck.harness.outputs import END_TO_END, MODES
+from gdncheck.profiles import VERIFY_PROFILES
+
 DESCRIPTION = """\
 The tolerance table verify applies: bounds per (mode, profile, case recipe, tensor), earned from
 the envelope of correct low-precision implementations (docs/tolerances.md).
@@ -15,11 +18,11 @@ the envelope of correct low-precision implementations (docs/tolerances.md).
 def configure(p: argparse.ArgumentParser) -> None:
     sub = p.add_subparsers(dest="action", metavar="ACTION", required=True)
     s = sub.add_parser("show", help="print bounds")
-    s.add_argument("--mode", choices=("end_to_end", "stage_isolated"), default="end_to_end")
+    s.add_argument("--mode", choices=MODES, default=END_TO_END)
     s.add_argument("--case", help="a case id or recipe (default: the global bounds)")
     s.add_argument("--table", help="table file (default: the packaged one)")
     d = sub.add_parser("derive", help="re-derive the table")
-    d.add_argument("--out", help="where to write it (default: the packaged conformance/tolerances.json)")
+    d.add_argument("--out", help="where to write it (default: the packaged conformance/judge/tolerances.json)")
     d.add_argument("--jobs", type=int, default=1)
     d.add_argument("--seeds", default="1,2,3,4", help="comma-separated seeds (default 1,2,3,4; never 0)")
     d.add_argument("--suite", choices=("default", "full"), default="full",
@@ -28,7 +31,8 @@ def configure(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from gdncheck.conformance import derive, tolerances
+    from gdncheck.conformance.earn import derive
+    from gdncheck.conformance.judge import tolerances
     from gdncheck.safetensors_io import write_bytes_atomic
 
     if args.action == "derive":
@@ -43,9 +47,9 @@ def run(args: argparse.Namespace) -> int:
     recipe = tolerances.recipe_of(args.case) if args.case else None
     print(f"tolerance table v{table.version} ({table.source}, sha256 {table.sha256[:16]}), mode {args.mode}, "
           f"{'case ' + recipe if recipe else 'global'}; elem = scaled elementwise error, nmse = per-call NMSE")
-    profiles = ("f32", "bf16", "f16")
+    profiles = VERIFY_PROFILES
     rows = table.data["modes"][args.mode]
-    names = list(rows["f32"]["global"])
+    names = list(rows[profiles[0]]["global"])
     print(f"{'tensor':<16}" + "".join(f"{p + ' elem':>12}{p + ' nmse':>12}" for p in profiles))
     for name in names:
         cells = []

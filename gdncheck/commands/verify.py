@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 
+from gdncheck.profiles import VERIFY_PROFILES
+
 DESCRIPTION = """\
 Verify a port's outputs (fixtures/FORMAT.md §7) against the goldens, per case, call and stage
 tensor, with the tolerances earned for the profile (docs/tolerances.md). Prints each case's
@@ -20,12 +22,12 @@ def configure(p: argparse.ArgumentParser) -> None:
 
     p.add_argument("--fixtures", default=str(DEFAULT_DIR), help=f"fixture folder (default {DEFAULT_DIR})")
     p.add_argument("--outputs", required=True, help="the port's outputs folder")
-    p.add_argument("--profile", required=True, choices=("f32", "bf16", "f16"), help="precision profile")
+    p.add_argument("--profile", required=True, choices=VERIFY_PROFILES, help="precision profile")
     p.add_argument("--stage-isolated", action="store_true", help="outputs of stages run alone from golden inputs")
     p.add_argument("--case", action="append", help="only this case (id or id prefix; repeatable)")
     p.add_argument("--tag", action="append", help="only cases with this tag (repeatable)")
     p.add_argument("--shard", help="I/N: every N-th selected case from the I-th (0-based)")
-    p.add_argument("--tolerances", help="tolerance table (default: the packaged conformance/tolerances.json)")
+    p.add_argument("--tolerances", help="tolerance table (default: the packaged conformance/judge/tolerances.json)")
     p.add_argument("--summary", help="where to write the JSON summary (default OUTPUTS/verify-summary-PROFILE.json)")
     p.add_argument("--junit", help="also write JUnit XML here (one testcase per case and stage; for CI publishers)")
     p.add_argument("--verbose", action="store_true", help="print every failing record, not only the first per case")
@@ -39,7 +41,7 @@ def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from gdncheck.commands.run import parse_shard
-    from gdncheck.conformance.verify import verify
+    from gdncheck.conformance.judge.verify import verify
 
     def progress(c):
         if c.status == "pass":
@@ -49,9 +51,7 @@ def run(args: argparse.Namespace) -> int:
         elif c.status == "not_applicable":
             print(f"n/a   {c.id}: {c.message}")
         else:
-            fd = c.first_divergence or {}
-            where = ", ".join(f"{k} {fd[k]}" for k in ("call", "stage", "tensor", "token") if fd.get(k) is not None)
-            print(f"FAIL  {c.id}: first divergence {where or fd.get('reason')}")
+            print(f"FAIL  {c.id}: first divergence {c.first_divergence}")
             print(f"      {c.message}\n      repro: {c.repro}")
             if args.verbose:
                 for r in c.records:
@@ -66,7 +66,7 @@ def run(args: argparse.Namespace) -> int:
     path = Path(args.summary) if args.summary else Path(args.outputs) / f"verify-summary-{args.profile}.json"
     summary.write(path)
     if args.junit:
-        from gdncheck.conformance.junit import JUnit, add_verify_summary
+        from gdncheck.reports.junit import JUnit, add_verify_summary
 
         junit = JUnit("gdncheck verify")
         add_verify_summary(junit, summary)

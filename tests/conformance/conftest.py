@@ -6,6 +6,7 @@ import logging
 import shutil
 
 import pytest
+
 from gdncheck.fixtures.manifest import DEFAULT_DIR
 
 #: Cases cheap enough to run many times (the real-head-size cases and the 2048-token decode are not).

@@ -6,8 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
-from gdncheck.fixtures.manifest import load_manifest
 
+from gdncheck.fixtures.manifest import load_manifest
 from gdncheck.safetensors_io import SafetensorsFile, write_safetensors
 
 

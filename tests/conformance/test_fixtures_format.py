@@ -9,11 +9,11 @@ import re
 import jsonschema
 import numpy as np
 import pytest
-from gdncheck.fixtures.build import build_suite, check_suite
-from gdncheck.fixtures.manifest import SCHEMA_PATH, sha256_file
 
 from gdncheck.config import GDNConfig
 from gdncheck.dtypes import is_representable
+from gdncheck.fixtures.build import build_suite, check_suite
+from gdncheck.fixtures.manifest import SCHEMA_PATH, sha256_file
 from gdncheck.safetensors_io import SafetensorsFile
 from tests.reference.naive_layer import naive_layer
 
@@ -179,10 +179,9 @@ def test_full_suite_lists_real_sizes(suite_name):
 def test_fixtures_from_a_checkpoint(tmp_path):
     """--from-checkpoint: goldens from a (synthetic) Hugging Face checkpoint's layer, verified with the
     global bounds, rebuilt identically by check."""
-    from gdncheck.conformance.run import run_impl
-    from gdncheck.conformance.verify import verify
+    from gdncheck.conformance.judge.verify import verify
+    from gdncheck.conformance.ports.run import run_impl
     from gdncheck.fixtures.build import build_checkpoint_suite
-
     from gdncheck.synthetic import make_weights, write_hf_checkpoint
 
     cfg = GDNConfig(hidden_size=32, intermediate_size=48, num_k_heads=2, num_v_heads=4, head_k_dim=16,

@@ -6,6 +6,7 @@ prints the whole matrix over every case, and docs/meta.md records it."""
 from __future__ import annotations
 
 import pytest
+
 from gdncheck.conformance.meta.kill_matrix import kill
 from gdncheck.conformance.meta.mutants import MUTANTS
 
@@ -25,7 +26,7 @@ def test_mutant_is_killed_at_its_first_stage(mutant, profile, fixtures_dir, ligh
     if mutant.call:
         recipe, call = mutant.call
         fd = next(fd for cid, fd in r.first_by_case.items() if cid.startswith(recipe))
-        assert (fd["call"], fd["stage"]) == (call, mutant.stage), fd
+        assert (fd.call, fd.stage) == (call, mutant.stage), fd
     assert r.repro.startswith(f"gdncheck run gdncheck.conformance.meta.mutants:{mutant.name} ")
     assert "but should be" in r.message or "but should raise" in r.message
 

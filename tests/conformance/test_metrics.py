@@ -6,7 +6,8 @@ import math
 
 import numpy as np
 import pytest
-from gdncheck.conformance.metrics import (
+
+from gdncheck.conformance.judge.metrics import (
     CaseStats,
     downsample_max,
     group_axes,

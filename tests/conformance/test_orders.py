@@ -1,4 +1,4 @@
-"""Summation orders of the emulated layer (conformance/lowp.py): each order is the float32
+"""Summation orders of the emulated layer (conformance/earn/lowp.py): each order is the float32
 arithmetic it claims, checked against scalar float32 loops and Higham's error bound, and the
 derivation runs every placement with every order."""
 
@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from gdncheck.conformance import derive, lowp
-from gdncheck.conformance.emulate import PLACEMENTS, EmulatedLayer, placement_of
-from gdncheck.fixtures.cases import cfg_of
 
+from gdncheck.conformance.earn import derive, lowp
+from gdncheck.conformance.earn.emulate import PLACEMENTS, EmulatedLayer, placement_of
+from gdncheck.fixtures.recipes import cfg_of
 from gdncheck.synthetic import make_inputs, make_weights
 
 F32 = np.float32

@@ -4,17 +4,19 @@ mode localises a bug to its stage, and the summary follows its schema."""
 from __future__ import annotations
 
 import pytest
-from gdncheck.conformance.emulate import PLACEMENTS
+
+from gdncheck.conformance.earn.emulate import PLACEMENTS
+from gdncheck.conformance.judge.records import validate_summary
+from gdncheck.conformance.judge.verify import verify
 from gdncheck.conformance.meta.mutants import MUTANT_BY_NAME
-from gdncheck.conformance.records import validate_summary
-from gdncheck.conformance.run import run_impl
-from gdncheck.conformance.verify import verify
+from gdncheck.conformance.ports.run import run_impl
 
 
 def _worst(summary):
     return max(r.metrics["max_err"] / r.bound["elem"] for c in summary.cases for r in c.records if r.metrics)
 
 
+@pytest.mark.slow
 def test_float64_reference_conforms_in_every_profile(fixtures_dir, tmp_path):
     rep = run_impl("reference", fixtures_dir, tmp_path, "f64")
     assert not rep.skipped and sum(c.status == "raised" for c in rep.cases) == 12  # the error cases raise
@@ -25,6 +27,7 @@ def test_float64_reference_conforms_in_every_profile(fixtures_dir, tmp_path):
         assert all(c.error_check["match"] == "exact" for c in s.cases if c.kind == "error")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("profile", ["f32", "bf16", "f16"])
 @pytest.mark.parametrize("placement", list(PLACEMENTS))
 def test_correct_low_precision_implementations_conform(fixtures_dir, tmp_path, placement, profile):
@@ -36,6 +39,7 @@ def test_correct_low_precision_implementations_conform(fixtures_dir, tmp_path, p
     assert s.totals()["records_missing"] == 0
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("placement,profile", [("metrale:sequential", "f32"), ("metrale:blocked16", "f32"),
                                                ("metrale:sequential", "bf16")])
 def test_the_held_out_placement_conforms_with_every_summation_order(fixtures_dir, tmp_path, placement, profile):
@@ -62,7 +66,7 @@ def test_stage_isolated_mode_passes_and_localises(fixtures_dir, tmp_path, light_
     s = verify(fixtures_dir, tmp_path / "bad", "bf16", cases=cases, stage_isolated=True)
     failed = {r.stage for c in s.cases for r in c.records if r.verdict == "fail"}
     assert failed == {"input_norm", "post_norm"}
-    assert all(c.first_divergence["stage"] == "input_norm" for c in s.cases)
+    assert all(c.first_divergence.stage == "input_norm" for c in s.cases)
     validate_summary(s.to_json())
 
 

@@ -4,13 +4,14 @@ and reproducible from the derivation code."""
 from __future__ import annotations
 
 import pytest
-from gdncheck.conformance import derive
-from gdncheck.conformance.tolerances import load_table, recipe_of
+
+from gdncheck.conformance.earn import derive
+from gdncheck.conformance.judge.tolerances import load_table, recipe_of
 from gdncheck.fixtures.cases import FORWARD_CASES
 
-from gdncheck.dtypes import eps_of
-
 PROFILES = ("f32", "bf16", "f16")
+#: machine epsilon (the spacing at 1.0) of each profile's dtype: the floor of every bound
+EPS = {"f32": 2.0 ** -23, "bf16": 2.0 ** -7, "f16": 2.0 ** -10}
 
 
 def test_every_forward_recipe_has_every_bound(manifest):
@@ -23,7 +24,7 @@ def test_every_forward_recipe_has_every_bound(manifest):
             for name in names:
                 b = table.bound(name, profile, "end_to_end", c["id"])
                 assert b.source == f"case {recipe_of(c['id'])}"
-                assert b.elem >= eps_of(profile) and b.nmse >= eps_of(profile) ** 2
+                assert b.elem >= EPS[profile] and b.nmse >= EPS[profile] ** 2
                 g = table.bound(name, profile, "end_to_end", None)
                 assert g.source == "global" and g.elem >= b.elem and g.nmse >= b.nmse
 
@@ -37,9 +38,9 @@ def test_bounds_are_margin_times_the_recorded_envelope():
         for profile, rows in profiles.items():
             for recipe, tensors in rows["cases"].items():
                 for name, row in tensors.items():
-                    want_elem = max(d["margin_elem"] * row["observed_elem"], eps_of(profile))
+                    want_elem = max(d["margin_elem"] * row["observed_elem"], EPS[profile])
                     assert want_elem * (1 - 1e-5) <= row["elem"] <= want_elem * 1.01, (mode, profile, recipe, name)
-                    assert row["nmse"] >= max(d["margin_nmse"] * row["observed_nmse"], eps_of(profile) ** 2) * 0.99
+                    assert row["nmse"] >= max(d["margin_nmse"] * row["observed_nmse"], EPS[profile] ** 2) * 0.99
 
 
 def test_unknown_cases_get_the_global_bound():

@@ -3,10 +3,10 @@ profile. Under the Triton interpreter (no GPU) on a chosen subset of cases; on a
 
 from __future__ import annotations
 
-import gdncheck.gpu_impl as gpu_impl
 import pytest
-from gdncheck.conformance.run import run_impl
-from gdncheck.conformance.verify import verify
+
+from gdncheck.conformance.judge.verify import verify
+from gdncheck.conformance.ports.run import run_impl
 
 #: Cheap under the interpreter, yet every program feature: prefill, decode steps and the decode op,
 #: snapshot/save/load/restore, both resets, batches at different positions, per_head norm, gate
@@ -23,7 +23,7 @@ def _cuda() -> bool:
     return bool(torch.cuda.is_available())
 
 
-@pytest.mark.skipif(not hasattr(gpu_impl, "Layer"), reason="gdncheck.gpu_impl has no Layer yet (the Triton path)")
+@pytest.mark.slow
 @pytest.mark.parametrize("profile", ["f32", "bf16", "f16"])
 def test_triton_path_conforms(profile, fixtures_dir, tmp_path):
     cases = None if _cuda() else INTERPRETER_CASES

@@ -6,10 +6,10 @@ from __future__ import annotations
 import json
 
 import numpy as np
-from gdncheck.conformance.records import validate_summary
-from gdncheck.conformance.run import run_impl
-from gdncheck.conformance.verify import verify
 
+from gdncheck.conformance.judge.records import validate_summary
+from gdncheck.conformance.judge.verify import verify
+from gdncheck.conformance.ports.run import run_impl
 from gdncheck.dtypes import round_to
 
 from .helpers import case_entry, perfect_outputs
@@ -51,14 +51,14 @@ def test_shape_dtype_nan_inf_are_verdicts(fixtures_dir, tmp_path):
         t["calls.0.recurrent_state"] = np.ascontiguousarray(np.swapaxes(t["calls.0.recurrent_state"], -1, -2))
     case, fails = _one_failure(fixtures_dir, tmp_path, "batch-positions", transpose_state)
     assert [(r.tensor, r.reason) for r in fails] == [("recurrent_state", "shape")]
-    assert case.first_divergence["stage"] == "delta_rule" and case.first_divergence["call"] == 0
+    assert case.first_divergence.stage == "delta_rule" and case.first_divergence.call == 0
     assert "shape [3, 4, 16, 8], but should be [3, 4, 8, 16]" in case.message
 
     def nan_core(t):
         t["calls.2.core"][1, 1, 0, 3] = np.nan
     case, fails = _one_failure(fixtures_dir, tmp_path, "batch-positions", nan_core)
     assert fails[0].reason == "nan" and fails[0].metrics["first_nonfinite"] == [1, 1, 0, 3]
-    assert "NaN" in case.message and case.first_divergence["tensor"] == "core"
+    assert "NaN" in case.message and case.first_divergence.tensor == "core"
 
     def inf_out(t):
         t["calls.1.out"][0, 0, 5] = np.inf
@@ -123,7 +123,7 @@ def test_expected_errors(fixtures_dir, tmp_path):
     # a forward case whose implementation raised
     case, _ = _one_failure(fixtures_dir, tmp_path, "decode_T12",
                            meta={"error_code": "input_dtype", "error_step": "1", "error_message": "no bf16 here"})
-    assert case.first_divergence["reason"] == "raised" and "raised input_dtype at step 1 (decode)" in case.message
+    assert case.first_divergence.reason == "raised" and "raised input_dtype at step 1 (decode)" in case.message
 
 
 def test_unusable_inputs_are_reported_per_case(fixtures_dir, fixture_copy, tmp_path):

@@ -1,14 +1,14 @@
-"""Every configuration and weight error of SPEC §5: its class, and a message that says what was
+"""Every configuration and weight error of docs/spec.md §5: its class, and a message that says what was
 expected, what was found and where."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
-from gdncheck.reference import Layer
 
 from gdncheck import errors as E
 from gdncheck.config import GDNConfig
+from gdncheck.reference import Layer
 from gdncheck.synthetic import make_weights
 from gdncheck.weights import validate_weights
 from tests.helpers import tiny_config

@@ -7,10 +7,10 @@ import struct
 
 import numpy as np
 import pytest
-from gdncheck.reference import Layer
 
 from gdncheck import errors as E
 from gdncheck.dtypes import bf16_bits_to_f32, f32_to_bf16_bits, round_to, round_to_common
+from gdncheck.reference import Layer
 from gdncheck.safetensors_io import SafetensorsFile, encode_safetensors, read_safetensors, write_safetensors
 from gdncheck.snapshot import Snapshot
 from gdncheck.synthetic import make_inputs, make_weights

@@ -12,13 +12,13 @@ from pathlib import Path
 
 import junitparser
 import pytest
-from gdncheck.conformance.gate import GateOptions, validate_gate_summary
-from gdncheck.conformance.gate import run_gate as _run_gate
+
+from gdncheck.cli import main
 from gdncheck.conformance.properties.registry import subject_from_env
 from gdncheck.conformance.properties.runner import run_property
 from gdncheck.fixtures.manifest import DEFAULT_DIR
-
-from gdncheck.cli import main
+from gdncheck.gate import GateOptions, validate_gate_summary
+from gdncheck.gate import run_gate as _run_gate
 
 CASES = ["prefill_T1_", "decode_T12", "snapshot-replay", "error-head-ratio"]
 
@@ -36,6 +36,7 @@ def junit_cases(path) -> list:
     return [(suite.name, case) for suite in xml for case in suite]
 
 
+@pytest.mark.slow
 def test_reference_conforms(tmp_path):
     res = run_gate(GateOptions(impl="reference", profiles=("bf16",), cases=CASES, out=str(tmp_path / "out"),
                                junit=str(tmp_path / "junit.xml"), report=str(tmp_path / "report"),
@@ -59,6 +60,7 @@ def test_reference_conforms(tmp_path):
     assert all(c.is_passed or c.is_skipped for _, c in cases)
 
 
+@pytest.mark.slow
 def test_mutant_does_not_conform_and_its_property_failure_replays(tmp_path):
     mutant = "gdncheck.conformance.meta.mutants:decay_after_write"
     res = run_gate(GateOptions(impl=mutant, profiles=("f32",), cases=["prefill-decode_T65", "decode_T12"],
@@ -102,6 +104,7 @@ def test_unknown_implementation_cannot_run(tmp_path):
     assert res.exit_code == 2 and "cannot import module 'no_such_module'" in res.reason
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("device", ["cpu"])
 def test_interpreter_skip_is_listed(tmp_path, device):
     res = run_gate(GateOptions(impl="triton", device=device, profiles=("f32",), cases=["prefill_T1_", "long-decode"],
@@ -130,6 +133,7 @@ def test_verify_writes_junit_for_a_port(tmp_path):
     assert cases[("conformance.bf16.error-invalid-eps_T0_Hk1_Hv2_dk4_dv4_s0", "expected_error")].is_passed
 
 
+@pytest.mark.slow
 def test_the_schema_rejects_inconsistent_summaries(tmp_path):
     """The schema is not a formality: a verdict that contradicts the exit code, a missing section and
     a property failure without its replay line are each refused."""

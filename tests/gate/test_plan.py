@@ -6,12 +6,12 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 import pytest
-from gdncheck.conformance.gate_plan import plan_cases, plan_properties
-from gdncheck.conformance.xfails import DEFAULT_PATH, classify, load_xfails
-from gdncheck.fixtures.manifest import DEFAULT_DIR, load_manifest, select_cases
 
 from gdncheck.cli import build_parser
 from gdncheck.errors import GDNError
+from gdncheck.fixtures.manifest import DEFAULT_DIR, load_manifest, select_cases
+from gdncheck.gate.plan import plan_cases, plan_properties
+from gdncheck.gate.xfails import DEFAULT_PATH, classify, load_xfails
 
 PROFILES = ["f32", "bf16", "f16"]
 

@@ -8,8 +8,8 @@ the kernels run in Triton's interpreter; on a GPU runner the same tests run comp
 from __future__ import annotations
 
 import pytest
-from gdncheck.gpu_impl import fill_allocations
 
+from gdncheck.gpu_impl import fill_allocations
 from tests.gpu_impl.compare import RECORD, TABLES
 
 

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import torch
 import triton
+
 from gdncheck.gpu_impl import PROFILES, resolve_device
 
 #: CUDA on a GPU runner, the interpreter on the CPU (``GDN_DEVICE`` overrides).

@@ -7,9 +7,8 @@ import os
 import subprocess
 from pathlib import Path
 
-from gdncheck.gpu_impl.bench import flops_per_token_head, main
-
 from gdncheck.cli import main as cli_main
+from gdncheck.gpu_impl.bench import flops_per_token_head, main
 from tests.gpu_impl.helpers import needs_interpreter
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -54,6 +53,7 @@ def test_fla_columns_plumbing():
     """The FLA comparison path (used on a GPU when ``fla`` imports), fed a stand-in with FLA's
     keyword signature: the columns appear, and a failing FLA call is reported, not raised."""
     import torch
+
     from gdncheck.gpu_impl import bench as B
     from gdncheck.gpu_impl import delta_rule_recurrent
 

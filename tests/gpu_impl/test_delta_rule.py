@@ -8,12 +8,12 @@ the same bound rejecting the known bug classes of this stage.
 
 from __future__ import annotations
 
-import gdncheck.gpu_impl as G
-import gdncheck.reference as R
 import numpy as np
 import pytest
 import torch
 
+import gdncheck.gpu_impl as G
+import gdncheck.reference as R
 from tests.gpu_impl.compare import check, fails, to_np
 from tests.gpu_impl.helpers import PROFILE_NAMES, fp32, rng_for, tensor
 from tests.helpers import unit

@@ -7,6 +7,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 import triton.language as tl
+
 from gdncheck.gpu_impl.target import kernel
 
 

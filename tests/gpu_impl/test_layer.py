@@ -7,12 +7,12 @@ from __future__ import annotations
 
 import logging
 
-import gdncheck.reference as R
 import numpy as np
 import pytest
 import torch
-from gdncheck.gpu_impl import Layer
 
+import gdncheck.reference as R
+from gdncheck.gpu_impl import Layer
 from gdncheck.stages import STAGE_TENSORS
 from gdncheck.synthetic import make_inputs, make_weights
 from tests.gpu_impl.compare import check, fails, to_np

@@ -3,12 +3,11 @@ both directions with the reference, seq_pos resets and strict mode, input errors
 
 from __future__ import annotations
 
-import gdncheck.reference as R
 import numpy as np
 import pytest
 import torch
-from gdncheck.gpu_impl import DeviceSnapshot, Layer
 
+import gdncheck.reference as R
 from gdncheck.errors import (
     InputDtypeError,
     InputError,
@@ -17,6 +16,7 @@ from gdncheck.errors import (
     SnapshotCorruptError,
     SnapshotDimensionError,
 )
+from gdncheck.gpu_impl import DeviceSnapshot, Layer
 from gdncheck.snapshot import Snapshot
 from gdncheck.synthetic import make_inputs, make_weights
 from tests.gpu_impl.compare import check

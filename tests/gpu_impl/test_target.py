@@ -8,12 +8,12 @@ import subprocess
 import sys
 import textwrap
 
-import gdncheck.gpu_impl as G
 import pytest
 import torch
+
+import gdncheck.gpu_impl as G
 from gdncheck.gpu_impl import Layer, resolve_device
 from gdncheck.gpu_impl.target import compile_only
-
 from gdncheck.synthetic import make_inputs, make_weights
 from tests.gpu_impl.compare import check
 from tests.gpu_impl.helpers import DEVICE, needs_interpreter

@@ -12,12 +12,12 @@ import pytest
 
 pytest.importorskip("transformers", reason="the hf extra is not installed (pip install -e '.[hf]')")
 
-from gdncheck.conformance.hf import hf  # noqa: E402
-from gdncheck.conformance.plugin import to_numpy  # noqa: E402
-from gdncheck.conformance.program import CaseInput, execute  # noqa: E402
-from gdncheck.conformance.records import validate_summary  # noqa: E402
-from gdncheck.conformance.run import load_case_input, run_impl  # noqa: E402
-from gdncheck.conformance.verify import verify  # noqa: E402
+from gdncheck.conformance.judge.records import validate_summary  # noqa: E402
+from gdncheck.conformance.judge.verify import verify  # noqa: E402
+from gdncheck.conformance.ports.hf import hf  # noqa: E402
+from gdncheck.conformance.ports.run import load_case_input, run_impl  # noqa: E402
+from gdncheck.harness import to_numpy  # noqa: E402
+from gdncheck.harness.program import CaseInput, execute  # noqa: E402
 
 KNOWN_FAILURES = json.loads((Path(__file__).with_name("known_failures.json")).read_text())["hf"]
 
@@ -41,6 +41,7 @@ def _na_entry(case_id: str):
     return next((v for k, v in NOT_APPLICABLE.items() if case_id.startswith(k)), None)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("profile", ["f32", "bf16"])
 def test_transformers_conforms_on_every_case_it_can_express(fixtures_dir, tmp_path, profile):
     run_impl("hf", fixtures_dir, tmp_path, profile)

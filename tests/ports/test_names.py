@@ -9,11 +9,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from gdncheck.conformance.aliases import NAMES_DIR, builtin_tables, load_names
-from gdncheck.conformance.run import run_impl
-from gdncheck.conformance.verify import verify
-from gdncheck.fixtures.manifest import FixtureError
 
+from gdncheck.conformance.judge.aliases import NAMES_DIR, builtin_tables, load_names
+from gdncheck.conformance.judge.verify import verify
+from gdncheck.conformance.ports.run import run_impl
+from gdncheck.fixtures.manifest import FixtureError
 from gdncheck.safetensors_io import SafetensorsFile, write_safetensors
 
 CASES = ["snapshot-replay", "prefill-decode_T65"]

@@ -11,8 +11,9 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from gdncheck.conformance.records import validate_summary
-from gdncheck.conformance.verify import verify
+
+from gdncheck.conformance.judge.records import validate_summary
+from gdncheck.conformance.judge.verify import verify
 
 REPO = Path(__file__).resolve().parents[2]
 RUN_JS = REPO / "examples" / "ports" / "node" / "run.js"

@@ -3,13 +3,12 @@ steps before are judged, the case is neither a pass nor a failure, and the exit 
 
 from __future__ import annotations
 
-from gdncheck.conformance.implementations import reference
+from gdncheck.conformance.judge.records import validate_summary
+from gdncheck.conformance.judge.verify import verify
 from gdncheck.conformance.meta.mutants import MUTANT_BY_NAME
-from gdncheck.conformance.plugin import NotApplicable
-from gdncheck.conformance.records import validate_summary
-from gdncheck.conformance.run import run_impl
-from gdncheck.conformance.verify import verify
-
+from gdncheck.conformance.ports.implementations import reference
+from gdncheck.conformance.ports.run import run_impl
+from gdncheck.harness import NotApplicable
 from gdncheck.safetensors_io import SafetensorsFile
 
 
@@ -60,7 +59,7 @@ def test_a_failure_before_the_step_it_cannot_express_is_a_failure(fixtures_dir, 
     run_impl(factory, fixtures_dir, tmp_path, "f32", cases=["snapshot-replay"])
     s = verify(fixtures_dir, tmp_path, "f32", cases=["snapshot-replay"])
     (case,) = s.cases
-    assert case.status == "fail" and case.first_divergence["tensor"] == "x_norm" and s.exit_code == 1
+    assert case.status == "fail" and case.first_divergence.tensor == "x_norm" and s.exit_code == 1
     assert case.not_applicable["step"] == 3  # still recorded
 
 

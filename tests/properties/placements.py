@@ -1,9 +1,9 @@
 """Factories of correct low-precision implementations in each rounding placement (the precision
-emulation of conformance/emulate.py), for GDN_IMPL=tests.properties.placements:NAME."""
+emulation of conformance/earn/emulate.py), for GDN_IMPL=tests.properties.placements:NAME."""
 
 from __future__ import annotations
 
-from gdncheck.conformance.implementations import reference
+from gdncheck.conformance.ports.implementations import reference
 
 
 def hf(cfg, weights, **kw):

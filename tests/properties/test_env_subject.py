@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 
 import pytest
+
 from gdncheck.conformance.properties import PROPERTIES
 from gdncheck.conformance.properties.registry import subject_from_env
 from gdncheck.conformance.properties.runner import format_result, run_property

@@ -11,6 +11,7 @@ The same properties run against any implementation with::
 from __future__ import annotations
 
 import pytest
+
 from gdncheck.conformance.properties import PROPERTIES
 from gdncheck.conformance.properties.registry import subject_from_env
 from gdncheck.conformance.properties.runner import format_result, run_property

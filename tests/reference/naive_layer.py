@@ -1,6 +1,6 @@
 """An independent, scalar, loop-based formulation of the whole GDN layer (tests only).
 
-Written from SPEC.md with Python floats and the ``math`` module, token by token and element by
+Written from docs/spec.md with Python floats and the ``math`` module, token by token and element by
 element, sharing no code with ``gdncheck.reference``. Only for tiny shapes.
 """
 

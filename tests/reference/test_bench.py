@@ -9,9 +9,9 @@ import json
 
 import numpy as np
 import pytest
-from gdncheck.reference import Layer, in_proj, mlp, out_proj
 
 from gdncheck import bench
+from gdncheck.reference import Layer, in_proj, mlp, out_proj
 from gdncheck.synthetic import make_inputs, make_weights
 
 FIGURE_KEYS = {"seconds", "min_seconds", "runs", "cpu_seconds", "sys_seconds", "peak_mib"}

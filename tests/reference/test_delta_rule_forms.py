@@ -7,11 +7,11 @@ import importlib
 
 import numpy as np
 import pytest
-from gdncheck.reference import delta_rule_chunked, delta_rule_recurrent
-from gdncheck.reference.delta_rule_chunked import BLOCK_TOKENS, unit_lower_inverse
 from hypothesis import given
 from hypothesis import strategies as st
 
+from gdncheck.reference import delta_rule_chunked, delta_rule_recurrent
+from gdncheck.reference.delta_rule_chunked import BLOCK_TOKENS, unit_lower_inverse
 from tests.helpers import delta_inputs, rel_err
 
 BOUND = 1e-12

@@ -6,6 +6,7 @@ import warnings
 
 import numpy as np
 import pytest
+
 from gdncheck.reference import functions
 from gdncheck.reference.functions import l2_normalize, rms_norm, sigmoid, silu, softplus
 

@@ -1,5 +1,6 @@
 """The whole reference layer: against an independent scalar formulation, and its properties
-(split invariance, decode = prefill, chunk size, batch independence, snapshots, seq_pos resets)."""
+(split invariance, decode = prefill, chunk size, batch independence, snapshots, seq_pos resets).
+Input and state errors are the call contract's, tested over every layer in tests/test_call_contract.py."""
 
 from __future__ import annotations
 
@@ -7,11 +8,11 @@ import logging
 
 import numpy as np
 import pytest
-from gdncheck.reference import Layer
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gdncheck.errors import InputDtypeError, InputShapeError, SeqPosMismatchError, SnapshotDimensionError
+from gdncheck.errors import SeqPosMismatchError, SnapshotDimensionError
+from gdncheck.reference import Layer
 from gdncheck.synthetic import make_inputs, make_weights
 from tests.helpers import rel_err, tiny_config
 from tests.reference.naive_layer import naive_layer
@@ -161,52 +162,15 @@ def test_mismatched_seq_pos_resets_and_warns_once(caplog):
     assert "seq_len=6" in warnings[0].getMessage() and "seq_pos=3" in warnings[0].getMessage()
 
 
-def test_reset_only_the_mismatched_row():
-    layer = _layer()
-    x = make_inputs(CFG, 2, 5, seed=5)
-    state = layer.new_state(2)
-    layer.forward(x[:, :4], state, 0)
-    out, _ = layer.forward(x[:, 4:5], state, np.array([4, 0]))  # row 0 continues, row 1 says "position 0"
-    cont = layer.new_state(1)
-    layer.forward(x[:1, :4], cont, 0)
-    row0, _ = layer.forward(x[:1, 4:5], cont, 4)
-    row1, _ = layer.forward(x[1:, 4:5], layer.new_state(1), 0)
-    assert rel_err(out[0], row0[0]) <= 1e-13
-    assert rel_err(out[1], row1[0]) <= 1e-13
-    assert state.seq_len.tolist() == [5, 1]
-
-
-def test_strict_mode_raises_and_leaves_state_untouched():
-    layer = _layer()
+def test_strict_per_call_overrides_the_layer():
+    """``forward(strict=...)`` overrides the layer's setting, both ways (the refusal itself, and that it
+    changes nothing, is the call contract's: tests/test_call_contract.py)."""
     x = make_inputs(CFG, 1, 5, seed=6)
+    layer = _layer()
     state = layer.new_state(1)
     layer.forward(x[:, :3], state, 0)
-    snap = state.snapshot()
     with pytest.raises(SeqPosMismatchError, match="seq_len=3, seq_pos=1"):
         layer.forward(x[:, 3:], state, 1, strict=True)
-    np.testing.assert_array_equal(state.recurrent_state, snap.recurrent_state)
-    assert state.seq_len.tolist() == [3]
     strict_layer = Layer(CFG, make_weights(CFG), strict=True)
-    with pytest.raises(SeqPosMismatchError):
-        strict_layer.forward(x[:, 3:], state, 0)
-
-
-@pytest.mark.parametrize("bad", [np.zeros((1, 3, 7)), np.zeros((3, CFG.hidden_size)), np.zeros((2, 3, 8)),
-                                 np.zeros((1, 0, 8))])
-def test_input_shape_errors(bad):
-    layer = _layer()
-    with pytest.raises(InputShapeError, match=r"expected x of shape \[B=1, T>=1, D=8\]"):
-        layer.forward(bad, layer.new_state(1), 0)
-
-
-@pytest.mark.parametrize("bad", [np.zeros((1, 3, 8), dtype=np.int32), np.zeros((1, 3, 8), dtype=complex)])
-def test_input_dtype_errors(bad):
-    layer = _layer()
-    with pytest.raises(InputDtypeError, match="floating dtype"):
-        layer.forward(bad, layer.new_state(1), 0)
-
-
-def test_bad_seq_pos():
-    layer = _layer()
-    with pytest.raises(InputShapeError, match="one per sequence"):
-        layer.forward(np.zeros((2, 1, 8)), layer.new_state(2), [0, 0, 0])
+    strict_layer.forward(x[:, 3:], state, 1, strict=False)  # reset, not refused
+    assert state.seq_len.tolist() == [3]

@@ -6,6 +6,7 @@ import math
 
 import numpy as np
 import pytest
+
 from gdncheck.reference import (
     conv1d,
     delta_rule_recurrent,
@@ -20,7 +21,6 @@ from gdncheck.reference import (
     qk_norm,
     residual,
 )
-
 from tests.helpers import delta_inputs
 
 

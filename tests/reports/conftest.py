@@ -6,8 +6,9 @@ from __future__ import annotations
 import logging
 
 import pytest
-from gdncheck.conformance.run import run_impl
-from gdncheck.conformance.verify import verify
+
+from gdncheck.conformance.judge.verify import verify
+from gdncheck.conformance.ports.run import run_impl
 from gdncheck.fixtures.manifest import DEFAULT_DIR
 
 MUTANTS = "gdncheck.conformance.meta.mutants"

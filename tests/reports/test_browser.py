@@ -14,8 +14,9 @@ from io import BytesIO
 from pathlib import Path
 
 import pytest
-from gdncheck.reports.model import build
 from PIL import Image
+
+from gdncheck.reports.model import build
 
 from .cdp import Browser, find_chromium
 

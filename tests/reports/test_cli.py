@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import json
 
+from gdncheck.cli import main
 from gdncheck.reports import load_summary
 from gdncheck.reports.model import ReportInputError
-
-from gdncheck.cli import main
 
 from .pages import parse
 

@@ -8,6 +8,7 @@ import json
 import re
 
 import pytest
+
 from gdncheck.reports import markdown_summary, text_summary, write_report
 from gdncheck.reports.site import TEMPLATES
 

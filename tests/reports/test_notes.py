@@ -6,7 +6,8 @@ from __future__ import annotations
 import copy
 
 import numpy as np
-from gdncheck.conformance.verify import verify
+
+from gdncheck.conformance.judge.verify import verify
 from gdncheck.fixtures.manifest import DEFAULT_DIR
 from gdncheck.reports import write_report
 from gdncheck.reports.model import build

@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 
 import pytest
+
 from gdncheck.reports.model import build, fmt_num
 
 from .pages import parse
@@ -75,11 +76,11 @@ def test_first_divergence_is_marked_where_verify_found_it(tiled, tiled_report):
             continue
         fd = case.first
         box = page.find("div", id="first").text
-        assert f"call {fd['call']}" in box and f"stage {fd['stage']}" in box and f"token {fd['token']}" in box
+        assert f"call {fd.call}" in box and f"stage {fd.stage}" in box and f"token {fd.token}" in box
         sections = page.find_all("section", cls="tensor")
         assert "first" in sections[0].classes()
         first = case.records[int(sections[0].attrs["id"][1:])]
-        assert (first.step, first.stage, first.tensor) == (fd["step"], fd["stage"], fd["tensor"])
+        assert (first.step, first.stage, first.tensor) == (fd.step, fd.stage, fd.tensor)
         assert "first" in page.find("tr", id=f"t-{first.anchor}").classes()
 
 

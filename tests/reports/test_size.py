@@ -7,9 +7,10 @@ from __future__ import annotations
 
 from io import BytesIO
 
+from PIL import Image
+
 from gdncheck.fixtures.manifest import DEFAULT_DIR, load_manifest
 from gdncheck.reports import tensors, write_report
-from PIL import Image
 
 BUDGET = 20_000_000
 

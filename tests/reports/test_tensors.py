@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from gdncheck.reports import plots, tensors
 
+from gdncheck.reports import plots, tensors
 from gdncheck.safetensors_io import SafetensorsFile
 
 

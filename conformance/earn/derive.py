@@ -1,0 +1,214 @@
+"""``gdncheck tolerances derive``: earn the tolerance table from data (docs/tolerances.md).
+
+For every forward case of the suite, rebuilt with seeds 1-4 (never the committed seed 0, so that
+the committed cases stay a test of the table and not its source): the float64 reference gives the
+goldens; the emulated layer (:mod:`.emulate`) runs the same program in each profile with each
+rounding placement of :data:`~.emulate.DERIVATION_PLACEMENTS`, each with each summation order of
+:data:`~.emulate.DERIVATION_ORDERS` (:func:`variants`); the scaled elementwise error
+(:mod:`.metrics`) and the per-call NMSE are maximised per (profile, case recipe, tensor), end to end
+and stage by stage from golden inputs (stage-isolated mode). The bound is the envelope times a
+margin, never below one ulp of the profile's dtype; the ``global`` row is the envelope over every
+recipe, for cases the table does not know.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import platform
+from collections.abc import Callable
+from concurrent.futures import ProcessPoolExecutor
+
+import numpy as np
+
+from gdncheck._version import __version__
+from gdncheck.config import GDNConfig
+from gdncheck.conformance.judge.metrics import CaseStats, tensor_metrics
+from gdncheck.conformance.judge.tolerances import TABLE_FORMAT, recipe_of
+from gdncheck.env import limit_blas_threads
+from gdncheck.fixtures.build import golden_tensors
+from gdncheck.fixtures.cases import suite
+from gdncheck.harness import END_TO_END, MODES, STAGE_ISOLATED, CaseInput, call_key, call_steps, execute, golden_inputs
+from gdncheck.profiles import PROFILES, VERIFY_PROFILES
+from gdncheck.stages import STAGE_NAMES, STAGE_OUTPUTS
+
+from .emulate import DERIVATION_ORDERS, DERIVATION_PLACEMENTS, emulated
+
+SEEDS = (1, 2, 3, 4)
+MARGIN_ELEM = 4.0
+MARGIN_NMSE = 16.0  # NMSE is a squared error: the same factor 4 on the error
+TABLE_VERSION = 2
+#: The sequential order costs about 0.6 ns per multiply-add in NumPy (a Python loop over K, vectorised
+#: over the outputs): 24 CPU-seconds per run at Qwen3.5-27B sizes, 1.4 with BLAS. On the real-size recipes
+#: (tag ``real-sizes``) it therefore runs in these profiles only; in bf16 and f16 the roundings to
+#: the activation dtype dominate it (docs/tolerances.md §3 has the measurement).
+SEQUENTIAL_REAL_SIZE_PROFILES = ("f32",)
+COMMAND = "gdncheck tolerances derive --suite full --jobs 2"
+
+
+class Envelope:
+    """Running maxima of the scaled error and the per-call NMSE per (mode, profile, recipe, tensor),
+    and the largest error per token position (to show how errors grow along a sequence)."""
+
+    def __init__(self) -> None:
+        self.elem: dict[tuple, float] = {}
+        self.nmse: dict[tuple, float] = {}
+
+    def add(self, mode: str, profile: str, recipe: str, tensor: str, actual, expected, stats: CaseStats) -> None:
+        key = (mode, profile, recipe, tensor)
+        m = tensor_metrics(actual, expected, tensor, profile, stats)
+        if m.nan or m.inf_mismatch:
+            raise RuntimeError(f"{recipe} {profile} {tensor}: non-finite values in an emulated run")
+        self.elem[key] = max(self.elem.get(key, 0.0), m.max_err)
+        self.nmse[key] = max(self.nmse.get(key, 0.0), m.nmse)
+
+    def merge(self, other: Envelope) -> None:
+        for mine, theirs in ((self.elem, other.elem), (self.nmse, other.nmse)):
+            for k, v in theirs.items():
+                mine[k] = max(mine.get(k, 0.0), v)
+
+
+def forward_recipes(suite_name: str = "default"):
+    return [s for s in suite(suite_name) if s.error is None]
+
+
+def variants(profile: str, tags=()) -> tuple[str, ...]:
+    """The placement specs (``NAME`` or ``NAME:ORDER``) a recipe with ``tags`` runs in ``profile``:
+    every derivation placement with every derivation order, less the sequential order on the
+    real-size recipes outside :data:`SEQUENTIAL_REAL_SIZE_PROFILES`."""
+    out = []
+    for order in DERIVATION_ORDERS:
+        if order == "sequential" and "real-sizes" in tags and profile not in SEQUENTIAL_REAL_SIZE_PROFILES:
+            continue
+        out += [p if order == "blas" else f"{p}:{order}" for p in DERIVATION_PLACEMENTS]
+    return tuple(out)
+
+
+def observe(spec_index: int, seed: int, profiles=VERIFY_PROFILES, placements=None,
+            suite_name: str = "default") -> Envelope:
+    """The envelope of one case (by index into the suite's forward recipes) at one seed, over
+    ``placements`` (placement specs; default: :func:`variants` of each profile)."""
+    limit_blas_threads()
+    spec = forward_recipes(suite_name)[spec_index]
+    case = spec.materialize(seed)
+    recipe = recipe_of(case.id)
+    gold, _, _ = golden_tensors(case)
+    inp = CaseInput(case.id, case.config, case.weights, case.batch, case.program.steps, case.program.inputs,
+                    case.expected)
+    calls = call_steps(case.program.steps)
+    stats = {name: CaseStats(name, [gold[call_key(s["call"], name)] for s in calls if name in s["expected"]])
+             for name in {n for s in calls for n in s["expected"]}}
+    env = Envelope()
+    for profile in profiles:
+        for placement in placements or variants(profile, spec.tags):
+            res = execute(emulated, inp, profile=profile, options={"placement": placement})
+            if res.error:
+                raise RuntimeError(f"{case.id} {profile}/{placement}: {res.error}")
+            for step in calls:
+                for name in step["expected"]:
+                    key = call_key(step["call"], name)
+                    env.add(END_TO_END, profile, recipe, name, res.outputs[key], gold[key], stats[name])
+            if spec.state_in:
+                impl = emulated(GDNConfig.from_hf(case.config), case.weights, profile=profile, placement=placement)
+                for step in calls:
+                    _observe_isolated(env, impl, gold, step, profile, recipe, stats)
+    return env
+
+
+def _observe_isolated(env: Envelope, impl, gold, step: dict, profile: str, recipe: str, stats) -> None:
+    k = step["call"]
+    for stage in STAGE_NAMES[1:]:
+        inputs = golden_inputs(gold, k, stage)
+        if inputs is None:
+            continue
+        outputs = impl.run_stage(stage, inputs)
+        for name in STAGE_OUTPUTS[stage]:
+            key = call_key(k, name)
+            if key in gold:
+                env.add(STAGE_ISOLATED, profile, recipe, name, outputs[name], gold[key], stats[name])
+
+
+def _observe_job(args):
+    i, s, suite_name = args
+    return observe(i, s, suite_name=suite_name)
+
+
+def derive(seeds=SEEDS, jobs: int = 1, progress: Callable[[str], None] | None = None,
+           suite_name: str = "default") -> dict:
+    """Run every observation over the suite's forward recipes and turn the envelope into the table."""
+    recipes = forward_recipes(suite_name)
+    # the real-size recipes first, the largest (last in the suite) first, so that no long job starts last
+    first = sorted(range(len(recipes)), key=lambda i: ("real-sizes" not in recipes[i].tags, -i))
+    work = [(i, s, suite_name) for i in first for s in seeds]
+    env = Envelope()
+    if jobs > 1:
+        with ProcessPoolExecutor(max_workers=jobs) as pool:
+            for (i, s, _), part in zip(work, pool.map(_observe_job, work)):
+                env.merge(part)
+                if progress:
+                    progress(recipes[i].case_id(s))
+    else:
+        for job in work:
+            env.merge(_observe_job(job))
+            if progress:
+                progress(recipes[job[0]].case_id(job[1]))
+    doc = table_document(env, seeds, [r.case_id(0) for r in recipes])
+    doc["derivation"]["suite"] = suite_name
+    return doc
+
+
+def table_document(env: Envelope, seeds, cases: list[str]) -> dict:
+    modes: dict = {}
+    global_max: dict[tuple, tuple[float, float]] = {}
+    for (mode, profile, recipe, tensor), value in sorted(env.elem.items()):
+        nmse = env.nmse[(mode, profile, recipe, tensor)]
+        prof = modes.setdefault(mode, {}).setdefault(profile, {"global": {}, "cases": {}})
+        prof["cases"].setdefault(recipe, {})[tensor] = _row(value, nmse, PROFILES[profile].eps)
+        e0, n0 = global_max.get((mode, profile, tensor), (0.0, 0.0))
+        global_max[(mode, profile, tensor)] = (max(e0, value), max(n0, nmse))
+    for (mode, profile, tensor), (value, nmse) in sorted(global_max.items()):
+        modes[mode][profile]["global"][tensor] = _row(value, nmse, PROFILES[profile].eps)
+    return {
+        "format": TABLE_FORMAT,
+        "version": TABLE_VERSION,
+        "derivation": {
+            "command": COMMAND,
+            "method": "per (mode, profile, case recipe, tensor): the largest scaled elementwise error and the largest "
+                      "per-call NMSE of the emulated layer against the float64 reference, over the recipe rebuilt at "
+                      "every seed and run with every placement and summation order; bound = margin x envelope, at "
+                      "least one ulp of the profile dtype (elem) or its square (nmse). 'global' is the envelope over "
+                      "all recipes.",
+            "margin_elem": MARGIN_ELEM,
+            "margin_nmse": MARGIN_NMSE,
+            "floor": "elem >= eps(profile), nmse >= eps(profile)^2",
+            "placements": list(DERIVATION_PLACEMENTS),
+            "orders": list(DERIVATION_ORDERS),
+            "orders_note": "every placement runs with every summation order (conformance/earn/lowp.py), except the "
+                           "sequential order on the real-size recipes, which runs in "
+                           + ", ".join(SEQUENTIAL_REAL_SIZE_PROFILES) + " only (docs/tolerances.md §3)",
+            "seeds": list(seeds),
+            "cases": cases,
+            "gdncheck": __version__,
+            "numpy": np.__version__,
+            "python": platform.python_version(),
+        },
+        "modes": {m: modes[m] for m in MODES if m in modes},
+    }
+
+
+def _row(elem: float, nmse: float, floor: float) -> dict:
+    return {"elem": _round_up(max(MARGIN_ELEM * elem, floor)),
+            "nmse": _round_up(max(MARGIN_NMSE * nmse, floor * floor)),
+            "observed_elem": float(f"{elem:.6g}"), "observed_nmse": float(f"{nmse:.6g}")}
+
+
+def _round_up(x: float) -> float:
+    """x rounded up to 3 significant digits (a bound never shrinks by being written down)."""
+    if x <= 0:
+        return 0.0
+    e = math.floor(math.log10(x)) - 2
+    return float(f"{math.ceil(x / 10.0 ** e) * 10.0 ** e:.3g}")
+
+
+def encode_table(doc: dict) -> bytes:
+    return (json.dumps(doc, indent=1) + "\n").encode()

@@ -1,0 +1,184 @@
+"""Name tables: let a port write the tensor names it already dumps (``verify --names hf|doppler|metrale``).
+
+A table (``conformance/judge/names/<port>.json``, format ``gdncheck-names`` v1; fixtures/FORMAT.md §13) maps
+a port's tensor name to the stage vocabulary:
+
+- ``{"as": "x_norm"}``: the same tensor under another name; when its shape differs from the golden's
+  with the same number of elements it is reshaped row-major (flat ``[T, Hv*dv]`` rows, transformers'
+  ``[B*T*Hv, dv]`` norm rows); ``"transpose": [axes]`` first permutes the axes;
+- ``{"split": [{"as": ..., "width": SYMBOL}, ...]}``: consecutive slices of the last axis (widths are
+  shape symbols: ``key_dim``, ``value_dim``, ``conv_dim``, ``Hv``, ...), each judged as its own tensor;
+- ``{"not_comparable": REASON}``: a tensor that is not one of ours (a decay factor ``exp(g)``, a norm
+  without its gate); verify notes it and does not judge it.
+
+``prefixes`` are regular expressions removed from a name before lookup (layer prefixes). Canonical
+names always work too; a name that is neither is reported in the case's notes.
+
+:class:`NamedOutputs` is an outputs (or snapshot) file seen through a table: canonical keys in,
+converted arrays out. Verify uses it for every file, with or without a table, so that unknown names
+are always reported.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from gdncheck.fixtures.manifest import FixtureError
+from gdncheck.stages import TENSOR_ORDER
+
+NAMES_DIR = Path(__file__).with_name("names")
+NAMES_FORMAT = "gdncheck-names"
+NAMES_VERSION = 1
+#: names an outputs file may hold besides the vocabulary (the input, the seq_len bookkeeping)
+KNOWN_EXTRA = ("x", "seq_len")
+
+
+def builtin_tables() -> list[str]:
+    return sorted(p.stem for p in NAMES_DIR.glob("*.json"))
+
+
+class NameTable:
+    def __init__(self, doc: dict, source: str):
+        if doc.get("format") != NAMES_FORMAT or doc.get("version") != NAMES_VERSION:
+            raise FixtureError(f"{source}: expected a name table of format {NAMES_FORMAT!r} version {NAMES_VERSION}, "
+                               f"found format {doc.get('format')!r} version {doc.get('version')!r}")
+        self.port = doc.get("port", Path(source).stem)
+        self.source = source
+        self.tensors: dict[str, dict] = doc["tensors"]
+        self.not_exposed: dict[str, str] = doc.get("not_exposed", {})
+        self._prefixes = [re.compile(p) for p in doc.get("prefixes", [])]
+        for name, entry in self.tensors.items():
+            targets = [entry] if "split" not in entry else entry["split"]
+            for t in targets:
+                if "as" in t and t["as"] not in TENSOR_ORDER and t["as"] not in KNOWN_EXTRA:
+                    raise FixtureError(f"{source}: {name!r} maps to {t['as']!r}, which is not a stage tensor")
+
+    def lookup(self, name: str) -> tuple[str, dict] | None:
+        """(the table's key, its entry) for a port's name, layer prefixes removed; None if unknown."""
+        if name in self.tensors:
+            return name, self.tensors[name]
+        for p in self._prefixes:
+            stripped = p.sub("", name, count=1)
+            if stripped != name and stripped in self.tensors:
+                return stripped, self.tensors[stripped]
+        return None
+
+
+def load_names(spec: str | None) -> NameTable | None:
+    """``hf``, ``doppler``, ``metrale`` (the packaged tables) or a path to a table; None for none."""
+    if not spec:
+        return None
+    path = NAMES_DIR / f"{spec}.json" if spec in builtin_tables() else Path(spec)
+    if not path.is_file():
+        raise FixtureError(f"unknown name table {spec!r}: expected one of {', '.join(builtin_tables())} or the path "
+                           f"of a {NAMES_FORMAT} JSON file (fixtures/FORMAT.md §13)")
+    try:
+        doc = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise FixtureError(f"name table {path}: not readable JSON ({exc})") from None
+    return NameTable(doc, str(path))
+
+
+def _split_key(key: str) -> tuple[str, str]:
+    """``calls.3.gdn_y`` -> (``calls.3.``, ``gdn_y``); a snapshot file's bare name -> ("", name)."""
+    parts = key.split(".", 2)
+    if len(parts) == 3 and parts[0] == "calls" and parts[1].isdigit():
+        return f"{parts[0]}.{parts[1]}.", parts[2]
+    return "", key
+
+
+class NamedOutputs:
+    """A safetensors file read by canonical keys through an optional :class:`NameTable`."""
+
+    def __init__(self, file, table: NameTable | None, dims: dict[str, int] | None):
+        self.file, self.table, self.dims = file, table, dims or {}
+        self.metadata = file.metadata
+        self._alias: dict[str, tuple[str, dict]] = {}  # canonical key -> (port key, conversion)
+        self.unknown: list[str] = []
+        self.not_comparable: dict[str, str] = {}
+        keys = list(file)
+        direct = set(keys)
+        for key in keys:
+            prefix, name = _split_key(key)
+            if name in TENSOR_ORDER or name in KNOWN_EXTRA:
+                continue
+            hit = table.lookup(name) if table else None
+            if hit is None:
+                self.unknown.append(name)
+                continue
+            entry = hit[1]
+            if "not_comparable" in entry:
+                self.not_comparable[name] = entry["not_comparable"]
+                continue
+            offset = 0
+            for part in entry.get("split", [entry]):
+                width = self._width(part, key) if "split" in entry else None
+                conv = {"transpose": entry.get("transpose"), "slice": (offset, offset + width) if width else None}
+                offset += width or 0
+                if "not_comparable" in part:
+                    self.not_comparable[name] = part["not_comparable"]
+                    continue
+                canonical = prefix + part["as"]
+                if canonical not in direct and canonical not in self._alias:
+                    self._alias[canonical] = (key, conv)
+
+    def _width(self, part: dict, key: str) -> int:
+        w = part["width"]
+        if isinstance(w, int):
+            return w
+        if w not in self.dims:
+            raise FixtureError(f"name table {self.table.source}: width {w!r} of {key!r} is not a shape symbol "
+                               f"({', '.join(sorted(self.dims))})")
+        return int(self.dims[w])
+
+    def __contains__(self, key: str) -> bool:
+        return key in self.file or key in self._alias
+
+    def source_of(self, key: str) -> str:
+        """The port's key a canonical key is read from."""
+        return self._alias[key][0] if key not in self.file and key in self._alias else key
+
+    def ref(self, file: str, key: str) -> dict:
+        """A record's ``actual_ref``: ``{file, key}``; read through a table, also the port's own key and the
+        table (reload with ``NamedOutputs(SafetensorsFile(file), load_names(names), dims).read(key)``)."""
+        port_key = self.source_of(key)
+        if port_key == key:
+            return {"file": file, "key": key}
+        return {"file": file, "key": key, "port_key": port_key, "names": self.table.source}
+
+    def dtype_of(self, key: str) -> str:
+        return self.file.dtype_of(self.source_of(key))
+
+    def read(self, key: str, shape: tuple[int, ...] | None = None) -> np.ndarray:
+        """The array for canonical ``key``, converted (transpose, slice, then reshape to ``shape`` when only
+        the layout differs)."""
+        if key in self.file:
+            return self.file.read(key)
+        port_key, conv = self._alias[key]
+        arr: Any = self.file.read(port_key)
+        if conv["transpose"] is not None and arr.ndim == len(conv["transpose"]):
+            arr = np.transpose(arr, conv["transpose"])
+        if conv["slice"] is not None:
+            arr = arr[..., conv["slice"][0]:conv["slice"][1]]
+        arr = np.ascontiguousarray(arr)
+        if shape is not None and tuple(arr.shape) != tuple(shape) and arr.size == int(np.prod(shape)):
+            arr = arr.reshape(shape)
+        return arr
+
+    def notes(self) -> list[str]:
+        out = []
+        if self.not_comparable:
+            out.append("not compared (" + (self.table.port if self.table else "?") + " name table): " + "; ".join(
+                f"{n}: {why}" for n, why in sorted(self.not_comparable.items())))
+        if self.unknown:
+            names = sorted(set(self.unknown))
+            where = (f"neither the stage vocabulary nor the {self.table.port} name table ({self.table.source})"
+                     if self.table else "not in the stage vocabulary (a port's own names need --names "
+                     + "|".join(builtin_tables()) + " or a table path)")
+            out.append(f"unknown tensor name(s) ignored, {where}: {', '.join(names)}")
+        return out

@@ -1,0 +1,246 @@
+"""Judging one case: :class:`CaseJudge` holds what every part of the judging needs (the folders, the
+manifest entry, the profile, the tolerance table, the mode, the name table, the open golden and
+outputs files) and judges the parts in short methods: the program's calls, each call's tensors and
+seq_len, the saved snapshot files, the expected error, and the verdict on the whole case.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from gdncheck.config import GDNConfig
+from gdncheck.errors import SafetensorsFormatError
+from gdncheck.fixtures.manifest import FixtureError, case_file, safe_file
+from gdncheck.harness import CALL_OPS, END_TO_END, call_key, call_steps, mode_name
+from gdncheck.safetensors_io import SafetensorsFile
+from gdncheck.stages import REQUIRED_OUTPUTS, STATE_STAGE, STATE_STAGE_INDEX, STATE_TENSORS, tensor_rank
+
+from . import inputs, messages
+from .aliases import NamedOutputs, NameTable
+from .metrics import CaseStats
+from .records import CaseReport, FirstDivergence, Record
+from .tolerances import ToleranceTable
+from .verdicts import base_record, judge
+
+
+@dataclass
+class CaseJudge:
+    """Judges the case ``entry`` of ``fixtures`` against the outputs in ``outputs`` (see the module)."""
+
+    fixtures: Path
+    outputs: Path
+    entry: dict
+    profile: str
+    table: ToleranceTable
+    stage_isolated: bool = False
+    names: NameTable | None = None
+    report: CaseReport = field(init=False)
+    gold: SafetensorsFile | None = field(default=None, init=False)
+    outs: NamedOutputs | None = field(default=None, init=False)
+    meta: dict = field(default_factory=dict, init=False)  # the outputs file's metadata
+    stats: dict[str, CaseStats] = field(default_factory=dict, init=False)
+
+    def __post_init__(self) -> None:
+        e = self.entry
+        self.report = CaseReport(e["id"], e["kind"], list(e.get("tags", [])), "pass", file=e["file"])
+        self.report.repro = self._repro()
+
+    @property
+    def case(self) -> str:
+        return self.entry["id"]
+
+    @property
+    def mode(self) -> str:
+        return mode_name(self.stage_isolated)
+
+    # --- the whole case ------------------------------------------------------------------------------
+    def run(self) -> CaseReport:
+        """The case's report: unusable inputs, the expected error, a raise, or every call judged."""
+        problem = self._open_golden() or self._open_outputs()
+        if problem:
+            self.report.status, self.report.problem = "error", problem
+            return self.report
+        steps = self.entry["program"]
+        err, na = inputs.raised(self.meta), inputs.not_applicable(self.meta, steps)
+        if na is not None:  # judge what ran before the step the implementation cannot express
+            self.report.not_applicable = na
+            if self.entry["kind"] != "error":
+                self.judge_program(until=na["step"])
+        elif self.entry["kind"] == "error":
+            self.judge_expected_error(err)
+        elif err is not None:
+            op = inputs.op_at(steps, err.get("step"))
+            self.report.status, self.report.message = "fail", messages.raised(case=self.case, err=err, op=op)
+            self.report.first_divergence = FirstDivergence.at_step(err.get("step"), op, "raised")
+        else:
+            self.judge_program()
+        return self._finish()
+
+    def _repro(self) -> str:
+        return messages.repro(str(self.fixtures), str(self.outputs), self.profile, self.case,
+                              stage_isolated=self.stage_isolated, run_command=self.meta.get("command"))
+
+    def _open_golden(self) -> str | None:
+        try:
+            self.gold = SafetensorsFile(case_file(self.fixtures, self.entry))
+            inputs.check_golden(self.entry, self.gold)
+        except (FixtureError, SafetensorsFormatError) as exc:
+            return f"fixture unusable: {exc}"
+        return None
+
+    def _open_outputs(self) -> str | None:
+        name = f"{self.case}.safetensors"
+        try:
+            path = safe_file(self.outputs, name, "outputs file")
+            self.report.outputs_file = str(path)
+            if not path.is_file():
+                return (f"no outputs file {name} in {self.outputs}: run the implementation on this case first "
+                        f"(gdncheck run ... --case {self.case})")
+            self.outs = NamedOutputs(SafetensorsFile(path), self.names, inputs.dims(self.entry))
+            inputs.check_outputs_meta(self.entry, self.outs.metadata, self.stage_isolated)
+            self.report.notes.extend(self.outs.notes())
+        except (FixtureError, SafetensorsFormatError) as exc:
+            return f"outputs unusable: {exc}"
+        self.meta = self.outs.metadata
+        self.report.repro = self._repro()  # now with the command that made the outputs, if it says
+        return None
+
+    def _finish(self) -> CaseReport:
+        rep = self.report
+        for r in rep.records:
+            rep.counts[r.verdict] = rep.counts.get(r.verdict, 0) + 1
+        failed = [r for r in rep.records if r.verdict == "fail"]
+        if failed and rep.status == "pass":
+            rep.status = "fail"
+        elif rep.not_applicable is not None and rep.status == "pass":
+            rep.status = "not_applicable"
+            rep.message = messages.not_applicable(na=rep.not_applicable, passed=len(rep.records))
+        if failed:
+            first = min(failed, key=lambda r: (r.step, r.stage_index, tensor_rank(r.tensor)))
+            rep.first_divergence = FirstDivergence.of_record(first)
+            rep.message = first.message
+        return rep
+
+    # --- an error case -------------------------------------------------------------------------------
+    def judge_expected_error(self, err: dict | None) -> None:
+        rep, expected = self.report, self.entry["expected_error"]
+        op = self.entry["program"][expected["step"]]["op"]
+        check = {"expected": expected["code"], "accept": expected["accept"], "step": expected["step"],
+                 "actual": err["code"] if err else None, "actual_step": err["step"] if err else None,
+                 "actual_message": err["message"] if err else None, "match": None}
+        if err is None:
+            rep.status, rep.message = "fail", messages.error_expected(case=self.case, expected=expected, op=op)
+        elif err["code"] in expected["accept"] and err["step"] == expected["step"]:
+            check["match"] = "exact" if err["code"] == expected["code"] else "family"
+        else:
+            rep.status, rep.message = "fail", messages.wrong_error(case=self.case, err=err, expected=expected, op=op)
+        rep.error_check = check
+        if rep.status == "fail":
+            rep.first_divergence = FirstDivergence.at_step(expected["step"], op,
+                                                           "error_expected" if err is None else "wrong_error")
+
+    # --- the program ---------------------------------------------------------------------------------
+    def judge_program(self, until: int | None = None) -> None:
+        """Judge every call (and saved snapshot) of the program, or of its steps before ``until``."""
+        self.stats = self.case_stats()
+        for i, step in enumerate(self.entry["program"]):
+            if until is not None and i >= until:
+                break
+            if step["op"] in CALL_OPS:
+                self.judge_call(i, step)
+            elif step["op"] == "save" and not self.stage_isolated:
+                self.judge_snapshot_file(i, step)
+
+    def case_stats(self) -> dict[str, CaseStats]:
+        """Per tensor, its scales over every call of the case (metrics.CaseStats), from the goldens."""
+        arrays: dict[str, list[np.ndarray]] = {}
+        for step in call_steps(self.entry["program"]):
+            for name in step["expected"]:
+                arrays.setdefault(name, []).append(np.asarray(self.gold[call_key(step["call"], name)]))
+        return {name: CaseStats(name, arrs) for name, arrs in arrays.items()}
+
+    def judge_call(self, i: int, step: dict) -> None:
+        """Every tensor the golden keeps for this call, then (end to end) its seq_len."""
+        k, loc = step["call"], messages.where(self.case, i, step["op"], step["seq_pos"])
+        required = () if self.stage_isolated else REQUIRED_OUTPUTS
+        for name in step["expected"]:
+            key = call_key(k, name)
+            actual, dtype = _read(self.outs, key, self.gold.shape_of(key))
+            rec = base_record(self.case, i, step["op"], k, name, seq_pos=list(step["seq_pos"]),
+                              expected_ref=self._golden_ref(key),
+                              actual_ref=self.outs.ref(self.report.outputs_file, key))
+            judge(rec, actual, dtype, self.gold.read(key), self.table.bound(name, self.profile, self.mode, self.case),
+                  required=name in required, subject=messages.subject(name, rec.stage, k), loc=loc,
+                  stats=self.stats.get(name))
+            self.report.records.append(rec)
+        if not self.stage_isolated:
+            self.judge_seq_len(i, step, loc)
+
+    def _golden_ref(self, key: str | None) -> dict:
+        return {"file": str(Path(self.fixtures) / self.entry["file"]), "key": key}
+
+    def judge_seq_len(self, i: int, step: dict, loc: str) -> None:
+        key = call_key(step["call"], "seq_len")
+        actual, dtype = _read(self.outs, key)
+        if actual is None:
+            return
+        rec = Record(case=self.case, step=i, op=step["op"], call=step["call"], tensor="seq_len", stage=STATE_STAGE,
+                     stage_index=STATE_STAGE_INDEX, verdict="pass", dtype=dtype, shape=list(actual.shape),
+                     expected_shape=[len(step["seq_len_after"])],
+                     actual_ref={"file": self.report.outputs_file, "key": key})
+        found = np.asarray(actual).ravel()
+        if dtype is None or not dtype.startswith(("I", "U")) or not np.array_equal(found, step["seq_len_after"]):
+            rec.verdict, rec.reason = "fail", "seq_len"
+            rec.message = messages.seq_len_failure(subject=f"seq_len after call {step['call']}",
+                                                   actual=found.tolist(), expected=step["seq_len_after"], loc=loc)
+        self.report.records.append(rec)
+
+    # --- a saved snapshot file -----------------------------------------------------------------------
+    def judge_snapshot_file(self, i: int, step: dict) -> None:
+        """Both states in the file the ``save`` step wrote, against the state after the call it holds."""
+        c, loc = step["state_of_call"], messages.where(self.case, i, "save")
+        snap, path, problem = self._open_snapshot(step["file"])
+        for spec in STATE_TENSORS:
+            name = spec.name
+            gkey = call_key(c, name) if c is not None else None
+            if gkey is not None and gkey not in self.gold:
+                continue  # the fixture keeps this state only after the last call
+            expected = self.gold.read(gkey) if gkey is not None else self._zero_state(spec)
+            rec = base_record(self.case, i, "save", c, name, expected_ref=self._golden_ref(gkey),
+                              actual_ref=snap.ref(str(path), name) if snap is not None else
+                              {"file": str(path) if path else step["file"], "key": name})
+            subject = messages.subject(name, rec.stage, c, snapshot=step["file"])
+            if snap is None:
+                rec.expected_shape = list(expected.shape)
+                rec.verdict, rec.reason = "fail", "missing_required"
+                rec.message = messages.snapshot_missing(subject=subject, problem=problem, loc=loc)
+            else:
+                actual, dtype = _read(snap, name, expected.shape)
+                judge(rec, actual, dtype, expected, self.table.bound(name, self.profile, END_TO_END, self.case),
+                      required=True, subject=subject, loc=loc, stats=self.stats.get(name))
+            self.report.records.append(rec)
+
+    def _open_snapshot(self, file: str) -> tuple[NamedOutputs | None, Path | None, str | None]:
+        """(the snapshot file through the name table, its path, why it cannot be read)."""
+        try:
+            path = safe_file(self.outputs, file, "snapshot file")
+            if not path.is_file():
+                return None, path, f"file {file} is not in {self.outputs}"
+            return NamedOutputs(SafetensorsFile(path), self.outs.table, inputs.dims(self.entry)), path, None
+        except (FixtureError, SafetensorsFormatError) as exc:
+            return None, None, str(exc)
+
+    def _zero_state(self, spec) -> np.ndarray:
+        """A state of the case's dimensions before any call: what a snapshot of no call holds."""
+        dims = GDNConfig.from_hf(self.entry["config"]).dims()
+        return np.zeros((self.entry["batch"], *(dims[s] for s in spec.shape)))
+
+
+def _read(outs: NamedOutputs, key: str, shape=None) -> tuple[np.ndarray | None, str | None]:
+    if key not in outs:
+        return None, None
+    return outs.read(key, shape), outs.dtype_of(key)
+

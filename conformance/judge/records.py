@@ -1,0 +1,233 @@
+"""Result records: what ``verify`` found, as data for the gate and the HTML report.
+
+One :class:`Record` per (case, call, tensor) and per saved snapshot tensor; one :class:`CaseReport`
+per case (its status, :class:`FirstDivergence`, records); one :class:`Summary` per run, serialised to
+JSON that ``conformance/judge/summary.schema.json`` describes (docs/verify.md lists every field).
+A record and a first divergence read back from that JSON (:meth:`Record.from_json`,
+:meth:`FirstDivergence.from_json`) are what the report shows.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+from gdncheck.safetensors_io import write_bytes_atomic
+
+SUMMARY_SCHEMA = "gdncheck-verify-summary"
+SUMMARY_SCHEMA_VERSION = 1
+SUMMARY_SCHEMA_PATH = Path(__file__).with_name("summary.schema.json")
+
+VERDICTS = ("pass", "fail", "missing")
+REASONS = ("missing_required", "dtype", "shape", "nan", "inf", "elem_bound", "nmse_bound", "seq_len", "raised",
+           "error_expected", "wrong_error")
+
+
+def _clean(value: Any) -> Any:
+    """JSON-safe: non-finite floats as the strings "inf", "-inf", "nan"."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return "nan" if math.isnan(value) else ("inf" if value > 0 else "-inf")
+    if isinstance(value, dict):
+        return {k: _clean(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_clean(v) for v in value]
+    return value
+
+
+def _unclean(value: Any) -> Any:
+    """The inverse of :func:`_clean` for numbers: the strings "inf", "-inf", "nan" as floats again."""
+    if isinstance(value, str) and value in ("inf", "-inf", "nan"):
+        return float(value)
+    if isinstance(value, dict):
+        return {k: _unclean(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_unclean(v) for v in value]
+    return value
+
+
+@dataclass
+class Record:
+    """The verdict on one tensor of one call (or of one saved snapshot)."""
+
+    case: str
+    step: int
+    op: str
+    call: int | None
+    tensor: str
+    stage: str
+    stage_index: int
+    verdict: str
+    reason: str | None = None
+    message: str | None = None
+    dtype: str | None = None
+    shape: list[int] | None = None
+    expected_shape: list[int] | None = None
+    seq_pos: list[int] | None = None
+    metrics: dict | None = None
+    bound: dict | None = None
+    min_tolerance: dict | None = None
+    over_bound: int | None = None
+    first_bad_token: int | None = None
+    first_bad_position: int | None = None
+    first_bad_row: int | None = None
+    token_profile: dict | None = None
+    expected_ref: dict | None = None
+    actual_ref: dict | None = None
+
+    def to_json(self) -> dict:
+        return _clean(asdict(self))
+
+    @classmethod
+    def from_json(cls, doc: dict) -> Record:
+        """A record of a summary, non-finite numbers restored (its numeric fields only: a message stays text)."""
+        numeric = ("metrics", "bound", "min_tolerance", "token_profile")
+        return cls(**{f.name: _unclean(doc[f.name]) if f.name in numeric else doc[f.name]
+                      for f in fields(Record) if f.name in doc})
+
+
+@dataclass(frozen=True)
+class FirstDivergence:
+    """Where a failing case first departs from the goldens: the earliest failing step, then the
+    earliest stage and tensor in pipeline order, then the first token over the bound; or, for a case
+    that failed without a tensor record (it raised, or raised the wrong error), the step and why."""
+
+    step: int | None
+    call: int | None
+    op: str | None
+    stage: str | None
+    tensor: str | None
+    token: int | None
+    position: int | None
+    row: int | None
+    reason: str | None
+
+    @classmethod
+    def of_record(cls, rec: Record) -> FirstDivergence:
+        return cls(rec.step, rec.call, rec.op, rec.stage, rec.tensor, rec.first_bad_token, rec.first_bad_position,
+                   rec.first_bad_row, rec.reason)
+
+    @classmethod
+    def at_step(cls, step: int | None, op: str, reason: str) -> FirstDivergence:
+        """A failure of a whole step (no tensor): the implementation raised, or raised the wrong error."""
+        return cls(step, None, op, None, None, None, None, None, reason)
+
+    @classmethod
+    def from_json(cls, doc: dict | None) -> FirstDivergence | None:
+        return None if doc is None else cls(**{f.name: doc.get(f.name) for f in fields(cls)})
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+    def __str__(self) -> str:
+        """``call 1, stage delta_rule, tensor core, token 1877 (position 1929, row 0)``, or where and why."""
+        parts = []
+        if self.call is not None:
+            parts.append(f"call {self.call}")
+        elif self.op == "save":
+            parts.append("saved snapshot")
+        elif self.step is not None:
+            parts.append(f"step {self.step} ({self.op})")
+        parts += [f"{k} {v}" for k, v in (("stage", self.stage), ("tensor", self.tensor)) if v]
+        if self.token is not None:
+            extra = [f"{k} {v}" for k, v in (("position", self.position), ("row", self.row)) if v is not None]
+            parts.append(f"token {self.token}" + (f" ({', '.join(extra)})" if extra else ""))
+        if self.reason and not self.tensor:
+            parts.append(self.reason.replace("_", " "))
+        return ", ".join(parts)
+
+
+@dataclass
+class CaseReport:
+    id: str
+    kind: str
+    tags: list[str]
+    status: str  # pass | fail | error | not_applicable
+    file: str | None = None
+    outputs_file: str | None = None
+    problem: str | None = None  # why the case could not be verified (status error)
+    first_divergence: FirstDivergence | None = None
+    message: str | None = None  # the first failure's message
+    repro: str | None = None
+    counts: dict = field(default_factory=lambda: {"pass": 0, "fail": 0, "missing": 0})
+    error_check: dict | None = None
+    not_applicable: dict | None = None  # {step, op, reason}: the implementation cannot express the case from there
+    notes: list[str] = field(default_factory=list)
+    records: list[Record] = field(default_factory=list)
+
+    def to_json(self) -> dict:
+        d = {k: v for k, v in asdict(self).items() if k != "records"}
+        d["records"] = [r.to_json() for r in self.records]
+        return _clean(d)
+
+
+@dataclass
+class Summary:
+    profile: str
+    mode: str
+    implementation: dict
+    tolerances: dict
+    fixtures: dict
+    outputs: dict
+    environment: dict
+    tool: dict
+    cases: list[CaseReport] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def exit_code(self) -> int:
+        """2 inputs unusable, 1 a case fails, else 0 (not_applicable cases count neither way)."""
+        if any(c.status == "error" for c in self.cases):
+            return 2
+        return 1 if any(c.status == "fail" for c in self.cases) else 0
+
+    def totals(self) -> dict:
+        recs = [r for c in self.cases for r in c.records]
+        return {
+            "cases": len(self.cases),
+            "passed": sum(c.status == "pass" for c in self.cases),
+            "failed": sum(c.status == "fail" for c in self.cases),
+            "errors": sum(c.status == "error" for c in self.cases),
+            "not_applicable": sum(c.status == "not_applicable" for c in self.cases),
+            "records": len(recs),
+            "records_failed": sum(r.verdict == "fail" for r in recs),
+            "records_missing": sum(r.verdict == "missing" for r in recs),
+        }
+
+    def verdict(self) -> str:
+        return {0: "conforms", 1: "does not conform", 2: "inputs unusable"}[self.exit_code]
+
+    def to_json(self) -> dict:
+        return _clean({
+            "schema": SUMMARY_SCHEMA,
+            "schema_version": SUMMARY_SCHEMA_VERSION,
+            "tool": self.tool,
+            "implementation": self.implementation,
+            "profile": self.profile,
+            "mode": self.mode,
+            "verdict": self.verdict(),
+            "exit_code": self.exit_code,
+            "tolerances": self.tolerances,
+            "fixtures": self.fixtures,
+            "outputs": self.outputs,
+            "environment": self.environment,
+            "totals": self.totals(),
+            "notes": self.notes,
+            "cases": [c.to_json() for c in self.cases],
+        })
+
+    def write(self, path: str | Path) -> Path:
+        return write_bytes_atomic(path, (json.dumps(self.to_json(), indent=1) + "\n").encode())
+
+
+def summary_schema() -> dict:
+    return json.loads(SUMMARY_SCHEMA_PATH.read_text())
+
+
+def validate_summary(doc: dict) -> None:
+    """Raise ``jsonschema.ValidationError`` if ``doc`` breaks the summary schema."""
+    import jsonschema
+
+    jsonschema.Draft202012Validator(summary_schema()).validate(doc)

@@ -1,0 +1,103 @@
+"""The tolerance table: bounds per (mode, profile, case recipe, tensor), versioned data.
+
+``conformance/judge/tolerances.json`` is written by ``gdncheck tolerances derive`` (:mod:`.derive`) and
+read here. A bound has two parts, both earned from data (docs/tolerances.md):
+
+- ``elem``: the largest scaled elementwise error (:mod:`.metrics`) allowed anywhere in the tensor;
+- ``nmse``: the largest NMSE allowed for the tensor of one call.
+
+Bounds are kept per case *recipe* (the case id without its ``_s{seed}``): how far a correct
+low-precision port strays depends on the case's conditioning (a decayed state read by a nearly
+orthogonal query, saturated gates, a long memory) far more than on anything else, so each case gets
+the envelope earned by its own recipe at other seeds. A case the table does not know (a fixture
+built from a checkpoint, the full suite) gets the ``global`` bound: the envelope over every recipe.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+
+from gdncheck.errors import GDNError
+from gdncheck.harness import END_TO_END
+from gdncheck.profiles import VERIFY_PROFILES
+
+TABLE_PATH = Path(__file__).with_name("tolerances.json")
+TABLE_FORMAT = "gdncheck-tolerances"
+
+
+class ToleranceError(GDNError):
+    code = "tolerances"
+
+
+def recipe_of(case_id: str) -> str:
+    """``prefill_T100_Hk2_Hv6_dk16_dv8_s0`` -> ``prefill_T100_Hk2_Hv6_dk16_dv8``."""
+    return re.sub(r"_s\d+$", "", case_id)
+
+
+@dataclass(frozen=True)
+class Bound:
+    tensor: str
+    profile: str
+    mode: str
+    elem: float
+    nmse: float
+    source: str  # "case <recipe>" or "global"
+
+    def to_json(self) -> dict:
+        return {"elem": self.elem, "nmse": self.nmse, "source": self.source, "profile": self.profile,
+                "mode": self.mode}
+
+
+@dataclass(frozen=True)
+class ToleranceTable:
+    data: dict
+    sha256: str
+    source: str
+
+    @property
+    def version(self) -> int:
+        return int(self.data["version"])
+
+    def bound(self, tensor: str, profile: str, mode: str = END_TO_END, case_id: str | None = None) -> Bound:
+        try:
+            table = self.data["modes"][mode][profile]
+        except KeyError:
+            raise ToleranceError(f"the tolerance table {self.source} has no {mode} bounds for profile {profile!r}; "
+                                 f"profiles: {', '.join(VERIFY_PROFILES)}") from None
+        recipe = recipe_of(case_id) if case_id else None
+        row, source = None, "global"
+        if recipe and tensor in table.get("cases", {}).get(recipe, {}):
+            row, source = table["cases"][recipe][tensor], f"case {recipe}"
+        elif tensor in table.get("global", {}):
+            row = table["global"][tensor]
+        if row is None:
+            raise ToleranceError(f"the tolerance table {self.source} has no bound for {tensor!r} ({profile}, {mode}); "
+                                 f"regenerate it with gdncheck tolerances derive")
+        return Bound(tensor, profile, mode, float(row["elem"]), float(row["nmse"]), source)
+
+    def describe(self) -> dict:
+        return {"format": TABLE_FORMAT, "version": self.version, "sha256": self.sha256, "path": self.source,
+                "derivation": self.data.get("derivation", {})}
+
+
+@lru_cache(maxsize=4)
+def _load(path: str) -> ToleranceTable:
+    try:
+        raw = Path(path).read_bytes()
+        data = json.loads(raw)
+    except FileNotFoundError:
+        raise ToleranceError(f"expected a tolerance table at {path}, found none") from None
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ToleranceError(f"{path}: not a readable tolerance table ({exc})") from None
+    if not isinstance(data, dict) or data.get("format") != TABLE_FORMAT or "modes" not in data:
+        raise ToleranceError(f"{path}: expected a JSON table of format {TABLE_FORMAT!r}")
+    return ToleranceTable(data, hashlib.sha256(raw).hexdigest(), str(path))
+
+
+def load_table(path: str | Path | None = None) -> ToleranceTable:
+    return _load(str(Path(path) if path else TABLE_PATH))

@@ -1,0 +1,85 @@
+"""``gdncheck verify``: judge a port's outputs against the goldens, per case, call and stage tensor.
+
+:func:`verify` is what the CLI and the gate call. A case whose inputs cannot be used (fixture or
+outputs file missing, truncated, damaged, of another fixture version, outside its folder) is
+reported with status ``error`` and the reason; every other case is still verified
+(:class:`~.case.CaseJudge` judges one case). Nothing is written here; :meth:`Summary.write` writes
+the JSON atomically.
+"""
+
+from __future__ import annotations
+
+import platform
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+
+from gdncheck._version import __version__
+from gdncheck.fixtures.manifest import CaseProblem, FixtureError, load_manifest, select_cases, sha256_file
+from gdncheck.harness import mode_name
+from gdncheck.profiles import VERIFY_PROFILES, choices
+
+from .aliases import load_names
+from .case import CaseJudge
+from .records import CaseReport, Summary
+from .tolerances import ToleranceTable, load_table
+
+
+def verify(fixtures_dir: str | Path, outputs_dir: str | Path, profile: str, *, cases: list[str] | None = None,
+           tags: list[str] | None = None, shard: tuple[int, int] | None = None, stage_isolated: bool = False,
+           tolerances: str | Path | ToleranceTable | None = None,
+           progress: Callable[[CaseReport], None] | None = None, names: str | None = None) -> Summary:
+    """Verify the outputs in ``outputs_dir`` against the fixtures in ``fixtures_dir`` at ``profile``.
+
+    ``cases`` (ids or id prefixes), ``tags`` and ``shard=(i, n)`` select cases; ``names`` reads the
+    outputs through a name table (:mod:`.aliases`: ``hf``, ``doppler``, ``metrale`` or a path). Raises
+    :class:`FixtureError` only when the fixture folder itself is unusable (no readable manifest) or
+    the name table is unknown.
+    """
+    table = tolerances if isinstance(tolerances, ToleranceTable) else load_table(tolerances)
+    name_table = load_names(names)
+    mode = mode_name(stage_isolated)
+    if profile not in VERIFY_PROFILES:
+        raise FixtureError(f"expected --profile {choices(VERIFY_PROFILES)}, found {profile!r}")
+    problems: list[CaseProblem] = []
+    manifest = load_manifest(fixtures_dir, problems)
+    entries = select_cases(manifest, cases, tags, shard, also_known=[p.case for p in problems])
+    summary = Summary(
+        profile=profile, mode=mode, implementation={}, tolerances=table.describe(),
+        fixtures={"dir": str(fixtures_dir), "suite": manifest["suite"], "format_version": manifest["format_version"],
+                  "manifest_sha256": sha256_file(Path(fixtures_dir) / "manifest.json"),
+                  "generator": manifest["generator"]},
+        outputs={"dir": str(outputs_dir), "names": name_table.source if name_table else None},
+        environment={"python": platform.python_version(), "numpy": np.__version__, "platform": platform.platform()},
+        tool={"name": "gdncheck", "version": __version__},
+    )
+    if stage_isolated:
+        skipped = [e["id"] for e in entries if e["kind"] == "error"]
+        entries = [e for e in entries if e["kind"] != "error"]
+        if skipped:
+            summary.notes.append(f"stage-isolated mode: {len(skipped)} expected-error case(s) not applicable")
+    for p in problems:
+        if not cases or any(p.case.startswith(c) for c in cases):
+            summary.cases.append(CaseReport(p.case, "unknown", [], "error", problem=p.message))
+    impls: dict[str, dict] = {}  # case -> the metadata of its usable outputs file
+    for entry in entries:
+        judge = CaseJudge(Path(fixtures_dir), Path(outputs_dir), entry, profile, table, stage_isolated, name_table)
+        report = judge.run()
+        if judge.meta:
+            impls[entry["id"]] = judge.meta
+        summary.cases.append(report)
+        if progress:
+            progress(report)
+    summary.implementation = _implementation(impls, profile, summary)
+    return summary
+
+
+def _implementation(impls: dict[str, dict], profile: str, summary: Summary) -> dict:
+    names = sorted({m.get("implementation", "unknown") for m in impls.values()})
+    profiles = sorted({m.get("profile", "") for m in impls.values()} - {""})
+    if profiles and profiles != [profile]:
+        summary.notes.append(f"outputs were produced in profile {', '.join(profiles)}, verified at {profile}")
+    first = next(iter(impls.values()), {})
+    return {"name": ", ".join(names) if names else "unknown", "profile": ", ".join(profiles) or None,
+            "device": first.get("device"), "command": first.get("command")}

@@ -1,0 +1,7 @@
+"""gdncheck.conformance.ports: running implementations over the fixtures.
+
+:mod:`.plugin` loads an implementation by name (a built-in or ``MODULE:CALLABLE``);
+:mod:`.implementations` holds the built-ins (``reference``, ``triton``, ``hf``: :mod:`.hf` with
+:mod:`.hf_trace`); :mod:`.run` drives one over the cases and writes its outputs in the port format
+(``gdncheck run``). The contract a port keeps is :mod:`gdncheck.harness`.
+"""

@@ -1,0 +1,94 @@
+"""The built-in implementations, each a factory of the port contract (:mod:`gdncheck.harness.contract`).
+
+``reference``
+    profile ``f64``: the float64 reference itself (``gdncheck.reference.Layer``, through
+    :func:`gdncheck.fixtures.reference_impl.reference_f64`, the factory the goldens are built with).
+    Profiles ``f32``, ``bf16``, ``f16``: the reference's math with that profile's roundings emulated
+    (:func:`gdncheck.conformance.earn.emulate.emulated`, placement ``hf`` unless
+    ``--option placement=fla|fp32_once|metrale``).
+    This is what a correct port of the profile computes, so ``run reference --profile bf16`` followed
+    by ``verify --profile bf16`` passes; ``--profile f64`` passes in every profile.
+``triton``
+    ``gdncheck.gpu_impl.Layer`` (imported on first use), driven exactly like an outside port.
+``hf``
+    Hugging Face transformers' own ``Qwen3_5DecoderLayer`` and cache (:mod:`.hf`; the ``hf`` extra),
+    profiles ``f32``, ``bf16`` (and ``f16``) on the CPU; what it cannot express is reported not applicable.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+
+import numpy as np
+
+from gdncheck.config import GDNConfig
+from gdncheck.conformance.earn.emulate import emulated
+from gdncheck.errors import GDNError
+from gdncheck.fixtures.reference_impl import reference_f64
+from gdncheck.harness import LayerAdapter, module_stage_runner
+
+from .hf import hf
+
+
+def reference(cfg: GDNConfig, weights, *, profile: str = "f64", strict: bool = False, placement: str = "hf",
+              chunk_size: int = 64, **options) -> LayerAdapter:
+    """The float64 reference (profile f64) or its precision emulation (f32, bf16, f16)."""
+    if options:
+        raise GDNError(f"reference: unknown option(s) {', '.join(sorted(options))}; known: placement, chunk_size")
+    if profile == "f64":
+        return reference_f64(cfg, weights, strict=strict, chunk_size=chunk_size)
+    return emulated(cfg, weights, profile=profile, placement=placement, strict=strict, chunk_size=chunk_size)
+
+
+def triton_stage_runner(layer, cfg: GDNConfig, weights: Mapping[str, np.ndarray]):
+    """``run_stage`` with ``gdncheck.gpu_impl``'s stage functions on the layer's device: golden inputs
+    stored in the profile dtype as a port reading them would (g, beta and the recurrent state fp32),
+    weights as the layer holds them (1-D parameters fp32, matrices in the profile dtype)."""
+    import torch  # the triton extra: only a Triton run needs it
+
+    from gdncheck import gpu_impl
+    from gdncheck.gpu_impl.layer import FP32_PARAMS
+
+    def tensor(a, dtype):  # fresh row-major strides (numpy's may differ on size-1 axes)
+        a = np.asarray(a, dtype=np.float64)
+        return torch.empty(a.shape, dtype=dtype, device=layer.device).copy_(torch.from_numpy(a.copy()))
+
+    w = {k: tensor(v, torch.float32 if k in FP32_PARAMS else layer.dtype) for k, v in weights.items()}
+    fp32 = ("g", "beta", "recurrent_state")
+    return module_stage_runner(gpu_impl, cfg, w,
+                               lambda name, a: tensor(a, torch.float32 if name in fp32 else layer.dtype),
+                               lambda v: v)
+
+
+class CapturingAdapter(LayerAdapter):
+    """A :class:`~gdncheck.harness.LayerAdapter` whose layer returns every stage tensor when asked with
+    ``capture=True`` (``gdncheck.gpu_impl.Layer``): verify then judges, and localises, every stage, not
+    only ``out``."""
+
+    def forward(self, x: np.ndarray, state, seq_pos: np.ndarray):
+        return self.layer.forward(self._prepare(x), state, seq_pos, capture=True)
+
+
+def triton(cfg: GDNConfig, weights, *, profile: str = "f32", strict: bool = False, capture: bool = True,
+           **options) -> LayerAdapter:
+    """``gdncheck.gpu_impl.Layer`` on ``GDN_DEVICE`` (default ``auto``); every stage tensor is returned
+    (``capture``; ``--option capture=false`` hands out ``out`` and the states only, as a fast path would)."""
+    try:  # the triton extra (torch, triton): imported on first use, so that the rest runs without it
+        from gdncheck.gpu_impl import DeviceSnapshot, Layer
+    except ImportError as exc:
+        raise GDNError(
+            f"implementation 'triton' needs gdncheck.gpu_impl.Layer, which cannot be imported here ({exc}); "
+            "install the triton extra (pip install -e '.[triton]')"
+        ) from None
+    if profile == "f64":
+        raise GDNError("implementation 'triton' runs in profile f32, bf16 or f16, found f64")
+    device = options.pop("device", os.environ.get("GDN_DEVICE", "auto"))
+    layer = Layer(cfg, weights, profile=profile, device=device, strict=strict, **options)
+    runner = getattr(layer, "run_stage", None) or triton_stage_runner(layer, cfg, weights)
+    adapter = CapturingAdapter if capture else LayerAdapter
+    return adapter(layer, f"triton ({profile}, device {device})", load_snapshot=DeviceSnapshot.load,
+                   stage_runner=runner)
+
+
+BUILTIN = {"reference": reference, "triton": triton, "hf": hf}

@@ -1,0 +1,166 @@
+"""``gdncheck run``: drive a Python implementation over the fixture cases and write its outputs in
+the port format (fixtures/FORMAT.md §7), exactly as a port in another language would.
+
+:func:`run_impl` is what the CLI and the gate call. Each case's outputs file is written atomically
+once the case has run (a case whose fixture is unusable is skipped and reported; nothing partial
+is left). An exception the implementation raises is a result: its code, message and step go into
+the outputs file, and ``verify`` judges them. :class:`~gdncheck.harness.NotApplicable` goes in as metadata
+``not_applicable`` (the reason) and ``not_applicable_step``.
+"""
+
+from __future__ import annotations
+
+import shlex
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from gdncheck._version import __version__
+from gdncheck.config import GDNConfig
+from gdncheck.errors import GDNError, SafetensorsFormatError
+from gdncheck.fixtures.manifest import FixtureError, case_file, load_manifest, select_cases
+from gdncheck.harness import (
+    OUTPUTS_FORMAT,
+    OUTPUTS_FORMAT_VERSION,
+    CaseInput,
+    NotApplicable,
+    call_key,
+    call_steps,
+    error_code,
+    execute,
+    golden_inputs,
+    mode_name,
+    to_numpy,
+)
+from gdncheck.profiles import RUN_PROFILES
+from gdncheck.safetensors_io import SafetensorsFile, write_safetensors
+from gdncheck.stages import STAGE_NAMES, STAGE_OUTPUTS
+from gdncheck.weights import LayerWeights
+
+from .plugin import load_factory, parse_options
+
+
+@dataclass
+class CaseRun:
+    id: str
+    status: str  # ran | raised | not_applicable | skipped
+    detail: str = ""
+    file: str | None = None
+
+
+@dataclass
+class RunReport:
+    implementation: str
+    profile: str
+    out: str
+    cases: list[CaseRun] = field(default_factory=list)
+
+    @property
+    def skipped(self) -> list[CaseRun]:
+        return [c for c in self.cases if c.status == "skipped"]
+
+
+def load_case_input(fixtures_dir: Path, entry: dict) -> tuple[CaseInput, SafetensorsFile]:
+    """The executor's input from a case file: config, weights, inputs (checksum verified)."""
+    f = SafetensorsFile(case_file(fixtures_dir, entry))
+    weights = {k[len("weights."):]: f.read(k) for k in f if k.startswith("weights.")}
+    inputs = {}
+    for step in call_steps(entry["program"]):
+        key = call_key(step["call"], "x")
+        if key not in f:
+            raise FixtureError(f"{entry['file']}: input {key} is missing (fixture damaged)")
+        inputs[step["call"]] = f.read(key)
+    return CaseInput(entry["id"], entry["config"], weights, entry["batch"], entry["program"], inputs), f
+
+
+def default_command(impl: str, fixtures_dir, out_dir, profile: str, options: Mapping | None,
+                    stage_isolated: bool) -> str:
+    opts = "".join(f" --option {shlex.quote(f'{k}={v}')}" for k, v in (options or {}).items())
+    iso = " --stage-isolated" if stage_isolated else ""
+    return (f"gdncheck run {shlex.quote(impl)} --fixtures {shlex.quote(str(fixtures_dir))} "
+            f"--out {shlex.quote(str(out_dir))} --profile {profile}{opts}{iso}")
+
+
+def run_impl(impl: str | Callable, fixtures_dir: str | Path, out_dir: str | Path, profile: str, *,
+             cases: list[str] | None = None, tags: list[str] | None = None, shard: tuple[int, int] | None = None,
+             options: Mapping | list[str] | None = None, stage_isolated: bool = False, command: str | None = None,
+             progress: Callable[[CaseRun], None] | None = None) -> RunReport:
+    """Run ``impl`` (``reference``, ``triton``, ``MODULE:CALLABLE`` or a factory) over the selected cases."""
+    if profile not in RUN_PROFILES:
+        raise GDNError(f"expected --profile one of {', '.join(RUN_PROFILES)}, found {profile!r}")
+    options = parse_options(options) if isinstance(options, list) else dict(options or {})
+    factory = load_factory(impl) if isinstance(impl, str) else impl
+    name = impl if isinstance(impl, str) else getattr(impl, "__qualname__", repr(impl))
+    fixtures_dir, out_dir = Path(fixtures_dir), Path(out_dir)
+    manifest = load_manifest(fixtures_dir, [])
+    entries = select_cases(manifest, cases, tags, shard)
+    if stage_isolated:
+        entries = [e for e in entries if e["kind"] != "error"]
+    out_dir.mkdir(parents=True, exist_ok=True)
+    command = command or default_command(name, fixtures_dir, out_dir, profile, options, stage_isolated)
+    report = RunReport(name, profile, str(out_dir))
+    for entry in entries:
+        try:
+            inp, gold = load_case_input(fixtures_dir, entry)
+        except (FixtureError, SafetensorsFormatError) as exc:
+            report.cases.append(CaseRun(entry["id"], "skipped", str(exc)))
+            if progress:
+                progress(report.cases[-1])
+            continue
+        na = None
+        if stage_isolated:
+            outputs, error, impl_name, na = _run_isolated(factory, inp, gold, profile, options)
+        else:
+            res = execute(factory, inp, profile=profile, options=options, snapshot_dir=out_dir)
+            outputs, error, impl_name, na = res.outputs, res.error, res.implementation, res.not_applicable
+        meta = {"format": OUTPUTS_FORMAT, "format_version": OUTPUTS_FORMAT_VERSION, "case": entry["id"],
+                "implementation": impl_name or name, "profile": profile, "mode": mode_name(stage_isolated),
+                "fixture_sha256": entry["sha256"], "generator": f"gdncheck {__version__}", "command": command}
+        if error:
+            meta.update({"error_code": error["code"], "error_message": error["message"],
+                         "error_step": str(error["step"])})
+        if na:
+            meta.update({"not_applicable": na["reason"], "not_applicable_step": str(na["step"])})
+        path = out_dir / f"{entry['id']}.safetensors"
+        write_safetensors(path, {k: np.ascontiguousarray(v) for k, v in outputs.items()}, meta)
+        status, detail = "ran", ""
+        if error:
+            status, detail = "raised", f"{error['code']} at step {error['step']}: {error['message']}"
+        elif na:
+            status, detail = "not_applicable", f"at step {na['step']}: {na['reason']}"
+        report.cases.append(CaseRun(entry["id"], status, detail, str(path)))
+        if progress:
+            progress(report.cases[-1])
+    return report
+
+
+def _run_isolated(factory, inp: CaseInput, gold: SafetensorsFile, profile: str, options: Mapping):
+    """Stage-isolated mode (FORMAT.md §8): every stage of every call from its golden inputs."""
+    cfg = GDNConfig.from_hf(dict(inp.config))
+    try:
+        impl = factory(cfg, LayerWeights(inp.weights, config=cfg), profile=profile, strict=False, **dict(options))
+    except NotApplicable as exc:
+        return {}, None, None, {"reason": str(exc), "step": 0}
+    run_stage = getattr(impl, "run_stage", None)
+    if run_stage is None:
+        raise GDNError(f"implementation {getattr(impl, 'name', impl)!r} has no run_stage(stage, inputs): it cannot "
+                       f"run in stage-isolated mode (FORMAT.md §8)")
+    outputs: dict[str, np.ndarray] = {}
+    error = None
+    for step in call_steps(inp.program):
+        k = step["call"]
+        for stage in STAGE_NAMES[1:]:
+            inputs = golden_inputs(gold, k, stage)
+            if inputs is None:
+                continue
+            try:
+                result = run_stage(stage, inputs)
+            except Exception as exc:  # noqa: BLE001 - recorded for verify
+                error = {"code": error_code(exc), "message": str(exc), "step": inp.program.index(step)}
+                return outputs, error, getattr(impl, "name", None), None
+            for name in STAGE_OUTPUTS[stage]:
+                if name in result:
+                    outputs[call_key(k, name)] = np.array(to_numpy(result[name]), copy=True)
+    return outputs, error, getattr(impl, "name", None), None

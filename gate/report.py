@@ -1,0 +1,176 @@
+"""What the gate prints, and the JUnit XML and the report folder it writes.
+
+:func:`gate_junit` is the JUnit document (docs/gate.md). :func:`format_result` is the compact table
+(one row per profile, one for the properties), the cases not run and why, the first divergences and
+the failing properties with their replay lines.
+:func:`write_report` writes the report folder: ``summary.txt`` (that text), the HTML report of
+each profile's verify summary (:func:`gdncheck.reports.write_report`) in ``REPORT/PROFILE/``, and an
+``index.html`` that links them.
+"""
+
+from __future__ import annotations
+
+from html import escape
+from pathlib import Path
+
+from gdncheck.conformance.judge.records import FirstDivergence
+from gdncheck.reports import write_report as html
+from gdncheck.reports.junit import JUnit, add_verify_summary
+from gdncheck.safetensors_io import write_bytes_atomic
+
+from .plan import Skip
+
+MAX_DIVERGENCES = 5  # per profile, on the console
+
+
+def _row(cells: list[str], widths: list[int]) -> str:
+    return "  ".join(c.ljust(w) for c, w in zip(cells, widths)).rstrip()
+
+
+def format_table(doc: dict) -> str:
+    head = ["profile", "cases", "pass", "fail", "unusable", "n/a", "tensors", "failed", "properties", "verdict"]
+    rows = []
+    props = (doc.get("properties") or {}).get("results", [])
+    for p, v in (doc.get("profiles") or {}).items():
+        t = v.get("totals") or {}
+        pr = [r for r in props if r["profile"] == p]
+        pcell = f"{sum(r['status'] == 'pass' for r in pr)}/{len(pr)}" if pr else "-"
+        if any(r["status"] == "fail" for r in pr):
+            pcell += f" ({sum(r['status'] == 'fail' for r in pr)} fail)"
+        verdict = v["verdict"] if not any(r["status"] == "fail" for r in pr) else "does not conform"
+        if v.get("known_failures"):
+            verdict += f" ({len(v['known_failures'])} known failure)"
+        rows.append([p, str(t.get("cases", 0)), str(t.get("passed", 0)), str(t.get("failed", 0)),
+                     str(t.get("errors", 0)), str(t.get("not_applicable", 0)), str(t.get("records", 0)),
+                     str(t.get("records_failed", 0)), pcell,
+                     verdict])
+    widths = [max(len(r[i]) for r in [head, *rows]) for i in range(len(head))]
+    return "\n".join(_row(r, widths) for r in [head, *rows])
+
+
+def format_result(doc: dict, *, verbose: bool = True) -> str:
+    lines = []
+    if doc.get("reason") and doc["exit_code"] == 2 and not doc.get("profiles"):
+        return f"gdncheck gate: could not run: {doc['reason']}"
+    if doc.get("profiles"):
+        lines.append(format_table(doc))
+    for s in (doc.get("selection") or {}).get("skipped", []):
+        lines.append(f"skipped {s['case']} ({', '.join(s['profiles'])}): {s['reason']}")
+    for p, v in (doc.get("profiles") or {}).items():
+        for f in v["failures"][:MAX_DIVERGENCES]:
+            if f["status"] == "error":
+                lines.append(f"UNUSABLE {p} {f['case']}: {f['message']}")
+                continue
+            lines.append(f"FAIL {p} {f['case']}: first divergence {FirstDivergence.from_json(f['first_divergence'])}")
+            if verbose:
+                lines.append(f"     {f['message']}\n     repro: {f['repro']}")
+        if len(v["failures"]) > MAX_DIVERGENCES:
+            lines.append(f"... and {len(v['failures']) - MAX_DIVERGENCES} more failing case(s) in {p}: {v['summary']}")
+    for p, v in (doc.get("profiles") or {}).items():
+        for k in v.get("not_applicable", []):
+            lines.append(f"not applicable {p} {k['case']}: {k['reason']}")
+        for k in v.get("known_failures", []):
+            lines.append(f"known failure {p} {k['case']} ({', '.join(k['tensors'])}): {k['reason']}")
+    for x in (doc.get("xfails") or {}).get("stale", []):
+        lines.append(f"warning: stale known failure ({doc['xfails']['file']}:{x['line']}: {x['impl']} {x['profile']} "
+                     f"{x['case']}): the case passes in {x['profile_run']} now; delete the entry")
+    for r in (doc.get("properties") or {}).get("results", []):
+        if r["status"] == "fail":
+            first = r["message"].splitlines()[0] if r["message"] else ""
+            lines.append(f"FAIL property {r['name']} ({r['profile']}): {first}")
+            if verbose:
+                lines.extend(f"     {n}" for n in [*r["message"].splitlines()[1:], *r["notes"]])
+                lines.append(f"     blob: {r['blob']}\n     replay: {r['replay']}")
+        elif r["status"] == "skip" and verbose:
+            lines.append(f"skipped property {r['name']} ({r['profile']}): {r['message']}")
+    return "\n".join(lines)
+
+
+def verdict_line(doc: dict) -> str:
+    impl = doc.get("implementation") or {}
+    sel = doc.get("selection") or {}
+    timing = doc.get("timing") or {}
+    where = f"{impl.get('spec')} on {impl.get('device', '?')}" + \
+        (" (Triton interpreter)" if impl.get("interpreter") else "")
+    parts = [f"gdncheck gate: {doc['verdict']} (exit {doc['exit_code']})", where]
+    if sel:
+        parts.append(f"{sel['run']} case(s) x {len(sel['profiles'])} profile(s)"
+                     + (f", shard {sel['shard'][0]}/{sel['shard'][1]}" if sel.get("shard") else "")
+                     + (f", {len(sel['skipped'])} skipped (listed above)" if sel.get("skipped") else ""))
+    props = doc.get("properties") or {}
+    if props.get("results"):
+        t = props["totals"]
+        parts.append(f"properties {t['pass']} pass, {t['fail']} fail, {t['skip']} skip "
+                     f"({props['hypothesis_profile']}, {props['max_examples']} examples)")
+    if timing.get("total_s") is not None:
+        parts.append(f"{timing['total_s']:.0f} s")
+    line = "; ".join(parts)
+    if doc.get("reason"):
+        line += f"\nreason: {doc['reason']}"
+    outs = doc.get("outputs") or {}
+    line += f"\nsummary: {outs.get('summary')}; junit: {', '.join(outs.get('junit') or [])}" + \
+        (f"; report: {outs['report']}" if outs.get("report") else "")
+    return line
+
+
+def html_report(summary_path: Path, out_dir: Path) -> list[Path]:
+    """The HTML report of one verify summary (:func:`gdncheck.reports.write_report`); its index page."""
+    return [Path(html(str(summary_path), out_dir))]
+
+
+def index_page(doc: dict, text: str, pages: dict[str, Path], report_dir: Path) -> str:
+    """REPORT/index.html: the verdict, links to each profile's report, the console text."""
+    links = "".join(f'<li><a href="{escape(str(p.relative_to(report_dir)))}">{escape(name)}</a>: '
+                    f'{escape(doc["profiles"][name]["verdict"])}</li>' for name, p in pages.items())
+    return (f'<!doctype html><html><head><meta charset="utf-8"><title>gdncheck gate: {escape(doc["verdict"])}'
+            f'</title></head><body><h1>gdncheck gate: {escape(doc["verdict"])}</h1><ul>{links}</ul>'
+            f"<pre>{escape(text)}</pre></body></html>\n")
+
+
+def write_report(report_dir: Path, doc: dict, summaries: dict) -> list[Path]:
+    """``summary.txt`` (the console text), each profile's HTML report in ``PROFILE/`` and an
+    ``index.html`` that links them. A report that fails is a warning, never a lost verdict."""
+    report_dir.mkdir(parents=True, exist_ok=True)
+    files, pages, problems = [], {}, []
+    for p in summaries:
+        try:
+            made = html_report(Path(doc["profiles"][p]["summary"]), report_dir / p)
+        except Exception as exc:  # noqa: BLE001 - a report failure must not hide the verdict
+            problems.append(f"the HTML report of {p} failed: {type(exc).__name__}: {exc}")
+            continue
+        pages[p] = made[0]
+        files.extend(made)
+    doc.setdefault("notes", []).extend(problems)
+    text = f"{verdict_line(doc)}\n\n{format_result(doc)}\n" + "".join(f"warning: {m}\n" for m in problems)
+    files.insert(0, write_bytes_atomic(report_dir / "summary.txt", text.encode()))
+    files.insert(1, write_bytes_atomic(report_dir / "index.html", index_page(doc, text, pages, report_dir).encode()))
+    return files
+
+
+def gate_junit(doc: dict, summaries: dict, known: dict, case_seconds: dict) -> JUnit:
+    """The gate's JUnit document: fixtures check, every profile's cases by stage group (the verify
+    summaries; ``known`` and ``case_seconds`` per profile), properties."""
+    junit = JUnit("gdncheck gate")
+    fx = doc.get("fixtures")
+    if doc["exit_code"] == 2 and doc.get("reason") and not summaries:
+        junit.case("gate", "gate", "setup", error=(doc["reason"], doc["reason"]))
+    if fx:
+        junit.case("fixtures", "fixtures", "checksums", output=f"{fx['cases']} case files match the manifest")
+        if fx["rebuild"] == "not checked":
+            junit.case("fixtures", "fixtures", "rebuild", skipped="not checked (a suite other than the committed one)")
+        else:
+            junit.case("fixtures", "fixtures", "rebuild", output=fx["rebuild"])
+    skipped = [Skip(**s) for s in (doc.get("selection") or {}).get("skipped", [])]
+    for p, summary in summaries.items():
+        add_verify_summary(junit, summary, skipped=skipped, known=known.get(p), case_seconds=case_seconds.get(p))
+    for r in (doc.get("properties") or {}).get("results", []):
+        suite, cls = f"properties.{r['profile']}", f"properties.{r['profile']}.{r['chapter']}"
+        if r["status"] == "fail":
+            text = "\n".join([r["message"], *r["notes"], f"blob: {r['blob']}", f"replay: {r['replay']}"])
+            junit.case(suite, cls, r["name"], seconds=r["seconds"],
+                       failure=(r["message"].splitlines()[0] if r["message"] else "property failed", "property", text))
+        elif r["status"] == "skip":
+            junit.case(suite, cls, r["name"], seconds=r["seconds"], skipped=r["message"])
+        else:
+            junit.case(suite, cls, r["name"], seconds=r["seconds"], output=f"{r['examples']} example(s)")
+    return junit

@@ -1,0 +1,337 @@
+"""``gdncheck gate``: decide whether an implementation conforms, in one call (the CI gate).
+
+:func:`run_gate` is the library entry point the command wraps:
+
+1. check the fixtures: the manifest against its schema, every case file against its sha256 and,
+   for the committed default suite, a rebuild in memory (``fixtures check``); drifted fixtures are
+   refused (exit 2, with why);
+2. run the implementation over the selected cases in every profile (``run_impl``, one outputs file
+   per case under ``OUT/PROFILE/``), in worker processes;
+3. verify each profile (``verify``: ``OUT/PROFILE/verify-summary-PROFILE.json``);
+4. search the property suite (``gdncheck.conformance.properties``) against the same implementation,
+   every profile;
+5. write the gate summary (``OUT/gate-summary.json``), JUnit XML and the report.
+
+In code the run is four phases, each a short function over the gate summary document
+(:mod:`.summary`): :func:`plan` (validate, resolve the device, check the fixtures, choose the units),
+:func:`execute` (run the units in workers), :func:`judge` (verify each profile, classify known
+failures) and :func:`summarise` (property results, environment, exit code).
+
+Exit status (``GateResult.exit_code``): 0 conforms, 1 does not conform (a case or a property
+fails), 2 could not run (``reason`` says why: drifted fixtures, an implementation that cannot be
+loaded, a device that is not there, a case whose inputs are unusable).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from gdncheck.conformance.judge.records import Summary
+from gdncheck.conformance.judge.verify import verify
+from gdncheck.conformance.ports.plugin import load_factory
+from gdncheck.conformance.ports.run import default_command
+from gdncheck.conformance.properties import PROPERTIES
+from gdncheck.errors import GDNError
+from gdncheck.fixtures.build import check_suite
+from gdncheck.fixtures.manifest import (
+    DEFAULT_DIR,
+    MANIFEST_NAME,
+    CaseProblem,
+    FixtureError,
+    case_file,
+    load_manifest,
+    sha256_file,
+)
+from gdncheck.profiles import VERIFY_PROFILES
+
+from . import summary as gs
+from .plan import Plan, plan_cases, plan_properties
+from .report import gate_junit, write_report
+from .summary import SCHEMA_PATH, VERDICTS, validate_gate_summary
+from .workers import Task, execute_tasks, run_case_unit, run_property_unit
+from .xfails import DEFAULT_PATH as DEFAULT_XFAILS
+from .xfails import classify, load_xfails
+
+#: Examples per property under Triton's interpreter (an interpreted layer call costs ~0.2-0.5 s).
+INTERPRETER_MAX_EXAMPLES = 2
+#: Examples per property elsewhere (every new shape compiles its kernels once on a GPU).
+DEFAULT_MAX_EXAMPLES = 10
+
+
+class CouldNotRun(GDNError):
+    code = "gate_could_not_run"
+
+
+@dataclass
+class GateOptions:
+    impl: str = "triton"
+    device: str = "auto"
+    profiles: tuple[str, ...] = VERIFY_PROFILES
+    suite: str = "default"
+    fixtures: str | None = None
+    cases: list[str] | None = None
+    tags: list[str] | None = None
+    shard: tuple[int, int] | None = None
+    out: str = "gdncheck-out/gate"
+    junit: str | None = None
+    report: str | None = None
+    properties: bool = True
+    property_names: list[str] | None = None
+    max_examples: int | None = None
+    hypothesis_profile: str | None = None
+    shrink: bool = False
+    jobs: int | None = None
+    all_cases: bool = False
+    rebuild_check: bool | None = None  # None: for the default suite only
+    xfails: str | None = None  # known-failures file; None: the packaged one; "none": no known failures
+    options: dict = field(default_factory=dict)
+
+
+@dataclass
+class GateResult:
+    exit_code: int
+    verdict: str
+    reason: str | None
+    doc: dict
+    summaries: dict[str, Summary] = field(default_factory=dict)  # profile -> verify Summary
+    known: dict = field(default_factory=dict)  # profile -> {case id: reason} (known failures)
+    case_seconds: dict = field(default_factory=dict)  # profile -> {case id: seconds of its run}
+    plan: Plan | None = None
+
+
+@dataclass
+class Setup:
+    """What :func:`plan` decided, before anything runs."""
+
+    fixtures: Path
+    device: str
+    interpreter: bool
+    plan: Plan
+    hypothesis_profile: str
+    max_examples: int
+    jobs: int
+
+
+@dataclass
+class Outcome:
+    """What the workers returned: per (profile, case) the run's result, and every property result."""
+
+    runs: dict[tuple[str, str], dict] = field(default_factory=dict)
+    properties: list[dict] = field(default_factory=list)
+
+    def seconds(self, profile: str) -> dict[str, float]:
+        return {case: r["seconds"] for (p, case), r in self.runs.items() if p == profile}
+
+
+def resolve_fixtures(opts: GateOptions) -> Path:
+    if opts.fixtures:
+        path = Path(opts.fixtures)
+    else:
+        path = DEFAULT_DIR if opts.suite == "default" else Path(f"fixtures-{opts.suite}")
+    if not (path / MANIFEST_NAME).is_file():
+        hint = (f"build it first: gdncheck fixtures build --suite {opts.suite} --out {path} --jobs 2"
+                if opts.suite != "default" else "give --fixtures DIR")
+        raise CouldNotRun(f"expected a fixture folder with {MANIFEST_NAME} at {path}, found none; {hint}")
+    return path
+
+
+def resolve_device(opts: GateOptions) -> tuple[str, bool]:
+    """(device, interpreter): ``auto`` is cuda when torch sees a GPU; the Triton path on the CPU runs
+    in Triton's interpreter."""
+    try:
+        import torch
+
+        cuda = bool(torch.cuda.is_available())
+    except ImportError:
+        cuda = False
+    device = opts.device
+    if device == "auto":
+        device = "cuda" if cuda else "cpu"
+    if device == "cuda" and not cuda:
+        raise CouldNotRun("--device cuda was asked for, but torch sees no CUDA device here")
+    if device not in ("cpu", "cuda"):
+        raise CouldNotRun(f"expected --device auto, cpu or cuda, found {device!r}")
+    return device, opts.impl == "triton" and device == "cpu"
+
+
+def check_fixtures(fixtures: Path, suite_check: bool) -> tuple[dict, dict]:
+    """Schema, checksums and (``suite_check``) a rebuild; raises :class:`CouldNotRun` on drift.
+    Returns (what was checked, the manifest)."""
+    problems: list[CaseProblem] = []
+    try:
+        manifest = load_manifest(fixtures, problems)
+    except FixtureError as exc:
+        raise CouldNotRun(f"fixtures unusable: {exc}") from None
+    bad = [f"{p.case}: {p.message}" for p in problems]
+    for entry in manifest["cases"]:
+        try:
+            case_file(fixtures, entry)
+        except FixtureError as exc:
+            bad.append(str(exc))
+    if bad:
+        raise CouldNotRun("fixtures drifted (refusing to judge against them): " + "; ".join(bad[:5])
+                          + (f"; and {len(bad) - 5} more" if len(bad) > 5 else ""))
+    info = {"dir": str(fixtures), "suite": manifest["suite"], "cases": len(manifest["cases"]),
+            "manifest_sha256": sha256_file(fixtures / "manifest.json"), "checksums": "ok", "rebuild": "not checked"}
+    if suite_check:
+        report = check_suite(fixtures)
+        changed = [r for r in report if r["status"] in ("changed", "missing")]
+        if changed:
+            raise CouldNotRun("fixtures drifted from their generator (gdncheck fixtures check): "
+                              + "; ".join(f"{r['id']}: {r['status']} ({r['detail']})" for r in changed[:5])
+                              + "; rebuild with gdncheck fixtures build and review the diff")
+        near = sum(r["status"] == "numerically-equal" for r in report)
+        info["rebuild"] = "identical" if not near else f"identical ({near} numerically equal: another BLAS or CPU)"
+    return info, manifest
+
+
+def run_gate(opts: GateOptions, progress: Callable[[float, float, dict], None] | None = None) -> GateResult:
+    """Run the gate; never raises for a verdict (``CouldNotRun`` becomes exit 2 with its reason)."""
+    start = time.perf_counter()
+    out = Path(opts.out)
+    result = GateResult(2, VERDICTS[2], None, gs.head(opts.impl, opts.options, out))
+    try:
+        setup = plan(opts, result)
+        outcome = execute(opts, out, setup, result.doc, progress)
+        judge(opts, out, setup, outcome, result)
+        summarise(opts, setup, outcome, result)
+    except CouldNotRun as exc:
+        result.reason = result.doc["reason"] = str(exc)
+        result.exit_code = 2
+    doc = result.doc
+    doc["exit_code"], doc["verdict"] = result.exit_code, VERDICTS[result.exit_code]
+    result.verdict = doc["verdict"]
+    doc.setdefault("timing", {})["total_s"] = round(time.perf_counter() - start, 2)
+    _write(opts, out, result)
+    return result
+
+
+def plan(opts: GateOptions, result: GateResult) -> Setup:
+    """Validate the options, resolve the device and the fixtures, check them, choose the units."""
+    doc = result.doc
+    bad = [p for p in opts.profiles if p not in VERIFY_PROFILES]
+    if bad or not opts.profiles:
+        raise CouldNotRun(f"expected profiles from {', '.join(VERIFY_PROFILES)}, found "
+                          f"{', '.join(opts.profiles) or 'none'}")
+    fixtures = resolve_fixtures(opts)
+    device, interpreter = resolve_device(opts)
+    doc["implementation"].update(device=device, interpreter=interpreter)
+    try:
+        load_factory(opts.impl)
+    except GDNError as exc:
+        raise CouldNotRun(f"implementation {opts.impl!r} cannot be loaded: {exc}") from None
+    rebuild = opts.rebuild_check if opts.rebuild_check is not None else opts.suite == "default" and not opts.fixtures
+    doc["fixtures"], manifest = check_fixtures(fixtures, rebuild)
+    result.plan = _units(opts, manifest, interpreter)
+    setup = Setup(fixtures, device, interpreter, result.plan,
+                  hypothesis_profile=opts.hypothesis_profile or os.environ.get("GDN_HYPOTHESIS_PROFILE") or "ci",
+                  max_examples=opts.max_examples or (INTERPRETER_MAX_EXAMPLES if interpreter else DEFAULT_MAX_EXAMPLES),
+                  jobs=opts.jobs or (min(2, os.cpu_count() or 1) if device == "cpu" else 1))
+    p = result.plan
+    doc["selection"] = {"profiles": list(opts.profiles), "shard": list(opts.shard) if opts.shard else None,
+                        "cases": opts.cases, "tags": opts.tags, "selected": p.selected, "run": len(p.entries),
+                        "skipped": [s.to_json() for s in p.skipped]}
+    doc["properties"] = {"hypothesis_profile": setup.hypothesis_profile, "max_examples": setup.max_examples,
+                         "shrink": opts.shrink, "units": len(p.property_units), "results": []}
+    return setup
+
+
+def _units(opts: GateOptions, manifest: dict, interpreter: bool) -> Plan:
+    """The case units and property units of the selection (every profile)."""
+    profiles = list(opts.profiles)
+    try:
+        entries, case_units, skipped, selected = plan_cases(manifest, profiles, cases=opts.cases, tags=opts.tags,
+                                                            shard=opts.shard, interpreter=interpreter,
+                                                            all_cases=opts.all_cases)
+    except GDNError as exc:
+        raise CouldNotRun(str(exc)) from None
+    names = [n for n in PROPERTIES if not opts.property_names or any(k in n for k in opts.property_names)]
+    prop_units = plan_properties(names, profiles, opts.shard, {n for n in names if PROPERTIES[n].once}) \
+        if opts.properties else []
+    return Plan(entries, case_units, prop_units, skipped, selected)
+
+
+def execute(opts: GateOptions, out: Path, setup: Setup, doc: dict, progress) -> Outcome:
+    """Run every unit in the workers (cases write their outputs under ``OUT/PROFILE/``)."""
+    commands = {p: default_command(opts.impl, setup.fixtures, out / p, p, opts.options, False) for p in opts.profiles}
+    tasks: list[Task] = [(run_case_unit, (opts.impl, str(setup.fixtures), str(out), u, opts.options,
+                                          commands[u.profile]), u.cost) for u in setup.plan.case_units]
+    tasks += [(run_property_unit, (opts.impl, u, setup.max_examples, setup.hypothesis_profile, opts.shrink), u.cost)
+              for u in setup.plan.property_units]
+    total, done = sum(t[2] for t in tasks), 0.0
+    outcome = Outcome()
+    start = time.perf_counter()
+    env = {"GDN_DEVICE": setup.device, "GDN_HYPOTHESIS_PROFILE": setup.hypothesis_profile}
+    for cost, res in execute_tasks(tasks, setup.jobs, env):
+        done += cost
+        if res["kind"] == "case":
+            outcome.runs[(res["profile"], res["case"])] = res
+        else:
+            outcome.properties.append(res)
+        if progress:
+            progress(done, total, res)
+    doc["timing"] = {"jobs": setup.jobs, "work_s": round(time.perf_counter() - start, 2),
+                     "cases_s": round(sum(r["seconds"] for r in outcome.runs.values()), 2),
+                     "properties_s": round(sum(p["seconds"] for p in outcome.properties), 2)}
+    return outcome
+
+
+def judge(opts: GateOptions, out: Path, setup: Setup, outcome: Outcome, result: GateResult) -> None:
+    """Verify every profile's outputs and set the known failures (xfails) apart."""
+    doc = result.doc
+    ids = setup.plan.case_ids
+    no_xfails = (opts.xfails or "").lower() == "none"
+    xfails = [] if no_xfails else load_xfails(opts.xfails)
+    doc["profiles"] = {}
+    doc["xfails"] = {"file": "none" if no_xfails else str(opts.xfails or DEFAULT_XFAILS), "stale": []}
+    for p in opts.profiles:
+        if not ids:
+            doc["profiles"][p] = gs.nothing_to_verify()
+            continue
+        summary = verify(setup.fixtures, out / p, p, cases=ids)
+        path = summary.write(out / p / f"verify-summary-{p}.json")
+        known, stale = classify(xfails, opts.impl, p, summary.cases)
+        result.summaries[p] = summary
+        result.known[p] = {c: x.reason for c, x in known.items()}
+        result.case_seconds[p] = outcome.seconds(p)
+        doc["xfails"]["stale"] += [{**x.to_json(), "profile_run": p} for x in stale]
+        doc["profiles"][p] = gs.profile_section(summary, path, known, sum(result.case_seconds[p].values()))
+
+
+def summarise(opts: GateOptions, setup: Setup, outcome: Outcome, result: GateResult) -> None:
+    """Property results, the implementation's name, the environment, and the exit code with its reason."""
+    doc = result.doc
+    props = sorted(outcome.properties, key=lambda r: (r["name"], VERIFY_PROFILES.index(r["profile"])))
+    doc["properties"]["results"] = props
+    doc["properties"]["totals"] = gs.property_totals(props)
+    doc["implementation"]["name"] = next((v.get("implementation") for v in doc["profiles"].values()
+                                          if v.get("implementation")), opts.impl)
+    doc["environment"] = gs.environment(setup.device)
+    worst = max([v["exit_code"] for v in doc["profiles"].values()] + [int(doc["properties"]["totals"]["fail"] > 0)])
+    if worst == 2:  # counted per profile, as the rows of the table are
+        unusable = [f["case"] for v in doc["profiles"].values() for f in v["failures"] if f["status"] == "error"]
+        result.reason = doc["reason"] = (f"inputs unusable for {len(unusable)} case(s): "
+                                         f"{', '.join(sorted(set(unusable)))}")
+    result.exit_code = worst
+
+
+def _write(opts: GateOptions, out: Path, result: GateResult) -> None:
+    """gate-summary.json, the JUnit XML (OUT/gate-junit.xml and --junit) and the --report folder."""
+    doc = result.doc
+    out.mkdir(parents=True, exist_ok=True)
+    junit_paths = [out / "gate-junit.xml"] + ([Path(opts.junit)] if opts.junit else [])
+    doc["outputs"].update(summary=str(out / "gate-summary.json"), junit=[str(p) for p in junit_paths],
+                          report=opts.report)
+    xml = gate_junit(doc, result.summaries, result.known, result.case_seconds)
+    for p in junit_paths:
+        xml.write(p)
+    if opts.report:
+        doc["outputs"]["report_files"] = [str(p) for p in write_report(Path(opts.report), doc, result.summaries)]
+    gs.write_summary(out, doc)
+
+
+__all__ = ["SCHEMA_PATH", "CouldNotRun", "GateOptions", "GateResult", "run_gate", "validate_gate_summary"]

@@ -1,0 +1,95 @@
+"""``OUT/gate-summary.json``: the gate's document, section by section, and its JSON Schema.
+
+The sections are written in the order the gate reaches them (docs/gate.md lists every field): the
+head (:func:`head`), what was planned (implementation, fixtures, selection, the properties' settings),
+the timing of the work, one section per profile (:func:`profile_section`), the known failures, the
+property results, the environment. A run that could not run stops after the sections it reached.
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+from pathlib import Path
+
+from gdncheck._version import __version__
+from gdncheck.conformance.judge.records import Summary
+from gdncheck.safetensors_io import write_bytes_atomic
+
+from .xfails import XFail
+
+SCHEMA = "gdncheck-gate-summary"
+SCHEMA_VERSION = 1
+#: JSON Schema (draft 2020-12) of OUT/gate-summary.json
+SCHEMA_PATH = Path(__file__).with_name("gate_summary.schema.json")
+
+VERDICTS = {0: "conforms", 1: "does not conform", 2: "could not run"}
+PROPERTY_STATUSES = ("pass", "fail", "skip")
+
+
+def validate_gate_summary(doc: dict) -> None:
+    """Raise ``jsonschema.ValidationError`` if ``doc`` breaks the gate-summary schema."""
+    import jsonschema  # deferred: only a caller that validates pays for it
+
+    jsonschema.Draft202012Validator(json.loads(SCHEMA_PATH.read_text())).validate(doc)
+
+
+def head(impl: str, options: dict, out: Path) -> dict:
+    """The first rows, before anything ran: verdict, exit code and reason still open."""
+    return {"schema": SCHEMA, "schema_version": SCHEMA_VERSION, "tool": {"name": "gdncheck", "version": __version__},
+            "verdict": None, "exit_code": None, "reason": None,
+            "implementation": {"spec": impl, "options": options}, "outputs": {"dir": str(out)}}
+
+
+def profile_code(summary: Summary, known: dict[str, XFail]) -> int:
+    """A profile's exit code: 2 a case's inputs were unusable, 1 a case fails (known failures aside), 0."""
+    if any(c.status == "error" for c in summary.cases):
+        return 2
+    return int(any(c.status == "fail" and c.id not in known for c in summary.cases))
+
+
+def profile_section(summary: Summary, path: Path, known: dict[str, XFail], seconds: float) -> dict:
+    """One profile's section: its verdict, totals, failures, not-applicable cases and known failures."""
+    code = profile_code(summary, known)
+    cases = summary.cases
+    return {
+        "verdict": VERDICTS[code] if code != 2 else summary.verdict(), "exit_code": code,
+        "totals": summary.totals(), "summary": str(path), "implementation": summary.implementation.get("name"),
+        "seconds": round(seconds, 2),
+        "failures": [{"case": c.id, "status": c.status,
+                      "first_divergence": c.first_divergence and c.first_divergence.to_json(),
+                      "message": c.message or c.problem, "repro": c.repro}
+                     for c in cases if c.status in ("fail", "error") and c.id not in known],
+        "not_applicable": [{"case": c.id, "reason": (c.not_applicable or {}).get("reason") or c.message}
+                           for c in cases if c.status == "not_applicable"],
+        "known_failures": [{"case": c.id, "tensors": sorted({r.tensor for r in c.records if r.verdict == "fail"}),
+                            "reason": known[c.id].reason, "xfails_line": known[c.id].line, "message": c.message}
+                           for c in cases if c.id in known],
+    }
+
+
+def nothing_to_verify() -> dict:
+    """A profile's section when no case was run (every selected case was skipped)."""
+    return {"verdict": "nothing to verify", "exit_code": 0, "totals": {}, "failures": [], "known_failures": []}
+
+
+def property_totals(results: list[dict]) -> dict:
+    return {s: sum(r["status"] == s for r in results) for s in PROPERTY_STATUSES}
+
+
+def environment(device: str) -> dict:
+    env = {"python": platform.python_version(), "platform": platform.platform()}
+    try:  # the triton extra: absent for a plug-in environment without torch
+        import torch
+        import triton
+
+        env.update(torch=torch.__version__, triton=triton.__version__)
+        if device == "cuda":
+            env["gpu"] = torch.cuda.get_device_name(0)
+    except ImportError:
+        pass
+    return env
+
+
+def write_summary(out: Path, doc: dict) -> Path:
+    return write_bytes_atomic(out / "gate-summary.json", (json.dumps(doc, indent=1, default=str) + "\n").encode())

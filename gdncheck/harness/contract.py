@@ -1,0 +1,132 @@
+"""The port contract: how the suite drives a Python implementation of the layer.
+
+``gdncheck run MODULE:CALLABLE`` imports ``CALLABLE`` from ``MODULE`` and calls it once per case::
+
+    impl = CALLABLE(cfg, weights, profile="bf16", strict=False, **options)
+
+``cfg`` is a :class:`gdncheck.config.GDNConfig`, ``weights`` a :class:`gdncheck.weights.LayerWeights`
+(Hugging Face names, float32 arrays holding the stored bf16/f32 values), ``profile`` one of
+``f64 f32 bf16 f16`` (:mod:`gdncheck.profiles`), ``strict`` asks for an error instead of the
+seq-len reset (docs/spec.md §4), and ``options`` are the ``--option KEY=VALUE`` pairs of the command
+line. A configuration or weight the implementation refuses must raise (a
+:class:`gdncheck.errors.GDNError`, or any exception with a string ``code`` attribute naming the
+error; see fixtures/FORMAT.md §6).
+
+An implementation that cannot express a case or a call (a feature it does not have: a per-head
+norm, the seq-len reset, snapshot files, a strict mode) raises :class:`NotApplicable` with the
+reason, from the factory, from any method, or from the factory's optional
+``check_case(config, program)``, which the executor calls before gdncheck parses the case's config.
+The case stops there; ``verify`` judges the calls that ran before and reports the case
+``not_applicable``, neither a pass nor a failure.
+
+The returned object implements :class:`Implementation`. Most Python ports already have a layer
+with the shape of ``gdncheck.reference.Layer``; :class:`LayerAdapter` turns such a layer into an
+:class:`Implementation` in one line, and the built-in ``reference`` and ``triton`` go through it
+too (``gdncheck.conformance.ports.implementations``). Loading a factory by name is the ports'
+business (``gdncheck.conformance.ports.plugin``); this module is what a factory returns.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any, Protocol, runtime_checkable
+
+import numpy as np
+
+
+class NotApplicable(Exception):  # noqa: N818 - a verdict, not an error
+    """The implementation cannot express this case or call; the message says why (FORMAT.md §9).
+
+    Not a failure: ``run`` records the reason and the step in the outputs' metadata
+    (``not_applicable``, ``not_applicable_step``) and ``verify`` reports the case ``not_applicable``."""
+
+    code = "not_applicable"
+
+
+@runtime_checkable
+class Implementation(Protocol):
+    """What the runner needs from an implementation. Arrays may be NumPy arrays or anything
+    :func:`to_numpy` converts (torch tensors included)."""
+
+    name: str
+
+    def new_state(self, batch: int) -> Any:
+        """A zero state for ``batch`` sequences (seq_len 0)."""
+
+    def forward(self, x: np.ndarray, state: Any, seq_pos: np.ndarray) -> tuple[Any, Mapping[str, Any]]:
+        """Run x [B, T, D] (float32 values exact in the profile) at positions ``seq_pos`` [B] (int64);
+        update ``state`` in place; return ``(out, trace)``, trace holding any stage tensors by name."""
+
+    def state_arrays(self, state: Any) -> Mapping[str, Any]:
+        """``conv_state`` [B, conv_dim, K] and ``recurrent_state`` [B, Hv, dk, dv]; ``seq_len`` [B] if kept."""
+
+    def snapshot(self, state: Any) -> Any:
+        """An independent deep copy of ``state``."""
+
+    def restore(self, state: Any, snap: Any) -> None:
+        """Make ``state`` equal to ``snap`` (a copy: later calls must not change ``snap``)."""
+
+    def save_snapshot(self, snap: Any, path: str) -> None:
+        """Write ``snap`` to the safetensors file ``path`` (tensors conv_state, recurrent_state, seq_len)."""
+
+    def load_snapshot(self, path: str) -> Any:
+        """Read a snapshot written by :meth:`save_snapshot`."""
+
+
+def to_numpy(value: Any) -> np.ndarray:
+    """NumPy array of any array-like, torch tensors (any device, bf16 included) too."""
+    if isinstance(value, np.ndarray):
+        return value
+    mod = type(value).__module__
+    if mod.startswith("torch"):
+        t = value.detach()
+        if str(t.dtype) in ("torch.bfloat16",):
+            t = t.float()
+        return t.cpu().numpy()
+    return np.asarray(value)
+
+
+class LayerAdapter:
+    """An :class:`Implementation` around a layer shaped like ``gdncheck.reference.Layer``.
+
+    The layer has ``new_state(batch)`` and ``forward(x, state, seq_pos) -> (out, trace)``; its state
+    has attributes ``conv_state``, ``recurrent_state``, ``seq_len`` and methods ``snapshot()`` and
+    ``restore(snap)``; a snapshot has ``save(path)``; ``load_snapshot`` reads one back.
+    ``prepare_input`` converts the runner's float32 NumPy input (default: unchanged).
+    """
+
+    def __init__(self, layer: Any, name: str, *, load_snapshot: Callable[[str], Any],
+                 prepare_input: Callable[[np.ndarray], Any] | None = None, stage_runner: Any = None):
+        self.layer = layer
+        self.name = name
+        self._load = load_snapshot
+        self._prepare = prepare_input or (lambda x: x)
+        if stage_runner is not None:
+            self.run_stage = stage_runner  # optional: stage-isolated mode (FORMAT.md §8)
+
+    def new_state(self, batch: int) -> Any:
+        return self.layer.new_state(batch)
+
+    def forward(self, x: np.ndarray, state: Any, seq_pos: np.ndarray):
+        return self.layer.forward(self._prepare(x), state, seq_pos)
+
+    def state_arrays(self, state: Any) -> dict[str, Any]:
+        return {"conv_state": state.conv_state, "recurrent_state": state.recurrent_state, "seq_len": state.seq_len}
+
+    def snapshot(self, state: Any) -> Any:
+        return state.snapshot()
+
+    def restore(self, state: Any, snap: Any) -> None:
+        state.restore(snap)
+
+    def save_snapshot(self, snap: Any, path: str) -> None:
+        snap.save(path)
+
+    def load_snapshot(self, path: str) -> Any:
+        return self._load(path)
+
+
+def error_code(exc: BaseException) -> str:
+    """The error code an exception stands for: its ``code`` attribute, else its class name."""
+    code = getattr(exc, "code", None)
+    return code if isinstance(code, str) and code else type(exc).__name__

@@ -1,0 +1,187 @@
+"""Executes a case's program (fixtures/FORMAT.md §4) on an implementation of the port contract.
+
+The same executor builds the goldens (with the float64 reference) and runs any implementation for
+``verify``, so both read the program the same way. Outputs are keyed as in the fixture files:
+``calls.{k}.{tensor}`` for the stage tensors and the states after call ``k``. The program's ops are
+named here once (:data:`PROGRAM_OPS`; :data:`CALL_OPS` are the ones that call the layer).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import tempfile
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from gdncheck.config import GDNConfig
+from gdncheck.stages import STAGE_INPUTS, STATE_NAMES, TENSOR_BY_NAME
+from gdncheck.weights import LayerWeights
+
+from .contract import Implementation, NotApplicable, error_code, to_numpy
+
+#: The steps that call the layer: ``forward`` (one call over the step's T tokens) and ``decode`` (T
+#: one-token calls, outputs stacked along T); each has a call index and an input ``calls.{k}.x``.
+CALL_OPS: tuple[str, ...] = ("forward", "decode")
+#: Every op a program may hold (FORMAT.md §4), in the order the format lists them.
+PROGRAM_OPS: tuple[str, ...] = ("construct", "reset", *CALL_OPS, "snapshot", "restore", "save", "load")
+
+
+@dataclass
+class CaseInput:
+    """What the executor needs: the case's config dict, weights, batch, program, per-call inputs."""
+
+    id: str
+    config: Mapping[str, Any]
+    weights: Mapping[str, np.ndarray]
+    batch: int
+    program: list[Mapping[str, Any]]
+    inputs: Mapping[int, np.ndarray]  # call index -> x [B, T, D] (as stored: float32, or ints for error cases)
+    expected: Mapping[int, tuple[str, ...]] | None = None  # call -> tensors to keep (None: all)
+
+
+@dataclass
+class RunResult:
+    outputs: dict[str, np.ndarray] = field(default_factory=dict)
+    state_in: dict[str, np.ndarray] = field(default_factory=dict)
+    error: dict[str, Any] | None = None  # {"code", "message", "step"}
+    not_applicable: dict[str, Any] | None = None  # {"reason", "step"}: the implementation cannot express it
+    files: list[str] = field(default_factory=list)
+    implementation: str | None = None  # the implementation's ``name``
+
+
+def call_key(call: int, tensor: str) -> str:
+    return f"calls.{call}.{tensor}"
+
+
+def call_steps(program: list[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+    """The steps of ``program`` that call the layer (:data:`CALL_OPS`), in order."""
+    return [step for step in program if step["op"] in CALL_OPS]
+
+
+def _keep(expected, call: int, name: str) -> bool:
+    return expected is None or name in expected.get(call, ())
+
+
+def execute(factory: Callable[..., Implementation], case: CaseInput, *, profile: str, options: Mapping | None = None,
+            snapshot_dir: str | os.PathLike | None = None, capture_state_in: bool = False) -> RunResult:
+    """Run ``case.program``; an exception at step i ends the program and is recorded (code, message, i),
+    :class:`~.contract.NotApplicable` as ``not_applicable`` (reason, i). The factory's optional
+    ``check_case(config, program)`` runs first, before the config is parsed.
+
+    Snapshot files of ``save``/``load`` steps live in ``snapshot_dir`` (a temporary folder if None).
+    """
+    if snapshot_dir is None:
+        with tempfile.TemporaryDirectory(prefix="gdncheck-snapshots-") as tmp:
+            return execute(factory, case, profile=profile, options=options, snapshot_dir=tmp,
+                           capture_state_in=capture_state_in)
+    # the programs reset states on purpose (seq_pos mismatches); gdncheck's own warning about it is noise here
+    logger = logging.getLogger("gdncheck")
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        return _execute(factory, case, profile, options, snapshot_dir, capture_state_in)
+    finally:
+        logger.setLevel(level)
+
+
+def _execute(factory, case: CaseInput, profile: str, options, snapshot_dir, capture_state_in: bool) -> RunResult:
+    res = RunResult()
+    impl = state = None
+    slots: dict[str, Any] = {}
+    step_index = 0
+    try:
+        for step_index, step in enumerate(case.program):  # noqa: B007 - read by the handler below
+            op = step["op"]
+            if op == "construct":
+                check_case = getattr(factory, "check_case", None)
+                if check_case is not None:
+                    check_case(dict(case.config), list(case.program))
+                cfg = GDNConfig.from_hf(dict(case.config))
+                weights = LayerWeights(case.weights, source=f"fixture {case.id}", config=cfg)
+                impl = factory(cfg, weights, profile=profile, strict=bool(step.get("strict", False)),
+                               **dict(options or {}))
+                res.implementation = getattr(impl, "name", None)
+                state = impl.new_state(case.batch)
+            elif op == "reset":
+                state = impl.new_state(case.batch)
+            elif op in CALL_OPS:
+                k = int(step["call"])
+                pos = np.asarray(step["seq_pos"], dtype=np.int64)
+                x = case.inputs[k]
+                if capture_state_in:
+                    _capture_state_in(impl, state, pos, k, res)
+                if op == "forward":
+                    trace = _forward(impl, x, state, pos)
+                else:
+                    trace = _decode(impl, x, state, pos)
+                for name, arr in trace.items():
+                    if _keep(case.expected, k, name):
+                        res.outputs[call_key(k, name)] = arr
+                for name, arr in impl.state_arrays(state).items():
+                    if (name in STATE_NAMES and _keep(case.expected, k, name)) or name == "seq_len":
+                        res.outputs[call_key(k, name)] = np.array(to_numpy(arr), copy=True)
+            elif op == "snapshot":
+                slots[step["slot"]] = impl.snapshot(state)
+            elif op == "restore":
+                impl.restore(state, slots[step["slot"]])
+            elif op == "save":
+                path = Path(snapshot_dir) / step["file"]
+                impl.save_snapshot(slots[step["slot"]], str(path))
+                res.files.append(step["file"])
+            elif op == "load":
+                slots[step["slot"]] = impl.load_snapshot(str(Path(snapshot_dir) / step["file"]))
+            else:
+                raise ValueError(f"expected a program op of {', '.join(PROGRAM_OPS)}, found {op!r}")
+    except NotApplicable as exc:
+        res.not_applicable = {"reason": str(exc) or "not applicable", "step": step_index}
+    except Exception as exc:  # noqa: BLE001 - any failure of the implementation is a result, not a crash
+        res.error = {"code": error_code(exc), "message": str(exc) or type(exc).__name__, "step": step_index}
+    return res
+
+
+def _trace_arrays(out: Any, trace: Mapping[str, Any]) -> dict[str, np.ndarray]:
+    arrays = {name: to_numpy(v) for name, v in trace.items() if name in TENSOR_BY_NAME}
+    arrays["out"] = to_numpy(out)
+    return {k: np.array(v, copy=True) for k, v in arrays.items()}
+
+
+def _forward(impl: Implementation, x: np.ndarray, state: Any, pos: np.ndarray) -> dict[str, np.ndarray]:
+    out, trace = impl.forward(x, state, pos)
+    return _trace_arrays(out, trace)
+
+
+def _decode(impl: Implementation, x: np.ndarray, state: Any, pos: np.ndarray) -> dict[str, np.ndarray]:
+    """``decode``: one one-token call per token of x, outputs stacked along T."""
+    steps: list[dict[str, np.ndarray]] = []
+    for t in range(x.shape[1]):
+        steps.append(_forward(impl, x[:, t: t + 1], state, pos + t))
+    names = [n for n in steps[0] if all(n in s for s in steps)]
+    return {n: np.concatenate([s[n] for s in steps], axis=1) for n in names}
+
+
+def _capture_state_in(impl: Implementation, state: Any, pos: np.ndarray, k: int, res: RunResult) -> None:
+    """The state a call's conv1d and delta_rule read: the current state, with the rows whose seq_len
+    differs from ``seq_pos`` reset to zeros (docs/spec.md §4)."""
+    arrays = {n: np.array(to_numpy(a), dtype=np.float64, copy=True) for n, a in impl.state_arrays(state).items()}
+    seq_len = arrays["seq_len"].astype(np.int64)
+    reset = seq_len != pos
+    for name in STATE_NAMES:
+        arrays[name][reset] = 0.0
+        res.state_in[call_key(k, f"{name}_in")] = arrays[name]
+
+
+def golden_inputs(gold: Mapping[str, np.ndarray], call: int, stage: str) -> dict[str, np.ndarray] | None:
+    """A stage's golden inputs for call ``call`` (FORMAT.md §8): the stage tensors it reads from the
+    same call, and the call's entering state ``*_in``; None when the fixture does not keep them all."""
+    out = {}
+    for name in STAGE_INPUTS[stage]:
+        key = call_key(call, f"{name}_in" if name in STATE_NAMES else name)
+        if key not in gold:
+            return None
+        out[name] = np.asarray(gold[key])
+    return out
