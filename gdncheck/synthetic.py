@@ -3,7 +3,12 @@
 Weights are drawn like a Hugging Face checkpoint (``Qwen3_5PreTrainedModel._init_weights``: normal
 0.02 projections, ``A = U(0.01, 16)``, ``dt_bias = 1``) but with non-trivial norm weights, and every
 value is rounded to a number that bf16 and f16 both represent exactly, so every port loads the same
-numbers. All draws come from one seeded NumPy generator: same seed, same bytes.
+numbers. All draws come from one seeded NumPy generator: same seed, same bytes, on every CPU — the
+arithmetic on the draws is elementwise IEEE operations and the portable ``log`` of
+:mod:`gdncheck.portable` (``np.log`` may differ in its last bit between CPUs, and a rounding
+to bf16 right at a boundary would carry that into a weight). Uniform draws are scaled here rather than
+by ``Generator.uniform``, whose ``low + range·u`` a compiler may fuse into one multiply-add on some
+CPUs; the values are the same.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ import numpy as np
 
 from .config import GDNConfig
 from .dtypes import round_to_common
+from .portable import log as portable_log
 from .safetensors_io import write_bytes_atomic, write_safetensors
 from .weights import WEIGHT_NAMES, LayerWeights
 
@@ -43,18 +49,21 @@ def make_weights(
     def normal(*shape, scale=std):
         return rng.normal(0.0, scale, size=shape)
 
+    def uniform(low, high, *shape):
+        return low + (high - low) * rng.random(shape)  # what Generator.uniform computes, unfused
+
     K = cfg.conv_kernel
     bound = 1.0 / np.sqrt(K)  # nn.Conv1d default init: kaiming-uniform over fan_in = K (depthwise)
-    A = rng.uniform(0.01, 16.0, size=Hv)
+    A = uniform(0.01, 16.0, Hv)
     arrays = {
         "input_layernorm.weight": normal(D, scale=norm_spread),
         "linear_attn.in_proj_qkv.weight": normal(cfg.conv_dim, D),
         "linear_attn.in_proj_z.weight": normal(cfg.value_dim, D),
         "linear_attn.in_proj_a.weight": normal(Hv, D),
         "linear_attn.in_proj_b.weight": normal(Hv, D),
-        "linear_attn.conv1d.weight": rng.uniform(-bound, bound, size=(cfg.conv_dim, 1, K)),
+        "linear_attn.conv1d.weight": uniform(-bound, bound, cfg.conv_dim, 1, K),
         "linear_attn.dt_bias": np.ones(Hv) + rng.normal(0.0, norm_spread, size=Hv),
-        "linear_attn.A_log": np.log(A),
+        "linear_attn.A_log": portable_log(A),
         "linear_attn.norm.weight": 1.0 + normal(cfg.head_v_dim if mode == "shared" else cfg.value_dim,
                                                 scale=norm_spread),
         "linear_attn.out_proj.weight": normal(D, cfg.value_dim),

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from . import arith
 from .functions import f64
 
 
@@ -50,11 +51,12 @@ def delta_rule_recurrent(
     qe, ke = expand_heads(q, Hv), expand_heads(k, Hv)
     S = np.zeros((B, Hv, dk, dv)) if initial_state is None else f64(initial_state).copy()
     core = np.empty((B, T, Hv, dv))
+    decay = arith.exp(g)  # [B, T, Hv]
     for t in range(T):
-        S *= np.exp(g[:, t])[:, :, None, None]
+        S *= decay[:, t, :, None, None]
         k_t = ke[:, t]  # [B, Hv, dk]
-        m = (k_t[:, :, None, :] @ S)[:, :, 0, :]  # [B, Hv, dv]
+        m = arith.matmul(k_t[:, :, None, :], S)[:, :, 0, :]  # [B, Hv, dv]
         delta = beta[:, t, :, None] * (v[:, t] - m)
         S += k_t[:, :, :, None] * delta[:, :, None, :]
-        core[:, t] = scale * (qe[:, t, :, None, :] @ S)[:, :, 0, :]
+        core[:, t] = scale * arith.matmul(qe[:, t, :, None, :], S)[:, :, 0, :]
     return core, S

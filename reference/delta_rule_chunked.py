@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from .arith import require_fast
 from .functions import f64
 
 #: Tokens per block of chunks: bounds the working memory independently of T.
@@ -86,6 +87,7 @@ def delta_rule_chunked(
     """
     if chunk_size < 1:
         raise ValueError(f"chunk_size must be a positive integer, found {chunk_size}")
+    require_fast("the chunked delta rule")
     q, k, v, g, beta = (f64(t) for t in (q, k, v, g, beta))
     B, T, Hv, dv = v.shape
     Hk, dk = q.shape[-2:]

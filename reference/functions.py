@@ -1,20 +1,26 @@
-"""Elementwise functions several stages share, in float64, written for accuracy first.
+"""Elementwise functions and norms several stages share, in float64, written for accuracy first.
 
-``softplus`` is ``logaddexp(0, x)``: the exact ``log(1 + e^x)`` at every x, never overflowing (torch's
-threshold-20 shortcut differs by < 3e-9). ``sigmoid`` is the plain ``1 / (1 + exp(−x))``: one exp, one add
-and one division, each correctly rounded or nearly so, with no cancellation, so every value is within a
-few ulps wherever it is a normal number, far tails included (tests/reference/test_functions.py checks it
-against extended precision). The functions reuse their temporaries in place: they run on [T, 8192]-sized
-arrays.
+``softplus`` is the exact ``log(1 + e^x)`` at every x, never overflowing (torch's threshold-20 shortcut
+differs by < 3e-9). ``sigmoid`` is the plain ``1 / (1 + exp(−x))``: one exp, one add and one division, each
+correctly rounded or nearly so, with no cancellation, so every value is within a few ulps wherever it is a
+normal number, far tails included (tests/reference/test_functions.py checks it against extended
+precision). Both come from :mod:`.arith`, as do the sums of the norms, so that they follow its
+arithmetic mode. The functions reuse their temporaries in place: they run on [T, 8192]-sized arrays.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
+from . import arith
+from .arith import sigmoid, softplus
+
 #: Elements per piece where a function works piece by piece (8 MB of float64): its temporaries stay
 #: small and are reused, instead of whole fresh [T, 8192] arrays, which are slow to touch.
 PIECE = 1 << 20
+
+
+__all__ = ["PIECE", "f64", "l2_normalize", "pieces", "rms_norm", "rms_norm_one_plus", "sigmoid", "silu", "softplus"]
 
 
 def f64(x) -> np.ndarray:
@@ -26,20 +32,6 @@ def pieces(n_rows: int, row_size: int):
     step = max(1, PIECE // max(1, row_size))
     for start in range(0, n_rows, step):
         yield slice(start, min(n_rows, start + step))
-
-
-def softplus(x: np.ndarray) -> np.ndarray:
-    """log(1 + exp(x)), exact for all x."""
-    return np.logaddexp(0.0, x)
-
-
-def sigmoid(x: np.ndarray) -> np.ndarray:
-    """1 / (1 + exp(-x)); exp(-x) = inf (x < -709.78, where the true value is below the normal range) gives 0."""
-    s = np.negative(f64(x))
-    with np.errstate(over="ignore"):
-        np.exp(s, out=s)
-    s += 1.0
-    return np.reciprocal(s, out=s)
 
 
 def silu(x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
@@ -65,7 +57,7 @@ def rms_norm(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
     """x / sqrt(mean(x^2, last axis) + eps) * weight (weight applied as given)."""
     x = f64(x)
     y = np.square(x, out=np.empty(x.shape))
-    rms = np.sqrt(np.mean(y, axis=-1, keepdims=True) + eps)
+    rms = np.sqrt(arith.mean_last(y) + eps)
     np.divide(x, rms, out=y)
     y *= f64(weight)
     return y
@@ -80,5 +72,5 @@ def l2_normalize(x: np.ndarray, eps: float = 1e-6) -> np.ndarray:
     """x / sqrt(sum(x^2, last axis) + eps), the eps inside the sqrt."""
     x = f64(x)
     y = np.square(x, out=np.empty(x.shape))
-    norm = np.sqrt(np.sum(y, axis=-1, keepdims=True) + eps)
+    norm = np.sqrt(arith.sum_last(y) + eps)
     return np.divide(x, norm, out=y)

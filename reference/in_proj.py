@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from .arith import matmul
 from .functions import f64
 
 
@@ -17,8 +18,8 @@ def in_proj(
     """
     x = f64(x_norm)
     hv = w_a.shape[0]
-    qkv = x @ f64(w_qkv).T
-    z = (x @ f64(w_z).T).reshape(*x.shape[:-1], hv, w_z.shape[0] // hv)
-    a = x @ f64(w_a).T
-    b = x @ f64(w_b).T
+    qkv = matmul(x, f64(w_qkv).T)
+    z = matmul(x, f64(w_z).T).reshape(*x.shape[:-1], hv, w_z.shape[0] // hv)
+    a = matmul(x, f64(w_a).T)
+    b = matmul(x, f64(w_b).T)
     return qkv, z, a, b

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from .arith import matmul
 from .functions import f64, silu
 
 
@@ -13,7 +14,7 @@ def mlp(h_norm: np.ndarray, w_gate: np.ndarray, w_up: np.ndarray, w_down: np.nda
     h_norm: [..., T, D]; W_gate, W_up: [I, D]; W_down: [D, I]. Returns mlp_out [..., T, D].
     """
     x = f64(h_norm)
-    act = x @ f64(w_gate).T
+    act = matmul(x, f64(w_gate).T)
     silu(act, out=act)
-    act *= x @ f64(w_up).T
-    return act @ f64(w_down).T
+    act *= matmul(x, f64(w_up).T)
+    return matmul(act, f64(w_down).T)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from .arith import matmul
 from .functions import f64
 
 
@@ -14,4 +15,4 @@ def out_proj(core_gated: np.ndarray, weight: np.ndarray) -> np.ndarray:
     Returns attn_out [..., T, D].
     """
     x = f64(core_gated)
-    return x.reshape(*x.shape[:-2], -1) @ f64(weight).T
+    return matmul(x.reshape(*x.shape[:-2], -1), f64(weight).T)

@@ -9,7 +9,8 @@ DESCRIPTION = """\
 Golden fixtures for ports of the GDN layer (fixtures/FORMAT.md).
 
   build   run the float64 reference over every case of a suite and write one safetensors file per
-          case plus manifest.json (deterministic: a rebuild on the same platform is bit-identical);
+          case plus manifest.json (in the reference's golden arithmetic: a rebuild is bit-identical on
+          every CPU, x86-64 with or without AVX-512 and arm64);
           --from-checkpoint DIR --layer N builds cases from a real checkpoint's weights instead
   check   rebuild in memory and compare every checksum with the manifest and the files (drift
           detection; exit 1 when something changed)
@@ -72,7 +73,8 @@ def _check(args) -> int:
             print(f"{r['status']:<17} {r['id']}: {r['detail']}")
     near = sum(r["status"] == "numerically-equal" for r in report)
     print(f"{len(report) - len(bad)}/{len(report)} cases reproduce"
-          + (f" ({near} numerically equal, not bit-identical)" if near else "")
+          + (f" ({near} numerically equal but not bit-identical: this platform broke the fixture guarantee, "
+             "FORMAT.md §11)" if near else "")
           + ("" if not bad else f"; {len(bad)} changed: rebuild with gdncheck fixtures build and review the diff"),
           file=sys.stdout)
     return 1 if bad else 0
