@@ -145,7 +145,8 @@ def test_batched_plain_call_is_a_packed_call(layer):
     x = make_inputs(CFG, B, T, seed=5)
     state = layer.new_state(B)
     layer.forward(x[:, :9], state, 0)
-    pool = copy_pool(state)
+    pool = layer.new_state(B)  # a plain State is a pool whose slots are its rows
+    pool.restore(state.snapshot())
     want, want_trace = layer.forward(x[:, 9:], state, 9)
     out, trace = forward_packed(layer, pool, x[:, 9:].reshape(-1, CFG.hidden_size), np.arange(B + 1) * (T - 9),
                                 9, list(range(B)))
