@@ -1,4 +1,6 @@
-"""Benchmarks of the float64 reference: ``python -m gdncheck.bench reference`` (or ``gdncheck bench``).
+"""Benchmarks of the float64 reference: ``python -m gdncheck.bench reference`` (or ``gdncheck bench``), and
+``python -m gdncheck.bench serving``: a packed call of 8 sequences against the equivalent separate calls
+(:mod:`gdncheck.bench_serving`).
 
 At real head sizes (Hk=16, Hv=32, dk=dv=128, D=2048, I=6144) and T in {1024, 4096, 16384} it measures,
 in one run and for each thread count asked for (``--threads 1,2``):
@@ -399,7 +401,10 @@ def table(result: dict) -> str:
 
 # --- command line -----------------------------------------------------------------------------------
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("target", nargs="?", default="reference", choices=["reference"], help="what to benchmark")
+    p.add_argument("target", nargs="?", default="reference", choices=["reference", "serving"],
+                   help="what to benchmark: the reference's stages and layer, or its packed serving call")
+    p.add_argument("--lengths", type=_lengths, default=None,
+                   help="serving: comma-separated sequence lengths (default 1,17,64,65,256,700,1500,2048)")
     p.add_argument("--tokens", default=None, help="comma-separated T values (default 1024,4096,16384)")
     p.add_argument("--repeat", type=int, default=None, help="runs per figure, median reported (default 3)")
     p.add_argument("--recurrent-max", type=int, default=4096, help="largest T for the (slow) recurrent form")
@@ -415,9 +420,28 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", type=Path, default=None, help="also write the figures as JSON here")
 
 
+def _lengths(text: str) -> list[int]:
+    try:
+        lengths = [int(n) for n in text.split(",") if n.strip()]
+    except ValueError:
+        lengths = []
+    if not lengths or min(lengths) < 1:
+        raise argparse.ArgumentTypeError(f"expected comma-separated sequence lengths >= 1, found {text!r}")
+    return lengths
+
+
 def run_from_args(args: argparse.Namespace) -> int:
     from .env import blas_threads
 
+    if args.target == "serving":
+        from . import bench_serving
+
+        threads = [int(t) for t in str(args.threads).split(",") if t.strip()] if args.threads else [blas_threads()]
+        result = bench_serving.run(args, threads)
+        print(bench_serving.table(result))
+        if args.json:
+            args.json.write_text(json.dumps(result, indent=2))
+        return 0
     tokens_default, repeat_default = ("16,40", 1) if args.quick else ("1024,4096,16384", 3)
     tokens = [int(t) for t in str(args.tokens or tokens_default).split(",") if t.strip()]
     threads = [int(t) for t in str(args.threads).split(",") if t.strip()] if args.threads else [blas_threads()]

@@ -1,4 +1,5 @@
-"""The call contract every implementation keeps (docs/spec.md §4): input checks and the seq_pos rule.
+"""The call contract every implementation keeps (docs/spec.md §4): input checks and the seq_pos rule, and for
+the serving patterns (docs/serving.md) the padding slot id, the names of the patterns and their checks.
 
 Neutral bookkeeping, no math: the reference, the Triton path and the precision-emulating layer all
 call these, so a call is refused, or a state reset, by the same rule and with the same message in
@@ -12,7 +13,18 @@ import logging
 import numpy as np
 
 from .config import GDNConfig
-from .errors import InputDtypeError, InputError, InputShapeError, SeqPosMismatchError
+from .errors import (
+    AcceptCountError,
+    CuSeqlensError,
+    DuplicateSlotError,
+    EmptySequenceError,
+    InputDtypeError,
+    InputError,
+    InputShapeError,
+    SeqPosMismatchError,
+    SlotIndexError,
+    SnapshotRequestError,
+)
 
 
 def check_x(shape: tuple[int, ...], is_real_float: bool, dtype, cfg: GDNConfig, batch: int,
@@ -65,3 +77,168 @@ def rows_to_reset(pos: np.ndarray, seq_len: np.ndarray, *, strict: bool, warned:
         logger.warning("linear_attention state mismatch at layer %s: %s. Resetting the state of row(s) %s.",
                        layer, detail, rows)
     return mismatch, True
+
+
+# --- serving calls (docs/serving.md): packed sequences, slots of a state pool, speculative verify ---
+
+#: The slot id of a padding sequence: its tokens are computed from a zero state, and no pool slot is
+#: read or written for it. -1 is vLLM's and SGLang's ``PAD_SLOT_ID``; it lies outside ``[0, S)`` for
+#: every pool size. (In Python and NumPy -1 is also a valid index, the last slot: test for it first.)
+PAD_SLOT_ID = -1
+
+#: The serving patterns by name (the reference's functions in ``reference/serving.py``, and the program
+#: ops of fixtures), each with the per-call fields it takes besides ``x [total_tokens, D]``.
+SERVING_OPS: dict[str, tuple[str, ...]] = {
+    "forward_packed": ("cu_seqlens", "seq_pos", "slots"),
+    "prefix_snapshots": ("cu_seqlens", "seq_pos", "slots", "snap_seq", "snap_offset", "snap_slot"),
+    "verify_spec": ("cu_seqlens", "seq_pos", "slots"),
+    "commit": ("accepted",),
+}
+
+#: What a speculative verify keeps for its commit: the state after every token, packed by token like
+#: the stage tensors (row ``cu_seqlens[i] + j - 1`` is sequence i after its first j tokens).
+SPEC_STEP_TENSORS: tuple[str, ...] = ("conv_state_steps", "recurrent_state_steps")
+
+
+def _ints(values, n: int | None, what: str, layer: int | None) -> np.ndarray:
+    """``values`` as int64 [n] (any n when None); refused unless a 1-D integer array (an empty list is one)."""
+    arr = np.asarray(values)
+    if arr.size == 0 and arr.ndim == 1:
+        arr = arr.astype(np.int64)
+    if arr.dtype.kind not in "iu" or arr.ndim != 1 or (n is not None and arr.shape[0] != n):
+        count = "a 1-D integer array" if n is None else f"{n} ints (one per sequence)"
+        raise InputShapeError(f"expected {what} as {count}, found {values!r}", layer=layer)
+    return arr.astype(np.int64)
+
+
+def check_packed_x(shape: tuple[int, ...], is_real_float: bool, dtype, cfg: GDNConfig, layer: int | None,
+                   accepted: str = "float16/32/64") -> None:
+    """A packed x must be a real floating array of shape [total_tokens >= 1, D]."""
+    if not is_real_float:
+        raise InputDtypeError(f"expected x of a real floating dtype ({accepted}), found {dtype}", layer=layer)
+    D = cfg.hidden_size
+    if len(shape) != 2 or shape[1] != D or shape[0] < 1:
+        raise InputShapeError(f"expected packed x of shape [total_tokens>=1, D={D}], found {list(shape)}",
+                              layer=layer)
+
+
+def check_cu_seqlens(cu_seqlens, total: int, layer: int | None) -> tuple[np.ndarray, np.ndarray]:
+    """``cu_seqlens`` [N + 1]: starts at 0, never decreases, ends at ``total``; no sequence is empty.
+
+    Returns the offsets and the lengths [N] as int64.
+    """
+    cu = np.asarray(cu_seqlens)
+    if cu.dtype.kind not in "iu" or cu.ndim != 1 or cu.shape[0] < 2:
+        raise CuSeqlensError(f"expected cu_seqlens as a 1-D integer array of N + 1 >= 2 offsets, found "
+                             f"{cu_seqlens!r}", layer=layer)
+    cu = cu.astype(np.int64)
+    if cu[0] != 0:
+        raise CuSeqlensError(f"expected cu_seqlens[0] = 0, found {cu[0]}", layer=layer)
+    lengths = np.diff(cu)
+    if (lengths < 0).any():
+        i = int(np.flatnonzero(lengths < 0)[0])
+        raise CuSeqlensError(f"expected non-decreasing cu_seqlens, found cu_seqlens[{i}]={cu[i]} > "
+                             f"cu_seqlens[{i + 1}]={cu[i + 1]}", layer=layer)
+    if cu[-1] != total:
+        raise CuSeqlensError(f"expected cu_seqlens[-1] = total_tokens = {total} (x's first axis), found "
+                             f"{cu[-1]}", layer=layer)
+    if (lengths == 0).any():
+        empty = np.flatnonzero(lengths == 0).tolist()
+        raise EmptySequenceError(f"expected every packed sequence to hold >= 1 token, found sequence(s) {empty} "
+                                 f"empty in cu_seqlens={cu.tolist()}", layer=layer)
+    return cu, lengths
+
+
+def check_slots(slots, n: int, pool_size: int, layer: int | None) -> np.ndarray:
+    """Slot ids [N]: each the padding id or in ``[0, pool_size)``, real ones distinct. Returns int64 [N]."""
+    ids = _ints(slots, n, "slots", layer)
+    bad = (ids != PAD_SLOT_ID) & ((ids < 0) | (ids >= pool_size))
+    if bad.any():
+        i = int(np.flatnonzero(bad)[0])
+        raise SlotIndexError(f"expected slot ids in [0, {pool_size}) (the pool's size) or the padding id "
+                             f"{PAD_SLOT_ID}, found slot {ids[i]} for sequence {i}", layer=layer)
+    _check_distinct(ids, [f"sequence {i}" for i in range(n)], layer)
+    return ids
+
+
+def _check_distinct(ids: np.ndarray, owners: list[str], layer: int | None) -> None:
+    first: dict[int, str] = {}
+    for slot, owner in zip(ids.tolist(), owners):
+        if slot == PAD_SLOT_ID:
+            continue
+        if slot in first:
+            raise DuplicateSlotError(f"expected each pool slot named at most once per call (the padding id "
+                                     f"{PAD_SLOT_ID} may repeat), found slot {slot} for {first[slot]} and "
+                                     f"{owner}", layer=layer)
+        first[slot] = owner
+
+
+def slots_to_reset(pos: np.ndarray, slots: np.ndarray, slot_seq_len: np.ndarray, *, strict: bool, warned: bool,
+                   layer: int | None, logger: logging.Logger) -> tuple[np.ndarray, bool]:
+    """The seq_pos rule per slot: the sequences whose slot's ``seq_len`` differs from their ``seq_pos``.
+
+    Padding sequences never mismatch (they have no slot). Strict mode raises
+    :class:`SeqPosMismatchError` (the caller has changed nothing yet); otherwise a warning is logged the
+    first time for this pool. Returns ``(mask over sequences, warned after this call)``.
+    """
+    real = slots != PAD_SLOT_ID
+    seen = np.where(real, slot_seq_len[np.where(real, slots, 0)], pos)  # never index with the padding id
+    mismatch = real & (seen != pos)
+    if not mismatch.any():
+        return mismatch, warned
+    seqs = np.flatnonzero(mismatch).tolist()
+    detail = ", ".join(f"sequence {i} (slot {slots[i]}): slot seq_len={seen[i]}, seq_pos={pos[i]}" for i in seqs[:4])
+    if strict:
+        raise SeqPosMismatchError(f"expected seq_pos equal to the slot's seq_len, found {detail}", layer=layer)
+    if not warned:
+        logger.warning("linear_attention state mismatch at layer %s: %s. Resetting the state of slot(s) %s.",
+                       layer, detail, slots[seqs].tolist())
+    return mismatch, True
+
+
+def check_accepted(accepted, lengths: np.ndarray, layer: int | None) -> np.ndarray:
+    """``commit``: one accepted count per sequence, ``0 <= accepted[i] <= lengths[i]``. Returns int64 [N]."""
+    n = _ints(accepted, lengths.shape[0], "accepted", layer)
+    bad = (n < 0) | (n > lengths)
+    if bad.any():
+        i = int(np.flatnonzero(bad)[0])
+        raise AcceptCountError(f"expected 0 <= accepted <= k for each sequence, found accepted={n[i]} for "
+                               f"sequence {i} (k={lengths[i]})", layer=layer)
+    return n
+
+
+def check_snapshot_requests(snap_seq, snap_offset, snap_slot, lengths: np.ndarray, slots: np.ndarray,
+                            pool_size: int, layer: int | None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Prefix-snapshot requests, M entries: sequence ``snap_seq[m]`` after ``snap_offset[m]`` of its tokens
+    goes to pool slot ``snap_slot[m]``. Each names a real sequence, an offset in ``1..length``, no
+    (sequence, offset) twice; destinations are real slots, distinct, and none of the call's slots.
+    Returns the three as int64 [M].
+    """
+    seq = _ints(snap_seq, None, "snap_seq", layer)
+    off = _ints(snap_offset, seq.shape[0], "snap_offset (one per snap_seq entry)", layer)
+    dest = _ints(snap_slot, seq.shape[0], "snap_slot (one per snap_seq entry)", layer)
+    n = lengths.shape[0]
+    seen: set[tuple[int, int]] = set()
+    for m, (i, o) in enumerate(zip(seq.tolist(), off.tolist())):
+        if not 0 <= i < n:
+            raise SnapshotRequestError(f"expected snap_seq in [0, {n}) (the call's sequences), found {i} at "
+                                       f"request {m}", layer=layer)
+        if slots[i] == PAD_SLOT_ID:
+            raise SnapshotRequestError(f"expected a snapshot of a sequence with a slot, found request {m} for "
+                                       f"padding sequence {i}", layer=layer)
+        if not 1 <= o <= lengths[i]:
+            raise SnapshotRequestError(f"expected snap_offset in 1..{lengths[i]} (sequence {i}'s tokens), found "
+                                       f"{o} at request {m}", layer=layer)
+        if (i, o) in seen:
+            raise SnapshotRequestError(f"expected each (sequence, offset) once, found sequence {i} offset {o} "
+                                       f"twice (request {m})", layer=layer)
+        seen.add((i, o))
+    bad = (dest < 0) | (dest >= pool_size)
+    if bad.any():
+        m = int(np.flatnonzero(bad)[0])
+        raise SlotIndexError(f"expected snapshot destination slots in [0, {pool_size}) (never the padding id), "
+                             f"found slot {dest[m]} at request {m}", layer=layer)
+    _check_distinct(np.concatenate([slots, dest]),
+                    [f"sequence {i}" for i in range(n)] + [f"snapshot request {m}" for m in range(dest.shape[0])],
+                    layer)
+    return seq, off, dest

@@ -138,6 +138,55 @@ class SnapshotCorruptError(SnapshotError):
     code = "snapshot_corrupt"
 
 
+# --- serving calls: packed sequences, state slots, speculative verify (docs/serving.md) -------
+
+
+class CuSeqlensError(InputError):
+    """``cu_seqlens`` is not a 1-D integer array that starts at 0, never decreases and ends at the
+    number of packed tokens."""
+
+    code = "cu_seqlens"
+
+
+class EmptySequenceError(InputError):
+    """A packed sequence of no tokens (two equal consecutive ``cu_seqlens`` entries)."""
+
+    code = "empty_sequence"
+
+
+class SlotIndexError(InputError):
+    """A slot id neither the padding id nor inside the pool ``[0, S)`` (or a snapshot sent to the
+    padding slot)."""
+
+    code = "slot_index"
+
+
+class DuplicateSlotError(InputError):
+    """One call names a pool slot twice (two sequences, or a snapshot and a sequence): the order of the
+    writes would decide the result."""
+
+    code = "duplicate_slot"
+
+
+class AcceptCountError(InputError):
+    """``commit``: an accepted count outside ``0..k`` for its sequence (k: its verified tokens)."""
+
+    code = "accept_count"
+
+
+class SnapshotRequestError(InputError):
+    """A prefix-snapshot request that names no real sequence of the call, or an offset outside
+    ``1..length`` of its sequence, or the same (sequence, offset) twice."""
+
+    code = "snapshot_request"
+
+
+class SpecCommitError(GDNError):
+    """``commit`` of a verify that was already committed, or whose slots another call moved since."""
+
+    code = "spec_commit"
+
+
 def all_error_classes() -> list[type[GDNError]]:
     """Every error class, base first; codes are unique."""
     seen: list[type[GDNError]] = []

@@ -1,8 +1,9 @@
 """The float64 NumPy reference of the Qwen3.5 Gated DeltaNet layer (``gdncheck.reference``).
 
 One module per stage of SPEC §2, each a plain function whose docstring holds the formula and
-shapes; :class:`Layer` composes them and carries the :class:`State`. Never imports torch or
-``gdncheck.gpu_impl``.
+shapes; :class:`Layer` composes them and carries the :class:`State`. :mod:`.serving` runs the layer
+as serving engines call it (packed sequences over a :class:`StatePool`, speculative verify and commit,
+prefix snapshots; ``docs/serving.md``). Never imports torch or ``gdncheck.gpu_impl``.
 """
 
 from .conv1d import conv1d
@@ -18,10 +19,11 @@ from .out_proj import out_proj
 from .post_norm import post_norm
 from .qk_norm import qk_norm
 from .residual import output, residual
+from .serving import SpecVerify, StatePool, commit, forward_packed, prefix_snapshots, verify_spec
 from .state import State
 
 __all__ = [
-    "Layer", "State", "conv1d", "delta_rule_chunked", "delta_rule_recurrent", "expand_heads", "gated_norm",
-    "gates", "in_proj", "input_norm", "layer_forward", "mlp", "out_proj", "output", "post_norm", "qk_norm",
-    "residual",
+    "Layer", "SpecVerify", "State", "StatePool", "commit", "conv1d", "delta_rule_chunked", "delta_rule_recurrent",
+    "expand_heads", "forward_packed", "gated_norm", "gates", "in_proj", "input_norm", "layer_forward", "mlp",
+    "out_proj", "output", "post_norm", "prefix_snapshots", "qk_norm", "residual", "verify_spec",
 ]

@@ -34,7 +34,8 @@ FLOORS: tuple[tuple[int, str, tuple[str, ...]], ...] = (
     (6, "meta", ("gdncheck.conformance.meta",)),
     (7, "reports", ("gdncheck.reports",)),
     (8, "gate", ("gdncheck.gate",)),
-    (9, "apps", ("gdncheck.cli", "gdncheck.commands", "gdncheck.bench", "gdncheck.__main__")),
+    (9, "apps", ("gdncheck.cli", "gdncheck.commands", "gdncheck.bench", "gdncheck.bench_serving",
+                 "gdncheck.bench_moe", "gdncheck.__main__")),
 )
 #: Never imported by the float64 reference, at any depth of its own modules.
 NOT_IN_REFERENCE = ("torch", "triton", "gdncheck.gpu_impl", "gdncheck.harness")

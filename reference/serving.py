@@ -1,0 +1,324 @@
+"""Serving-engine call patterns on the float64 reference: packed variable-length calls over a pool of
+state slots, speculative verify and commit, prefix snapshots (the contract: ``docs/serving.md``).
+
+>>> pool = StatePool(cfg, size=16)            # conv [16, conv_dim, K], recurrent [16, Hv, dk, dv], seq_len [16]
+>>> out, trace = forward_packed(layer, pool, x, cu_seqlens=[0, 1, 65], seq_pos=[40, 0], slots=[3, 7])
+>>> out, trace, spec = verify_spec(layer, pool, x_draft, cu_seqlens=[0, 4, 8], seq_pos=[41, 64], slots=[3, 7])
+>>> commit(spec, accepted=[2, 4])             # slot 3 as if it decoded 2 tokens, slot 7 all 4
+>>> out, trace = prefix_snapshots(layer, pool, x, [0, 200], [0], [5], snap_seq=[0, 0], snap_offset=[64, 130],
+...                               snap_slot=[8, 9])    # slots 8, 9 get the states after 64 and 130 tokens
+
+The API (every function takes the reference :class:`Layer` first and any :class:`State` as the pool;
+``strict``, ``delta_rule``, ``chunk_size`` default to the layer's):
+
+- ``forward_packed(layer, pool, x, cu_seqlens, seq_pos, slots) -> (out, trace)``
+- ``prefix_snapshots(layer, pool, x, cu_seqlens, seq_pos, slots, snap_seq, snap_offset, snap_slot)
+  -> (out, trace)``
+- ``verify_spec(layer, pool, x, cu_seqlens, seq_pos, slots) -> (out, trace, SpecVerify)``
+- ``commit(spec, accepted) -> None``
+- ``StatePool(cfg, size)``, with ``free(slots)``; its ``snapshot()`` / ``restore()`` are State's.
+
+Their names are ``gdncheck.calls.SERVING_OPS`` (with each one's fields), the padding id
+``gdncheck.calls.PAD_SLOT_ID``, the per-token states of a verify ``gdncheck.calls.SPEC_STEP_TENSORS``.
+
+- ``x`` is ``[total_tokens, D]``: the tokens of N sequences one after another; sequence i is
+  ``x[cu_seqlens[i]:cu_seqlens[i+1]]`` (at least one token), at position ``seq_pos[i]``, with its state
+  in pool slot ``slots[i]`` (distinct per call), or no state at all for the padding id
+  :data:`gdncheck.calls.PAD_SLOT_ID` (-1): then its tokens are computed from a zero state and no slot
+  is read or written.
+- ``out`` is ``[total_tokens, D]`` and ``trace`` maps every stage tensor name (``gdncheck.stages``) to
+  its value for the packed tokens, ``[total_tokens, ...]``, the same layout as ``x``.
+- The seq-len rule is the layer's, per slot: a slot whose ``seq_len`` differs from its sequence's
+  ``seq_pos`` is read as zeros (a warning is logged once per pool), or, in strict mode (the layer's
+  ``strict`` or ``strict=True``), the call raises :class:`SeqPosMismatchError` and changes nothing.
+  Every input is checked before anything is computed or written (``gdncheck.calls``).
+- :func:`verify_spec` writes nothing to the pool: it returns :class:`SpecVerify`, which keeps the state
+  after every token (``conv_state_steps``, ``recurrent_state_steps``, packed by token);
+  :func:`commit` then puts the state after the first ``accepted[i]`` tokens in each slot (0: the slot
+  stays as it was).
+
+How: the token-wise stages (norms, projections, gates, q/k norm, gated norm, out_proj, MLP) run once
+over the whole packed stream; the sequence-wise ones (the causal conv1d, whose window restarts at each
+sequence, and the delta rule) run per sequence from the state gathered from its slot, segment by
+segment between the token offsets whose state is wanted (a segment's last state is the next one's
+first), with the layer's choice of form per segment (recurrent for one token, chunked otherwise, or
+the layer's ``delta_rule``). States are scattered to the pool only when the whole call has been
+computed. Each pattern equals plain :meth:`Layer.forward` calls, one per sequence
+(``tests/reference/test_serving.py`` checks it to 1e-12).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import numpy as np
+
+from gdncheck.calls import (
+    PAD_SLOT_ID,
+    check_accepted,
+    check_cu_seqlens,
+    check_packed_x,
+    check_seq_pos,
+    check_slots,
+    check_snapshot_requests,
+    slots_to_reset,
+)
+from gdncheck.config import GDNConfig
+from gdncheck.errors import InputError, InputShapeError, SpecCommitError
+
+from .conv1d import conv1d
+from .delta_rule import delta_rule_recurrent
+from .delta_rule_chunked import delta_rule_chunked
+from .gated_norm import gated_norm
+from .gates import gates
+from .in_proj import in_proj
+from .input_norm import input_norm
+from .layer import DELTA_RULE_FORMS, Layer
+from .mlp import mlp
+from .out_proj import out_proj
+from .post_norm import post_norm
+from .qk_norm import qk_norm
+from .residual import output, residual
+from .state import State
+
+log = logging.getLogger("gdncheck.reference")
+
+
+class StatePool(State):
+    """``size`` slots of layer state: conv_state [S, conv_dim, K], recurrent_state [S, Hv, dk, dv],
+    seq_len [S]. A :class:`State` whose rows are slots (every serving function takes any State as a
+    pool), zeros and ``seq_len = 0`` at first."""
+
+    def __init__(self, cfg: GDNConfig, size: int):
+        super().__init__(cfg, size)
+
+    @property
+    def size(self) -> int:
+        return self.batch
+
+    def free(self, slots) -> None:
+        """Zero the given slots and set their seq_len to 0 (a finished request; a strict engine does this
+        before a slot takes a new request, which the seq-len rule would otherwise refuse)."""
+        self.reset(np.asarray(slots, dtype=np.int64))
+
+    def __repr__(self) -> str:
+        return f"StatePool(size={self.size}, seq_len={self.seq_len.tolist()})"
+
+
+@dataclass
+class SpecVerify:
+    """What :func:`verify_spec` keeps for :func:`commit`: the call's layout and the state after every
+    token. Row ``cu_seqlens[i] + j - 1`` of the steps is sequence i after its first j tokens (padding
+    sequences included: the states reached from zero, never committed)."""
+
+    pool: State
+    layer_index: int | None
+    cu_seqlens: np.ndarray  # int64 [N + 1]
+    seq_pos: np.ndarray  # int64 [N]
+    slots: np.ndarray  # int64 [N]
+    slot_seq_len: np.ndarray  # int64 [N]: each slot's seq_len when verified (-1 for padding)
+    conv_state_steps: np.ndarray  # [total_tokens, conv_dim, K]
+    recurrent_state_steps: np.ndarray  # [total_tokens, Hv, dk, dv]
+    committed: bool = False
+
+    @property
+    def lengths(self) -> np.ndarray:
+        return np.diff(self.cu_seqlens)
+
+
+@dataclass(frozen=True)
+class _Call:
+    """A checked call: x float64 [total, D], the layout, and the seq-len rule's verdict (nothing written)."""
+
+    x: np.ndarray
+    cu: np.ndarray
+    lengths: np.ndarray
+    pos: np.ndarray
+    slots: np.ndarray
+    reset: np.ndarray  # bool [N]: the slot is read as zeros
+    warned: bool  # the pool's warned flag after this call
+    delta_rule: str
+    chunk_size: int
+
+
+# --- the three patterns ----------------------------------------------------------------------------
+def forward_packed(layer: Layer, pool: State, x, cu_seqlens, seq_pos, slots, *, strict: bool | None = None,
+                   delta_rule: str | None = None, chunk_size: int | None = None
+                   ) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+    """One packed call: each sequence as ``layer.forward`` on its slot. Returns ``(out, trace)``."""
+    call = _prepare(layer, pool, x, cu_seqlens, seq_pos, slots, strict, delta_rule, chunk_size)
+    out, trace, states = _compute(layer, pool, call, [[int(n)] for n in call.lengths])
+    _write_final(pool, call, states)
+    return out, trace
+
+
+def prefix_snapshots(layer: Layer, pool: State, x, cu_seqlens, seq_pos, slots, snap_seq, snap_offset, snap_slot,
+                     *, strict: bool | None = None, delta_rule: str | None = None, chunk_size: int | None = None
+                     ) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+    """:func:`forward_packed`, and for each request m the state of sequence ``snap_seq[m]`` after its first
+    ``snap_offset[m]`` tokens written to slot ``snap_slot[m]``, with ``seq_len = seq_pos + offset``."""
+    call = _prepare(layer, pool, x, cu_seqlens, seq_pos, slots, strict, delta_rule, chunk_size)
+    seq, off, dest = check_snapshot_requests(snap_seq, snap_offset, snap_slot, call.lengths, call.slots,
+                                             pool.batch, layer.layer_index)
+    cuts = [sorted({int(n)} | {int(o) for s, o in zip(seq, off) if s == i}) for i, n in enumerate(call.lengths)]
+    out, trace, states = _compute(layer, pool, call, cuts)
+    _write_final(pool, call, states)
+    for i, o, d in zip(seq.tolist(), off.tolist(), dest.tolist()):
+        conv, rec = states[i][o]
+        pool.conv_state[d], pool.recurrent_state[d], pool.seq_len[d] = conv, rec, call.pos[i] + o
+    return out, trace
+
+
+def verify_spec(layer: Layer, pool: State, x, cu_seqlens, seq_pos, slots, *, strict: bool | None = None,
+                delta_rule: str | None = None, chunk_size: int | None = None
+                ) -> tuple[np.ndarray, dict[str, np.ndarray], SpecVerify]:
+    """Every draft token's output, and the state after each, without writing the pool (its warned flag
+    aside). Returns ``(out, trace, spec)``; :func:`commit` ``(spec, accepted)`` writes the slots."""
+    call = _prepare(layer, pool, x, cu_seqlens, seq_pos, slots, strict, delta_rule, chunk_size)
+    out, trace, states = _compute(layer, pool, call, [list(range(1, int(n) + 1)) for n in call.lengths])
+    cfg = layer.cfg
+    total = call.x.shape[0]
+    conv_steps = np.empty((total, cfg.conv_dim, cfg.conv_kernel))
+    rec_steps = np.empty((total, cfg.num_v_heads, cfg.head_k_dim, cfg.head_v_dim))
+    for i, start in enumerate(call.cu[:-1].tolist()):
+        for j, (conv, rec) in states[i].items():
+            conv_steps[start + j - 1], rec_steps[start + j - 1] = conv, rec
+    real = call.slots != PAD_SLOT_ID
+    seen = np.where(real, pool.seq_len[np.where(real, call.slots, 0)], -1)
+    pool.warned = call.warned
+    spec = SpecVerify(pool, layer.layer_index, call.cu, call.pos, call.slots, seen, conv_steps, rec_steps)
+    return out, trace, spec
+
+
+def commit(spec: SpecVerify, accepted) -> None:
+    """Make each slot of a verify as if only its sequence's first ``accepted[i]`` tokens had been run
+    (``seq_len = seq_pos + accepted``); ``accepted[i] = 0`` leaves the slot as it was. Once per verify;
+    refused when a call since the verify moved one of its slots' seq_len."""
+    pool, where = spec.pool, spec.layer_index
+    n = check_accepted(accepted, spec.lengths, where)
+    if spec.committed:
+        raise SpecCommitError("expected one commit per verify_spec, found this verify already committed",
+                              layer=where)
+    real = spec.slots != PAD_SLOT_ID
+    now = np.where(real, pool.seq_len[np.where(real, spec.slots, 0)], -1)
+    moved = np.flatnonzero(now != spec.slot_seq_len)
+    if moved.size:
+        i = int(moved[0])
+        raise SpecCommitError(f"expected slot {spec.slots[i]} (sequence {i}) at the seq_len it had when verified "
+                              f"({spec.slot_seq_len[i]}), found {now[i]}: another call moved it", layer=where)
+    for i in np.flatnonzero(real & (n > 0)).tolist():
+        row, slot = int(spec.cu_seqlens[i] + n[i] - 1), int(spec.slots[i])
+        pool.conv_state[slot] = spec.conv_state_steps[row]
+        pool.recurrent_state[slot] = spec.recurrent_state_steps[row]
+        pool.seq_len[slot] = spec.seq_pos[i] + n[i]
+    spec.committed = True
+
+
+# --- checking, computing, writing ------------------------------------------------------------------
+def _prepare(layer: Layer, pool: State, x, cu_seqlens, seq_pos, slots, strict: bool | None,
+             delta_rule: str | None, chunk_size: int | None) -> _Call:
+    """Every check of the call, and the seq-len rule's verdict; raises before anything is written."""
+    where = layer.layer_index
+    if not isinstance(pool, State):
+        raise InputError(f"expected a reference State or StatePool as the pool, found {type(pool).__name__}",
+                         layer=where)
+    if pool.fingerprint != layer.cfg.state_fingerprint():
+        raise InputShapeError(f"expected a pool of this layer's state dimensions ({layer.cfg.state_fingerprint()}), "
+                              f"found {pool.fingerprint}", layer=where)
+    arr = np.asarray(x)
+    check_packed_x(arr.shape, arr.dtype.kind == "f", arr.dtype, layer.cfg, where)
+    cu, lengths = check_cu_seqlens(cu_seqlens, arr.shape[0], where)
+    n = lengths.shape[0]
+    pos = check_seq_pos(seq_pos, np.asarray(seq_pos), n, where)
+    ids = check_slots(slots, n, pool.batch, where)
+    form = delta_rule or layer.delta_rule
+    if form not in DELTA_RULE_FORMS:
+        raise ValueError(f"delta_rule must be one of {DELTA_RULE_FORMS}, found {form!r}")
+    strict = layer.strict if strict is None else strict
+    reset, warned = slots_to_reset(pos, ids, pool.seq_len, strict=strict, warned=pool.warned, layer=where, logger=log)
+    return _Call(arr.astype(np.float64), cu, lengths, pos, ids, reset, warned, form, chunk_size or layer.chunk_size)
+
+
+def _compute(layer: Layer, pool: State, call: _Call, cuts: list[list[int]]
+             ) -> tuple[np.ndarray, dict[str, np.ndarray], list[dict[int, tuple[np.ndarray, np.ndarray]]]]:
+    """The layer over the packed stream. ``cuts[i]``: increasing token offsets of sequence i (its length
+    last) whose state is wanted. Returns out, the trace, and per sequence {offset: (conv, recurrent)}."""
+    cfg, p, eps = layer.cfg, layer.params, layer.cfg.rms_norm_eps
+    x = call.x
+    # the stages of layer_forward (reference/layer.py) in its order: a stage changed there changes here too
+    # token-wise, the whole stream at once
+    x_norm = input_norm(x, p["input_layernorm.weight"], eps)
+    qkv, z, a, b = in_proj(x_norm, p["linear_attn.in_proj_qkv.weight"], p["linear_attn.in_proj_z.weight"],
+                           p["linear_attn.in_proj_a.weight"], p["linear_attn.in_proj_b.weight"])
+    g, beta = gates(a, b, p["linear_attn.A_log"], p["linear_attn.dt_bias"])
+    entering = [_entering_state(pool, call, i) for i in range(call.lengths.shape[0])]
+    # sequence-wise: the conv window restarts at every sequence, from that sequence's own history
+    qkv_conv = np.empty(qkv.shape)
+    conv_at: list[dict[int, np.ndarray]] = []
+    for i, (conv, _) in enumerate(entering):
+        conv_at.append({})
+        for s, e, cut in _segments(call, cuts, i):
+            y, c = conv1d(qkv[None, s:e], conv[None], p["linear_attn.conv1d.weight"])
+            qkv_conv[s:e], conv = y[0], c[0]
+            conv_at[i][cut] = conv
+    q, k, v = qk_norm(qkv_conv, cfg.num_k_heads, cfg.head_k_dim, cfg.num_v_heads, cfg.head_v_dim)
+    core = np.empty(v.shape)
+    states: list[dict[int, tuple[np.ndarray, np.ndarray]]] = []
+    for i, (_, S) in enumerate(entering):
+        states.append({})
+        for s, e, cut in _segments(call, cuts, i):
+            o, S = _delta_rule(call, cfg, q[None, s:e], k[None, s:e], v[None, s:e], g[None, s:e],
+                               beta[None, s:e], S[None])
+            core[s:e], S = o[0], S[0]
+            states[i][cut] = (conv_at[i][cut], S)
+    # token-wise again
+    core_gated = gated_norm(core, z, p["linear_attn.norm.weight"], eps)
+    attn_out = out_proj(core_gated, p["linear_attn.out_proj.weight"])
+    h = residual(x, attn_out)
+    h_norm = post_norm(h, p["post_attention_layernorm.weight"], eps)
+    mlp_out = mlp(h_norm, p["mlp.gate_proj.weight"], p["mlp.up_proj.weight"], p["mlp.down_proj.weight"])
+    out = output(h, mlp_out)
+    trace = {
+        "x": x, "x_norm": x_norm, "qkv": qkv, "z": z, "a": a, "b": b, "qkv_conv": qkv_conv,
+        "q": q, "k": k, "v": v, "g": g, "beta": beta, "core": core, "core_gated": core_gated,
+        "attn_out": attn_out, "h": h, "h_norm": h_norm, "mlp_out": mlp_out, "out": out,
+    }
+    return out, trace, states
+
+
+def _entering_state(pool: State, call: _Call, i: int) -> tuple[np.ndarray, np.ndarray]:
+    """Sequence i's (conv, recurrent) state before the call: a copy of its slot, or zeros for a padding
+    sequence and for a slot the seq-len rule resets (never indexing the pool with the padding id)."""
+    slot = int(call.slots[i])
+    if slot == PAD_SLOT_ID or call.reset[i]:
+        return np.zeros(pool.conv_state.shape[1:]), np.zeros(pool.recurrent_state.shape[1:])
+    return pool.conv_state[slot].copy(), pool.recurrent_state[slot].copy()
+
+
+def _segments(call: _Call, cuts: list[list[int]], i: int):
+    """(start, end, cut) rows of the packed stream, one per segment of sequence i between its cuts."""
+    start, prev = int(call.cu[i]), 0
+    for cut in cuts[i]:
+        yield start + prev, start + cut, cut
+        prev = cut
+
+
+def _delta_rule(call: _Call, cfg: GDNConfig, q, k, v, g, beta, S):
+    """The layer's choice of form (``auto``: recurrent for one token, chunked otherwise)."""
+    T = q.shape[1]
+    form = ("recurrent" if T == 1 else "chunked") if call.delta_rule == "auto" else call.delta_rule
+    if form == "recurrent":
+        return delta_rule_recurrent(q, k, v, g, beta, S, cfg.scale)
+    return delta_rule_chunked(q, k, v, g, beta, S, cfg.scale, call.chunk_size)
+
+
+def _write_final(pool: State, call: _Call, states: list[dict[int, tuple[np.ndarray, np.ndarray]]]) -> None:
+    """Scatter each real sequence's final state to its slot: ``seq_len = seq_pos + length``."""
+    for i, slot in enumerate(call.slots.tolist()):
+        if slot == PAD_SLOT_ID:
+            continue
+        n = int(call.lengths[i])
+        pool.conv_state[slot], pool.recurrent_state[slot] = states[i][n]
+        pool.seq_len[slot] = call.pos[i] + n
+    pool.warned = call.warned
