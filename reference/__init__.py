@@ -1,7 +1,8 @@
 """The float64 NumPy reference of the Qwen3.5 Gated DeltaNet layer (``gdncheck.reference``).
 
 One module per stage of SPEC §2, each a plain function whose docstring holds the formula and
-shapes; :class:`Layer` composes them and carries the :class:`State`. Never imports torch or
+shapes (the sparse mixture-of-experts block: :mod:`.moe`); :class:`Layer` composes them and carries
+the :class:`State`. Never imports torch or
 ``gdncheck.gpu_impl``.
 """
 
@@ -14,6 +15,7 @@ from .in_proj import in_proj
 from .input_norm import input_norm
 from .layer import Layer, layer_forward
 from .mlp import mlp
+from .moe import experts, mlp_moe, router, router_probs, routing, routing_margin, shared_expert
 from .out_proj import out_proj
 from .post_norm import post_norm
 from .qk_norm import qk_norm
@@ -24,4 +26,6 @@ __all__ = [
     "Layer", "State", "conv1d", "delta_rule_chunked", "delta_rule_recurrent", "expand_heads", "gated_norm",
     "gates", "in_proj", "input_norm", "layer_forward", "mlp", "out_proj", "output", "post_norm", "qk_norm",
     "residual",
+    # the sparse mixture-of-experts block (stage 11's variant, reference/moe.py)
+    "experts", "mlp_moe", "router", "router_probs", "routing", "routing_margin", "shared_expert",
 ]
