@@ -18,6 +18,9 @@ process's peak resident set (Linux VmHWM, reset before each measurement) over th
 start. BLAS threads are set with threadpoolctl, torch threads with
 ``torch.set_num_threads``. ``--quick`` runs the same code on a tiny layer (a smoke test, not a benchmark).
 
+``moe`` benchmarks the float64 mixture-of-experts block against its GEMMs alone instead
+(:mod:`gdncheck.bench_moe`: 512 experts, 10 active, D = 2048, T = 4096 by default).
+
 Performance is measured here, never asserted in tests.
 """
 
@@ -399,8 +402,10 @@ def table(result: dict) -> str:
 
 # --- command line -----------------------------------------------------------------------------------
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("target", nargs="?", default="reference", choices=["reference"], help="what to benchmark")
-    p.add_argument("--tokens", default=None, help="comma-separated T values (default 1024,4096,16384)")
+    p.add_argument("target", nargs="?", default="reference", choices=["reference", "moe"],
+                   help="what to benchmark: the reference layer and delta rule, or the MoE block (moe)")
+    p.add_argument("--tokens", default=None,
+                   help="comma-separated T values (default 1024,4096,16384; moe: 4096)")
     p.add_argument("--repeat", type=int, default=None, help="runs per figure, median reported (default 3)")
     p.add_argument("--recurrent-max", type=int, default=4096, help="largest T for the (slow) recurrent form")
     p.add_argument("--layer-max", type=int, default=16384, help="largest T for the whole layer (0: skip)")
@@ -412,6 +417,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "with THP defrag=madvise it can stall first touches in compaction (numpy#31590)")
     p.add_argument("--quick", action="store_true",
                    help="a tiny layer (D=32, Hk=2, Hv=4) at T=16,40, one run each: checks the code path only")
+    p.add_argument("--experts-in-memory", type=int, default=None,
+                   help="moe: distinct float64 expert weight sets held (expert e uses set e mod P); default all "
+                        "512 (12.9 GB) when MemAvailable has 1.5x that, else 64")
     p.add_argument("--json", type=Path, default=None, help="also write the figures as JSON here")
 
 
@@ -419,8 +427,19 @@ def run_from_args(args: argparse.Namespace) -> int:
     from .env import blas_threads
 
     tokens_default, repeat_default = ("16,40", 1) if args.quick else ("1024,4096,16384", 3)
+    if args.target == "moe" and not args.quick:
+        tokens_default = "4096"
     tokens = [int(t) for t in str(args.tokens or tokens_default).split(",") if t.strip()]
     threads = [int(t) for t in str(args.threads).split(",") if t.strip()] if args.threads else [blas_threads()]
+    if args.target == "moe":
+        from .bench_moe import MOE_QUICK, MOE_REAL, bench_moe, moe_table
+
+        result = bench_moe(tokens, args.repeat or repeat_default, threads, MOE_QUICK if args.quick else MOE_REAL,
+                           args.experts_in_memory)
+        print(moe_table(result))
+        if args.json:
+            args.json.write_text(json.dumps(result, indent=2))
+        return 0
     result = bench_reference(tokens, args.repeat or repeat_default, args.recurrent_max, args.layer_max, threads,
                              cfg=QUICK if args.quick else REAL, use_hf=not args.no_hf,
                              numpy_hugepage=args.numpy_hugepage == "on")

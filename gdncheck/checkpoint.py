@@ -72,7 +72,8 @@ def load_layer(
 ) -> LayerWeights:
     """The weights of GDN layer ``layer``, by canonical name (prefix removed), validated.
 
-    The layer's MLP block (dense or sparse) follows the config (:meth:`GDNConfig.mlp_kind`). The returned :class:`LayerWeights` carries the config it was validated against (``.config``).
+    The layer's MLP block (dense or sparse) follows the config (:meth:`GDNConfig.mlp_kind`). The
+    returned :class:`LayerWeights` carries the config it was validated against (``.config``).
     """
     root = Path(checkpoint_dir)
     if not root.is_dir():

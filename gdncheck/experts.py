@@ -126,7 +126,7 @@ def stack_experts(
             layer=layer, name=missing[0],
         )
     want = {"gate_proj": (Im, D), "up_proj": (Im, D), "down_proj": (D, Im)}
-    for (e, p), name in sorted(found.items()):
+    for (_, p), name in sorted(found.items()):
         shape = tuple(np.shape(arrays[name]))
         if shape != want[p]:
             words = "[moe_intermediate_size, hidden_size]" if p != "down_proj" else \

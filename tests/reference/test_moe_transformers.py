@@ -14,9 +14,9 @@ import pytest
 pytest.importorskip("transformers", reason="the hf extra is not installed (pip install -e '.[hf]')")
 
 import torch  # noqa: E402
+from gdncheck.reference import Layer, routing_margin  # noqa: E402
 
 from gdncheck.checkpoint import load_layer, read_config  # noqa: E402
-from gdncheck.reference import Layer, routing_margin  # noqa: E402
 from tests.helpers import rel_err  # noqa: E402
 
 #: fp32 accuracy: transformers computes in float32 (observed ≤ 4e-7 here), the reference in float64
