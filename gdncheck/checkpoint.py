@@ -4,7 +4,10 @@ Accepts one ``model.safetensors`` or shards listed in ``model.safetensors.index.
 prefixes ``model.language_model.layers.{i}.`` (Qwen3.5 VLM checkpoints) and ``model.layers.{i}.``
 (text-only, Qwen3-Next); any stored float dtype, read exactly. The Qwen3-Next fused projections
 (``in_proj_qkvz``, ``in_proj_ba``, interleaved per key-head group, docs/math.md §3) are converted to
-the canonical Qwen3.5 names.
+the canonical Qwen3.5 names. A layer with the sparse mixture-of-experts block reads its router,
+shared expert and experts; per-expert tensors (``mlp.experts.{e}.gate_proj|up_proj|down_proj.weight``,
+as checkpoints store them) are stacked into transformers' in-memory form (:mod:`gdncheck.experts`),
+and a checkpoint already in that form is read as is.
 """
 
 from __future__ import annotations
@@ -17,8 +20,9 @@ import numpy as np
 
 from .config import GDNConfig
 from .errors import CheckpointError, ProjectionSizeError
+from .experts import PER_EXPERT, stack_experts
 from .safetensors_io import SafetensorsFile
-from .weights import WEIGHT_NAMES, LayerWeights, validate_weights
+from .weights import LayerWeights, layer_weight_names, validate_weights
 
 PREFIXES = ("model.language_model.layers.{i}.", "model.layers.{i}.")
 FUSED_QKVZ = "linear_attn.in_proj_qkvz.weight"
@@ -68,13 +72,15 @@ def load_layer(
 ) -> LayerWeights:
     """The weights of GDN layer ``layer``, by canonical name (prefix removed), validated.
 
-    The returned :class:`LayerWeights` carries the config it was validated against (``.config``).
+    The layer's MLP block (dense or sparse) follows the config (:meth:`GDNConfig.mlp_kind`). The
+    returned :class:`LayerWeights` carries the config it was validated against (``.config``).
     """
     root = Path(checkpoint_dir)
     if not root.is_dir():
         raise CheckpointError(f"expected a checkpoint directory, found nothing at {root}")
     cfg = config or read_config(root)
     cfg.check_linear_layer(layer)
+    moe = cfg.mlp_kind(layer) == "moe"
     wmap = _weight_map(root)
     prefix = None
     for pattern in PREFIXES:
@@ -89,7 +95,7 @@ def load_layer(
             f"(layer prefixes present: {', '.join(found) or 'none'})",
             layer=layer,
         )
-    wanted = set(WEIGHT_NAMES) | {FUSED_QKVZ, FUSED_BA}
+    wanted = set(layer_weight_names(cfg, layer)) | {FUSED_QKVZ, FUSED_BA}
     arrays: dict[str, np.ndarray] = {}
     stored: dict[str, str] = {}
     open_files: dict[Path, SafetensorsFile] = {}
@@ -97,7 +103,7 @@ def load_layer(
         if not full.startswith(prefix):
             continue
         name = full[len(prefix):]
-        if name not in wanted:
+        if name not in wanted and not (moe and PER_EXPERT.match(name)):
             continue
         if file not in open_files:
             open_files[file] = SafetensorsFile(file)
@@ -108,6 +114,8 @@ def load_layer(
         stored[name] = st.dtype_of(full)
     if FUSED_QKVZ in arrays or FUSED_BA in arrays:
         _unfuse_qwen3_next(cfg, arrays, stored, layer)
+    if moe:
+        stack_experts(cfg, arrays, stored, layer)
     weights = LayerWeights(arrays, stored_dtypes=stored, layer=layer, source=str(root), config=cfg)
     validate_weights(cfg, weights, layer=layer)
     return weights

@@ -13,14 +13,17 @@ from typing import Any
 
 from .errors import (
     ConfigError,
+    ExpertCountError,
     FullAttentionLayerError,
     HeadRatioError,
     InvalidEpsError,
     LayerIndexError,
     MissingConfigKeyError,
     MissingHeadSettingError,
+    MoEConfigError,
     NormModeConflictError,
     NormWeightSizeError,
+    TopKError,
     UnknownNormModeError,
 )
 
@@ -29,6 +32,12 @@ NORM_MODE_ALIASES = {"shared": "shared", "per_head": "per_head", "per-head": "pe
 
 HEAD_KEYS = ("linear_num_key_heads", "linear_num_value_heads", "linear_key_head_dim", "linear_value_head_dim")
 LINEAR_LAYER_TYPES = ("linear_attention",)
+
+#: The MLP block of a layer: the dense SwiGLU MLP, or the sparse mixture of experts.
+MLP_KINDS = ("dense", "moe")
+#: Model types whose every layer has the sparse block, always renormalising the top-k weights
+#: (transformers' Qwen3_5MoeTextConfig deletes norm_topk_prob, decoder_sparse_step, mlp_only_layers).
+ALWAYS_SPARSE_MODEL_TYPES = ("qwen3_5_moe", "qwen3_5_moe_text")
 
 
 def normalize_norm_mode(value: Any, layer: int | None = None) -> str | None:
@@ -45,13 +54,80 @@ def normalize_norm_mode(value: Any, layer: int | None = None) -> str | None:
     return NORM_MODE_ALIASES[key]
 
 
-def _positive_int(d: dict, key: str, error=MissingConfigKeyError) -> int:
+def _positive_int(d: dict, key: str, error=MissingConfigKeyError, why: str = "") -> int:
     if key not in d or d[key] is None:
-        raise error(f"config key {key!r} is required, found it missing")
+        raise error(f"config key {key!r} is required{why}, found it missing")
     value = d[key]
-    if isinstance(value, bool) or not isinstance(value, int | float) or int(value) != value or value <= 0:
+    if not _is_int(value) or value <= 0:
         raise ConfigError(f"config key {key!r} must be a positive integer, found {value!r}")
     return int(value)
+
+
+def _is_int(value: Any) -> bool:
+    return not isinstance(value, bool) and isinstance(value, int | float) and math.isfinite(value) and \
+        int(value) == value
+
+
+def _moe_from_hf(d: dict) -> dict[str, Any]:
+    """The mixture-of-experts fields of :class:`GDNConfig` from a Hugging Face dict ({} for a dense model).
+
+    transformers' rules: Qwen3.5-MoE (``model_type`` ``qwen3_5_moe[_text]``) puts the sparse block in
+    every layer and always renormalises the top-k weights; Qwen3-Next makes layer ``i`` sparse when
+    ``num_experts > 0``, ``i`` is not in ``mlp_only_layers`` and ``(i + 1) % decoder_sparse_step == 0``,
+    and renormalises when ``norm_topk_prob`` (default true).
+    """
+    if d.get("num_experts") is None:
+        return {}
+    model_type = str(d.get("model_type") or "")
+    always_sparse = model_type in ALWAYS_SPARSE_MODEL_TYPES
+    E = d["num_experts"]
+    if not _is_int(E) or E < 0:
+        raise ExpertCountError(f"config key 'num_experts' must be a non-negative integer, found {E!r}")
+    if E == 0:
+        if always_sparse or d.get("intermediate_size") is None:
+            raise ExpertCountError(
+                "expected num_experts >= 1 for a sparse MLP block"
+                + (f" (model_type {model_type!r} has one in every layer)" if always_sparse else
+                   " (or an intermediate_size for a dense MLP, as Qwen3-Next reads num_experts = 0)")
+                + ", found num_experts = 0")
+        return {}
+    why = " for a mixture-of-experts block (num_experts is set)"
+    k = d.get("num_experts_per_tok")
+    if k is None:
+        raise MissingConfigKeyError(f"config key 'num_experts_per_tok' is required{why}, found it missing")
+    if not _is_int(k):
+        raise TopKError(f"num_experts_per_tok must be an integer in [1, num_experts = {int(E)}], found {k!r}")
+    fields: dict[str, Any] = {
+        "num_experts": int(E),
+        "num_experts_per_tok": int(k),
+        "moe_intermediate_size": _positive_int(d, "moe_intermediate_size", why=why),
+        "shared_expert_intermediate_size": _positive_int(d, "shared_expert_intermediate_size", why=why),
+    }
+    declared = {key: d[key] for key in ("norm_topk_prob", "decoder_sparse_step", "mlp_only_layers")
+                if d.get(key) is not None}
+    if always_sparse:
+        # transformers ignores these keys for Qwen3.5-MoE; a value that contradicts what it then does
+        # is refused rather than silently dropped
+        fixed = {"norm_topk_prob": True, "decoder_sparse_step": 1, "mlp_only_layers": []}
+        for key, value in declared.items():
+            if (list(value) if isinstance(value, list | tuple) else value) != fixed[key]:
+                raise MoEConfigError(
+                    f"model_type {model_type!r} has the sparse block in every layer and always renormalises "
+                    f"the top-k weights (transformers ignores {key}), so {key} must be absent or "
+                    f"{json.dumps(fixed[key])}, found {value!r}")
+        return fields
+    if "norm_topk_prob" in declared:
+        if not isinstance(declared["norm_topk_prob"], bool):
+            raise MoEConfigError(f"norm_topk_prob must be true or false, found {declared['norm_topk_prob']!r}")
+        fields["norm_topk_prob"] = declared["norm_topk_prob"]
+    if "decoder_sparse_step" in declared:
+        fields["decoder_sparse_step"] = _positive_int(d, "decoder_sparse_step")
+    if "mlp_only_layers" in declared:
+        layers = declared["mlp_only_layers"]
+        if not isinstance(layers, list | tuple) or not all(_is_int(i) and i >= 0 for i in layers):
+            raise MoEConfigError(f"mlp_only_layers must be a list of layer indices, found {layers!r}")
+        fields["mlp_only_layers"] = tuple(sorted({int(i) for i in layers}))
+    return fields
 
 
 @dataclass(frozen=True)
@@ -62,7 +138,7 @@ class GDNConfig:
     """
 
     hidden_size: int
-    intermediate_size: int
+    intermediate_size: int | None  # the dense MLP's; None in a model whose every MLP is sparse
     num_k_heads: int
     num_v_heads: int
     head_k_dim: int
@@ -71,13 +147,24 @@ class GDNConfig:
     rms_norm_eps: float = 1e-6
     norm_mode: str | None = None  # declared linear_norm_mode; None means infer from the weight
     layer_types: tuple[str, ...] | None = field(default=None, compare=False)
+    # --- the sparse MLP block (docs/moe.md); num_experts None: every MLP is dense ---
+    num_experts: int | None = None
+    num_experts_per_tok: int | None = None
+    moe_intermediate_size: int | None = None
+    shared_expert_intermediate_size: int | None = None
+    norm_topk_prob: bool = True
+    decoder_sparse_step: int = 1
+    mlp_only_layers: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
-        for key in ("hidden_size", "intermediate_size", "num_k_heads", "num_v_heads", "head_k_dim",
-                    "head_v_dim", "conv_kernel"):
+        sizes = ["hidden_size", "num_k_heads", "num_v_heads", "head_k_dim", "head_v_dim", "conv_kernel"]
+        if self.num_experts is None or self.intermediate_size is not None:
+            sizes.append("intermediate_size")
+        for key in sizes:
             value = getattr(self, key)
             if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
                 raise ConfigError(f"{key} must be a positive integer, found {value!r}")
+        self._check_moe()
         eps = self.rms_norm_eps
         if not isinstance(eps, int | float) or isinstance(eps, bool) or not math.isfinite(eps) or eps <= 0:
             raise InvalidEpsError(f"rms_norm_eps must be a positive finite number, found {eps!r}")
@@ -87,6 +174,26 @@ class GDNConfig:
                 f"{self.num_v_heads} value heads and {self.num_k_heads} key heads"
             )
         object.__setattr__(self, "norm_mode", normalize_norm_mode(self.norm_mode))
+
+    def _check_moe(self) -> None:
+        E, k = self.num_experts, self.num_experts_per_tok
+        object.__setattr__(self, "mlp_only_layers", tuple(self.mlp_only_layers))
+        if E is None:
+            given = [key for key in ("num_experts_per_tok", "moe_intermediate_size", "shared_expert_intermediate_size")
+                     if getattr(self, key) is not None]
+            if given:
+                raise MoEConfigError(f"expected num_experts with {', '.join(given)}, found num_experts unset")
+            return
+        if isinstance(E, bool) or not isinstance(E, int) or E < 1:
+            raise ExpertCountError(f"expected num_experts >= 1 for a sparse MLP block, found {E!r}")
+        if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= E:
+            raise TopKError(f"num_experts_per_tok must be an integer in [1, num_experts = {E}], found {k!r}")
+        for key in ("moe_intermediate_size", "shared_expert_intermediate_size", "decoder_sparse_step"):
+            value = getattr(self, key)
+            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+                raise MoEConfigError(f"{key} must be a positive integer, found {value!r}")
+        if not isinstance(self.norm_topk_prob, bool):
+            raise MoEConfigError(f"norm_topk_prob must be true or false, found {self.norm_topk_prob!r}")
 
     # --- derived sizes ------------------------------------------------------------------------
     @property
@@ -110,9 +217,14 @@ class GDNConfig:
         """The query scale dk^-0.5."""
         return self.head_k_dim ** -0.5
 
+    @property
+    def has_experts(self) -> bool:
+        """Whether some layer of the model has the sparse mixture-of-experts block."""
+        return self.num_experts is not None
+
     def dims(self) -> dict[str, int]:
-        """Values of the shape symbols of :mod:`gdncheck.stages`."""
-        return {
+        """Values of the shape symbols of :mod:`gdncheck.stages` (the MoE symbols when there are experts)."""
+        out = {
             "D": self.hidden_size,
             "I": self.intermediate_size,
             "Hk": self.num_k_heads,
@@ -124,6 +236,12 @@ class GDNConfig:
             "key_dim": self.key_dim,
             "value_dim": self.value_dim,
         }
+        if self.intermediate_size is None:
+            del out["I"]
+        if self.num_experts is not None:
+            out.update({"E": self.num_experts, "top_k": self.num_experts_per_tok,
+                        "I_moe": self.moe_intermediate_size, "I_shared": self.shared_expert_intermediate_size})
+        return out
 
     def state_fingerprint(self) -> str:
         """A short stable hash of the dimensions that shape the state (snapshot compatibility)."""
@@ -132,11 +250,44 @@ class GDNConfig:
         return "gdn-state:" + hashlib.sha256(blob).hexdigest()[:16]
 
     def summary(self) -> str:
+        moe = ""
+        if self.num_experts is not None:
+            moe = (f" E={self.num_experts} top_k={self.num_experts_per_tok} I_moe={self.moe_intermediate_size} "
+                   f"I_shared={self.shared_expert_intermediate_size}"
+                   + ("" if self.norm_topk_prob else " norm_topk_prob=false"))
         return (
-            f"D={self.hidden_size} I={self.intermediate_size} Hk={self.num_k_heads} Hv={self.num_v_heads} "
+            f"D={self.hidden_size}" + (f" I={self.intermediate_size}" if self.intermediate_size else "")
+            + f" Hk={self.num_k_heads} Hv={self.num_v_heads} "
             f"dk={self.head_k_dim} dv={self.head_v_dim} K={self.conv_kernel} eps={self.rms_norm_eps:g}"
-            + (f" norm={self.norm_mode}" if self.norm_mode else "")
+            + (f" norm={self.norm_mode}" if self.norm_mode else "") + moe
         )
+
+    # --- the MLP block of a layer ---------------------------------------------------------------
+    def mlp_kind(self, layer: int | None = None) -> str:
+        """``"moe"`` where layer ``layer`` has the sparse block, ``"dense"`` where it has the SwiGLU MLP.
+
+        The rule is transformers' Qwen3-Next one (Qwen3.5-MoE is its case with every layer sparse):
+        sparse when there are experts, ``layer`` is not in ``mlp_only_layers`` and
+        ``(layer + 1) % decoder_sparse_step == 0``. ``layer=None`` is allowed where every layer has the
+        same block.
+        """
+        if self.num_experts is None:
+            return "dense"
+        if layer is None:
+            if self.decoder_sparse_step == 1 and not self.mlp_only_layers:
+                return "moe"
+            raise LayerIndexError(
+                f"this config mixes sparse and dense MLP layers (decoder_sparse_step={self.decoder_sparse_step}, "
+                f"mlp_only_layers={list(self.mlp_only_layers)}), so a layer index is needed, found none")
+        sparse = layer not in self.mlp_only_layers and (layer + 1) % self.decoder_sparse_step == 0
+        if sparse:
+            return "moe"
+        if self.intermediate_size is None:
+            raise MissingConfigKeyError(
+                f"config key 'intermediate_size' is required for the dense MLP of layer {layer} "
+                f"(mlp_only_layers={list(self.mlp_only_layers)}, decoder_sparse_step={self.decoder_sparse_step}), "
+                "found it missing", layer=layer)
+        return "dense"
 
     # --- norm mode ------------------------------------------------------------------------------
     def resolve_norm_mode(self, norm_weight_size: int, layer: int | None = None) -> str:
@@ -213,9 +364,11 @@ class GDNConfig:
                 for i in range(int(d["num_hidden_layers"]))
             ]
         eps = d.get("rms_norm_eps", 1e-6)
+        moe = _moe_from_hf(d)
+        dense_optional = bool(moe) and d.get("intermediate_size") is None
         return cls(
             hidden_size=_positive_int(d, "hidden_size"),
-            intermediate_size=_positive_int(d, "intermediate_size"),
+            intermediate_size=None if dense_optional else _positive_int(d, "intermediate_size"),
             num_k_heads=heads["linear_num_key_heads"],
             num_v_heads=heads["linear_num_value_heads"],
             head_k_dim=heads["linear_key_head_dim"],
@@ -224,9 +377,13 @@ class GDNConfig:
             rms_norm_eps=eps,
             norm_mode=d.get("linear_norm_mode"),
             layer_types=tuple(layer_types) if layer_types is not None else None,
+            **moe,
         )
 
     def to_hf(self) -> dict[str, Any]:
+        """The Hugging Face keys; MoE keys only when there are experts, and each of
+        ``norm_topk_prob``, ``decoder_sparse_step``, ``mlp_only_layers`` only where it differs from
+        the default (Qwen3.5-MoE's config has none of them)."""
         out: dict[str, Any] = {
             "hidden_size": self.hidden_size,
             "intermediate_size": self.intermediate_size,
@@ -242,6 +399,18 @@ class GDNConfig:
             out["linear_norm_mode"] = self.norm_mode
         if self.layer_types is not None:
             out["layer_types"] = list(self.layer_types)
+        if self.intermediate_size is None:
+            del out["intermediate_size"]
+        if self.num_experts is not None:
+            out.update({"num_experts": self.num_experts, "num_experts_per_tok": self.num_experts_per_tok,
+                        "moe_intermediate_size": self.moe_intermediate_size,
+                        "shared_expert_intermediate_size": self.shared_expert_intermediate_size})
+            if not self.norm_topk_prob:
+                out["norm_topk_prob"] = False
+            if self.decoder_sparse_step != 1:
+                out["decoder_sparse_step"] = self.decoder_sparse_step
+            if self.mlp_only_layers:
+                out["mlp_only_layers"] = list(self.mlp_only_layers)
         return out
 
     def replace(self, **changes: Any) -> GDNConfig:

@@ -186,6 +186,39 @@ class SpecCommitError(GDNError):
 
     code = "spec_commit"
 
+# --- mixture of experts (Qwen3.5-MoE, Qwen3-Next; docs/moe.md) -------------------------------
+
+
+class MoEConfigError(ConfigError):
+    """A mixture-of-experts setting that cannot describe a sparse MLP block."""
+
+    code = "moe_config"
+
+
+class ExpertCountError(MoEConfigError):
+    """``num_experts`` not a positive integer where the block must have experts."""
+
+    code = "expert_count"
+
+
+class TopKError(MoEConfigError):
+    """``num_experts_per_tok`` below 1 or above ``num_experts``."""
+
+    code = "moe_top_k"
+
+
+class MissingExpertError(MissingWeightError):
+    """An expert's projection absent from the checkpoint (named by its checkpoint name)."""
+
+    code = "missing_expert"
+
+
+class ExpertLayoutError(WeightError):
+    """Expert weights that fit no layout: both per-expert and stacked tensors, or an expert index
+    at or beyond ``num_experts``."""
+
+    code = "expert_layout"
+
 
 def all_error_classes() -> list[type[GDNError]]:
     """Every error class, base first; codes are unique."""

@@ -142,3 +142,57 @@ def stage_index(stage: str) -> int:
 def tensor_rank(tensor: str) -> int:
     """Position of ``tensor`` in :data:`TENSOR_ORDER` (unknown names last)."""
     return TENSOR_ORDER.index(tensor) if tensor in TENSOR_ORDER else len(TENSOR_ORDER)
+
+
+# --- The sparse mixture-of-experts MLP block (Qwen3.5-MoE, Qwen3-Next; docs/moe.md) ---------------
+# Self-contained: it adds names and leaves the dense pipeline above as it is. In a layer with the
+# sparse block, these stages run between ``post_norm`` and ``mlp``, and stage ``mlp`` (tensor
+# ``mlp_out``) is their sum: ``mlp_out = experts_out + shared_out``. Symbols: E num_experts,
+# top_k num_experts_per_tok. ``selected_experts`` holds expert indices (integers). Every stage of
+# the block has index 11: they are the parts of docs/spec.md §2's stage 11.
+
+MOE_STAGES: tuple[Stage, ...] = (
+    Stage(11, "router", (TensorSpec("router_logits", ("T", "E"), "router"),), "h_norm @ W_router^T", ("h_norm",)),
+    Stage(
+        11,
+        "routing",
+        (TensorSpec("routing_weights", ("T", "top_k"), "routing"),
+         TensorSpec("selected_experts", ("T", "top_k"), "routing")),
+        "p = softmax(router_logits); selected_experts = the top_k experts by p, descending, exact ties "
+        "to the lower index; routing_weights = p[selected] / sum(p[selected]) (norm_topk_prob) or p[selected]",
+        ("router_logits",),
+    ),
+    Stage(
+        11,
+        "experts",
+        (TensorSpec("experts_out", ("T", "D"), "experts"),),
+        "sum_j routing_weights[j] * down_e(silu(gate_e(h_norm)) * up_e(h_norm)), e = selected_experts[j]",
+        ("h_norm", "routing_weights", "selected_experts"),
+    ),
+    Stage(
+        11,
+        "shared_expert",
+        (TensorSpec("shared_out", ("T", "D"), "shared_expert"),),
+        "sigmoid(h_norm @ w_shared_gate^T) * down_s(silu(gate_s(h_norm)) * up_s(h_norm))",
+        ("h_norm",),
+    ),
+)
+
+MOE_STAGE_NAMES: tuple[str, ...] = tuple(s.name for s in MOE_STAGES)
+MOE_TENSORS: tuple[TensorSpec, ...] = tuple(t for s in MOE_STAGES for t in s.tensors)
+MOE_TENSOR_BY_NAME: dict[str, TensorSpec] = {t.name: t for t in MOE_TENSORS}
+
+#: Tensors each sparse-block stage reads.
+MOE_STAGE_INPUTS: dict[str, tuple[str, ...]] = {s.name: s.inputs for s in MOE_STAGES}
+#: What stage ``mlp`` reads in a layer with the sparse block (its formula: experts_out + shared_out).
+MOE_MLP_INPUTS: tuple[str, ...] = ("experts_out", "shared_out")
+#: Integer tensors of the block (compared exactly, never by a floating-point error).
+MOE_INDEX_TENSORS: tuple[str, ...] = ("selected_experts",)
+
+
+def moe_layer_tensor_names() -> tuple[str, ...]:
+    """The trace of a layer with the sparse block, in pipeline order: the dense trace with the
+    block's tensors between ``h_norm`` and ``mlp_out``."""
+    names = [t.name for t in STAGE_TENSORS]
+    at = names.index("mlp_out")
+    return tuple(names[:at] + [t.name for t in MOE_TENSORS] + names[at:])

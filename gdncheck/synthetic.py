@@ -8,7 +8,9 @@ arithmetic on the draws is elementwise IEEE operations and the portable ``log`` 
 :mod:`gdncheck.portable` (``np.log`` may differ in its last bit between CPUs, and a rounding
 to bf16 right at a boundary would carry that into a weight). Uniform draws are scaled here rather than
 by ``Generator.uniform``, whose ``low + range·u`` a compiler may fuse into one multiply-add on some
-CPUs; the values are the same.
+CPUs; the values are the same. A layer with the
+sparse mixture-of-experts block gets a router, stacked experts and a shared expert (drawn after the
+token mixer's weights, which are the same as a dense layer's of the same seed).
 """
 
 from __future__ import annotations
@@ -22,6 +24,17 @@ import numpy as np
 
 from .config import GDNConfig
 from .dtypes import round_to_common
+from .experts import (
+    EXPERTS_DOWN,
+    EXPERTS_GATE_UP,
+    PER_EXPERT,
+    ROUTER,
+    SHARED_DOWN,
+    SHARED_EXPERT_GATE,
+    SHARED_GATE,
+    SHARED_UP,
+    unstack_experts,
+)
 from .portable import log as portable_log
 from .safetensors_io import write_bytes_atomic, write_safetensors
 from .weights import WEIGHT_NAMES, LayerWeights
@@ -40,8 +53,16 @@ def make_weights(
     norm_mode: str | None = None,
     std: float = 0.02,
     norm_spread: float = 0.1,
+    layer: int | None = None,
+    router_std: float | None = None,
 ) -> LayerWeights:
-    """Random layer weights like a real checkpoint, exactly representable in bf16 and f16."""
+    """Random layer weights like a real checkpoint, exactly representable in bf16 and f16.
+
+    ``layer`` picks the MLP block where the config mixes dense and sparse layers. ``router_std``:
+    the router's spread (default ``std``, as transformers initialises it; a larger one spreads the
+    router probabilities, so that no token's routing is near a tie).
+    """
+    kind = cfg.mlp_kind(layer)
     rng = np.random.default_rng(seed)
     mode = norm_mode or cfg.norm_mode or "shared"
     D, I, Hv = cfg.hidden_size, cfg.intermediate_size, cfg.num_v_heads
@@ -68,13 +89,23 @@ def make_weights(
                                                 scale=norm_spread),
         "linear_attn.out_proj.weight": normal(D, cfg.value_dim),
         "post_attention_layernorm.weight": normal(D, scale=norm_spread),
-        "mlp.gate_proj.weight": normal(I, D),
-        "mlp.up_proj.weight": normal(I, D),
-        "mlp.down_proj.weight": normal(D, I),
     }
+    if kind == "dense":
+        arrays["mlp.gate_proj.weight"] = normal(I, D)
+        arrays["mlp.up_proj.weight"] = normal(I, D)
+        arrays["mlp.down_proj.weight"] = normal(D, I)
+    else:
+        E, Im, Is = cfg.num_experts, cfg.moe_intermediate_size, cfg.shared_expert_intermediate_size
+        arrays[ROUTER] = normal(E, D, scale=std if router_std is None else router_std)
+        arrays[EXPERTS_GATE_UP] = normal(E, 2 * Im, D)
+        arrays[EXPERTS_DOWN] = normal(E, D, Im)
+        arrays[SHARED_GATE] = normal(Is, D)
+        arrays[SHARED_UP] = normal(Is, D)
+        arrays[SHARED_DOWN] = normal(D, Is)
+        arrays[SHARED_EXPERT_GATE] = normal(1, D)
     arrays = {k: round_to_common(v).astype(np.float32) for k, v in arrays.items()}
     return LayerWeights(arrays, stored_dtypes={k: "BF16" for k in arrays}, source=f"synthetic(seed={seed})",
-                        config=cfg)
+                        layer=layer, config=cfg)
 
 
 def make_inputs(
@@ -107,6 +138,7 @@ def write_hf_checkpoint(
     dtypes: Mapping[str, str] | None = None,
     shards: int = 1,
     extra_config: Mapping | None = None,
+    expert_layout: str = "per_expert",
 ) -> Path:
     """Write a small checkpoint in the Hugging Face layout (for tests and examples).
 
@@ -114,7 +146,13 @@ def write_hf_checkpoint(
     ``in_proj_qkvz``/``in_proj_ba`` instead of the four separate projections. ``dtypes`` maps a
     canonical weight name to ``BF16``/``F16``/``F32`` (default ``BF16``; ``A_log`` and the gated norm
     weight ``F32`` as in Qwen3.5). ``shards > 1`` splits tensors over files with an index.
+    Layers with the sparse block write their experts one by one (``expert_layout="per_expert"``,
+    as checkpoints do; a dtype given for ``mlp.experts.gate_up_proj`` / ``down_proj`` applies to
+    every expert's projections) or stacked (``"stacked"``, transformers' in-memory form); the
+    config's ``model_type`` is ``qwen3_5_moe_text`` (every layer sparse) or ``qwen3_next``.
     """
+    if expert_layout not in ("per_expert", "stacked"):
+        raise ValueError(f"expert_layout must be 'per_expert' or 'stacked', found {expert_layout!r}")
     root = Path(directory)
     root.mkdir(parents=True, exist_ok=True)
     default = {"linear_attn.A_log": "F32", "linear_attn.norm.weight": "F32"}
@@ -125,6 +163,8 @@ def write_hf_checkpoint(
         w = {k: np.asarray(v, dtype=np.float32) for k, v in weights.items()}
         if layout == "qwen3_next":
             w = _fuse_qwen3_next(cfg, w)
+        if expert_layout == "per_expert" and EXPERTS_GATE_UP in w:
+            w = unstack_experts(cfg, w)
         for name, arr in w.items():
             full = prefix.format(i=i) + name
             tensors[full] = arr
@@ -133,6 +173,9 @@ def write_hf_checkpoint(
     n_layers = num_layers if num_layers is not None else max(layers) + 1
     config = cfg.to_hf()
     model_type = "qwen3_5_text" if layout == "qwen3_5" else "qwen3_next"
+    if cfg.has_experts:
+        all_sparse = cfg.decoder_sparse_step == 1 and not cfg.mlp_only_layers and cfg.norm_topk_prob
+        model_type = "qwen3_5_moe_text" if layout == "qwen3_5" and all_sparse else "qwen3_next"
     config.update({"num_hidden_layers": n_layers, "model_type": model_type})
     if cfg.layer_types is None:
         config["layer_types"] = ["linear_attention"] * n_layers
@@ -159,6 +202,9 @@ def _st_kind(kind: str) -> str:
 
 
 def _canonical_of(name: str) -> str:
+    m = PER_EXPERT.match(name)
+    if m:
+        return EXPERTS_DOWN if m.group(2) == "down_proj" else EXPERTS_GATE_UP
     return {"linear_attn.in_proj_qkvz.weight": "linear_attn.in_proj_qkv.weight",
             "linear_attn.in_proj_ba.weight": "linear_attn.in_proj_b.weight"}.get(name, name)
 

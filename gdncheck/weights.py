@@ -1,5 +1,8 @@
 """The weights of one GDN layer by their Hugging Face names (docs/spec.md §1), and their validation.
 
+A layer with the sparse mixture-of-experts block (``cfg.mlp_kind(layer) == "moe"``) has the weights
+of :data:`gdncheck.experts.MOE_WEIGHT_NAMES` in place of the dense MLP's three.
+
 Neutral: no math. Arrays keep the values the checkpoint stored, exactly (bf16 and f16 as
 float32, f32 as float32, f64 as float64); each implementation casts to its own precision.
 """
@@ -18,6 +21,7 @@ from .errors import (
     WeightError,
     WeightShapeError,
 )
+from .experts import MOE_WEIGHT_NAMES, PER_EXPERT, SHAPE_WORDS, moe_expected_shapes
 
 WEIGHT_NAMES: tuple[str, ...] = (
     "input_layernorm.weight",
@@ -36,10 +40,19 @@ WEIGHT_NAMES: tuple[str, ...] = (
     "mlp.down_proj.weight",
 )
 
+#: The dense MLP's weights (the last three of :data:`WEIGHT_NAMES`).
+DENSE_MLP_NAMES: tuple[str, ...] = WEIGHT_NAMES[-3:]
 
-def expected_shapes(cfg: GDNConfig, norm_mode: str = "shared") -> dict[str, tuple[int, ...]]:
+
+def layer_weight_names(cfg: GDNConfig, layer: int | None = None) -> tuple[str, ...]:
+    """The canonical weight names of layer ``layer``: the token mixer and norms, then its MLP block's."""
+    mixer = WEIGHT_NAMES[: -len(DENSE_MLP_NAMES)]
+    return mixer + (MOE_WEIGHT_NAMES if cfg.mlp_kind(layer) == "moe" else DENSE_MLP_NAMES)
+
+
+def expected_shapes(cfg: GDNConfig, norm_mode: str = "shared", mlp_kind: str = "dense") -> dict[str, tuple[int, ...]]:
     D, I, Hv = cfg.hidden_size, cfg.intermediate_size, cfg.num_v_heads
-    return {
+    shapes = {
         "input_layernorm.weight": (D,),
         "linear_attn.in_proj_qkv.weight": (cfg.conv_dim, D),
         "linear_attn.in_proj_z.weight": (cfg.value_dim, D),
@@ -55,6 +68,11 @@ def expected_shapes(cfg: GDNConfig, norm_mode: str = "shared") -> dict[str, tupl
         "mlp.up_proj.weight": (I, D),
         "mlp.down_proj.weight": (D, I),
     }
+    if mlp_kind == "moe":
+        for name in DENSE_MLP_NAMES:
+            del shapes[name]
+        shapes.update(moe_expected_shapes(cfg))
+    return shapes
 
 
 class LayerWeights(Mapping):
@@ -92,12 +110,20 @@ def validate_weights(cfg: GDNConfig, weights: Mapping[str, np.ndarray], layer: i
     """Check names and shapes against ``cfg``; return the resolved norm mode (docs/spec.md §5).
 
     Order: missing weights, conv kernel, projection sizes, norm mode, every other shape, finiteness.
+    The MLP block is the layer's (:meth:`GDNConfig.mlp_kind`); the sparse block's experts are
+    expected stacked (:mod:`gdncheck.experts`; ``load_layer`` stacks a checkpoint's per-expert tensors).
     """
-    missing = [n for n in WEIGHT_NAMES if n not in weights]
+    kind = cfg.mlp_kind(layer)
+    names = layer_weight_names(cfg, layer)
+    missing = [n for n in names if n not in weights]
     if missing:
+        per_expert = any(PER_EXPERT.match(n) for n in weights)
         raise MissingWeightError(
-            f"expected all {len(WEIGHT_NAMES)} weights of a GDN layer, missing {len(missing)}: "
-            + ", ".join(missing),
+            f"expected all {len(names)} weights of a GDN layer"
+            + (" with a mixture-of-experts block" if kind == "moe" else "")
+            + f", missing {len(missing)}: " + ", ".join(missing)
+            + (" (found per-expert mlp.experts.{e}.*.weight tensors: stack them with "
+               "gdncheck.experts.stack_experts)" if per_expert else ""),
             layer=layer,
             name=missing[0],
         )
@@ -129,15 +155,16 @@ def validate_weights(cfg: GDNConfig, weights: Mapping[str, np.ndarray], layer: i
         )
     norm_size = int(np.size(weights["linear_attn.norm.weight"]))
     mode = cfg.resolve_norm_mode(norm_size, layer=layer)
-    shapes = expected_shapes(cfg, mode)
-    for name in WEIGHT_NAMES:
+    shapes = expected_shapes(cfg, mode, kind)
+    for name in names:
         found = tuple(np.shape(weights[name]))
         want = shapes[name]
         if name == "linear_attn.conv1d.weight" and found == (cfg.conv_dim, cfg.conv_kernel):
             continue
         if found != want:
-            raise WeightShapeError(f"expected shape {list(want)}, found {list(found)}", layer=layer, name=name)
-    for name in WEIGHT_NAMES:
+            words = f" {SHAPE_WORDS[name]}" if name in SHAPE_WORDS else ""
+            raise WeightShapeError(f"expected shape {list(want)}{words}, found {list(found)}", layer=layer, name=name)
+    for name in names:
         arr = np.asarray(weights[name])
         if not np.issubdtype(arr.dtype, np.floating):
             raise WeightError(f"expected a floating-point weight, found dtype {arr.dtype}", layer=layer, name=name)

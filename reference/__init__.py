@@ -1,9 +1,10 @@
 """The float64 NumPy reference of the Qwen3.5 Gated DeltaNet layer (``gdncheck.reference``).
 
 One module per stage of SPEC §2, each a plain function whose docstring holds the formula and
-shapes; :class:`Layer` composes them and carries the :class:`State`. :mod:`.serving` runs the layer
-as serving engines call it (packed sequences over a :class:`StatePool`, speculative verify and commit,
-prefix snapshots; ``docs/serving.md``). Never imports torch or ``gdncheck.gpu_impl``.
+shapes (the sparse mixture-of-experts block: :mod:`.moe`); :class:`Layer` composes them and carries
+the :class:`State`. :mod:`.serving` runs the layer as serving engines call it (packed sequences over a
+:class:`StatePool`, speculative verify and commit, prefix snapshots; ``docs/serving.md``). Never
+imports torch or ``gdncheck.gpu_impl``.
 """
 
 from .conv1d import conv1d
@@ -15,6 +16,7 @@ from .in_proj import in_proj
 from .input_norm import input_norm
 from .layer import Layer, layer_forward
 from .mlp import mlp
+from .moe import experts, mlp_moe, router, router_probs, routing, routing_margin, shared_expert
 from .out_proj import out_proj
 from .post_norm import post_norm
 from .qk_norm import qk_norm
@@ -26,4 +28,6 @@ __all__ = [
     "Layer", "SpecVerify", "State", "StatePool", "commit", "conv1d", "delta_rule_chunked", "delta_rule_recurrent",
     "expand_heads", "forward_packed", "gated_norm", "gates", "in_proj", "input_norm", "layer_forward", "mlp",
     "out_proj", "output", "post_norm", "prefix_snapshots", "qk_norm", "residual", "verify_spec",
+    # the sparse mixture-of-experts block (stage 11's variant, reference/moe.py)
+    "experts", "mlp_moe", "router", "router_probs", "routing", "routing_margin", "shared_expert",
 ]

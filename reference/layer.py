@@ -1,4 +1,8 @@
-"""The whole GDN decoder layer: the stages of SPEC §2 composed, with its state (SPEC §4)."""
+"""The whole GDN decoder layer: the stages of SPEC §2 composed, with its state (SPEC §4).
+
+A layer whose config gives it the sparse mixture-of-experts block (``cfg.mlp_kind(layer)``) runs
+:func:`.moe.mlp_moe` in place of the dense MLP; its trace carries the block's tensors too.
+"""
 
 from __future__ import annotations
 
@@ -11,6 +15,16 @@ import numpy as np
 from gdncheck.calls import check_seq_pos, check_state, check_x, rows_to_reset
 from gdncheck.config import GDNConfig
 from gdncheck.errors import InputError
+from gdncheck.experts import (
+    EXPERTS_DOWN,
+    EXPERTS_GATE_UP,
+    ROUTER,
+    SHARED_DOWN,
+    SHARED_EXPERT_GATE,
+    SHARED_GATE,
+    SHARED_UP,
+    split_gate_up,
+)
 from gdncheck.weights import validate_weights
 
 from .conv1d import conv1d
@@ -21,6 +35,7 @@ from .gates import gates
 from .in_proj import in_proj
 from .input_norm import input_norm
 from .mlp import mlp
+from .moe import mlp_moe
 from .out_proj import out_proj
 from .post_norm import post_norm
 from .qk_norm import qk_norm
@@ -51,13 +66,15 @@ def layer_forward(
     *,
     delta_rule: str = "auto",
     chunk_size: int = 64,
+    mlp_kind: str | None = None,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, dict[str, np.ndarray]]:
     """One call over T tokens of B sequences, as a pure function.
 
     x: [B, T, D]; conv_state: [B, conv_dim, K]; recurrent_state: [B, Hv, dk, dv].
     Returns out [B, T, D], the new conv and recurrent states, and the trace: every stage tensor of
     SPEC §2 by name. ``delta_rule``: ``auto`` (chunked when T > 1, recurrent for one token),
-    ``recurrent`` or ``chunked``.
+    ``recurrent`` or ``chunked``. ``mlp_kind``: ``dense`` or ``moe`` (default: the config's, for a
+    config whose layers all have the same block).
     """
     eps = cfg.rms_norm_eps
     T = x.shape[1]
@@ -81,13 +98,26 @@ def layer_forward(
     attn_out = out_proj(core_gated, params["linear_attn.out_proj.weight"])
     h = residual(x, attn_out)
     h_norm = post_norm(h, params["post_attention_layernorm.weight"], eps)
-    mlp_out = mlp(h_norm, params["mlp.gate_proj.weight"], params["mlp.up_proj.weight"], params["mlp.down_proj.weight"])
-    out = output(h, mlp_out)
     trace = {
         "x": x, "x_norm": x_norm, "qkv": qkv, "z": z, "a": a, "b": b, "qkv_conv": qkv_conv,
         "q": q, "k": k, "v": v, "g": g, "beta": beta, "core": core, "core_gated": core_gated,
-        "attn_out": attn_out, "h": h, "h_norm": h_norm, "mlp_out": mlp_out, "out": out,
+        "attn_out": attn_out, "h": h, "h_norm": h_norm,
     }
+    if (mlp_kind or cfg.mlp_kind()) == "moe":
+        w_gate, w_up = split_gate_up(params[EXPERTS_GATE_UP], cfg.moe_intermediate_size)
+        block = mlp_moe(
+            h_norm, params[ROUTER], w_gate, w_up, params[EXPERTS_DOWN], params[SHARED_GATE], params[SHARED_UP],
+            params[SHARED_DOWN], params[SHARED_EXPERT_GATE], cfg.num_experts_per_tok, cfg.norm_topk_prob,
+        )
+        names = ("router_logits", "routing_weights", "selected_experts", "experts_out", "shared_out", "mlp_out")
+        trace.update(zip(names, block))
+        mlp_out = block[-1]
+    else:
+        mlp_out = mlp(h_norm, params["mlp.gate_proj.weight"], params["mlp.up_proj.weight"],
+                      params["mlp.down_proj.weight"])
+        trace["mlp_out"] = mlp_out
+    out = output(h, mlp_out)
+    trace["out"] = out
     return out, conv_state, recurrent_state, trace
 
 
@@ -117,6 +147,7 @@ class Layer:
         self.cfg = cfg
         self.layer_index = layer_index
         self.norm_mode = validate_weights(cfg, weights, layer=layer_index)
+        self.mlp_kind = cfg.mlp_kind(layer_index)
         self.params = Params({name: np.array(arr, dtype=np.float64) for name, arr in weights.items()})
         if delta_rule not in DELTA_RULE_FORMS:
             raise ValueError(f"delta_rule must be one of {DELTA_RULE_FORMS}, found {delta_rule!r}")
@@ -152,6 +183,7 @@ class Layer:
         out, conv_state, rec_state, trace = layer_forward(
             self.cfg, self.params, x, state.conv_state, state.recurrent_state,
             delta_rule=delta_rule or self.delta_rule, chunk_size=chunk_size or self.chunk_size,
+            mlp_kind=self.mlp_kind,
         )
         state.conv_state = conv_state
         state.recurrent_state = rec_state

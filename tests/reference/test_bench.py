@@ -11,6 +11,8 @@ import numpy as np
 import pytest
 
 from gdncheck import bench
+from gdncheck.bench import common as bench_common
+from gdncheck.bench import reference as bench_reference
 from gdncheck.reference import Layer, in_proj, mlp, out_proj
 from gdncheck.synthetic import make_inputs, make_weights
 
@@ -24,11 +26,11 @@ def _run(tmp_path, capsys, *extra):
 
 
 def test_quick_bench_table_and_json(tmp_path, capsys):
-    before = bench._numpy_hugepage(None)
+    before = bench_common.set_numpy_hugepage(None)
     out, result = _run(tmp_path, capsys, "--no-hf", "--threads", "1")
-    assert result["config"] == bench.QUICK.summary() and result["threads"] == [1]
+    assert result["config"] == bench_common.QUICK.summary() and result["threads"] == [1]
     assert result["numpy_madvise_hugepage"] in (False, None)  # --numpy-hugepage off, where numpy has the switch
-    assert bench._numpy_hugepage(None) == before  # and restored afterwards
+    assert bench_common.set_numpy_hugepage(None) == before  # and restored afterwards
     assert [r["T"] for r in result["rows"]] == [16, 40]
     for row in result["rows"]:
         assert row["threads"] == 1
@@ -57,16 +59,16 @@ def test_quick_bench_with_transformers(tmp_path, capsys):
 
 def test_layer_matmuls_are_the_layers_products():
     """The projections in the matmul measure are the layer's own products (same weights, same shapes)."""
-    layer = Layer(bench.QUICK, make_weights(bench.QUICK, seed=3))
-    x = make_inputs(bench.QUICK, 2, 40, seed=4)
-    qkv, a, b, attn_out, up, mlp_out = bench.layer_matmuls(layer, x)()
+    layer = Layer(bench_common.QUICK, make_weights(bench_common.QUICK, seed=3))
+    x = make_inputs(bench_common.QUICK, 2, 40, seed=4)
+    qkv, a, b, attn_out, up, mlp_out = bench_reference.layer_matmuls(layer, x)()
     p = layer.params
     qkv_ref, z_ref, a_ref, b_ref = in_proj(x, p["linear_attn.in_proj_qkv.weight"], p["linear_attn.in_proj_z.weight"],
                                            p["linear_attn.in_proj_a.weight"], p["linear_attn.in_proj_b.weight"])
     for got, want in ((qkv, qkv_ref), (a, a_ref), (b, b_ref)):
         np.testing.assert_array_equal(got, want)
     np.testing.assert_array_equal(attn_out, out_proj(z_ref, p["linear_attn.out_proj.weight"]))
-    assert up.shape == (2, 40, bench.QUICK.intermediate_size) and mlp_out.shape == x.shape
+    assert up.shape == (2, 40, bench_common.QUICK.intermediate_size) and mlp_out.shape == x.shape
     ref = mlp(x, p["mlp.gate_proj.weight"], p["mlp.up_proj.weight"], p["mlp.down_proj.weight"])
     assert mlp_out.shape == ref.shape
 
@@ -84,11 +86,11 @@ def test_delta_rule_matmuls_follow_the_reference_blocks(T, C, monkeypatch):
         return real_block(q, *args)
 
     monkeypatch.setattr(module, "_block", spy)
-    cfg = bench.QUICK
+    cfg = bench_common.QUICK
     rng = np.random.default_rng(0)
     q = rng.normal(size=(1, T, cfg.num_k_heads, cfg.head_k_dim))
     v = rng.normal(size=(1, T, cfg.num_v_heads, cfg.head_v_dim))
     g = -rng.uniform(size=(1, T, cfg.num_v_heads))
     module.delta_rule_chunked(q, q, v, g, -g, chunk_size=C)
-    blocks = bench._delta_rule_operands(cfg, 1, T, C, module.BLOCK_TOKENS)
+    blocks = bench_reference._delta_rule_operands(cfg, 1, T, C, module.BLOCK_TOKENS)
     assert [(op["QK"].shape[3], op["T_inv"].shape[-1]) for op in blocks] == seen

@@ -7,7 +7,9 @@ import json
 
 import pytest
 
-from gdncheck import bench, bench_serving
+from gdncheck import bench
+from gdncheck.bench import common as bench_common
+from gdncheck.bench import serving as bench_serving
 
 FIGURE_KEYS = {"seconds", "min_seconds", "runs", "cpu_seconds", "sys_seconds", "peak_mib"}
 
@@ -16,7 +18,7 @@ def test_quick_serving_bench_table_and_json(tmp_path, capsys):
     path = tmp_path / "serving.json"
     assert bench.main(["serving", "--quick", "--threads", "1", "--lengths", "1,64,65", "--json", str(path)]) == 0
     out, result = capsys.readouterr().out, json.loads(path.read_text())
-    assert result["config"] == bench.QUICK.summary() and result["lengths"] == [1, 64, 65]
+    assert result["config"] == bench_common.QUICK.summary() and result["lengths"] == [1, 64, 65]
     assert result["total_tokens"] == 130 and result["pool_size"] == 3 + bench_serving.POOL_EXTRA
     (row,) = result["rows"]
     for key in ("packed", "separate"):

@@ -17,8 +17,8 @@ import sys
 
 import numpy as np
 
-from .bench import QUICK, REAL, _fmt, _load, _numpy_hugepage, measure, normwise, thread_info
-from .config import GDNConfig
+from ..config import GDNConfig
+from .common import QUICK, REAL, fmt_measure, load_average, measure, normwise, set_numpy_hugepage, thread_info
 
 #: 8 sequences of 1 to 2048 tokens: decodes, chunk edges (63/64/65 are in the tests), prefills.
 LENGTHS = (1, 17, 64, 65, 256, 700, 1500, 2048)
@@ -32,10 +32,10 @@ def bench_serving(lengths: list[int], repeat: int, threads: list[int], cfg: GDNC
     """Packed against separate calls, one row per thread count."""
     from threadpoolctl import threadpool_limits
 
-    from .reference import Layer, StatePool, forward_packed
-    from .synthetic import make_inputs, make_weights
+    from ..reference import Layer, StatePool, forward_packed
+    from ..synthetic import make_inputs, make_weights
 
-    previous = _numpy_hugepage(numpy_hugepage)
+    previous = set_numpy_hugepage(numpy_hugepage)
     try:
         layer = Layer(cfg, make_weights(cfg, seed=0))
         xs = [make_inputs(cfg, 1, n, seed=1 + i)[0] for i, n in enumerate(lengths)]
@@ -60,7 +60,7 @@ def bench_serving(lengths: list[int], repeat: int, threads: list[int], cfg: GDNC
         rows = []
         for n_threads in threads:
             limiter = threadpool_limits(limits=n_threads, user_api="blas")
-            row: dict = {"threads": n_threads, "load_before": _load()}
+            row: dict = {"threads": n_threads, "load_before": load_average()}
             (p_out, _, pool), sep = packed(), separate()
             row["packed_vs_separate"] = max(
                 max(normwise(p_out[cu[i]:cu[i + 1]], o[0]) for i, (o, _, _) in enumerate(sep)),
@@ -70,13 +70,13 @@ def bench_serving(lengths: list[int], repeat: int, threads: list[int], cfg: GDNC
             del p_out, pool, sep
             figures, _ = measure({"packed": packed, "separate": separate}, repeat, keep=False)
             row.update(figures)
-            row["load_after"] = _load()
+            row["load_after"] = load_average()
             row["env"] = thread_info()
             rows.append(row)
             print(_row_text(row), file=sys.stderr, flush=True)
             limiter.restore_original_limits()
     finally:
-        _numpy_hugepage(previous)
+        set_numpy_hugepage(previous)
     return {
         "config": cfg.summary(),
         "lengths": list(lengths),
@@ -85,7 +85,7 @@ def bench_serving(lengths: list[int], repeat: int, threads: list[int], cfg: GDNC
         "repeat": repeat,
         "threads": threads,
         "numpy": np.__version__,
-        "numpy_madvise_hugepage": _numpy_hugepage(None),
+        "numpy_madvise_hugepage": set_numpy_hugepage(None),
         "machine": platform.machine(),
         "cpus": os.cpu_count(),
         "rows": rows,
@@ -98,8 +98,8 @@ def _ratio(row: dict) -> str:
 
 
 def _row_text(row: dict) -> str:
-    return (f"threads={row['threads']}  packed: {_fmt(row['packed'])}  separate: {_fmt(row['separate'])}  "
-            f"packed/separate: {_ratio(row)}")
+    return (f"threads={row['threads']}  packed: {fmt_measure(row['packed'])}  "
+            f"separate: {fmt_measure(row['separate'])}  packed/separate: {_ratio(row)}")
 
 
 def table(result: dict) -> str:
@@ -114,8 +114,9 @@ def table(result: dict) -> str:
     for r in result["rows"]:
         before, after = r.get("load_before"), r.get("load_after")
         load = f"{before[0]:.1f}→{after[0]:.1f}" if before and after else "-"
-        lines.append("| " + " | ".join([str(r["threads"]), _fmt(r["packed"]), _fmt(r["separate"]), _ratio(r),
-                                        f"{r['packed_vs_separate']:.1e}", load]) + " |")
+        cells = [str(r["threads"]), fmt_measure(r["packed"]), fmt_measure(r["separate"]), _ratio(r),
+                 f"{r['packed_vs_separate']:.1e}", load]
+        lines.append("| " + " | ".join(cells) + " |")
     blas = sorted({b for r in result["rows"] for b in r.get("env", {}).get("blas", [])})
     lines.append(f"BLAS as measured: {'; '.join(blas) or 'unknown'}")
     return "\n".join(lines)

@@ -1,0 +1,182 @@
+"""The experts of the mixture-of-experts block as an engine runs them: the (token, slot) pairs
+grouped by expert, then two grouped GEMM kernels over the groups (the formulas:
+reference/moe.py ``experts``).
+
+Grouping (torch, on the device): the N·k slots (slot s is token s // k's j = s % k-th choice) are
+sorted by expert, stably, so each expert's slots are consecutive and in token order; each expert's
+run is cut into blocks of BM rows, and a block table says, per block, its expert, its first row in
+the sorted order and how many of its BM rows are real. An expert that no token chose has no block.
+
+1. :func:`expert_gate_up_kernel`, grid (blocks, cdiv(I_moe, BN)): the block's token rows gathered
+   from h_norm, times W_gate[e]ᵀ and W_up[e]ᵀ (two fp32 accumulators over one K loop), then
+   silu(gate) · up, stored in the activation dtype at the rows' sorted positions.
+2. :func:`expert_down_kernel`, grid (blocks, cdiv(D, BN)): those activations times W_down[e]ᵀ,
+   scaled by the slot's routing weight (fp32), stored in fp32 at the slot's own row of a
+   [N·k, D] buffer. Every slot is written by exactly one program: no atomics, and the combine
+   (gpu_impl/moe.py) sums each token's k rows in slot order, so the result does not depend on
+   the launch order.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from .target import dot_precision, empty, interpreting, kernel, next_pow2
+
+
+@dataclass(frozen=True)
+class Groups:
+    """The slots sorted by expert and the block table of the grouped GEMMs."""
+
+    order: torch.Tensor  # [N·k] int32: slot ids, grouped by expert
+    block_expert: torch.Tensor  # [n_blocks] int32
+    block_row0: torch.Tensor  # [n_blocks] int32: first row of the block in ``order``
+    block_rows: torch.Tensor  # [n_blocks] int32: real rows of the block (≤ BM)
+    BM: int
+
+    @property
+    def n_blocks(self) -> int:
+        return int(self.block_expert.shape[0])
+
+
+def group_by_expert(selected_experts: torch.Tensor, num_experts: int, BM: int) -> Groups:
+    """Sort the slots of ``selected_experts`` [..., k] by expert and cut each expert's run into BM rows."""
+    flat = selected_experts.reshape(-1).to(torch.int64)
+    dev = flat.device
+    order = torch.argsort(flat, stable=True)
+    counts = torch.bincount(flat, minlength=num_experts)
+    n_blk = (counts + BM - 1) // BM
+    block_expert = torch.repeat_interleave(torch.arange(num_experts, device=dev), n_blk)
+    first_block = torch.cumsum(n_blk, 0) - n_blk
+    local = torch.arange(block_expert.shape[0], device=dev) - first_block[block_expert]
+    seg_start = torch.cumsum(counts, 0) - counts
+    row0 = seg_start[block_expert] + local * BM
+    rows = torch.clamp(counts[block_expert] - local * BM, max=BM)
+    i32 = torch.int32
+    return Groups(order.to(i32), block_expert.to(i32), row0.to(i32), rows.to(i32), BM)
+
+
+@kernel
+def expert_gate_up_kernel(
+    p_x, p_order, p_bexp, p_brow0, p_brows, p_wg, p_wu, p_act, D, I, k,
+    s_x, s_ge, s_gi, s_ue, s_ui,
+    BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, PREC: tl.constexpr,
+):
+    """act[r] = silu(x[t] W_gate[e]ᵀ) · (x[t] W_up[e]ᵀ) for the block's rows r, t = order[r] // k.
+
+    x: [N, D] (row stride s_x, unit column stride); W_gate, W_up: [E, I, D] (strides (s_ge, s_gi, 1),
+    (s_ue, s_ui, 1)); act: [N·k, I] contiguous, activation dtype. fp32 accumulation.
+    Grid: (n_blocks, cdiv(I, BN)).
+    """
+    i_b, i_n = tl.program_id(0), tl.program_id(1)
+    e = tl.load(p_bexp + i_b).to(tl.int64)
+    row0 = tl.load(p_brow0 + i_b).to(tl.int64)
+    n_rows = tl.load(p_brows + i_b)
+    o_m = tl.arange(0, BM)
+    m_m = o_m < n_rows
+    o_t = (tl.load(p_order + row0 + o_m, mask=m_m, other=0) // k).to(tl.int64)
+    o_n = i_n * BN + tl.arange(0, BN)
+    m_n = o_n < I
+    b_g = tl.zeros((BM, BN), dtype=tl.float32)
+    b_u = tl.zeros((BM, BN), dtype=tl.float32)
+    for i_k in range(0, tl.cdiv(D, BK)):
+        o_k = i_k * BK + tl.arange(0, BK)
+        m_k = o_k < D
+        b_x = tl.load(p_x + o_t[:, None] * s_x + o_k[None, :], mask=m_m[:, None] & m_k[None, :],
+                      other=0.0).to(tl.float32)
+        m_w = m_k[:, None] & m_n[None, :]
+        b_wg = tl.load(p_wg + e * s_ge + o_n[None, :].to(tl.int64) * s_gi + o_k[:, None], mask=m_w,
+                       other=0.0).to(tl.float32)
+        b_wu = tl.load(p_wu + e * s_ue + o_n[None, :].to(tl.int64) * s_ui + o_k[:, None], mask=m_w,
+                       other=0.0).to(tl.float32)
+        b_g = tl.dot(b_x, b_wg, b_g, input_precision=PREC)
+        b_u = tl.dot(b_x, b_wu, b_u, input_precision=PREC)
+    b_act = b_g / (1.0 + tl.exp(-b_g)) * b_u
+    o_r = (row0 + o_m).to(tl.int64)
+    tl.store(p_act + o_r[:, None] * I + o_n[None, :], b_act.to(p_act.dtype.element_ty),
+             mask=m_m[:, None] & m_n[None, :])
+
+
+@kernel
+def expert_down_kernel(
+    p_act, p_order, p_bexp, p_brow0, p_brows, p_wd, p_rw, p_out, D, I, s_de, s_dd,
+    BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, PREC: tl.constexpr,
+):
+    """out[s] = routing_weight[s] · act[r] W_down[e]ᵀ for the block's rows r, slot s = order[r].
+
+    act: [N·k, I] contiguous; W_down: [E, D, I] (strides (s_de, s_dd, 1)); routing weights: [N·k]
+    fp32 in slot order; out: [N·k, D] fp32 contiguous. Grid: (n_blocks, cdiv(D, BN)).
+    """
+    i_b, i_n = tl.program_id(0), tl.program_id(1)
+    e = tl.load(p_bexp + i_b).to(tl.int64)
+    row0 = tl.load(p_brow0 + i_b).to(tl.int64)
+    n_rows = tl.load(p_brows + i_b)
+    o_m = tl.arange(0, BM)
+    m_m = o_m < n_rows
+    o_r = (row0 + o_m).to(tl.int64)
+    o_s = tl.load(p_order + o_r, mask=m_m, other=0).to(tl.int64)
+    o_n = i_n * BN + tl.arange(0, BN)
+    m_n = o_n < D
+    b_y = tl.zeros((BM, BN), dtype=tl.float32)
+    for i_k in range(0, tl.cdiv(I, BK)):
+        o_k = i_k * BK + tl.arange(0, BK)
+        m_k = o_k < I
+        b_a = tl.load(p_act + o_r[:, None] * I + o_k[None, :], mask=m_m[:, None] & m_k[None, :],
+                      other=0.0).to(tl.float32)
+        b_w = tl.load(p_wd + e * s_de + o_n[None, :].to(tl.int64) * s_dd + o_k[:, None],
+                      mask=m_k[:, None] & m_n[None, :], other=0.0).to(tl.float32)
+        b_y = tl.dot(b_a, b_w, b_y, input_precision=PREC)
+    b_rw = tl.load(p_rw + o_s, mask=m_m, other=0.0).to(tl.float32)
+    tl.store(p_out + o_s[:, None] * D + o_n[None, :], b_y * b_rw[:, None], mask=m_m[:, None] & m_n[None, :])
+
+
+def _tiles(x: torch.Tensor, rows_per_expert: float, n: int, k: int) -> tuple[int, int, int]:
+    """(BM, BN, BK): BM ≥ 16 (tl.dot), smaller when few tokens reach each expert (decode)."""
+    if interpreting(x):
+        return 16, min(64, next_pow2(n, 16)), min(64, next_pow2(k, 16))
+    BM = 16 if rows_per_expert <= 16 else 32 if rows_per_expert <= 32 else 64
+    return BM, min(64, next_pow2(n, 16)), min(64, next_pow2(k, 16))
+
+
+def expert_slots(
+    x: torch.Tensor,
+    routing_weights: torch.Tensor,
+    selected_experts: torch.Tensor,
+    w_gate: torch.Tensor,
+    w_up: torch.Tensor,
+    w_down: torch.Tensor,
+) -> torch.Tensor:
+    """Every slot's weighted expert output: [N·k, D] fp32, row s = token s // k's (s % k)-th choice.
+
+    x: [N, D] (unit column stride); routing_weights, selected_experts: [N, k]; W_gate, W_up:
+    [E, I_moe, D], W_down: [E, D, I_moe] (unit last stride), all but the routing weights in the
+    activation dtype.
+    """
+    N, D = x.shape
+    k = selected_experts.shape[-1]
+    E, I = w_gate.shape[0], w_gate.shape[1]
+    for w in (w_gate, w_up, w_down):
+        assert w.stride(-1) == 1, "expert weights need a unit stride on their last axis"
+    BM, BN, BK = _tiles(x, N * k / E, I, D)
+    groups = group_by_expert(selected_experts, E, BM)
+    act = empty((N * k, I), x.dtype, x.device)
+    out = empty((N * k, D), torch.float32, x.device)
+    if groups.n_blocks == 0:
+        return out
+    prec = dot_precision(x.dtype)
+    g = (groups.order, groups.block_expert, groups.block_row0, groups.block_rows)
+    expert_gate_up_kernel[(groups.n_blocks, triton.cdiv(I, BN))](
+        x, *g, w_gate, w_up, act, D, I, k, x.stride(0), w_gate.stride(0), w_gate.stride(1), w_up.stride(0),
+        w_up.stride(1), BM=BM, BN=BN, BK=BK, PREC=prec, num_warps=4, num_stages=2,
+    )
+    BN, BK = min(64, next_pow2(D, 16)), min(64, next_pow2(I, 16))
+    rw = routing_weights.reshape(-1).to(torch.float32).contiguous()
+    expert_down_kernel[(groups.n_blocks, triton.cdiv(D, BN))](
+        act, *g, w_down, rw, out, D, I, w_down.stride(0), w_down.stride(1), BM=BM, BN=BN, BK=BK, PREC=prec,
+        num_warps=4, num_stages=2,
+    )
+    return out
