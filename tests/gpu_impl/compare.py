@@ -2,11 +2,12 @@
 
 A bound is on the normwise relative error max|got − ref| / max|ref|. Each is earned: the measured
 worst case of a correct kernel over this suite's cases sits well below it (``observed`` in the
-comments, interpreter with exact fp32 dots; the GPU's tf32 products add less than a bf16 or f16
-rounding), and every bug class that the suite simulates lands well above it (tests named
-``*_wrong_*``). Run ``pytest tests/gpu_impl -p no:xdist`` to see the margins. A failure message
-also gives the max absolute error, NMSE as SQNR in dB, and the ULP distance in the profile's dtype
-at the worst element, with a repro command.
+comments: the interpreter emulating sm_90, i.e. tf32 operands truncated in ``tl.dot`` and programs
+in shuffled order, see conftest.py; so the bounds hold for compiled code), and every bug class
+that the suite simulates lands well above it (tests named ``*_wrong_*``). Run
+``pytest tests/gpu_impl -p no:xdist`` to see the margins. A failure message also gives the max
+absolute error, NMSE as SQNR in dB, and the ULP distance in the profile's dtype at the worst
+element, with a repro command.
 """
 
 from __future__ import annotations
@@ -33,6 +34,14 @@ LAYER = {"f32": 2e-5, "bf16": 6e-2, "f16": 6e-3}
 #: Observed: f32 2.3e-7, bf16 3.4e-7, f16 7.4e-5; on a GPU the chunked form's tf32 products can
 #: flip a bf16 rounding (one ulp, 3.9e-3).
 FORMS = {"f32": 1e-5, "bf16": 1e-2, "f16": 2e-3}
+
+#: The fp32 recurrent state of the two forms on the same inputs. The chunked form's products run
+#: at the profile's dot precision (gpu_impl/target.py ``dot_precision``): in bf16, tf32, whose
+#: operands keep 10 mantissa bits (truncation: up to 2^-10 ≈ 9.8e-4 relative each), so the
+#: states differ by about one tf32 unit — observed (tf32 emulated) up to 1.2e-3; f32 and f16
+#: use tf32x3, about fp32 (observed 2.3e-7). Exact fp32 dots would give 3e-7 in bf16 as well:
+#: the f32 bound cannot hold for compiled bf16 code.
+STATE_FORMS = {"f32": 1e-5, "bf16": 5e-3, "f16": 1e-5}
 
 
 def to_np(x) -> np.ndarray:
@@ -73,7 +82,7 @@ def errors(got, ref, profile: str = "f32") -> dict:
 #: (kind, profile, what, observed relative error) of every passing check in this process
 RECORD: list[tuple[str, str, str, float]] = []
 
-TABLES = {"stage": STAGE, "layer": LAYER, "forms": FORMS}
+TABLES = {"stage": STAGE, "layer": LAYER, "forms": FORMS, "state_forms": STATE_FORMS}
 
 
 def check(got, ref, kind: str, profile: str, what: str) -> dict:
