@@ -146,7 +146,8 @@ def _check(qkv: torch.Tensor, conv_state: torch.Tensor, weight: torch.Tensor) ->
 def _token_block(qkv: torch.Tensor, T: int, width: int) -> int:
     if interpreting(qkv):
         return min(next_pow2(T), max(1, 8192 // width))
-    return min(next_pow2(T), 64 if width <= 128 else 32)
+    # 32 × 128 fp32 tiles: 64 tokens spill (255 registers, compile table in docs/gpu.md)
+    return min(next_pow2(T), 32 if width <= 128 else 16)
 
 
 def conv1d(qkv: torch.Tensor, conv_state: torch.Tensor, weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -194,16 +194,31 @@ def slice_rows(rows: int, per_row: int, budget: int, wave_rows: int) -> int:
     return n - n % wave_rows if n >= wave_rows else n
 
 
+#: Launch options of the state kernel on a GPU: 4 warps, no software pipelining. The compile table
+#: (docs/gpu.md) shows why: at dk = 128, C = 64 and bf16 it takes 255 registers at any BV and any
+#: warp count, so 4 warps (128 threads) let two blocks share an SM; two pipeline stages would need
+#: 152-176 KB of shared memory and leave one block per SM, one stage 42-72 KB.
+STATE_WARPS, STATE_STAGES, STATE_CTAS_PER_SM = 4, 1, 2
+
+
 def state_block_v(v: torch.Tensor, B: int, Hv: int, dv: int) -> int:
-    """dv columns per program of the state kernel: all under the interpreter; on a GPU 32, or 16
-    when that is needed for one program per SM (the serial chunk loop is the critical path)."""
-    BV = next_pow2(dv, 16)
+    """dv columns per program of the state kernel: all of them under the interpreter. On a GPU the
+    time is about (waves of the grid) × (one program's chunk loop), so BV ∈ {16, 32, 64} with
+    the fewest waves on the SMs' 2 blocks each (:data:`STATE_CTAS_PER_SM`); among equal waves the
+    smallest BV (a shorter loop body). A program's cost grows far less than its BV (the q, k,
+    W and Q Kᵀ loads of a chunk do not depend on it), so fewer waves win: B = 1, Hv = 32 takes
+    BV = 16 (256 programs, one wave on 132 SMs), B = 64 takes BV = 64 (a quarter of the
+    redundant q, k, W reads of BV = 16)."""
     if interpreting(v):
-        return BV
-    BV = min(BV, 32)
-    if BV > 16 and B * Hv * triton.cdiv(dv, BV) < num_sms(v):
-        BV = 16
-    return BV
+        return next_pow2(dv, 16)
+    return gpu_block_v(B, Hv, dv, num_sms(v))
+
+
+def gpu_block_v(B: int, Hv: int, dv: int, sms: int) -> int:
+    """:func:`state_block_v` on a GPU of ``sms`` SMs."""
+    slots = sms * STATE_CTAS_PER_SM
+    options = [bv for bv in (16, 32, 64) if bv <= next_pow2(dv, 16)] or [next_pow2(dv, 16)]
+    return min(options, key=lambda bv: (triton.cdiv(B * Hv * triton.cdiv(dv, bv), slots), bv))
 
 
 def delta_rule_chunked(
@@ -245,7 +260,7 @@ def delta_rule_chunked(
     core = empty((B, T, Hv, dv), v.dtype, dev)
     rows = B * Hv
     n = slice_rows(rows, T * temp_bytes_per_token(dk, dv, BT), TEMP_BUDGET if temp_budget is None else temp_budget,
-                   max(1, num_sms(v) // NV))
+                   max(1, num_sms(v) * STATE_CTAS_PER_SM // NV))
     gc, gt = empty((n, T), torch.float32, dev), empty((n, T), torch.float32, dev)
     w, u = empty((n, T, dk), torch.float32, dev), empty((n, T, dv), torch.float32, dev)
     aqk = empty((n, T, BT), torch.float32, dev)
@@ -262,6 +277,6 @@ def delta_rule_chunked(
             **shared, p_h0=h0 if h0 is not None else ht, p_ht=ht, p_o=core,
             p_reset=ht if reset is None else reset_flags(reset),
             BH0=bh0, scale=scale, BK=BK, BV=BVS, HAS_H0=h0 is not None, INPLACE=inplace, HAS_RESET=reset is not None,
-            num_warps=4 if BK * BVS <= 4096 else 8, num_stages=2,
+            num_warps=STATE_WARPS, num_stages=STATE_STAGES,
         )
     return core, ht

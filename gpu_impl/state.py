@@ -142,7 +142,7 @@ class State:
         if self.warned or dev.type == "meta" or (dev.type == "cuda" and torch.cuda.is_current_stream_capturing()):
             return
         old = torch.where(reset, self.seq_len, -1)
-        pos = pos if isinstance(pos, torch.Tensor) else torch.as_tensor(np.broadcast_to(pos, (self.batch,)))
+        pos = pos if isinstance(pos, torch.Tensor) else torch.as_tensor(np.broadcast_to(pos, (self.batch,)).copy())
         if dev.type != "cuda":
             self._reports.append(_MismatchReport(old, pos.to(torch.int64), None))
             return

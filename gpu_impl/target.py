@@ -182,11 +182,18 @@ def dot_precision(dtype: torch.dtype) -> str:
 
 @dataclass(frozen=True)
 class Launch:
-    """One launch as :func:`record_launches` saw it."""
+    """One launch as :func:`record_launches` saw it: tensors as (shape, dtype, strides), so that
+    recording keeps no tensor alive (the memory check measures what the layer keeps)."""
 
     kernel: str
     grid: tuple[int, ...]
     args: dict[str, Any]
+
+
+def _describe(value):
+    if isinstance(value, torch.Tensor):
+        return tuple(value.shape), value.dtype, value.stride()
+    return value
 
 
 class Kernel:
@@ -267,7 +274,7 @@ class _Recorder:
         self.launches: list[Launch] = []
 
     def launch(self, k: Kernel, grid, kwargs):
-        self.launches.append(Launch(k.__name__, grid, dict(kwargs)))
+        self.launches.append(Launch(k.__name__, grid, {n: _describe(v) for n, v in kwargs.items()}))
 
 
 @contextlib.contextmanager
