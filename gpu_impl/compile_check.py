@@ -2,6 +2,7 @@
 
     python -m gdncheck.gpu_impl.compile_check            # the full plan: real sizes, every profile
     python -m gdncheck.gpu_impl.compile_check --quick    # decode (every profile) and bf16 prefill
+    python -m gdncheck.gpu_impl.compile_check --tiny     # a tiny layer (the GPU check's dry run)
     ... --json PATH --markdown PATH                      # the table, as docs/gpu.md shows it
 
 How. Inside :func:`compile_only` every kernel launch goes to :class:`Compiler` instead of running
@@ -205,6 +206,8 @@ def scenario(compiler: Compiler, name: str, decode: bool = False) -> Iterator[No
 #: Qwen3.5 GDN layer sizes (35B-A3B: D = 2048, Hk = 16, Hv = 32, dk = dv = 128, I = 6144).
 REAL = GDNConfig(hidden_size=2048, intermediate_size=6144, num_k_heads=16, num_v_heads=32, head_k_dim=128,
                  head_v_dim=128, conv_kernel=4)
+TINY = GDNConfig(hidden_size=32, intermediate_size=48, num_k_heads=2, num_v_heads=4, head_k_dim=16, head_v_dim=8,
+                 conv_kernel=4)
 
 
 def layer_call(cfg: GDNConfig, profile: str, B: int, T: int, capture: bool = False, chunk: int = 64,
@@ -235,14 +238,19 @@ def delta_rule_call(form: str, B: int, T: int, Hk: int, Hv: int, d: int, dtype=t
         delta_rule_chunked(q, k, v, g, beta, None, None, chunk)
 
 
-def plan(quick: bool = False) -> list[tuple[str, bool, Callable[[], None]]]:
+def plan(quick: bool = False, tiny: bool = False) -> list[tuple[str, bool, Callable[[], None]]]:
     """(scenario, decode path?, call) for every launch configuration a GPU run makes.
 
     Layer calls at Qwen3.5 sizes in every profile: decode at B = 1 and 64, a recurrent prefill
     (16 tokens), chunked prefills at T = 8192 (B = 1 and 64) and with capture; the benchmark's
     delta-rule calls (decode Hv 32/48/64 × B 1/64/256, prefill T 8192/32768). ``quick``: decode
-    in every profile and the bf16 prefill at T = 8192, B = 1."""
+    in every profile and the bf16 prefill at T = 8192, B = 1. ``tiny``: a tiny layer in bf16,
+    decode and a chunked prefill (seconds; the GPU check's dry run)."""
     from .bench import GPU
+
+    if tiny:
+        return [("tiny layer bf16 decode B=2", True, lambda: layer_call(TINY, "bf16", 2, 1)),
+                ("tiny layer bf16 prefill B=2 T=40", False, lambda: layer_call(TINY, "bf16", 2, 40, chunk=16))]
 
     steps: list[tuple[str, bool, Callable[[], None]]] = []
     profiles = ("bf16", "f32", "f16")
@@ -284,12 +292,20 @@ def run_plan(steps, arch: int = 90, progress=None) -> Compiler:
 
 
 def table(compiler: Compiler) -> dict:
-    rows = []
+    """The builds as rows; variants that differ only in the JIT's divisibility marks (e.g. a row
+    offset of 132 or of 0) and build alike share a row, with their uses merged."""
+    rows: dict[tuple, dict] = {}
     for b in sorted(compiler.builds.values(), key=lambda b: (b.kernel, str(b.params))):
-        row = asdict(b)
-        row["worst_waves"] = max(u["waves"] for u in b.uses)
+        key = (b.kernel, str(b.params), tuple(b.specialised), b.regs, b.local_bytes, b.shared)
+        if key in rows:
+            rows[key]["uses"] += b.uses
+            rows[key]["problems"] += b.problems()
+            continue
+        row = rows[key] = asdict(b)
         row["problems"] = b.problems()
-        rows.append(row)
+    for row in rows.values():
+        row["worst_waves"] = max(u["waves"] for u in row["uses"])
+    rows = list(rows.values())
     return {"arch": f"sm_{compiler.arch}", "triton": triton.__version__, "torch": torch.__version__,
             "builds": rows, "problems": compiler.problems()}
 
@@ -330,12 +346,15 @@ def markdown(result: dict) -> str:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m gdncheck.gpu_impl.compile_check", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--quick", action="store_true", help="decode in every profile and the bf16 prefill only")
+    scope = p.add_mutually_exclusive_group()
+    scope.add_argument("--full", action="store_true", help="real sizes, every profile, the benchmark (default)")
+    scope.add_argument("--quick", action="store_true", help="decode in every profile and the bf16 prefill only")
+    scope.add_argument("--tiny", action="store_true", help="a tiny layer in bf16 (seconds)")
     p.add_argument("--json", metavar="PATH", help="write the table as JSON")
     p.add_argument("--markdown", metavar="PATH", help="write the table as Markdown")
     args = p.parse_args(argv)
     t0 = time.perf_counter()
-    compiler = run_plan(plan(args.quick), progress=lambda name: print(f"  built: {name} "
+    compiler = run_plan(plan(args.quick, args.tiny), progress=lambda name: print(f"  built: {name} "
                                                                      f"({time.perf_counter() - t0:.0f} s)",
                                                                      file=sys.stderr, flush=True))
     result = table(compiler)

@@ -146,8 +146,10 @@ def _check(qkv: torch.Tensor, conv_state: torch.Tensor, weight: torch.Tensor) ->
 def _token_block(qkv: torch.Tensor, T: int, width: int) -> int:
     if interpreting(qkv):
         return min(next_pow2(T), max(1, 8192 // width))
-    # 32 × 128 fp32 tiles: 64 tokens spill (255 registers, compile table in docs/gpu.md)
-    return min(next_pow2(T), 32 if width <= 128 else 16)
+    # 32 tokens × 128 channels for 16-bit inputs, 16 for fp32: larger tiles spill (compile table,
+    # docs/gpu.md)
+    wide = 32 if qkv.element_size() <= 2 else 16
+    return min(next_pow2(T), wide if width <= 128 else wide // 2)
 
 
 def conv1d(qkv: torch.Tensor, conv_state: torch.Tensor, weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
