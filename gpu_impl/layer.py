@@ -167,9 +167,11 @@ class Layer:
         """Run T tokens of each sequence; update ``state`` in place; return ``(out, trace)``.
 
         x: [B, T, D] floating point (NumPy array or torch tensor; cast to the profile dtype on the
-        layer's device). seq_pos: the position of the first token, an int or one per sequence; a
-        row whose state ``seq_len`` differs is reset to zeros first. out: [B, T, D] in the profile
-        dtype on the device; trace: {} unless ``capture``, then every stage tensor by name.
+        layer's device). seq_pos: the position of the first token, an int or one per sequence (a
+        list, an array, or an integer tensor, which on the layer's device is used without being
+        read: decode under a CUDA graph passes ``state.seq_len`` or a static tensor); a row whose
+        state ``seq_len`` differs is reset to zeros first. out: [B, T, D] in the profile dtype on
+        the device; trace: {} unless ``capture``, then every stage tensor by name.
         """
         x = self._check_input(x, state)
         T = x.shape[1]
