@@ -7,6 +7,11 @@ docstrings. :class:`Layer` composes the fused fast path and carries a device :cl
 Target: compiled on CUDA tensors, Triton's interpreter on CPU tensors, chosen per launch by the
 tensors' device; ``device=`` / ``GDN_DEVICE`` pick the device. Why this does not depend on
 ``TRITON_INTERPRET`` or on import order: :mod:`.target`. Never imports ``gdncheck.reference``.
+
+Without a GPU (docs/gpu.md): :mod:`.interpreter` makes interpreted launches compute as sm_90 does
+(tf32 dots, program order), :mod:`.compile_check` builds every launch for sm_90 as the JIT does,
+:mod:`.memory` models a call's device memory; on a GPU, :mod:`.bench` and :mod:`.gpu_check`
+(scripts/gpu_check.sh) measure.
 """
 
 from .conv1d import conv1d, conv1d_qk_norm, conv1d_update

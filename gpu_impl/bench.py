@@ -1,20 +1,29 @@
-"""Benchmark of the Triton path's delta rule kernels against the machine's own ceilings.
+"""Benchmark of the Triton path against the machine's own ceilings, measured in the same run.
 
     python -m gdncheck.gpu_impl.bench              # on a CUDA GPU (scripts/gpu_check.sh runs it)
     python -m gdncheck.gpu_impl.bench --dry-run    # same code path, CPU interpreter, tiny sizes
 
-Measured in the same run: a device-to-device copy (bandwidth ceiling, bytes read + written) and a
-bf16 GEMM (compute ceiling). Then:
+Ceilings, measured now: a device-to-device copy (bytes read + written), a tf32 GEMM (fp32
+operands, ``allow_tf32``: the precision of every ``tl.dot`` of the bf16 prefill) and a bf16 GEMM
+(for reference). Then:
 
-- decode: the fused recurrent kernel, T = 1, state updated in place, Hk = 16, Hv ∈ {32, 48, 64},
-  dk = dv = 128, B ∈ {1, 64, 256}: µs, GB/s of state traffic (2·B·Hv·dk·dv·4 bytes), % of copy;
-- prefill: the chunked pipeline, B = 1, T ∈ {8192, 32768}, Hv = 32, C = 64, bf16: ms, tokens/s,
-  TFLOP/s by the real count F(C) = 6·dk·dv + 6·C·dk + 4·C·dv + C²/3 per token and value head
-  (research/perf-anchors.md §3.2), the compute floor F·T·Hv / GEMM rate, and time / floor;
-- flash-linear-attention's ``fused_recurrent_gated_delta_rule`` and ``chunk_gated_delta_rule`` on
-  the same inputs when ``fla`` is importable: FLA time / ours (> 1: ours is faster) and the
-  largest relative difference of the outputs. Measured after our table is printed (FLA
-  autotunes on first use); the table is then printed again with these two columns.
+- decode kernel: the fused recurrent kernel, T = 1, state updated in place, Hk = 16,
+  Hv ∈ {32, 48, 64}, dk = dv = 128, B ∈ {1, 64, 256}: µs, GB/s of state traffic
+  (2·B·Hv·dk·dv·4 bytes), % of the copy;
+- decode layer: one whole layer step (Qwen3.5 35B-A3B sizes, bf16) at B = 1 and 64, run plainly
+  (``Layer.forward``, host launches included) and replayed from a CUDA graph (the forward
+  synchronises nothing, so it captures);
+- prefill: the chunked pipeline, B = 1, T ∈ {8192, 32768}, Hv = 32, C = 64, bf16 inputs: ms,
+  tokens/s, TFLOP/s and the compute floor counted two ways — F_design, the FLOPs these kernels
+  perform per token and value head, 6·dk·dv + 6·C·dk + 4·C·dv + 4·(log2 C − 1)·C² (the full-tile
+  inverse, :mod:`.delta_rule_chunked`), 262,144 at C = 64; and F(C) = 6·dk·dv + 6·C·dk + 4·C·dv
+  + C²/3, the minimal count of docs/math.md §6 (181,589) — each over the tf32 GEMM rate;
+- flash-linear-attention (``fla``) on the same inputs when it imports: its
+  ``fused_recurrent_gated_delta_rule`` and ``chunk_gated_delta_rule``, given q and k repeated to
+  the Hv value heads (value head h reads key head h // (Hv/Hk)): the [B, T, H, K] layout of its
+  docstring, which every version accepts (the repeat is not timed). FLA time / ours (> 1: ours
+  faster) and the largest relative difference of the outputs. When fla does not import, every
+  row says so and why.
 
 GPU times come from ``triton.testing.do_bench`` (CUDA events, median); CPU times are wall-clock
 medians. Goals (issue 3): decode at B = 64 ≥ 70 % of the copy; prefill ≤ 5× the floor and at
@@ -25,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import statistics
 import sys
 import time
@@ -32,6 +42,8 @@ from dataclasses import dataclass
 from functools import partial
 
 import torch
+
+from gdncheck.config import GDNConfig
 
 from .delta_rule import delta_rule_recurrent
 from .delta_rule_chunked import delta_rule_chunked
@@ -45,21 +57,34 @@ class Sizes:
     Hv_prefill: int
     dk: int
     batches: tuple[int, ...]
+    layer_batches: tuple[int, ...]
     tokens: tuple[int, ...]
     chunk: int
     copy_bytes: int
     gemm: int
+    layer: GDNConfig
 
 
-GPU = Sizes(Hk=16, Hv_decode=(32, 48, 64), Hv_prefill=32, dk=128, batches=(1, 64, 256), tokens=(8192, 32768),
-            chunk=64, copy_bytes=1 << 30, gemm=8192)
-DRY = Sizes(Hk=2, Hv_decode=(4,), Hv_prefill=4, dk=16, batches=(1, 2), tokens=(64,), chunk=16,
-            copy_bytes=1 << 22, gemm=128)
+GPU = Sizes(Hk=16, Hv_decode=(32, 48, 64), Hv_prefill=32, dk=128, batches=(1, 64, 256), layer_batches=(1, 64),
+            tokens=(8192, 32768), chunk=64, copy_bytes=1 << 30, gemm=8192,
+            layer=GDNConfig(hidden_size=2048, intermediate_size=6144, num_k_heads=16, num_v_heads=32, head_k_dim=128,
+                            head_v_dim=128, conv_kernel=4))
+DRY = Sizes(Hk=2, Hv_decode=(4,), Hv_prefill=4, dk=16, batches=(1, 2), layer_batches=(1,), tokens=(64,), chunk=16,
+            copy_bytes=1 << 22, gemm=128,
+            layer=GDNConfig(hidden_size=32, intermediate_size=48, num_k_heads=2, num_v_heads=4, head_k_dim=16,
+                            head_v_dim=8, conv_kernel=4))
 
 
 def flops_per_token_head(C: int, dk: int, dv: int) -> float:
-    """F(C): real FLOPs of the chunked form per token and value head (perf-anchors §3.2)."""
+    """F(C): the minimal FLOPs of the chunked form per token and value head (triangular inverse)."""
     return 6 * dk * dv + 6 * C * dk + 4 * C * dv + C * C / 3
+
+
+def design_flops_per_token_head(C: int, dk: int, dv: int) -> float:
+    """F_design(C): the FLOPs this pipeline performs per token and value head. Per chunk: K Kᵀ,
+    Q Kᵀ and W (2·C²·dk each), U (2·C²·dv), the inverse's log2(C) − 1 levels of two full C³
+    products (4·C³ each), then W S, Q S, Kᵀ V' (2·C·dk·dv each) and (Q Kᵀ) V' (2·C²·dv)."""
+    return 6 * dk * dv + 6 * C * dk + 4 * C * dv + 4 * (int(math.log2(C)) - 1) * C * C
 
 
 def timer(device: torch.device, repeat: int):
@@ -82,12 +107,12 @@ def timer(device: torch.device, repeat: int):
 
 
 def fla_ops():
-    """(fused_recurrent, chunk) of flash-linear-attention, or None when it is not importable."""
+    """((fused_recurrent, chunk) of flash-linear-attention, None) or (None, why it is unavailable)."""
     try:
         from fla.ops.gated_delta_rule import chunk_gated_delta_rule, fused_recurrent_gated_delta_rule
-    except Exception:  # noqa: BLE001 - any import failure means "not available"
-        return None
-    return fused_recurrent_gated_delta_rule, chunk_gated_delta_rule
+    except Exception as exc:  # noqa: BLE001 - any import failure means "not available"; say which
+        return None, f"not importable ({type(exc).__name__}: {exc})"[:160]
+    return (fused_recurrent_gated_delta_rule, chunk_gated_delta_rule), None
 
 
 def delta_inputs(B: int, T: int, Hk: int, Hv: int, d: int, device, dtype=torch.bfloat16, seed: int = 0):
@@ -114,12 +139,17 @@ def ceilings(s: Sizes, device, measure) -> dict:
     src = torch.empty(n, dtype=torch.float32, device=device).uniform_()
     dst = torch.empty_like(src)
     t_copy = measure(partial(dst.copy_, src))
-    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
-    a = torch.randn(s.gemm, s.gemm, device=device, dtype=dtype)
-    b = torch.randn(s.gemm, s.gemm, device=device, dtype=dtype)
-    t_gemm = measure(partial(torch.matmul, a, b))
-    return {"copy_GBps": 2 * s.copy_bytes / t_copy / 1e9, "gemm_TFLOPs": 2 * s.gemm ** 3 / t_gemm / 1e12,
-            "gemm_dtype": str(dtype).removeprefix("torch.")}
+    out = {"copy_GBps": 2 * s.copy_bytes / t_copy / 1e9}
+    for name, dtype in (("tf32", torch.float32), ("bf16", torch.bfloat16 if device.type == "cuda" else torch.float32)):
+        a = torch.randn(s.gemm, s.gemm, device=device, dtype=dtype)
+        b = torch.randn(s.gemm, s.gemm, device=device, dtype=dtype)
+        previous = torch.backends.cuda.matmul.allow_tf32
+        torch.backends.cuda.matmul.allow_tf32 = True
+        try:
+            out[f"{name}_TFLOPs"] = 2 * s.gemm ** 3 / measure(partial(torch.matmul, a, b)) / 1e12
+        finally:
+            torch.backends.cuda.matmul.allow_tf32 = previous
+    return out
 
 
 def decode_inputs(s: Sizes, Hv: int, B: int, device):
@@ -138,29 +168,60 @@ def bench_decode(s: Sizes, device, measure, ceil: dict) -> list[dict]:
     return rows
 
 
-def _fla_decode(fused_recurrent, q, k, v, g, beta, S, measure, t_ours) -> dict:
-    try:
-        h0 = S.clone()
-        t = measure(partial(fused_recurrent, q=q, k=k, v=v, g=g, beta=beta, initial_state=h0,
-                            output_final_state=True))
-        ours, _ = delta_rule_recurrent(q, k, v, g, beta, S.clone())
-        theirs, _ = fused_recurrent(q=q, k=k, v=v, g=g, beta=beta, initial_state=S.clone(), output_final_state=True)
-        return {"fla_over_ours": t / t_ours, "fla_rel_diff": rel_diff(ours, theirs)}
-    except Exception as exc:  # noqa: BLE001 - report, do not abort the table
-        return {"fla_error": f"{type(exc).__name__}: {exc}"[:120]}
+def bench_layer_decode(s: Sizes, device, measure) -> list[dict]:
+    """One decode step of the whole layer (bf16), plainly and replayed from a CUDA graph."""
+    from gdncheck.synthetic import make_weights
+
+    from .layer import Layer
+
+    profile = "bf16" if device.type == "cuda" else "f32"
+    layer = Layer(s.layer, make_weights(s.layer, seed=0), profile=profile, device=device)
+    rows = []
+    for B in s.layer_batches:
+        state = layer.new_state(B)
+        x = torch.randn(B, 1, s.layer.hidden_size, device=device).to(layer.dtype)
+        step = partial(layer.forward, x, state, state.seq_len)  # seq_pos = the state's own seq_len
+        row = {"B": B, "profile": profile, "plain_us": measure(step) * 1e6}
+        if device.type == "cuda":
+            row["graph_us"] = measure(_captured(step).replay) * 1e6
+        else:
+            row["graph"] = "CUDA graphs need a GPU"
+        rows.append(row)
+    return rows
+
+
+def _captured(step):
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        step()  # compile and allocate outside the capture
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step()
+    return graph
 
 
 def bench_prefill(s: Sizes, device, measure, ceil: dict) -> list[dict]:
     rows = []
-    F = flops_per_token_head(s.chunk, s.dk, s.dk)
+    F_design = design_flops_per_token_head(s.chunk, s.dk, s.dk)
+    F_min = flops_per_token_head(s.chunk, s.dk, s.dk)
+    rate = ceil["tf32_TFLOPs"] * 1e12
     for T in s.tokens:
         q, k, v, g, beta = delta_inputs(1, T, s.Hk, s.Hv_prefill, s.dk, device)
         t = measure(partial(delta_rule_chunked, q, k, v, g, beta, None, None, s.chunk))
-        flop = F * T * s.Hv_prefill
-        floor = flop / (ceil["gemm_TFLOPs"] * 1e12)
+        flop = F_design * T * s.Hv_prefill
+        floor, floor_min = flop / rate, F_min * T * s.Hv_prefill / rate
         rows.append({"T": T, "Hv": s.Hv_prefill, "ms": t * 1e3, "Mtok_s": T / t / 1e6, "TFLOPs": flop / t / 1e12,
-                     "floor_ms": floor * 1e3, "x_floor": t / floor})
+                     "floor_ms": floor * 1e3, "x_floor": t / floor, "floor_min_ms": floor_min * 1e3,
+                     "x_floor_min": t / floor_min})
     return rows
+
+
+def fla_heads(q: torch.Tensor, k: torch.Tensor, Hv: int):
+    """q, k [B, T, Hk, d] repeated to Hv heads, value head h reading key head h // (Hv/Hk)."""
+    r = Hv // q.shape[2]
+    return q.repeat_interleave(r, dim=2).contiguous(), k.repeat_interleave(r, dim=2).contiguous()
 
 
 def bench_fla(s: Sizes, device, measure, result: dict, fla) -> None:
@@ -176,57 +237,87 @@ def bench_fla(s: Sizes, device, measure, result: dict, fla) -> None:
         row.update(_fla_prefill(chunk_rule, q, k, v, g, beta, s.chunk, measure, row["ms"] * 1e-3))
 
 
-def _fla_prefill(chunk_rule, q, k, v, g, beta, C, measure, t_ours) -> dict:
+def _fla_decode(fused_recurrent, q, k, v, g, beta, S, measure, t_ours) -> dict:
     try:
-        t = measure(partial(chunk_rule, q=q, k=k, v=v, g=g, beta=beta, output_final_state=True))
-        ours, _ = delta_rule_chunked(q, k, v, g, beta, None, None, C)
-        theirs, _ = chunk_rule(q=q, k=k, v=v, g=g, beta=beta, output_final_state=True)
+        qh, kh = fla_heads(q, k, v.shape[2])
+        h0 = S.clone()
+        t = measure(partial(fused_recurrent, q=qh, k=kh, v=v, g=g, beta=beta, initial_state=h0,
+                            output_final_state=True))
+        ours, _ = delta_rule_recurrent(q, k, v, g, beta, S.clone())
+        theirs, _ = fused_recurrent(q=qh, k=kh, v=v, g=g, beta=beta, initial_state=S.clone(), output_final_state=True)
         return {"fla_over_ours": t / t_ours, "fla_rel_diff": rel_diff(ours, theirs)}
     except Exception as exc:  # noqa: BLE001 - report, do not abort the table
         return {"fla_error": f"{type(exc).__name__}: {exc}"[:120]}
 
 
-def _fla_cells(row: dict) -> str:
+def _fla_prefill(chunk_rule, q, k, v, g, beta, C, measure, t_ours) -> dict:
+    try:
+        qh, kh = fla_heads(q, k, v.shape[2])
+        t = measure(partial(chunk_rule, q=qh, k=kh, v=v, g=g, beta=beta, output_final_state=True))
+        ours, _ = delta_rule_chunked(q, k, v, g, beta, None, None, C)
+        theirs, _ = chunk_rule(q=qh, k=kh, v=v, g=g, beta=beta, output_final_state=True)
+        return {"fla_over_ours": t / t_ours, "fla_rel_diff": rel_diff(ours, theirs)}
+    except Exception as exc:  # noqa: BLE001 - report, do not abort the table
+        return {"fla_error": f"{type(exc).__name__}: {exc}"[:120]}
+
+
+def _fla_cells(row: dict, fla: str) -> list[str]:
     if "fla_over_ours" in row:
-        return f" {row['fla_over_ours']:>9.2f}x {row['fla_rel_diff']:>9.1e}"
+        return [f"{row['fla_over_ours']:.2f}x", f"{row['fla_rel_diff']:.1e}"]
     if "fla_error" in row:
-        return f" {'error':>10}  ({row['fla_error']})"
-    return ""
+        return [f"error: {row['fla_error']}", ""]
+    return [fla, ""]
 
 
-def report(result: dict) -> str:
+def markdown(result: dict) -> str:
+    """The benchmark as Markdown tables (also what the console shows)."""
     c = result["ceilings"]
-    with_fla = any("fla_over_ours" in r or "fla_error" in r for r in result["decode"] + result["prefill"])
-    fla_head = f" {'FLA/ours':>10} {'rel diff':>9}" if with_fla else ""
+    fla = result["fla"]
     lines = [
-        f"gdncheck.gpu_impl.bench on {result['device_name']} ({result['mode']}); torch {result['torch']}, "
-        f"triton {result['triton']}; flash-linear-attention: {result['fla']}",
-        f"ceilings measured now: copy {c['copy_GBps']:.0f} GB/s (read + write), "
-        f"{c['gemm_dtype']} GEMM {c['gemm_TFLOPs']:.1f} TFLOP/s",
+        f"**gdncheck.gpu_impl.bench** on {result['device_name']} ({result['mode']}); torch {result['torch']}, "
+        f"triton {result['triton']}; flash-linear-attention: {fla}",
         "",
-        "decode: fused recurrent kernel, T=1, fp32 state in place, bf16 q/k/v",
-        f"{'Hv':>4} {'B':>5} {'us':>10} {'GB/s':>9} {'% copy':>7}" + fla_head,
+        f"Ceilings measured now: copy {c['copy_GBps']:.0f} GB/s (read + write), tf32 GEMM "
+        f"{c['tf32_TFLOPs']:.1f} TFLOP/s, bf16 GEMM {c['bf16_TFLOPs']:.1f} TFLOP/s"
+        + (" (on the CPU both are fp32 GEMMs)." if result["device_name"].startswith("cpu") else "."),
+        "",
+        "Decode kernel (fused recurrent, T = 1, fp32 state in place, bf16 q/k/v; FLA given q, k repeated to Hv):",
+        "",
+        "| Hv | B | µs | GB/s | % copy | FLA / ours | rel diff |",
+        "|---:|---:|---:|---:|---:|---|---|",
     ]
     for r in result["decode"]:
-        lines.append(f"{r['Hv']:>4} {r['B']:>5} {r['us']:>10.2f} {r['GBps']:>9.1f} {r['pct_copy']:>6.1f}%"
-                     + _fla_cells(r))
-    lines += ["", f"prefill: chunked WY pipeline, B=1, C={result['chunk']}, bf16 inputs (dots: tf32), "
-              "FLOPs by F(C)",
-              f"{'T':>6} {'Hv':>3} {'ms':>9} {'Mtok/s':>8} {'TFLOP/s':>8} {'floor ms':>9} {'x floor':>8}"
-              + fla_head]
+        lines.append(f"| {r['Hv']} | {r['B']} | {r['us']:.2f} | {r['GBps']:.1f} | {r['pct_copy']:.1f} | "
+                     + " | ".join(_fla_cells(r, fla)) + " |")
+    lines += ["", "Decode step of the whole layer (plain: `Layer.forward` with its host launches; graph: "
+              "the same step replayed from a CUDA graph):", "",
+              "| B | profile | plain µs | graph µs |", "|---:|---|---:|---:|"]
+    for r in result["layer_decode"]:
+        graph = f"{r['graph_us']:.1f}" if "graph_us" in r else r.get("graph", "")
+        lines.append(f"| {r['B']} | {r['profile']} | {r['plain_us']:.1f} | {graph} |")
+    p = result["prefill_flops"]
+    lines += ["", f"Prefill (chunked WY pipeline, B = 1, C = {result['chunk']}, bf16 inputs, every dot tf32). "
+              f"Floor = FLOPs / tf32 GEMM rate; FLOPs by F_design = {p['design']:,.0f} per token and value head "
+              f"(what these kernels compute), floor_min by F(C) = {p['minimal']:,.0f} (the minimal count):", "",
+              "| T | Hv | ms | Mtok/s | TFLOP/s | floor ms | × floor | × floor_min | FLA / ours | rel diff |",
+              "|---:|---:|---:|---:|---:|---:|---:|---:|---|---|"]
     for r in result["prefill"]:
-        lines.append(f"{r['T']:>6} {r['Hv']:>3} {r['ms']:>9.3f} {r['Mtok_s']:>8.2f} {r['TFLOPs']:>8.1f} "
-                     f"{r['floor_ms']:>9.4f} {r['x_floor']:>8.1f}" + _fla_cells(r))
+        lines.append(f"| {r['T']} | {r['Hv']} | {r['ms']:.3f} | {r['Mtok_s']:.2f} | {r['TFLOPs']:.1f} | "
+                     f"{r['floor_ms']:.4f} | {r['x_floor']:.1f} | {r['x_floor_min']:.1f} | "
+                     + " | ".join(_fla_cells(r, fla)) + " |")
     return "\n".join(lines)
 
 
-def run(dry_run: bool = False, json_path: str | None = None) -> dict:
+def run(dry_run: bool = False, json_path: str | None = None, markdown_path: str | None = None) -> dict:
     dev = resolve_device("cpu" if dry_run else None)
     if dev.type != "cuda" and not dry_run:
         raise SystemExit("gdncheck.gpu_impl.bench: no CUDA device; use --dry-run for the CPU interpreter")
     s = DRY if dry_run else GPU
     measure = timer(dev, repeat=3)
-    fla = fla_ops() if dev.type == "cuda" else None
+    if dev.type == "cuda":
+        fla, why = fla_ops()
+    else:
+        fla, why = None, "not run on the CPU (dry run)"
     import triton
 
     ceil = ceilings(s, dev, measure)
@@ -234,24 +325,31 @@ def run(dry_run: bool = False, json_path: str | None = None) -> dict:
         "device_name": torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu (Triton interpreter)",
         "mode": "dry run, tiny sizes" if dry_run else "full sizes",
         "torch": torch.__version__, "triton": triton.__version__,
-        "fla": "imported" if fla else "not importable" if dev.type == "cuda" else "not used on the CPU",
+        "fla": "imported" if fla else why,
         "chunk": s.chunk, "ceilings": ceil,
+        "prefill_flops": {"design": design_flops_per_token_head(s.chunk, s.dk, s.dk),
+                          "minimal": flops_per_token_head(s.chunk, s.dk, s.dk), "dot_precision": "tf32"},
         "decode": bench_decode(s, dev, measure, ceil),
+        "layer_decode": bench_layer_decode(s, dev, measure),
         "prefill": bench_prefill(s, dev, measure, ceil),
     }
-    _emit(result, json_path)
+    _emit(result, json_path, markdown_path)
     if fla is not None:
         print("\nflash-linear-attention on the same inputs (its first calls autotune) ...", flush=True)
         bench_fla(s, dev, measure, result, fla)
-        _emit(result, json_path)
+        _emit(result, json_path, markdown_path)
     return result
 
 
-def _emit(result: dict, json_path: str | None) -> None:
-    print(report(result), flush=True)
+def _emit(result: dict, json_path: str | None, markdown_path: str | None) -> None:
+    text = markdown(result)
+    print(text, flush=True)
     if json_path:
         with open(json_path, "w") as f:
             json.dump(result, f, indent=1)
+    if markdown_path:
+        with open(markdown_path, "w") as f:
+            f.write(text + "\n")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -259,8 +357,9 @@ def main(argv: list[str] | None = None) -> int:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--dry-run", action="store_true", help="CPU interpreter, tiny sizes (checks the code path)")
     p.add_argument("--json", metavar="PATH", help="also write the results as JSON")
+    p.add_argument("--markdown", metavar="PATH", help="also write the tables as Markdown")
     args = p.parse_args(argv)
-    run(dry_run=args.dry_run, json_path=args.json)
+    run(dry_run=args.dry_run, json_path=args.json, markdown_path=args.markdown)
     return 0
 
 

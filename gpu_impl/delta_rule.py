@@ -10,24 +10,25 @@ import torch
 import triton
 import triton.language as tl
 
-from .target import empty, interpreting, kernel, next_pow2, num_sms
+from .target import empty, interpreting, kernel, next_pow2, num_sms, reset_flags
 
 
 @kernel
 def delta_rule_recurrent_kernel(
-    p_q, p_k, p_v, p_g, p_beta, p_h0, p_ht, p_o, T, Hv, r, scale,
+    p_q, p_k, p_v, p_g, p_beta, p_h0, p_ht, p_o, p_reset, T, Hv, r, scale,
     sq_b, sq_t, sq_h, sv_b, sv_t, sv_h, DK, DV,
-    BK: tl.constexpr, BV: tl.constexpr, HAS_H0: tl.constexpr, INPLACE: tl.constexpr,
+    BK: tl.constexpr, BV: tl.constexpr, HAS_H0: tl.constexpr, INPLACE: tl.constexpr, HAS_RESET: tl.constexpr,
 ):
     """The gated delta rule token by token — the formula: reference/delta_rule.py.
 
     q, k: [B, T, Hk, dk] (strides sq_*; unit stride on dk; value head h reads key head h // r);
     v: [B, T, Hv, dv] (strides sv_*); g, beta: [B, T, Hv] fp32 contiguous; h0, ht: [B, Hv, dk, dv]
-    fp32 contiguous (ht may be h0: INPLACE); o (core): [B, T, Hv, dv] contiguous.
-    Grid: (cdiv(dv, BV), B·Hv). Each program keeps its [BK, BV] slice of the state in fp32
-    registers and loops over the T tokens.
+    fp32 contiguous (ht may be h0: INPLACE); o (core): [B, T, Hv, dv] contiguous; HAS_RESET:
+    rows b with reset[b] nonzero start from zeros instead of h0.
+    Grid: (B·Hv, cdiv(dv, BV)): the batch on the x axis, which has no 65535 limit. Each program
+    keeps its [BK, BV] slice of the state in fp32 registers and loops over the T tokens.
     """
-    i_v, i_bh = tl.program_id(0), tl.program_id(1)
+    i_bh, i_v = tl.program_id(0), tl.program_id(1)
     i_b = i_bh // Hv
     i_h = i_bh % Hv
     i_hk = i_h // r
@@ -37,10 +38,7 @@ def delta_rule_recurrent_kernel(
     m_v = o_v < DV
     m_h = m_k[:, None] & m_v[None, :]
     o_h = i_bh.to(tl.int64) * DK * DV + o_k[:, None] * DV + o_v[None, :]
-    if HAS_H0:
-        b_h = tl.load(p_h0 + o_h, mask=m_h, other=0.0).to(tl.float32)
-    else:
-        b_h = tl.zeros([BK, BV], dtype=tl.float32)
+    b_h = load_state(p_h0, o_h, m_h, p_reset, i_b, BK, BV, HAS_H0, HAS_RESET)
     # pointers of token 0, advanced by one token per step
     p_qt = p_q + i_b.to(tl.int64) * sq_b + i_hk * sq_h + o_k
     p_kt = p_k + i_b.to(tl.int64) * sq_b + i_hk * sq_h + o_k
@@ -68,6 +66,24 @@ def delta_rule_recurrent_kernel(
     if INPLACE:
         tl.debug_barrier()  # every thread of this program has read its slice of h0
     tl.store(p_ht + o_h, b_h, mask=m_h)
+
+
+@triton.jit
+def load_state(p_h0, o_h, m_h, p_reset, i_b, BK: tl.constexpr, BV: tl.constexpr, HAS_H0: tl.constexpr,
+               HAS_RESET: tl.constexpr):
+    """A [BK, BV] slice of the initial state in fp32: zeros without one, or where row i_b is reset."""
+    if HAS_H0:
+        b_h = tl.load(p_h0 + o_h, mask=m_h, other=0.0).to(tl.float32)
+        if HAS_RESET:  # a select, not a product: a reset row's NaN or inf must not survive
+            b_h = tl.where(tl.load(p_reset + i_b) == 0, b_h, 0.0)
+    else:
+        b_h = tl.zeros([BK, BV], dtype=tl.float32)
+    return b_h
+
+
+def head_strides(t: torch.Tensor, prefix: str) -> dict[str, int]:
+    """Strides of a [B, T, H, d] tensor as the kernels name them: {prefix_b, prefix_t, prefix_h}."""
+    return {f"{prefix}_b": t.stride(0), f"{prefix}_t": t.stride(1), f"{prefix}_h": t.stride(2)}
 
 
 def check_delta_inputs(q, k, v, g, beta, initial_state):
@@ -121,6 +137,7 @@ def delta_rule_recurrent(
     *,
     out_state: torch.Tensor | None = None,
     block_v: int | None = None,
+    reset: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The gated delta rule, one token at a time (reference/delta_rule.py).
 
@@ -128,7 +145,8 @@ def delta_rule_recurrent(
     initial_state: [B, Hv, dk, dv] or None (zeros); scale defaults to dk^-0.5. Returns core
     [B, T, Hv, dv] in v's dtype and the final state [B, Hv, dk, dv] fp32. ``out_state`` receives
     the final state (it may be ``initial_state`` itself: an in-place update); ``block_v`` overrides
-    the dv block (benchmarks).
+    the dv block (benchmarks); ``reset`` [B] bool: rows that start from zeros instead of
+    ``initial_state`` (the layer's seq_pos rule, read by the kernel, so no pass rewrites the state).
     """
     B, T, Hk, Hv, dk, dv = check_delta_inputs(q, k, v, g, beta, initial_state)
     scale = dk ** -0.5 if scale is None else float(scale)
@@ -137,10 +155,10 @@ def delta_rule_recurrent(
     BK = next_pow2(dk)
     BV = block_v or recurrent_block_v(v, B, Hv, dv)
     g, beta = g.to(torch.float32).contiguous(), beta.to(torch.float32).contiguous()
-    grid = (triton.cdiv(dv, BV), B * Hv)
-    delta_rule_recurrent_kernel[grid](
-        q, k, v, g, beta, h0 if h0 is not None else ht, ht, core, T, Hv, Hv // Hk, scale,
-        q.stride(0), q.stride(1), q.stride(2), v.stride(0), v.stride(1), v.stride(2), dk, dv,
-        BK=BK, BV=BV, HAS_H0=h0 is not None, INPLACE=inplace, num_warps=max(1, min(8, BK * BV // 1024)),
+    delta_rule_recurrent_kernel[(B * Hv, triton.cdiv(dv, BV))](
+        p_q=q, p_k=k, p_v=v, p_g=g, p_beta=beta, p_h0=h0 if h0 is not None else ht, p_ht=ht, p_o=core,
+        p_reset=ht if reset is None else reset_flags(reset), T=T, Hv=Hv, r=Hv // Hk, scale=scale,
+        **head_strides(q, "sq"), **head_strides(v, "sv"), DK=dk, DV=dv, BK=BK, BV=BV, HAS_H0=h0 is not None,
+        INPLACE=inplace, HAS_RESET=reset is not None, num_warps=max(1, min(8, BK * BV // 1024)),
     )
     return core, ht

@@ -4,14 +4,14 @@
 
 Two kernels:
 
-1. :func:`chunk_wu_kernel`, one program per (chunk, sequence × value head), all in parallel:
+1. :func:`chunk_wu_kernel`, one program per (sequence × value head, chunk), all in parallel:
    the chunk-local cumulative log-decay γ and the gap sums D[t, s] = Σ_{s<u≤t} g_u (formed as
    the reference forms them, never as differences of large γ), the masked system
    A = tril₋₁(β ⊙ K Kᵀ ⊙ e^D), its triangular solve X = (I + A)⁻¹, then W = X (β e^γ ⊙ K),
    U = X (β ⊙ V), and the masked, decayed Q Kᵀ ⊙ e^D that the output needs. Above the diagonal
    the gap sums are 0 by construction, so no positive log-decay gap reaches ``exp``; the mask is
    applied after it too.
-2. :func:`chunk_state_kernel`, one program per (dv block, sequence × value head), a loop over the
+2. :func:`chunk_state_kernel`, one program per (sequence × value head, dv block), a loop over the
    chunks: V' = U − W S, core = scale · (e^γ ⊙ Q S + (Q Kᵀ ⊙ e^D) V'), then
    S ← e^{γ_last} S + (e^{Σ_{u>t} g_u} ⊙ K)ᵀ V'. The state stays in fp32 registers; the
    per-chunk states are never written to memory.
@@ -24,8 +24,11 @@ two C × C × C products each on tensor cores, 5.2 MFLOP per chunk at C = 64 (th
 chunk is F(C)·C = 11.6 MFLOP at dk = dv = 128). Each level is exact block inversion, not a power
 series, so nothing cancels when keys are correlated.
 
-Intermediates (γ, the tail sums, W, U, Q Kᵀ ⊙ e^D) are fp32, sized by T (no padding). The last
-chunk's missing tokens load as zeros (k = v = β = g = 0), which changes neither S nor the outputs.
+Intermediates (γ, the tail sums, W, U, Q Kᵀ ⊙ e^D) are fp32, sized by T (no padding):
+:func:`temp_bytes_per_token` per token of a row, 1288 B at dk = dv = 128, C = 64. The rows are
+processed in slices whose intermediates fit :data:`TEMP_BUDGET` (both kernels per slice, the
+buffers reused). The last chunk's missing tokens load as zeros (k = v = β = g = 0), which changes
+neither S nor the outputs.
 """
 
 from __future__ import annotations
@@ -34,27 +37,31 @@ import torch
 import triton
 import triton.language as tl
 
-from .delta_rule import check_delta_inputs, prepare_state
-from .target import dot_precision, empty, interpreting, kernel, next_pow2, num_sms
+from .delta_rule import check_delta_inputs, head_strides, load_state, prepare_state
+from .target import dot_precision, empty, interpreting, kernel, next_pow2, num_sms, reset_flags
 
 CHUNK_SIZES = (16, 32, 64)
 
 
 @kernel
 def chunk_wu_kernel(
-    p_q, p_k, p_v, p_g, p_beta, p_gc, p_gt, p_w, p_u, p_aqk, T, Hv, r,
+    p_q, p_k, p_v, p_g, p_beta, p_gc, p_gt, p_w, p_u, p_aqk, T, NT, Hv, r, BH0,
     sq_b, sq_t, sq_h, sv_b, sv_t, sv_h, DK, DV,
     BT: tl.constexpr, LOG2_BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, PREC: tl.constexpr,
 ):
     """Per chunk: γ, the UT transform (I + A)⁻¹, W, U and Q Kᵀ ⊙ e^D — reference/delta_rule_chunked.py.
 
     q, k: [B, T, Hk, dk]; v: [B, T, Hv, dv] (strided, unit stride on the head dim); g, beta:
-    [B, T, Hv] fp32. Out, fp32 contiguous: gc (γ_t = Σ_{u≤t} g_u) and gt (Σ_{u>t} g_u) [B, Hv, T];
-    w [B, Hv, T, dk]; u [B, Hv, T, dv]; aqk [B, Hv, T, BT] (row t holds its chunk's columns).
-    Grid: (cdiv(T, BT), B·Hv).
+    [B, T, Hv] fp32. Rows (sequence, value head) BH0, BH0 + 1, ... of this launch; out, fp32
+    contiguous, indexed by the row within the launch (n): gc (γ_t = Σ_{u≤t} g_u) and gt
+    (Σ_{u>t} g_u) [n, T]; w [n, T, dk]; u [n, T, dv]; aqk [n, T, BT] (row t holds its chunk's
+    columns). Grid: (n · NT,), NT = cdiv(T, BT), chunks of one row adjacent.
     BK = next_pow2(dk), BV = next_pow2(dv), both ≥ 16 (tl.dot).
     """
-    i_n, i_bh = tl.program_id(0), tl.program_id(1)
+    i_p = tl.program_id(0)
+    i_row = i_p // NT
+    i_n = i_p % NT
+    i_bh = BH0 + i_row
     i_b = i_bh // Hv
     i_h = i_bh % Hv
     i_hk = i_h // r
@@ -65,14 +72,11 @@ def chunk_wu_kernel(
     o_v = tl.arange(0, BV)
     m_tk = m_t[:, None] & (o_k < DK)[None, :]
     m_tv = m_t[:, None] & (o_v < DV)[None, :]
+    o_row = i_row.to(tl.int64) * T  # this row's first token in the temporaries
 
     b_g = tl.load(p_g + (i_b.to(tl.int64) * T + o_t) * Hv + i_h, mask=m_t, other=0.0)
     b_beta = tl.load(p_beta + (i_b.to(tl.int64) * T + o_t) * Hv + i_h, mask=m_t, other=0.0)
     b_gc = tl.cumsum(b_g, axis=0)
-    o_qk = i_b.to(tl.int64) * sq_b + o_t[:, None].to(tl.int64) * sq_t + i_hk * sq_h + o_k[None, :]
-    b_k = tl.load(p_k + o_qk, mask=m_tk, other=0.0).to(tl.float32)
-    b_q = tl.load(p_q + o_qk, mask=m_tk, other=0.0).to(tl.float32)
-
     m_lower = o_i[:, None] >= o_i[None, :]
     m_strict = o_i[:, None] > o_i[None, :]
     # log-decay between tokens D[t, s] = Σ_{s<u≤t} g_u, summed over the gap rather than taken as
@@ -82,10 +86,16 @@ def chunk_wu_kernel(
     b_E = tl.where(m_lower, tl.exp(b_D), 0.0)
     # Σ_{u>t} g_u over the chunk: the last row of D (missing tokens have g = 0)
     b_tail = tl.sum(tl.where(o_i[:, None] == BT - 1, b_D, 0.0), axis=0)
-    b_kk = tl.dot(b_k, tl.trans(b_k), input_precision=PREC)
-    b_A = tl.where(m_strict, b_beta[:, None] * b_kk * b_E, 0.0)
-    b_qk = tl.dot(b_q, tl.trans(b_k), input_precision=PREC)
-    b_aqk = tl.where(m_lower, b_qk * b_E, 0.0)
+    tl.store(p_gc + o_row + o_t, b_gc, mask=m_t)
+    tl.store(p_gt + o_row + o_t, b_tail, mask=m_t)
+
+    o_qk = i_b.to(tl.int64) * sq_b + o_t[:, None].to(tl.int64) * sq_t + i_hk * sq_h + o_k[None, :]
+    b_k = tl.load(p_k + o_qk, mask=m_tk, other=0.0).to(tl.float32)
+    # Q Kᵀ ⊙ e^D first and stored at once: q is not needed again (fewer live registers)
+    b_q = tl.load(p_q + o_qk, mask=m_tk, other=0.0).to(tl.float32)
+    b_aqk = tl.where(m_lower, tl.dot(b_q, tl.trans(b_k), input_precision=PREC) * b_E, 0.0)
+    tl.store(p_aqk + (o_row + o_t[:, None]) * BT + o_i[None, :], b_aqk, mask=m_t[:, None])
+    b_A = tl.where(m_strict, b_beta[:, None] * tl.dot(b_k, tl.trans(b_k), input_precision=PREC) * b_E, 0.0)
 
     # (I + A)^-1 by block recursion: X <- X - X (A ⊙ M_s) X for s = 1, 2, ..., BT/2. Level s = 1
     # starts from X = I and gives I - A ⊙ M_1 (inverse of [[1, 0], [a, 1]]): no product needed
@@ -98,33 +108,32 @@ def chunk_wu_kernel(
         b_XA = tl.dot(b_X, tl.where(m_s, b_A, 0.0), input_precision=PREC)
         b_X = b_X - tl.dot(b_XA, b_X, input_precision=PREC)
 
-    o_bh = i_bh.to(tl.int64) * T
-    tl.store(p_gc + o_bh + o_t, b_gc, mask=m_t)
-    tl.store(p_gt + o_bh + o_t, b_tail, mask=m_t)
     b_kb = b_k * (b_beta * tl.exp(b_gc))[:, None]
     b_w = tl.dot(b_X, b_kb, input_precision=PREC)
-    tl.store(p_w + (o_bh + o_t[:, None]) * DK + o_k[None, :], b_w, mask=m_tk)
+    tl.store(p_w + (o_row + o_t[:, None]) * DK + o_k[None, :], b_w, mask=m_tk)
     o_v_in = i_b.to(tl.int64) * sv_b + o_t[:, None].to(tl.int64) * sv_t + i_h * sv_h + o_v[None, :]
     b_v = tl.load(p_v + o_v_in, mask=m_tv, other=0.0).to(tl.float32)
     b_u = tl.dot(b_X, b_v * b_beta[:, None], input_precision=PREC)
-    tl.store(p_u + (o_bh + o_t[:, None]) * DV + o_v[None, :], b_u, mask=m_tv)
-    tl.store(p_aqk + (o_bh + o_t[:, None]) * BT + o_i[None, :], b_aqk, mask=m_t[:, None])
+    tl.store(p_u + (o_row + o_t[:, None]) * DV + o_v[None, :], b_u, mask=m_tv)
 
 
 @kernel
 def chunk_state_kernel(
-    p_q, p_k, p_gc, p_gt, p_w, p_u, p_aqk, p_h0, p_ht, p_o, T, Hv, r, scale,
+    p_q, p_k, p_gc, p_gt, p_w, p_u, p_aqk, p_h0, p_ht, p_o, p_reset, T, Hv, r, BH0, scale,
     sq_b, sq_t, sq_h, DK, DV,
     BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, PREC: tl.constexpr,
-    HAS_H0: tl.constexpr, INPLACE: tl.constexpr,
+    HAS_H0: tl.constexpr, INPLACE: tl.constexpr, HAS_RESET: tl.constexpr,
 ):
     """The chunk-state recurrence and the output — reference/delta_rule_chunked.py.
 
-    Inputs as written by :func:`chunk_wu_kernel`; h0, ht: [B, Hv, dk, dv] fp32 contiguous (ht may
-    be h0: INPLACE); o (core): [B, T, Hv, dv] contiguous. Grid: (cdiv(dv, BV), B·Hv); each program
-    carries a [BK, BV] slice of the state through the cdiv(T, BT) chunks.
+    Inputs as written by :func:`chunk_wu_kernel` for rows BH0, BH0 + 1, ...; h0, ht: [B, Hv, dk,
+    dv] fp32 contiguous (ht may be h0: INPLACE); o (core): [B, T, Hv, dv] contiguous; HAS_RESET:
+    rows b with reset[b] nonzero start from zeros. Grid:
+    (n, cdiv(dv, BV)) for the launch's n rows; each program carries a [BK, BV] slice of the state
+    through the cdiv(T, BT) chunks.
     """
-    i_v, i_bh = tl.program_id(0), tl.program_id(1)
+    i_row, i_v = tl.program_id(0), tl.program_id(1)
+    i_bh = BH0 + i_row
     i_b = i_bh // Hv
     i_h = i_bh % Hv
     i_hk = i_h // r
@@ -135,12 +144,9 @@ def chunk_state_kernel(
     m_v = o_v < DV
     m_h = m_k[:, None] & m_v[None, :]
     o_h = i_bh.to(tl.int64) * DK * DV + o_k[:, None] * DV + o_v[None, :]
-    if HAS_H0:
-        b_h = tl.load(p_h0 + o_h, mask=m_h, other=0.0).to(tl.float32)
-    else:
-        b_h = tl.zeros([BK, BV], dtype=tl.float32)
+    b_h = load_state(p_h0, o_h, m_h, p_reset, i_b, BK, BV, HAS_H0, HAS_RESET)
 
-    o_bh = i_bh.to(tl.int64) * T
+    o_row = i_row.to(tl.int64) * T
     p_qk = p_q + i_b.to(tl.int64) * sq_b + i_hk * sq_h + o_k[None, :]
     p_kk = p_k + i_b.to(tl.int64) * sq_b + i_hk * sq_h + o_k[None, :]
     p_o = p_o + (i_b.to(tl.int64) * T * Hv + i_h) * DV + o_v[None, :]
@@ -149,35 +155,70 @@ def chunk_state_kernel(
         m_t = o_t < T
         m_tk = m_t[:, None] & m_k[None, :]
         m_tv = m_t[:, None] & m_v[None, :]
-        b_gc = tl.load(p_gc + o_bh + o_t, mask=m_t, other=0.0)
-        b_glast = tl.load(p_gc + o_bh + tl.minimum(i_n * BT + BT, T) - 1)
-        b_w = tl.load(p_w + (o_bh + o_t[:, None]) * DK + o_k[None, :], mask=m_tk, other=0.0)
-        b_u = tl.load(p_u + (o_bh + o_t[:, None]) * DV + o_v[None, :], mask=m_tv, other=0.0)
+        b_gc = tl.load(p_gc + o_row + o_t, mask=m_t, other=0.0)
+        b_glast = tl.load(p_gc + o_row + tl.minimum(i_n * BT + BT, T) - 1)
+        b_w = tl.load(p_w + (o_row + o_t[:, None]) * DK + o_k[None, :], mask=m_tk, other=0.0)
+        b_u = tl.load(p_u + (o_row + o_t[:, None]) * DV + o_v[None, :], mask=m_tv, other=0.0)
         b_vn = b_u - tl.dot(b_w, b_h, input_precision=PREC)
         o_tq = o_t[:, None].to(tl.int64) * sq_t
         b_q = tl.load(p_qk + o_tq, mask=m_tk, other=0.0).to(tl.float32)
-        b_k = tl.load(p_kk + o_tq, mask=m_tk, other=0.0).to(tl.float32)
-        b_aqk = tl.load(p_aqk + (o_bh + o_t[:, None]) * BT + o_i[None, :], mask=m_t[:, None], other=0.0)
+        b_aqk = tl.load(p_aqk + (o_row + o_t[:, None]) * BT + o_i[None, :], mask=m_t[:, None], other=0.0)
         b_o = tl.dot(b_q * tl.exp(b_gc)[:, None], b_h, input_precision=PREC)
         b_o += tl.dot(b_aqk, b_vn, input_precision=PREC)
         tl.store(p_o + o_t[:, None].to(tl.int64) * Hv * DV, (b_o * scale).to(p_o.dtype.element_ty), mask=m_tv)
-        b_kd = b_k * tl.exp(tl.load(p_gt + o_bh + o_t, mask=m_t, other=0.0))[:, None]
+        b_k = tl.load(p_kk + o_tq, mask=m_tk, other=0.0).to(tl.float32)
+        b_kd = b_k * tl.exp(tl.load(p_gt + o_row + o_t, mask=m_t, other=0.0))[:, None]
         b_h = b_h * tl.exp(b_glast) + tl.dot(tl.trans(b_kd), b_vn, input_precision=PREC)
     if INPLACE:
         tl.debug_barrier()  # every thread of this program has read its slice of h0
     tl.store(p_ht + o_h, b_h, mask=m_h)
 
 
+#: Upper bound (bytes) on the fp32 temporaries of one pass of the pipeline. Rows (sequence, value
+#: head) are processed in slices that fit it, so B = 64, Hv = 32, T = 32K needs 2 GiB here instead
+#: of 86 GB (docs/gpu.md, "Memory").
+TEMP_BUDGET = 2 << 30
+
+
+def temp_bytes_per_token(dk: int, dv: int, chunk: int) -> int:
+    """fp32 temporaries per token of one row: γ and the tail sums (2), W (dk), U (dv), Q Kᵀ ⊙ e^D (chunk)."""
+    return 4 * (2 + dk + dv + chunk)
+
+
+def slice_rows(rows: int, per_row: int, budget: int, wave_rows: int) -> int:
+    """Rows per slice: all of them if they fit ``budget``; else as many whole waves of the state
+    kernel (``wave_rows`` rows each) as fit, at least one row."""
+    n = max(1, budget // max(per_row, 1))
+    if n >= rows:
+        return rows
+    return n - n % wave_rows if n >= wave_rows else n
+
+
+#: Launch options of the state kernel on a GPU: 4 warps, no software pipelining. The compile table
+#: (docs/gpu.md) shows why: at dk = 128, C = 64 and bf16 it takes 255 registers at any BV and any
+#: warp count, so 4 warps (128 threads) let two blocks share an SM; two pipeline stages would need
+#: 152-176 KB of shared memory and leave one block per SM, one stage 42-72 KB.
+STATE_WARPS, STATE_STAGES, STATE_CTAS_PER_SM = 4, 1, 2
+
+
 def state_block_v(v: torch.Tensor, B: int, Hv: int, dv: int) -> int:
-    """dv columns per program of the state kernel: all under the interpreter; on a GPU 32, or 16
-    when that is needed for one program per SM (the serial chunk loop is the critical path)."""
-    BV = next_pow2(dv, 16)
+    """dv columns per program of the state kernel: all of them under the interpreter. On a GPU the
+    time is about (waves of the grid) × (one program's chunk loop), so BV ∈ {16, 32, 64} with
+    the fewest waves on the SMs' 2 blocks each (:data:`STATE_CTAS_PER_SM`); among equal waves the
+    smallest BV (a shorter loop body). A program's cost grows far less than its BV (the q, k,
+    W and Q Kᵀ loads of a chunk do not depend on it), so fewer waves win: B = 1, Hv = 32 takes
+    BV = 16 (256 programs, one wave on 132 SMs), B = 64 takes BV = 64 (a quarter of the
+    redundant q, k, W reads of BV = 16)."""
     if interpreting(v):
-        return BV
-    BV = min(BV, 32)
-    if BV > 16 and B * Hv * triton.cdiv(dv, BV) < num_sms(v):
-        BV = 16
-    return BV
+        return next_pow2(dv, 16)
+    return gpu_block_v(B, Hv, dv, num_sms(v))
+
+
+def gpu_block_v(B: int, Hv: int, dv: int, sms: int) -> int:
+    """:func:`state_block_v` on a GPU of ``sms`` SMs."""
+    slots = sms * STATE_CTAS_PER_SM
+    options = [bv for bv in (16, 32, 64) if bv <= next_pow2(dv, 16)] or [next_pow2(dv, 16)]
+    return min(options, key=lambda bv: (triton.cdiv(B * Hv * triton.cdiv(dv, bv), slots), bv))
 
 
 def delta_rule_chunked(
@@ -193,13 +234,16 @@ def delta_rule_chunked(
     out_state: torch.Tensor | None = None,
     precision: str | None = None,
     block_v: int | None = None,
+    temp_budget: int | None = None,
+    reset: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The gated delta rule in chunked form (reference/delta_rule_chunked.py).
 
     Same arguments, shapes and results as :func:`.delta_rule.delta_rule_recurrent`, plus
     ``chunk_size`` (16, 32 or 64). ``precision`` overrides ``tl.dot``'s input precision (default
     from the activation dtype, :func:`.target.dot_precision`); ``block_v`` the state kernel's
-    dv block (benchmarks).
+    dv block (benchmarks); ``temp_budget`` the bytes of fp32 temporaries of one slice of rows
+    (default :data:`TEMP_BUDGET`); ``reset`` as for the recurrent form.
     """
     if chunk_size not in CHUNK_SIZES:
         raise ValueError(f"delta_rule_chunked: chunk_size must be one of {CHUNK_SIZES}, found {chunk_size}")
@@ -210,23 +254,29 @@ def delta_rule_chunked(
     dev = v.device
     BT = chunk_size
     BK, BV = next_pow2(dk, 16), next_pow2(dv, 16)
-    g, beta = g.to(torch.float32).contiguous(), beta.to(torch.float32).contiguous()
-    gc = empty((B, Hv, T), torch.float32, dev)
-    gt = empty((B, Hv, T), torch.float32, dev)
-    w = empty((B, Hv, T, dk), torch.float32, dev)
-    u = empty((B, Hv, T, dv), torch.float32, dev)
-    aqk = empty((B, Hv, T, BT), torch.float32, dev)
-    core = empty((B, T, Hv, dv), v.dtype, dev)
-    strides = (q.stride(0), q.stride(1), q.stride(2))
-    big = BT * max(BK, BV) >= 4096
-    chunk_wu_kernel[(triton.cdiv(T, BT), B * Hv)](
-        q, k, v, g, beta, gc, gt, w, u, aqk, T, Hv, Hv // Hk, *strides, v.stride(0), v.stride(1), v.stride(2),
-        dk, dv, BT=BT, LOG2_BT=BT.bit_length() - 1, BK=BK, BV=BV, PREC=prec, num_warps=8 if big else 4,
-    )
     BVS = block_v or state_block_v(v, B, Hv, dv)
-    chunk_state_kernel[(triton.cdiv(dv, BVS), B * Hv)](
-        q, k, gc, gt, w, u, aqk, h0 if h0 is not None else ht, ht, core, T, Hv, Hv // Hk, scale, *strides, dk, dv,
-        BT=BT, BK=BK, BV=BVS, PREC=prec, HAS_H0=h0 is not None, INPLACE=inplace,
-        num_warps=4 if BK * BVS <= 4096 else 8, num_stages=2,
-    )
+    NT, NV = triton.cdiv(T, BT), triton.cdiv(dv, BVS)
+    g, beta = g.to(torch.float32).contiguous(), beta.to(torch.float32).contiguous()
+    core = empty((B, T, Hv, dv), v.dtype, dev)
+    rows = B * Hv
+    n = slice_rows(rows, T * temp_bytes_per_token(dk, dv, BT), TEMP_BUDGET if temp_budget is None else temp_budget,
+                   max(1, num_sms(v) * STATE_CTAS_PER_SM // NV))
+    gc, gt = empty((n, T), torch.float32, dev), empty((n, T), torch.float32, dev)
+    w, u = empty((n, T, dk), torch.float32, dev), empty((n, T, dv), torch.float32, dev)
+    aqk = empty((n, T, BT), torch.float32, dev)
+    shared = dict(p_q=q, p_k=k, p_gc=gc, p_gt=gt, p_w=w, p_u=u, p_aqk=aqk, T=T, Hv=Hv, r=Hv // Hk,
+                  **head_strides(q, "sq"), DK=dk, DV=dv, BT=BT, PREC=prec)
+    big = BT * max(BK, BV) >= 4096
+    for bh0 in range(0, rows, n):
+        m = min(n, rows - bh0)
+        chunk_wu_kernel[(m * NT,)](
+            **shared, p_v=v, p_g=g, p_beta=beta, NT=NT, BH0=bh0, **head_strides(v, "sv"),
+            LOG2_BT=BT.bit_length() - 1, BK=BK, BV=BV, num_warps=8 if big else 4,
+        )
+        chunk_state_kernel[(m, NV)](
+            **shared, p_h0=h0 if h0 is not None else ht, p_ht=ht, p_o=core,
+            p_reset=ht if reset is None else reset_flags(reset),
+            BH0=bh0, scale=scale, BK=BK, BV=BVS, HAS_H0=h0 is not None, INPLACE=inplace, HAS_RESET=reset is not None,
+            num_warps=STATE_WARPS, num_stages=STATE_STAGES,
+        )
     return core, ht

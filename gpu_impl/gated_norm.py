@@ -56,7 +56,7 @@ def gated_norm(core: torch.Tensor, z: torch.Tensor, weight: torch.Tensor, eps: f
     BD = next_pow2(dv)
     BR = min(next_pow2(R), max(1, 16384 // BD)) if interpreting(core) else max(1, min(16, 2048 // BD))
     gated_norm_kernel[(triton.cdiv(R, BR),)](
-        x, z3, w, out, R, Hv, dv, z3.stride(0), z3.stride(1), float(eps), BR=BR, BD=BD, PER_HEAD=per_head,
-        num_warps=4,
+        p_x=x, p_z=z3, p_w=w, p_out=out, n_rows=R, Hv=Hv, DV=dv, stride_zt=z3.stride(0), stride_zh=z3.stride(1),
+        eps=float(eps), BR=BR, BD=BD, PER_HEAD=per_head, num_warps=4,
     )
     return out

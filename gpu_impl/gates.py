@@ -58,7 +58,7 @@ def gates(
     BH = next_pow2(H)
     BR = min(next_pow2(R), max(1, 16384 // BH)) if interpreting(a) else max(1, min(64, 4096 // BH))
     gates_kernel[(triton.cdiv(R, BR),)](
-        a2, b2, A_log.to(torch.float32), dt_bias.to(torch.float32), g, beta, R, H, a2.stride(0), b2.stride(0),
-        BR=BR, BH=BH, num_warps=4,
+        p_a=a2, p_b=b2, p_alog=A_log.to(torch.float32), p_dt=dt_bias.to(torch.float32), p_g=g, p_beta=beta,
+        n_rows=R, H=H, stride_a=a2.stride(0), stride_b=b2.stride(0), BR=BR, BH=BH, num_warps=4,
     )
     return g, beta

@@ -51,8 +51,8 @@ def rms_norm_one_plus(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torc
     BD = next_pow2(D)
     BR = rows_per_program(x, R, BD)
     rms_norm_kernel[(triton.cdiv(R, BR),)](
-        x2, weight.to(torch.float32), out, R, D, x2.stride(0), float(eps), BR=BR, BD=BD,
-        num_warps=4 if BD * BR <= 4096 else 8,
+        p_x=x2, p_w=weight.to(torch.float32), p_out=out, n_rows=R, D=D, stride_x=x2.stride(0), eps=float(eps),
+        BR=BR, BD=BD, num_warps=4 if BD * BR <= 4096 else 8,
     )
     return out
 

@@ -11,6 +11,17 @@ math inside every kernel:
 
 ``capture=True`` runs the same kernels; the fused conv kernel additionally stores its pre-norm
 output ``qkv_conv``, and every stage tensor of :data:`gdncheck.stages.STAGE_TENSORS` is returned.
+Without it each activation is released as soon as the next stage has read it (the peak is in
+docs/gpu.md, "Memory").
+
+No host synchronisation: the seq_pos rule runs on the device. ``reset = seq_len != seq_pos`` is
+one small kernel; the conv and delta-rule kernels read a reset row's state as zeros (so no pass
+rewrites the state, which is read and written once per call, as in decode it must be); seq_len is
+then set on the device. An int seq_pos, or one per sequence all equal, costs no copy at all; other
+host positions one copy from pinned memory; a seq_pos tensor on the device none (it is taken as
+given: reading its values would synchronise). The warning is reported asynchronously
+(:meth:`.state.State.queue_mismatch_report`). Only ``strict=True`` reads the state's seq_len on
+the host: it must raise before anything changes. So decode can be captured in a CUDA graph.
 """
 
 from __future__ import annotations
@@ -21,10 +32,11 @@ from collections.abc import Mapping
 import numpy as np
 import torch
 
-from gdncheck.calls import check_seq_pos, check_x, rows_to_reset
+from gdncheck.calls import check_seq_pos, check_state, check_x, rows_to_reset
 from gdncheck.config import GDNConfig
-from gdncheck.errors import InputError
-from gdncheck.weights import validate_weights
+from gdncheck.errors import InputError, InputShapeError
+from gdncheck.stages import STAGE_TENSORS
+from gdncheck.weights import expected_shapes, validate_weights
 
 from .conv1d import conv1d_qk_norm
 from .delta_rule import delta_rule_recurrent
@@ -46,6 +58,9 @@ DELTA_RULE_FORMS = ("auto", "recurrent", "chunked")
 
 #: ``delta_rule="auto"`` runs the fused recurrent kernel up to this many tokens, else the chunked one.
 RECURRENT_MAX_TOKENS = 16
+
+#: The order of the trace's stage tensors (gdncheck.stages).
+STAGE_ORDER = tuple(t.name for t in STAGE_TENSORS)
 
 #: 1-D parameters kept in fp32 (Qwen3.5 stores A_log and the gated-norm weight as F32); every
 #: matrix and the conv weight are held in the profile dtype.
@@ -78,6 +93,33 @@ class Layer:
     ):
         if layer_index is None:
             layer_index = getattr(weights, "layer", None)
+        self._configure(cfg, layer_index, profile, strict, delta_rule, chunk_size)
+        self.norm_mode = validate_weights(cfg, weights, layer=layer_index)
+        self.device = resolve_device(device)
+
+        def param(name: str) -> torch.Tensor:
+            dtype = torch.float32 if name in FP32_PARAMS else self.dtype
+            return torch.tensor(np.asarray(weights[name], dtype=np.float64), dtype=dtype, device=self.device)
+
+        self._adopt({name: param(name) for name in weights})
+
+    @classmethod
+    def shaped(cls, cfg: GDNConfig, *, profile: str = "bf16", norm_mode: str = "shared", delta_rule: str = "auto",
+               chunk_size: int = 64) -> Layer:
+        """A layer whose weights are tensors on torch's ``meta`` device: shapes and dtypes, no memory.
+
+        Its calls run no kernel: inside ``compile_check`` or ``record_launches`` they make the very
+        launches of a real call, at any size (the compile table, the grid and memory checks)."""
+        layer = cls.__new__(cls)
+        layer._configure(cfg, None, profile, False, delta_rule, chunk_size)
+        layer.norm_mode = norm_mode
+        layer.device = torch.device("meta")
+        layer._adopt({name: torch.empty(shape, device="meta",
+                                        dtype=torch.float32 if name in FP32_PARAMS else layer.dtype)
+                      for name, shape in expected_shapes(cfg, norm_mode).items()})
+        return layer
+
+    def _configure(self, cfg, layer_index, profile, strict, delta_rule, chunk_size) -> None:
         if profile not in PROFILES:
             raise ValueError(f"profile must be one of {', '.join(PROFILES)}, found {profile!r}")
         if delta_rule not in DELTA_RULE_FORMS:
@@ -86,19 +128,15 @@ class Layer:
             raise ValueError(f"chunk_size must be one of {CHUNK_SIZES}, found {chunk_size!r}")
         self.cfg = cfg
         self.layer_index = layer_index
-        self.norm_mode = validate_weights(cfg, weights, layer=layer_index)
         self.profile = profile
         self.dtype = PROFILES[profile]
-        self.device = resolve_device(device)
         self.strict = strict
         self.delta_rule = delta_rule
         self.chunk_size = chunk_size
 
-        def param(name: str) -> torch.Tensor:
-            dtype = torch.float32 if name in FP32_PARAMS else self.dtype
-            return torch.tensor(np.asarray(weights[name], dtype=np.float64), dtype=dtype, device=self.device)
-
-        p = {name: param(name) for name in weights}
+    def _adopt(self, p: dict[str, torch.Tensor]) -> None:
+        """Hold the parameters in the layout the kernels read (stacked projections, 2-D conv weight)."""
+        cfg = self.cfg
         self.w_in_norm = p["input_layernorm.weight"]
         self.w_in = stack_in_proj(p["linear_attn.in_proj_qkv.weight"], p["linear_attn.in_proj_z.weight"],
                                   p["linear_attn.in_proj_a.weight"], p["linear_attn.in_proj_b.weight"])
@@ -129,63 +167,110 @@ class Layer:
         """Run T tokens of each sequence; update ``state`` in place; return ``(out, trace)``.
 
         x: [B, T, D] floating point (NumPy array or torch tensor; cast to the profile dtype on the
-        layer's device). seq_pos: the position of the first token, an int or one per sequence; a
-        row whose state ``seq_len`` differs is reset to zeros first. out: [B, T, D] in the profile
-        dtype on the device; trace: {} unless ``capture``, then every stage tensor by name.
+        layer's device). seq_pos: the position of the first token, an int or one per sequence (a
+        list, an array, or an integer tensor, which on the layer's device is used without being
+        read: decode under a CUDA graph passes ``state.seq_len`` or a static tensor); a row whose
+        state ``seq_len`` differs is reset to zeros first. out: [B, T, D] in the profile dtype on
+        the device; trace: {} unless ``capture``, then every stage tensor by name.
         """
         x = self._check_input(x, state)
-        raw = seq_pos.cpu().numpy() if isinstance(seq_pos, torch.Tensor) else np.asarray(seq_pos)
-        pos = check_seq_pos(seq_pos, raw, state.batch, self.layer_index)
+        T = x.shape[1]
         strict = self.strict if strict is None else strict
-        reset, state.warned = rows_to_reset(pos, state.seq_len.cpu().numpy(), strict=strict, warned=state.warned,
-                                            layer=self.layer_index, logger=log)
-        if reset.any():
-            state.reset(reset)
         form = delta_rule or self.delta_rule
         if form not in DELTA_RULE_FORMS:
             raise ValueError(f"delta_rule must be one of {DELTA_RULE_FORMS}, found {form!r}")
-        out, trace = self._run(x, state, form, chunk_size or self.chunk_size, capture)
-        state.seq_len.copy_(torch.as_tensor(pos + x.shape[1]))
+        state.flush_warnings(log, self.layer_index)
+        pos = self._positions(seq_pos, state)
+        if strict:  # must raise before anything changes: the one path that reads the device
+            host = pos.cpu().numpy() if isinstance(pos, torch.Tensor) else np.broadcast_to(pos, (state.batch,))
+            rows_to_reset(host, state.seq_len.cpu().numpy(), strict=True, warned=state.warned,
+                          layer=self.layer_index, logger=log)
+        reset = state.seq_len != pos
+        state.queue_mismatch_report(reset, pos)
+        out, trace = self._run(x, state, reset, form, chunk_size or self.chunk_size, capture)
+        if isinstance(pos, torch.Tensor):
+            torch.add(pos, T, out=state.seq_len)
+        else:
+            state.seq_len.fill_(pos + T)
+        state.flush_warnings(log, self.layer_index)
         return out, trace
 
-    def _run(self, x: torch.Tensor, state: State, form: str, chunk_size: int, capture: bool):
+    def _positions(self, seq_pos, state: State):
+        """seq_pos as an int (one position for every row) or an int64 tensor [B] on the device.
+
+        Host values (int, list, array, CPU tensor) are checked (``gdncheck.calls``); positions all
+        equal become an int (no copy); others are copied once, from pinned memory on CUDA. A tensor
+        on the device is checked by its shape and dtype only: its values stay on the device."""
+        if isinstance(seq_pos, torch.Tensor) and seq_pos.device.type != "cpu":
+            if seq_pos.is_floating_point() or seq_pos.is_complex() or seq_pos.dtype == torch.bool or \
+                    seq_pos.dim() > 1 or (seq_pos.dim() == 1 and seq_pos.shape[0] != state.batch):
+                raise InputShapeError(f"expected seq_pos as an int or {state.batch} ints (one per sequence), found a "
+                                      f"{seq_pos.dtype} tensor of shape {list(seq_pos.shape)}", layer=self.layer_index)
+            return seq_pos.to(device=state.device, dtype=torch.int64).expand(state.batch).contiguous()
+        raw = seq_pos.numpy() if isinstance(seq_pos, torch.Tensor) else np.asarray(seq_pos)
+        pos = check_seq_pos(seq_pos, raw, state.batch, self.layer_index)
+        if (pos == pos[0]).all():
+            return int(pos[0])
+        host = torch.from_numpy(pos)
+        if state.device.type == "cuda":
+            host = host.pin_memory()
+        return host.to(state.device, non_blocking=True)
+
+    def _run(self, x: torch.Tensor, state: State, reset: torch.Tensor, form: str, chunk_size: int, capture: bool):
+        """The stages of one call. Without ``capture`` each activation is dropped (``del``) once the
+        next stage has read it, so the peak holds the fewest at once (docs/gpu.md, "Memory")."""
         cfg, eps = self.cfg, self.cfg.rms_norm_eps
         T = x.shape[1]
         decode = T == 1
+        trace = {"x": x} if capture else None
         x_norm = input_norm(x, self.w_in_norm, eps)
         qkv, z, a, b = in_proj_stacked(x_norm, self.w_in, cfg.conv_dim, cfg.num_v_heads)
+        if capture:
+            trace.update(x_norm=x_norm, qkv=qkv, z=z, a=a, b=b)
+        del x_norm
         q, k, v, qkv_conv, conv_state = conv1d_qk_norm(
             qkv, state.conv_state, self.w_conv, cfg.num_k_heads, cfg.head_k_dim, cfg.num_v_heads, cfg.head_v_dim,
-            inplace=decode, capture=capture,
+            inplace=decode, capture=capture, reset=reset,
         )
+        del qkv
         if not decode:
             state.conv_state.copy_(conv_state)
+        del conv_state
         g, beta = gates(a, b, self.A_log, self.dt_bias)
+        del a, b
         if form == "auto":
             form = "recurrent" if T <= RECURRENT_MAX_TOKENS else "chunked"
         S = state.recurrent_state
         if form == "recurrent":
-            core, _ = delta_rule_recurrent(q, k, v, g, beta, S, cfg.scale, out_state=S)
+            core, _ = delta_rule_recurrent(q, k, v, g, beta, S, cfg.scale, out_state=S, reset=reset)
         else:
-            core, _ = delta_rule_chunked(q, k, v, g, beta, S, cfg.scale, chunk_size, out_state=S)
+            core, _ = delta_rule_chunked(q, k, v, g, beta, S, cfg.scale, chunk_size, out_state=S, reset=reset)
+        if capture:
+            trace.update(qkv_conv=qkv_conv, q=q, k=k, v=v, g=g, beta=beta, core=core)
+        del q, k, v, qkv_conv, g, beta
         core_gated = gated_norm(core, z, self.w_norm, eps)
+        del core, z
         attn_out = out_proj(core_gated, self.w_out)
+        if capture:
+            trace.update(core_gated=core_gated, attn_out=attn_out)
+        del core_gated
         h, h_norm = residual_post_norm(x, attn_out, self.w_post_norm, eps)
+        del attn_out
         mlp_out = mlp_stacked(h_norm, self.w_gate_up, self.w_down)
+        if capture:
+            trace.update(h=h, h_norm=h_norm, mlp_out=mlp_out)
+        del h_norm
         out = output(h, mlp_out)
         if not capture:
             return out, {}
-        trace = {
-            "x": x, "x_norm": x_norm, "qkv": qkv, "z": z, "a": a, "b": b, "qkv_conv": qkv_conv,
-            "q": q, "k": k, "v": v, "g": g, "beta": beta, "core": core, "core_gated": core_gated,
-            "attn_out": attn_out, "h": h, "h_norm": h_norm, "mlp_out": mlp_out, "out": out,
-        }
-        return out, {name: t.contiguous() for name, t in trace.items()}
+        trace["out"] = out
+        return out, {name: trace[name].contiguous() for name in STAGE_ORDER}
 
     # --- input checks -----------------------------------------------------------------------------
     def _check_input(self, x, state: State) -> torch.Tensor:
         if not isinstance(state, State):
             raise InputError(f"expected a gpu_impl State, found {type(state).__name__}", layer=self.layer_index)
+        check_state(state.cfg, self.cfg, self.layer_index)
         if isinstance(x, torch.Tensor):
             ok, dtype, shape = x.is_floating_point(), x.dtype, tuple(x.shape)
         else:

@@ -44,7 +44,8 @@ def swiglu(gate_up: torch.Tensor) -> torch.Tensor:
     else:
         BI = min(1024, next_pow2(I))
         BR = max(1, 2048 // BI)
-    swiglu_kernel[(triton.cdiv(R, BR), triton.cdiv(I, BI))](gu, out, R, I, BR=BR, BI=BI, num_warps=4)
+    swiglu_kernel[(triton.cdiv(R, BR), triton.cdiv(I, BI))](p_gu=gu, p_out=out, n_rows=R, I=I, BR=BR, BI=BI,
+                                                             num_warps=4)
     return out
 
 

@@ -135,10 +135,12 @@ def combine(slots, shared, gate_logit, n_tokens: int, D: int, k: int, dtype: tor
     BR, BD = _rows_cols(anchor, n_tokens, D)
     dummy = anchor  # never read or written when its part is skipped
     combine_kernel[(triton.cdiv(n_tokens, BR), triton.cdiv(D, BD))](
-        slots if slots is not None else dummy, shared if shared is not None else dummy,
-        gate_logit if gate_logit is not None else dummy, gate_logit.stride(0) if gate_logit is not None else 0,
-        eo if eo is not None else dummy, so if so is not None else dummy, mo if mo is not None else dummy,
-        n_tokens, D, k, BR=BR, BD=BD, EXPERTS=slots is not None, SHARED=shared is not None, num_warps=4,
+        p_slots=slots if slots is not None else dummy, p_sh=shared if shared is not None else dummy,
+        p_gl=gate_logit if gate_logit is not None else dummy,
+        s_gl=gate_logit.stride(0) if gate_logit is not None else 0,
+        p_eo=eo if eo is not None else dummy, p_so=so if so is not None else dummy,
+        p_mo=mo if mo is not None else dummy, N=n_tokens, D=D, k=k,
+        BR=BR, BD=BD, EXPERTS=slots is not None, SHARED=shared is not None, num_warps=4,
     )
     return eo, so, mo
 
@@ -149,7 +151,7 @@ def _swiglu(gate_up: torch.Tensor, I: int) -> torch.Tensor:
     out = empty((N, I), gate_up.dtype, gate_up.device)
     BR, BI = _rows_cols(gate_up, N, I)
     swiglu_kernel[(triton.cdiv(N, BR), triton.cdiv(I, BI))](
-        gate_up, gate_up[:, I:], gate_up.stride(0), out, N, I, BR=BR, BI=BI, num_warps=4)
+        p_g=gate_up, p_u=gate_up[:, I:], s_r=gate_up.stride(0), p_out=out, N=N, I=I, BR=BR, BI=BI, num_warps=4)
     return out
 
 
@@ -178,8 +180,8 @@ def routing(
     BE = next_pow2(E)
     BR = min(next_pow2(N), max(1, (16384 if interpreting(logits) else 4096) // BE))
     routing_kernel[(triton.cdiv(N, BR),)](
-        logits, logits.stride(0), weights, selected, N, E, BR=BR, BE=BE, TOP_K=top_k, BKS=next_pow2(top_k),
-        NORM=bool(norm_topk_prob), num_warps=4 if BR * BE <= 4096 else 8,
+        p_l=logits, s_l=logits.stride(0), p_w=weights, p_sel=selected, N=N, E=E, BR=BR, BE=BE, TOP_K=top_k,
+        BKS=next_pow2(top_k), NORM=bool(norm_topk_prob), num_warps=4 if BR * BE <= 4096 else 8,
     )
     return weights, selected
 

@@ -168,15 +168,17 @@ def expert_slots(
     if groups.n_blocks == 0:
         return out
     prec = dot_precision(x.dtype)
-    g = (groups.order, groups.block_expert, groups.block_row0, groups.block_rows)
+    g = {"p_order": groups.order, "p_bexp": groups.block_expert, "p_brow0": groups.block_row0,
+         "p_brows": groups.block_rows}
     expert_gate_up_kernel[(groups.n_blocks, triton.cdiv(I, BN))](
-        x, *g, w_gate, w_up, act, D, I, k, x.stride(0), w_gate.stride(0), w_gate.stride(1), w_up.stride(0),
-        w_up.stride(1), BM=BM, BN=BN, BK=BK, PREC=prec, num_warps=4, num_stages=2,
+        p_x=x, **g, p_wg=w_gate, p_wu=w_up, p_act=act, D=D, I=I, k=k, s_x=x.stride(0),
+        s_ge=w_gate.stride(0), s_gi=w_gate.stride(1), s_ue=w_up.stride(0), s_ui=w_up.stride(1),
+        BM=BM, BN=BN, BK=BK, PREC=prec, num_warps=4, num_stages=2,
     )
     BN, BK = min(64, next_pow2(D, 16)), min(64, next_pow2(I, 16))
     rw = routing_weights.reshape(-1).to(torch.float32).contiguous()
     expert_down_kernel[(groups.n_blocks, triton.cdiv(D, BN))](
-        act, *g, w_down, rw, out, D, I, w_down.stride(0), w_down.stride(1), BM=BM, BN=BN, BK=BK, PREC=prec,
-        num_warps=4, num_stages=2,
+        p_act=act, **g, p_wd=w_down, p_rw=rw, p_out=out, D=D, I=I, s_de=w_down.stride(0), s_dd=w_down.stride(1),
+        BM=BM, BN=BN, BK=BK, PREC=prec, num_warps=4, num_stages=2,
     )
     return out

@@ -36,7 +36,8 @@ def _l2_norm_heads(x: torch.Tensor) -> torch.Tensor:
     out = empty(x.shape, x.dtype, x.device)
     BD = next_pow2(d)
     BR = min(next_pow2(R), max(1, 16384 // BD)) if interpreting(x) else max(1, min(16, 2048 // BD))
-    l2_norm_heads_kernel[(triton.cdiv(R, BR),)](rows, out, R, rows.stride(0), d, BR=BR, BD=BD, num_warps=4)
+    l2_norm_heads_kernel[(triton.cdiv(R, BR),)](p_x=rows, p_out=out, n_rows=R, stride_x=rows.stride(0), D=d,
+                                                BR=BR, BD=BD, num_warps=4)
     return out
 
 

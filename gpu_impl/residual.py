@@ -64,7 +64,7 @@ def residual_post_norm(
     BD = next_pow2(D)
     BR = rows_per_program(x, R, BD)
     residual_post_norm_kernel[(triton.cdiv(R, BR),)](
-        x2, a2, weight.to(torch.float32), h, h_norm, R, D, float(eps), BR=BR, BD=BD,
-        num_warps=4 if BD * BR <= 4096 else 8,
+        p_x=x2, p_a=a2, p_w=weight.to(torch.float32), p_h=h, p_hn=h_norm, n_rows=R, D=D, eps=float(eps),
+        BR=BR, BD=BD, num_warps=4 if BD * BR <= 4096 else 8,
     )
     return h, h_norm

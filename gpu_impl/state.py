@@ -5,10 +5,17 @@
 [B, Hv, dk, dv] is fp32 in every profile; ``seq_len`` [B] int64. All three live on the layer's
 device. A :class:`DeviceSnapshot` is a deep copy on the device; it saves to and loads from the
 file format of :class:`gdncheck.snapshot.Snapshot`, which the reference reads and writes too.
+
+The seq_pos rule's warning without a host synchronisation: while a state has not warned, each
+call queues a small report (the old seq_len of every row it reset, -1 elsewhere) on the device
+and copies it to pinned host memory behind an event; :meth:`State.flush_warnings` logs a report
+once its event has completed (at the end of the call when the copy is done, else at a later one).
+On the CPU the report is ready at once.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,6 +23,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from gdncheck.calls import rows_to_reset
 from gdncheck.config import GDNConfig
 from gdncheck.snapshot import SNAPSHOT_SCHEMA_VERSION, Snapshot
 
@@ -81,6 +89,7 @@ class State:
         )
         self.seq_len = torch.zeros(batch, dtype=torch.int64, device=device)
         self.warned = False
+        self._reports: list[_MismatchReport] = []
 
     @property
     def batch(self) -> int:
@@ -123,5 +132,50 @@ class State:
                                            if isinstance(snap, Snapshot) else snap.seq_len))
         self.warned = bool(snap.warned)
 
+    # --- the seq_pos rule's warning, without synchronising ------------------------------------------
+    def queue_mismatch_report(self, reset: torch.Tensor, pos) -> None:
+        """Queue, on the device, which rows this call resets and from which seq_len (before the
+        call updates seq_len). ``pos``: the call's positions (an int, host int64 [B], or a device
+        tensor [B]). Nothing is queued once the state has warned, on the meta device, or while a
+        CUDA graph is being captured (replays of it reset rows without a warning)."""
+        dev = self.device
+        if self.warned or dev.type == "meta" or (dev.type == "cuda" and torch.cuda.is_current_stream_capturing()):
+            return
+        old = torch.where(reset, self.seq_len, -1)
+        pos = pos if isinstance(pos, torch.Tensor) else torch.as_tensor(np.broadcast_to(pos, (self.batch,)).copy())
+        if dev.type != "cuda":
+            self._reports.append(_MismatchReport(old, pos.to(torch.int64), None))
+            return
+        host = torch.empty((2, self.batch), dtype=torch.int64, pin_memory=True)
+        host[0].copy_(old, non_blocking=True)
+        host[1].copy_(pos, non_blocking=True)
+        event = torch.cuda.Event()
+        event.record()
+        self._reports.append(_MismatchReport(host[0], host[1], event))
+
+    def flush_warnings(self, logger: logging.Logger, layer: int | None) -> None:
+        """Log the first completed report that shows a reset row (once per state); drop the others."""
+        while self._reports and self._reports[0].ready():
+            report = self._reports.pop(0)
+            if not self.warned:
+                old, pos = report.old.numpy(), report.pos.numpy()
+                _, self.warned = rows_to_reset(pos, np.where(old >= 0, old, pos), strict=False, warned=False,
+                                               layer=layer, logger=logger)
+        if self.warned:
+            self._reports.clear()
+
     def __repr__(self) -> str:
         return f"State(batch={self.batch}, seq_len={self.seq_len.tolist()}, device={self.device})"
+
+
+@dataclass
+class _MismatchReport:
+    """Rows reset by one call: ``old`` seq_len (-1 where kept) and the call's ``pos``, host tensors
+    once ``event`` (None on the CPU) has completed."""
+
+    old: torch.Tensor
+    pos: torch.Tensor
+    event: object | None
+
+    def ready(self) -> bool:
+        return self.event is None or self.event.query()

@@ -21,11 +21,19 @@ So this package does not depend on the variable or on import order:
 - while an interpreted launch runs, calls into ``JITFunction`` objects (Triton's library,
   our helpers) run interpreted. This is a small shim over ``JITFunction.__call__``, which
   Triton otherwise makes raise; compiled launches never call it. It uses two internals of
-  ``triton.runtime.interpreter``: ``InterpretedFunction`` and ``_patch_lang``.
+  ``triton.runtime.interpreter``: ``InterpretedFunction`` and ``_patch_lang``; what the
+  interpreter is made to emulate of compiled code is in :mod:`.interpreter`.
 
 ``TRITON_INTERPRET=1`` set before triton was imported still works. Triton's library is then
 interpreted-only, so CUDA cannot be used in that process: ``device="auto"`` resolves to the CPU
 and ``device="cuda"`` is refused with an explanation.
+
+Launches name every argument (``kernel[grid](p_q=q, T=T, ...)``): a kernel of twenty parameters
+launched by position turns a swapped stride into wrong numbers; by name it is a ``TypeError``.
+
+Two launch hooks stand in for a GPU (:func:`launch_hook`): the compile check builds each launch
+for sm_90 (:mod:`.compile_check`), and :func:`record_launches` records grids and arguments. Both
+accept tensors on the ``meta`` device, so real sizes cost no memory.
 
 Device choice: the ``device=`` argument, else ``GDN_DEVICE`` (``auto`` | ``cpu`` | ``cuda``),
 else ``auto``. ``auto`` means CUDA when torch sees a GPU and the interpreter was not forced.
@@ -34,15 +42,18 @@ else ``auto``. ``auto`` means CUDA when torch sees a GPU and the interpreter was
 from __future__ import annotations
 
 import contextlib
+import inspect
 import os
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 import triton
 import triton.language as tl
-from triton.language import core as tl_core
 from triton.runtime.jit import JITFunction
+
+from .interpreter import interpreting as _interpreting
 
 DEVICES = ("auto", "cpu", "cuda")
 
@@ -109,20 +120,42 @@ def fill_allocations(value: float = float("nan")) -> Iterator[None]:
 
 # --- targets and launch parameters ----------------------------------------------------------------
 
-_COMPILE_ONLY: dict[str, Any] = {}
+#: CUDA's limits on a launch grid: x up to 2^31 - 1 programs, y and z up to 65535.
+GRID_LIMITS = (2**31 - 1, 65535, 65535)
+
+_HOOK: list[Any] = []
+
+
+@contextlib.contextmanager
+def launch_hook(hook) -> Iterator[Any]:
+    """Inside this block every launch calls ``hook.launch(kernel, grid, kwargs)`` instead of running.
+
+    Wrappers then pick their GPU launch parameters (:func:`interpreting` is False and
+    :func:`num_sms` says 132), so a hook sees the very launches a GPU would get.
+    """
+    _HOOK.append(hook)
+    try:
+        yield hook
+    finally:
+        _HOOK.remove(hook)
 
 
 def interpreting(t: torch.Tensor) -> bool:
-    """Whether a launch on ``t`` runs under the interpreter (CPU tensors, outside compile checks)."""
-    return t.device.type != "cuda" and not _COMPILE_ONLY
+    """Whether a launch on ``t`` runs under the interpreter (CPU tensors, outside launch hooks)."""
+    return t.device.type == "cpu" and not _HOOK
 
 
 def num_sms(t: torch.Tensor) -> int:
-    if _COMPILE_ONLY:
+    if _HOOK or t.device.type == "meta":
         return SM90_SMS
     if t.device.type != "cuda":
         return 1
     return torch.cuda.get_device_properties(t.device).multi_processor_count
+
+
+def reset_flags(reset: torch.Tensor) -> torch.Tensor:
+    """A bool [B] reset mask as the kernels read it: uint8, a view (bool loads are not portable)."""
+    return reset.view(torch.uint8) if reset.dtype == torch.bool else reset
 
 
 def next_pow2(n: int, floor: int = 1) -> int:
@@ -132,14 +165,14 @@ def next_pow2(n: int, floor: int = 1) -> int:
 def dot_precision(dtype: torch.dtype) -> str:
     """``input_precision`` of ``tl.dot`` in the chunked delta rule, for activations of ``dtype``.
 
-    Operands are always fp32 in registers (the interpreter's dot is exact fp32 and ignores this).
-    bfloat16: ``tf32``. bf16 values are exact in tf32, so Q Kᵀ and K Kᵀ are exact; the fp32
-    intermediates (inverse, W, U, state) keep 11 bits, still finer than the bf16 rounding of every
-    activation. float16 and float32: ``tf32x3`` (three tensor-core passes, about fp32 accuracy).
+    Operands are always fp32 in registers. bfloat16: ``tf32``, i.e. each operand truncated to
+    10 mantissa bits by the tensor core (:mod:`.interpreter` emulates it). bf16 values are exact
+    in tf32, so Q Kᵀ and K Kᵀ are exact; the fp32 intermediates (inverse, W, U, state) lose
+    up to 2^-10 relative per product, still finer than the bf16 rounding of every activation.
+    float16 and float32: ``tf32x3`` (three tensor-core passes, about fp32 accuracy).
     Not ``ieee`` for float32: an ieee fp32 dot compiles to unrolled FMA loops on CUDA cores;
     the chunk kernel's twelve 64 × 64 × 64 products then take ~80 s of ptxas per variant (measured
-    here with Triton's bundled ptxas for sm_90) against ~16 s for tf32x3. tf32x3 agrees with the
-    interpreter's exact products to ~1e-6 relative.
+    here with Triton's bundled ptxas for sm_90) against ~16 s for tf32x3.
     """
     return {torch.float32: "tf32x3", torch.bfloat16: "tf32", torch.float16: "tf32x3"}[dtype]
 
@@ -147,17 +180,38 @@ def dot_precision(dtype: torch.dtype) -> str:
 # --- kernels: one Python function, compiled or interpreted ----------------------------------------
 
 
+@dataclass(frozen=True)
+class Launch:
+    """One launch as :func:`record_launches` saw it: tensors as (shape, dtype, strides), so that
+    recording keeps no tensor alive (the memory check measures what the layer keeps)."""
+
+    kernel: str
+    grid: tuple[int, ...]
+    args: dict[str, Any]
+
+
+def _describe(value):
+    if isinstance(value, torch.Tensor):
+        return tuple(value.shape), value.dtype, value.stride()
+    return value
+
+
 class Kernel:
-    """A Triton kernel launched as ``kernel[grid](*args, **kwargs)``, like ``@triton.jit``.
+    """A Triton kernel launched as ``kernel[grid](name=value, ...)``, every argument by name.
 
     CUDA tensors: the compiled ``JITFunction``. CPU tensors: the ``InterpretedFunction``. Launch
-    options (``num_warps``, ``num_stages``) are dropped by the interpreter.
+    options (``num_warps``, ``num_stages``) are dropped by the interpreter. A launch that passes
+    an argument by position, misses one or names an unknown one is refused with a ``TypeError``
+    (the interpreter would silently drop an unknown keyword).
     """
+
+    OPTIONS = ("num_warps", "num_stages")
 
     def __init__(self, fn):
         self.fn = fn
         self.__name__ = fn.__name__
         self.__doc__ = fn.__doc__
+        self.params = tuple(inspect.signature(fn).parameters)
         self._jit: JITFunction | None = None
         self._interp = None
 
@@ -176,18 +230,38 @@ class Kernel:
         return self._interp
 
     def __getitem__(self, grid):
-        return lambda *args, **kwargs: self._launch(grid, args, kwargs)
+        def launch(*args, **kwargs):
+            if args:
+                raise TypeError(f"{self.__name__}: launch with keyword arguments (name=value), found "
+                                f"{len(args)} positional")
+            return self._launch(tuple(int(g) for g in grid), kwargs)
 
-    def _launch(self, grid, args, kwargs):
-        first = next((a for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor)), None)
+        return launch
+
+    def check_arguments(self, kwargs: dict) -> None:
+        missing = [p for p in self.params if p not in kwargs]
+        unknown = [k for k in kwargs if k not in self.params and k not in self.OPTIONS]
+        if missing or unknown:
+            raise TypeError(f"{self.__name__}: expected the arguments {', '.join(self.params)}; "
+                            f"missing {missing or 'none'}, unknown {unknown or 'none'}")
+
+    def _launch(self, grid: tuple[int, ...], kwargs: dict):
+        self.check_arguments(kwargs)
+        if any(not 1 <= g <= limit for g, limit in zip(grid, GRID_LIMITS)) or not 1 <= len(grid) <= 3:
+            raise ValueError(f"{self.__name__}: grid {list(grid)} is outside CUDA's limits "
+                             f"(1 to {GRID_LIMITS[0]} programs on x, 1 to 65535 on y and z)")
+        first = next((a for a in kwargs.values() if isinstance(a, torch.Tensor)), None)
         if first is None:
             raise TypeError(f"{self.__name__}: a launch needs at least one tensor argument")
-        if _COMPILE_ONLY:
-            return _compile_only(self, args, kwargs)
+        if _HOOK:
+            return _HOOK[-1].launch(self, grid, kwargs)
         if first.device.type == "cuda":
-            return self.jit[grid](*args, **kwargs)
+            return self.jit[grid](**kwargs)
+        if first.device.type == "meta":
+            raise ValueError(f"{self.__name__}: tensors on the meta device can only be compiled "
+                             "(compile_check) or recorded (record_launches), not run")
         with _interpreting():
-            return self.interpreted[grid](*args, **kwargs)
+            return self.interpreted[grid](**kwargs)
 
 
 def kernel(fn) -> Kernel:
@@ -195,58 +269,19 @@ def kernel(fn) -> Kernel:
     return Kernel(fn)
 
 
-_INTERP_DEPTH = 0
+class _Recorder:
+    def __init__(self):
+        self.launches: list[Launch] = []
 
-
-def _lang_anchor():  # its module globals hold ``tl`` and ``tl.core``, which _patch_lang patches
-    return tl, tl_core
-
-
-def _bf16_bits_rne(f32):
-    """bfloat16 bits of float32 values, rounded to nearest even as CUDA (``cvt.rn.bf16.f32``) and
-    torch round; NaN stays a quiet NaN."""
-    import numpy as np
-
-    u = np.ascontiguousarray(f32, dtype=np.float32).view(np.uint32).astype(np.uint64)
-    r = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
-    nan = (u & 0x7FFFFFFF) > 0x7F800000
-    return np.where(nan, ((u >> 16) | 0x40).astype(np.uint16), r)
-
-
-def _cast_rne(cast_impl):
-    """Triton's interpreter (3.9) casts float32 to bfloat16 by truncating the low 16 bits, where a
-    GPU rounds to nearest even: a bias of up to one bf16 ulp on every bf16 store and ``.to()``.
-    This wraps ``InterpreterBuilder.cast_impl`` to round like the GPU; other casts are unchanged."""
-    from triton.runtime.interpreter import TensorHandle
-
-    def cast(self, src, dst_type):
-        if src.dtype.scalar == tl.float32 and dst_type.scalar == tl.bfloat16:
-            return TensorHandle(_bf16_bits_rne(src.data), dst_type.scalar)
-        return cast_impl(self, src, dst_type)
-
-    return cast
+    def launch(self, k: Kernel, grid, kwargs):
+        self.launches.append(Launch(k.__name__, grid, {n: _describe(v) for n, v in kwargs.items()}))
 
 
 @contextlib.contextmanager
-def _interpreting():
-    """Patch ``tl`` and ``tl.core`` once for the whole launch, so nested library calls need not;
-    float32 -> bfloat16 casts round to nearest even, as compiled (:func:`_cast_rne`)."""
-    global _INTERP_DEPTH
-    import numpy as np
-    from triton.runtime.interpreter import InterpreterBuilder, _patch_lang
-
-    scope = _patch_lang(_lang_anchor)
-    cast_impl = InterpreterBuilder.cast_impl
-    if not _INTERP_DEPTH:
-        InterpreterBuilder.cast_impl = _cast_rne(cast_impl)
-    _INTERP_DEPTH += 1
-    try:
-        with np.errstate(over="ignore", divide="ignore", invalid="ignore", under="ignore"):
-            yield  # IEEE semantics as on a GPU: inf and NaN without NumPy's warnings
-    finally:
-        _INTERP_DEPTH -= 1
-        InterpreterBuilder.cast_impl = cast_impl
-        scope.restore()
+def record_launches() -> Iterator[list[Launch]]:
+    """Inside this block launches are recorded (kernel, grid, arguments) and run nothing."""
+    with launch_hook(_Recorder()) as rec:
+        yield rec.launches
 
 
 _JIT_CALL = JITFunction.__call__
@@ -254,7 +289,9 @@ _JIT_CALL = JITFunction.__call__
 
 def _call_interpreted(self, *args, **kwargs):
     """``JITFunction.__call__`` during an interpreted launch: run the function interpreted."""
-    if not _INTERP_DEPTH:
+    from . import interpreter
+
+    if not interpreter._DEPTH:
         return _JIT_CALL(self, *args, **kwargs)
     fn = self.__dict__.get("_gdn_interpreted")
     if fn is None:
@@ -265,59 +302,3 @@ def _call_interpreted(self, *args, **kwargs):
 
 
 JITFunction.__call__ = _call_interpreted
-
-
-# --- compile check: build every launch for sm_90 without a GPU ------------------------------------
-
-_TORCH_TO_TRITON = {
-    torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16", torch.float64: "fp64",
-    torch.int64: "i64", torch.int32: "i32", torch.int8: "i8", torch.uint8: "u8", torch.bool: "i1",
-}
-
-
-@contextlib.contextmanager
-def compile_only(arch: int = 90) -> Iterator[list[tuple[str, dict]]]:
-    """Inside this block, launches compile for ``cuda:sm_{arch}`` (Triton's bundled ptxas) and run
-    nothing; outputs stay as allocated. Yields the list of (kernel name, constexprs) compiled.
-
-    Wrappers pick their GPU launch parameters here (``interpreting`` is False), so this checks
-    the very kernels a GPU would build, on a machine without one.
-    """
-    from triton.backends.compiler import GPUTarget
-
-    done: list[tuple[str, dict]] = []
-    _COMPILE_ONLY.update(target=GPUTarget("cuda", arch, 32), done=done)
-    try:
-        yield done
-    finally:
-        _COMPILE_ONLY.clear()
-
-
-def _compile_only(k: Kernel, args, kwargs):
-    import inspect
-
-    from triton.compiler import ASTSource
-
-    params = list(inspect.signature(k.fn).parameters.values())
-    bound = dict(zip((p.name for p in params), args))
-    options = {n: kwargs.pop(n) for n in ("num_warps", "num_stages") if n in kwargs}
-    bound.update(kwargs)
-    signature, constexprs = {}, {}
-    for p in params:
-        value = bound[p.name]
-        if p.annotation in (tl.constexpr, "tl.constexpr"):
-            signature[p.name] = "constexpr"
-            constexprs[p.name] = value
-        elif isinstance(value, torch.Tensor):
-            signature[p.name] = "*" + _TORCH_TO_TRITON[value.dtype]
-        elif isinstance(value, bool):
-            signature[p.name] = "i1"
-        elif isinstance(value, int):
-            signature[p.name] = "i32" if -(2**31) <= value < 2**31 else "i64"
-        elif isinstance(value, float):
-            signature[p.name] = "fp32"
-        else:
-            raise TypeError(f"{k.__name__}: cannot type argument {p.name}={value!r} for a compile check")
-    src = ASTSource(fn=k.jit, signature=signature, constexprs=constexprs)
-    triton.compile(src, target=_COMPILE_ONLY["target"], options=options)
-    _COMPILE_ONLY["done"].append((k.__name__, {**constexprs, **options}))

@@ -147,11 +147,7 @@ def test_a_state_of_another_layer_kind_is_refused(kind):
     assert err.value.code == "input_error"
 
 
-def test_a_state_of_other_dimensions_is_refused(kind, request):
-    if kind == "triton":  # gpu_impl/ belongs to another branch while this one lands: it fails in its conv
-        # kernel's shape check with a ValueError; its Layer._check_input is to call gdncheck.calls.check_state
-        request.applymarker(pytest.mark.xfail(raises=ValueError, strict=True,
-                                              reason="gdncheck.gpu_impl does not call calls.check_state yet"))
+def test_a_state_of_other_dimensions_is_refused(kind):
     layer = make(kind)
     with pytest.raises(InputError, match=r"expected a state of this layer's dimensions") as err:
         layer.forward(x_of(1, 1), make(kind, OTHER).new_state(1), 0)

@@ -23,9 +23,8 @@ SECTION = re.compile(r"\d+(?:\.\d+)*")
 #: Names of the research notes outside the repository.
 OUTSIDE = re.compile(r"research/[\w-]+\.md|\b(?:gdn-spec|seed-ports|perf-anchors|conformance-anchors|"
                      r"aesthetics-anchors)\b")
-#: Files of the gpu branch, which this branch may not edit beyond imports: their research
-#: citations (perf-anchors §3.2 and §5, now docs/math.md §6) are rewritten when the branches merge.
-PENDING = {"gpu_impl/bench.py", "tests/gpu_impl/helpers.py", "tests/gpu_impl/test_bench.py"}
+#: Files allowed to cite notes outside the repository (none).
+PENDING: set[str] = set()
 
 
 def _files() -> list[Path]:

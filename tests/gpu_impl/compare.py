@@ -2,11 +2,12 @@
 
 A bound is on the normwise relative error max|got − ref| / max|ref|. Each is earned: the measured
 worst case of a correct kernel over this suite's cases sits well below it (``observed`` in the
-comments, interpreter with exact fp32 dots; the GPU's tf32 products add less than a bf16 or f16
-rounding), and every bug class that the suite simulates lands well above it (tests named
-``*_wrong_*``). Run ``pytest tests/gpu_impl -p no:xdist`` to see the margins. A failure message
-also gives the max absolute error, NMSE as SQNR in dB, and the ULP distance in the profile's dtype
-at the worst element, with a repro command.
+comments: the interpreter emulating sm_90, i.e. tf32 operands truncated in ``tl.dot`` and programs
+in shuffled order, see conftest.py; so the bounds hold for compiled code), and every bug class
+that the suite simulates lands well above it (tests named ``*_wrong_*``). Run
+``pytest tests/gpu_impl -p no:xdist`` to see the margins. A failure message also gives the max
+absolute error, NMSE as SQNR in dB, and the ULP distance in the profile's dtype at the worst
+element, with a repro command.
 """
 
 from __future__ import annotations
@@ -17,22 +18,30 @@ import numpy as np
 import torch
 
 #: One stage from inputs exact in the profile dtype: the output's own rounding (2^-9 bf16,
-#: 2^-11 f16, 2^-24 f32 relative) plus fp32 math. Worst observed in this suite (interpreter):
-#: f32 3.2e-6 (chunked state, nearly parallel keys), bf16 5.8e-3 (qkv_conv), f16 5.4e-4 (mlp_out).
+#: 2^-11 f16, 2^-24 f32 relative) plus fp32 math. Worst observed in this suite (sm_90 emulated):
+#: f32 4.6e-6 (chunked state, nearly parallel keys), bf16 3.5e-3 (chunked core), f16 5.4e-4 (mlp_out).
 #: The bug classes of the stage tests land at 10x-190x the bf16 bound.
 STAGE = {"f32": 2e-5, "bf16": 1.6e-2, "f16": 2.5e-3}
 
 #: The whole layer: outputs, every stage tensor of the trace and the final states, after several
-#: calls (every activation rounded to the profile dtype between stages). Worst observed: f32 4.7e-7,
-#: bf16 1.9e-2 (core), f16 1.3e-3 (attn_out). The weight-convention bugs of test_layer land at
+#: calls (every activation rounded to the profile dtype between stages). Worst observed: f32 5.0e-7,
+#: bf16 1.1e-2 (core), f16 1.4e-3 (attn_out). The weight-convention bugs of test_layer land at
 #: 8x-32x the bf16 bound on some stage tensor, but at 0.08x on ``out`` alone: the residual stream
 #: (inputs with 20σ outliers) hides them there, so a gate must compare the stage tensors.
 LAYER = {"f32": 2e-5, "bf16": 6e-2, "f16": 6e-3}
 
 #: Two Triton forms of the same function (chunked vs recurrent delta rule) on the same inputs.
-#: Observed: f32 2.3e-7, bf16 3.4e-7, f16 7.4e-5; on a GPU the chunked form's tf32 products can
-#: flip a bf16 rounding (one ulp, 3.9e-3).
+#: Observed: f32 2.2e-7, bf16 4.7e-3, f16 1.1e-4: in bf16 the chunked form's tf32 products flip
+#: bf16 roundings of core (one ulp is 3.9e-3).
 FORMS = {"f32": 1e-5, "bf16": 1e-2, "f16": 2e-3}
+
+#: The fp32 recurrent state of the two forms on the same inputs. The chunked form's products run
+#: at the profile's dot precision (gpu_impl/target.py ``dot_precision``): in bf16, tf32, whose
+#: operands keep 10 mantissa bits (truncation: up to 2^-10 ≈ 9.8e-4 relative each), so the
+#: states differ by about one tf32 unit — observed (tf32 emulated) up to 1.2e-3; f32 and f16
+#: use tf32x3, about fp32 (observed 2.7e-7). Exact fp32 dots would give 3e-7 in bf16 as well:
+#: the f32 bound cannot hold for compiled bf16 code.
+STATE_FORMS = {"f32": 1e-5, "bf16": 5e-3, "f16": 1e-5}
 
 
 def to_np(x) -> np.ndarray:
@@ -73,7 +82,7 @@ def errors(got, ref, profile: str = "f32") -> dict:
 #: (kind, profile, what, observed relative error) of every passing check in this process
 RECORD: list[tuple[str, str, str, float]] = []
 
-TABLES = {"stage": STAGE, "layer": LAYER, "forms": FORMS}
+TABLES = {"stage": STAGE, "layer": LAYER, "forms": FORMS, "state_forms": STATE_FORMS}
 
 
 def check(got, ref, kind: str, profile: str, what: str) -> dict:

@@ -36,7 +36,7 @@ def _version(text: str) -> tuple[int, int]:
 
 
 #: Triton < 3.7 with NumPy >= 2.4 cannot interpret ``range(runtime_value)`` (triton#9171;
-#: research/perf-anchors.md §5). The device image has triton 3.6 and numpy 2.5: there the
+#: docs/math.md §6). The device image has triton 3.6 and numpy 2.5: there the
 #: compiled path is tested and the interpreter's own tests are skipped.
 INTERPRETER_WORKS = not (_version(triton.__version__) < (3, 7) and _version(np.__version__) >= (2, 4))
 needs_interpreter = pytest.mark.skipif(

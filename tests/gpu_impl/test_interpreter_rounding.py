@@ -30,7 +30,7 @@ def test_interpreted_bf16_cast_rounds_to_nearest_even():
     x = torch.from_numpy(bits.view(np.float32).copy())
     y = torch.empty(16, dtype=torch.bfloat16)
     z = torch.empty(16, dtype=torch.bfloat16)
-    _store_bf16_kernel[(1,)](x, y, z, N=16)
+    _store_bf16_kernel[(1,)](x_ptr=x, y_ptr=y, z_ptr=z, N=16)
     want = x.to(torch.bfloat16).view(torch.int16).numpy()
     nan = np.isnan(x.numpy())
     for got in (y, z):

@@ -15,8 +15,8 @@ import torch
 
 import gdncheck.reference as R
 from gdncheck.gpu_impl import moe as G
+from gdncheck.gpu_impl.compile_check import compile_only
 from gdncheck.gpu_impl.moe_gemm import group_by_expert
-from gdncheck.gpu_impl.target import compile_only
 from tests.gpu_impl.compare import check, to_np
 from tests.gpu_impl.helpers import PROFILE_NAMES, rng_for, tensor
 
@@ -138,6 +138,7 @@ def test_every_moe_kernel_compiles_for_sm90():
                                 w["w_shared_expert_gate"])
                 G.combine(torch.zeros(N * k, D), torch.zeros(N, D, dtype=h.dtype), torch.zeros(N, dtype=h.dtype),
                           N, D, k, h.dtype, h.device)
-        names |= {name for name, _ in done}
+        names |= {kernel for kernel, _ in done.builds}
+        assert not done.problems(), done.problems()
     assert names == {"routing_kernel", "expert_gate_up_kernel", "expert_down_kernel", "swiglu_kernel",
                      "combine_kernel"}

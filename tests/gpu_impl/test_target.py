@@ -1,5 +1,6 @@
 """Target selection: the device choice, independence from import order and ``TRITON_INTERPRET``,
-every kernel compiling for sm_90 (H200) without a GPU, and (on a GPU) compiled = interpreted."""
+the compile check (every kernel built for sm_90 as the JIT builds it, without a GPU), and (on a
+GPU) compiled = interpreted."""
 
 from __future__ import annotations
 
@@ -10,10 +11,22 @@ import textwrap
 
 import pytest
 import torch
+import triton.language as tl
 
 import gdncheck.gpu_impl as G
 from gdncheck.gpu_impl import Layer, resolve_device
-from gdncheck.gpu_impl.target import compile_only
+from gdncheck.gpu_impl.compile_check import (
+    SM90,
+    Build,
+    compile_only,
+    ctas_per_sm,
+    markdown,
+    plan,
+    run_plan,
+    scenario,
+    table,
+)
+from gdncheck.gpu_impl.target import kernel
 from gdncheck.synthetic import make_inputs, make_weights
 from tests.gpu_impl.compare import check
 from tests.gpu_impl.helpers import DEVICE, needs_interpreter
@@ -90,31 +103,79 @@ def test_cuda_refused_when_triton_was_imported_interpreted(tmp_path):
     assert "refused:" in run.stdout
 
 
-@pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU run compiles every kernel for real")
 @pytest.mark.filterwarnings("ignore:TRITON_DEFAULT_FP_FUSION")
-def test_every_kernel_compiles_for_sm90():
-    """The launches a GPU would make (GPU block sizes, dot precisions, flags), built for
-    cuda:sm_90 with Triton's bundled ptxas; nothing runs. Chunk 64 in bf16 (the production
-    prefill), chunk 16 for f32 and f16 (64 builds too on the GPU runner, ~16 s each here)."""
-    names = set()
-    for profile, chunk in (("bf16", 64), ("f32", 16), ("f16", 16)):
-        layer = Layer(CFG, make_weights(CFG), profile=profile, device="cpu", chunk_size=chunk)
-        x = make_inputs(CFG, 2, 40, seed=0)
-        with compile_only() as done:
+def test_compile_check_builds_what_the_jit_builds():
+    """Decode at Qwen3.5 sizes in every profile and the bf16 prefill at T = 8192, built for sm_90
+    through the JIT's own argument specialisation: T = 1 becomes a constant (the decode kernels
+    are their own variants), no shared memory over 227 KB, no spill in the decode path, and the
+    bf16 prefill's state kernel in one wave at B = 1, Hv = 32."""
+    compiler = run_plan(plan(quick=True))
+    assert compiler.problems() == []
+    builds = list(compiler.builds.values())
+    decode = [b for b in builds if b.decode and b.kernel == "delta_rule_recurrent_kernel"]
+    assert decode and all("T" in b.specialised for b in decode)
+    assert all(b.local_bytes == 0 for b in builds if b.decode)
+    state = [b for b in builds if b.kernel == "chunk_state_kernel"]
+    assert state and all(u["waves"] == 1 for b in state for u in b.uses), [b.uses for b in state]
+    names = {b.kernel for b in builds}
+    assert names == {"rms_norm_kernel", "conv1d_qk_norm_kernel", "gates_kernel", "chunk_wu_kernel",
+                     "chunk_state_kernel", "delta_rule_recurrent_kernel", "gated_norm_kernel",
+                     "residual_post_norm_kernel", "swiglu_kernel"}
+    text = markdown(table(compiler))
+    assert "| chunk_state_kernel |" in text and "Problems: none" in text
+
+
+@pytest.mark.filterwarnings("ignore:TRITON_DEFAULT_FP_FUSION")
+def test_every_kernel_compiles_at_test_sizes():
+    """The test suite's own small shapes (what a GPU runner's test run compiles), every profile,
+    chunks 16 and 64, capture on, and the stage functions the layer does not call."""
+    with compile_only() as compiler:
+        for profile, chunk in (("bf16", 64), ("f32", 16), ("f16", 16)):
+            layer = Layer.shaped(CFG, profile=profile, chunk_size=chunk)
+            x = torch.empty((2, 40, CFG.hidden_size), dtype=layer.dtype, device="meta")
             state = layer.new_state(2)
             layer.forward(x, state, 0, capture=True)  # chunked prefill, fused conv with capture
             layer.forward(x[:, :1], state, 40)  # decode: in-place conv and recurrent updates
-            qkv = torch.zeros(2, 3, CFG.conv_dim, dtype=layer.dtype)
+            qkv = torch.empty((2, 3, CFG.conv_dim), dtype=layer.dtype, device="meta")
             G.conv1d(qkv, state.conv_state, layer.w_conv)
             G.conv1d_update(qkv[:, :1], state.conv_state, layer.w_conv)
             G.qk_norm(qkv, CFG.num_k_heads, CFG.head_k_dim, CFG.num_v_heads, CFG.head_v_dim)
-            G.post_norm(qkv, torch.zeros(CFG.conv_dim), 1e-6)
-        names |= {name for name, _ in done}
-    assert names == {
+            G.post_norm(qkv, torch.empty(CFG.conv_dim, device="meta"), 1e-6)
+    assert compiler.problems() == []
+    assert {b.kernel for b in compiler.builds.values()} == {
         "rms_norm_kernel", "conv1d_qk_norm_kernel", "gates_kernel", "chunk_wu_kernel", "chunk_state_kernel",
         "delta_rule_recurrent_kernel", "gated_norm_kernel", "residual_post_norm_kernel", "swiglu_kernel",
         "conv1d_kernel", "l2_norm_heads_kernel",
     }
+
+
+@kernel
+def _big_shared_kernel(p_x, p_y, N: tl.constexpr):
+    o = tl.arange(0, N)
+    a = tl.load(p_x + o[:, None] * N + o[None, :])
+    tl.store(p_y + o[:, None] * N + o[None, :], tl.dot(a, a, input_precision="tf32"))
+
+
+@pytest.mark.filterwarnings("ignore:TRITON_DEFAULT_FP_FUSION")
+def test_compile_check_refuses_shared_memory_over_the_limit_and_decode_spills():
+    x = torch.empty(256, 256, device="meta")
+    with compile_only() as compiler, scenario(compiler, "oversized"):
+        _big_shared_kernel[(1,)](p_x=x, p_y=x, N=256)  # two 256 x 256 fp32 operands: 512 KB
+    [build] = compiler.builds.values()
+    assert build.shared > SM90["smem_per_cta"]
+    assert any("over sm_90's 232448 B (227 KB)" in p for p in compiler.problems())
+    spilling = Build(kernel="k", params={}, specialised=[], regs=255, local_bytes=64, shared=0, num_warps=4,
+                     ctas_per_sm=2, compile_s=0.0, uses=[{"scenario": "d", "grid": [1], "waves": 1, "decode": True}])
+    assert spilling.problems() == ["k {}: 64 B of spills per thread in the decode path"]
+    spilling.uses[0]["decode"] = False
+    assert spilling.problems() == []
+
+
+def test_occupancy_of_sm90():
+    assert ctas_per_sm(255, 4, 42 * 1024) == 2  # the state kernel: 128 threads of 255 registers, 2 per SM
+    assert ctas_per_sm(255, 4, 152 * 1024) == 1  # two pipeline stages: shared memory allows one
+    assert ctas_per_sm(255, 8, 0) == 1 and ctas_per_sm(32, 4, 0) == 16 and ctas_per_sm(32, 1, 0) == 32
+    assert ctas_per_sm(128, 8, 0) == 2  # 128 registers x 256 threads: half the register file each
 
 
 @pytest.mark.gpu

@@ -1,0 +1,199 @@
+"""What compiled code does that Triton's interpreter does not, emulated for our interpreted launches.
+
+Triton's interpreter runs a grid's programs one after another, in order, with NumPy arithmetic.
+A GPU differs in three ways that can change results, and each is emulated here while one of our
+launches runs interpreted (:func:`interpreting`):
+
+1. **bfloat16 casts** round to nearest even (``cvt.rn.bf16.f32``); Triton 3.9's interpreter
+   truncates. Always on.
+2. **tf32 dots.** ``tl.dot(..., input_precision="tf32")`` on sm_90 is a ``wgmma ... .tf32`` on the
+   fp32 bits of the operands: the tensor core ignores the low 13 mantissa bits (truncation).
+   ``"tf32x3"`` splits each operand into ``big = cvt.rna.tf32.f32(x)`` (round to nearest, ties
+   away) and ``small = x - big`` (truncated again by the wgmma) and sums
+   ``big·big + (big·small + small·big)``: that is what Triton 3.9 emits for sm_90 (its PTX has
+   ``cvt.rna.tf32.f32`` and three ``wgmma.mma_async ... f32.tf32.tf32``; the compile check
+   shows it). The interpreter multiplies exact fp32 products and ignores ``input_precision``.
+3. **Program order.** A GPU runs programs concurrently in no guaranteed order; the interpreter
+   runs them in grid order, so a kernel that reads what another program writes can pass here
+   and fail there. Programs can be run in reversed or shuffled order instead.
+
+(2) and (3) are switched on with :func:`emulate_gpu` (the gpu_impl tests run with both on). A
+program still runs start to finish alone, so races between the threads of one program are not
+emulated: the kernels guard in-place updates with ``tl.debug_barrier``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import zlib
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import numpy as np
+import triton.language as tl
+from triton.language import core as tl_core
+
+ORDERS = ("grid", "reverse", "shuffle")
+
+
+@dataclass
+class Emulation:
+    """What :func:`interpreting` emulates besides the bf16 cast (which is always on)."""
+
+    tf32: bool = False
+    order: str = "grid"
+    seed: int = 0
+    launches: int = 0  # interpreted launches so far (varies the shuffle from launch to launch)
+
+
+_EMULATION = Emulation()
+
+
+@contextlib.contextmanager
+def emulate_gpu(*, tf32: bool = True, order: str = "shuffle", seed: int | str = 0) -> Iterator[Emulation]:
+    """Interpreted launches inside this block emulate tf32 dots and run programs in ``order``
+    (``grid`` | ``reverse`` | ``shuffle``; a shuffle is seeded by ``seed`` and the launch count)."""
+    global _EMULATION
+    if order not in ORDERS:
+        raise ValueError(f"order must be one of {', '.join(ORDERS)}, found {order!r}")
+    if isinstance(seed, str):
+        seed = zlib.crc32(seed.encode())
+    previous, _EMULATION = _EMULATION, Emulation(tf32=tf32, order=order, seed=int(seed))
+    try:
+        yield _EMULATION
+    finally:
+        _EMULATION = previous
+
+
+def current() -> Emulation:
+    return _EMULATION
+
+
+# --- bit-level helpers (NumPy, float32) -------------------------------------------------------------
+
+
+def bf16_bits_rne(f32) -> np.ndarray:
+    """bfloat16 bits of float32 values, rounded to nearest even as CUDA and torch round; NaN stays
+    a quiet NaN."""
+    u = np.ascontiguousarray(f32, dtype=np.float32).view(np.uint32).astype(np.uint64)
+    r = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
+    nan = (u & 0x7FFFFFFF) > 0x7F800000
+    return np.where(nan, ((u >> 16) | 0x40).astype(np.uint16), r)
+
+
+def tf32_truncate(x: np.ndarray) -> np.ndarray:
+    """float32 with the low 13 mantissa bits cleared: what a tf32 tensor-core operand keeps."""
+    u = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32)
+    return (u & np.uint32(0xFFFFE000)).view(np.float32)
+
+
+def tf32_round(x: np.ndarray) -> np.ndarray:
+    """``cvt.rna.tf32.f32``: to 10 mantissa bits, nearest, ties away from zero (finite inputs)."""
+    u = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32)
+    return ((u + np.uint32(0x1000)) & np.uint32(0xFFFFE000)).view(np.float32)
+
+
+def dot_as_compiled(a: np.ndarray, b: np.ndarray, acc: np.ndarray, precision: str) -> np.ndarray:
+    """``acc + a @ b`` for fp32 operands as sm_90 computes it at ``precision`` (tf32, tf32x3, ieee)."""
+    if precision == "tf32":
+        return np.matmul(tf32_truncate(a), tf32_truncate(b), dtype=np.float32) + acc
+    if precision == "tf32x3":
+        big_a, big_b = tf32_round(a), tf32_round(b)
+        small_a, small_b = tf32_truncate(a - big_a), tf32_truncate(b - big_b)
+        low = np.matmul(small_a, big_b, dtype=np.float32)
+        low = np.matmul(big_a, small_b, dtype=np.float32) + low
+        return np.matmul(big_a, big_b, dtype=np.float32) + (low + acc)
+    return np.matmul(a, b, dtype=np.float32) + acc
+
+
+def _precision_name(input_precision) -> str:
+    """Triton's ``ir.INPUT_PRECISION`` member (or a string) -> ``tf32`` | ``tf32x3`` | ``ieee`` | ..."""
+    name = getattr(input_precision, "name", None) or str(input_precision).rsplit(".", 1)[-1]
+    return name.lower()
+
+
+# --- patches of the interpreter, for the duration of one of our launches -----------------------------
+
+
+def _cast_rne(cast_impl):
+    from triton.runtime.interpreter import TensorHandle
+
+    def cast(self, src, dst_type):
+        if src.dtype.scalar == tl.float32 and dst_type.scalar == tl.bfloat16:
+            return TensorHandle(bf16_bits_rne(src.data), dst_type.scalar)
+        return cast_impl(self, src, dst_type)
+
+    return cast
+
+
+def _dot_tf32(create_dot):
+    from triton.runtime.interpreter import TensorHandle
+
+    def dot(self, a, b, d, input_precision, max_num_imprecise_acc):
+        if a.dtype.scalar == tl.float32 and b.dtype.scalar == tl.float32 and d.dtype.scalar == tl.float32:
+            out = dot_as_compiled(a.data, b.data, d.data, _precision_name(input_precision))
+            return TensorHandle(out.astype(np.float32), d.dtype.scalar)
+        return create_dot(self, a, b, d, input_precision, max_num_imprecise_acc)
+
+    return dot
+
+
+def _program_order(set_grid_dim, set_grid_idx, emulation: Emulation):
+    """set_grid_dim / set_grid_idx that hand out the grid's programs in a permuted order: the
+    interpreter still asks for (0,0,0), (0,0,1), ...; the n-th request gets the n-th program of
+    the permutation."""
+    state = {}
+
+    def grid_dim(self, nx, ny, nz):
+        set_grid_dim(self, nx, ny, nz)
+        n = nx * ny * nz
+        if emulation.order == "reverse":
+            perm = np.arange(n)[::-1]
+        else:
+            perm = np.random.default_rng((emulation.seed, emulation.launches)).permutation(n)
+        state.update(perm=perm, dims=(nx, ny, nz))
+
+    def grid_idx(self, x, y, z):
+        _, ny, nz = state["dims"]
+        p = int(state["perm"][(x * ny + y) * nz + z])
+        set_grid_idx(self, p // (ny * nz), (p // nz) % ny, p % nz)
+
+    return grid_dim, grid_idx
+
+
+_DEPTH = 0
+
+
+def _lang_anchor():  # its module globals hold ``tl`` and ``tl.core``, which _patch_lang patches
+    return tl, tl_core
+
+
+@contextlib.contextmanager
+def interpreting() -> Iterator[None]:
+    """Patch ``tl`` and ``tl.core`` once for the whole launch (so nested library calls need not)
+    and the interpreter's builder for the emulation above; undo it all afterwards."""
+    global _DEPTH
+    from triton.runtime.interpreter import InterpreterBuilder, _patch_lang
+
+    scope = _patch_lang(_lang_anchor)
+    saved = {name: getattr(InterpreterBuilder, name)
+             for name in ("cast_impl", "create_dot", "set_grid_dim", "set_grid_idx")}
+    emulation = _EMULATION
+    if not _DEPTH:
+        InterpreterBuilder.cast_impl = _cast_rne(saved["cast_impl"])
+        if emulation.tf32:
+            InterpreterBuilder.create_dot = _dot_tf32(saved["create_dot"])
+        if emulation.order != "grid":
+            InterpreterBuilder.set_grid_dim, InterpreterBuilder.set_grid_idx = _program_order(
+                saved["set_grid_dim"], saved["set_grid_idx"], emulation)
+        emulation.launches += 1
+    _DEPTH += 1
+    try:
+        with np.errstate(over="ignore", divide="ignore", invalid="ignore", under="ignore"):
+            yield  # IEEE semantics as on a GPU: inf and NaN without NumPy's warnings
+    finally:
+        _DEPTH -= 1
+        if not _DEPTH:
+            for name, fn in saved.items():
+                setattr(InterpreterBuilder, name, fn)
+        scope.restore()

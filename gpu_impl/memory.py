@@ -1,0 +1,159 @@
+"""The device memory of one layer call: what is alive at once, and the largest B·T that fits.
+
+    python -m gdncheck.gpu_impl.memory [--memory-gb 141] [--batch 64]
+
+The model follows :meth:`.layer.Layer._run` without ``capture``: each activation is released once
+the next stage has read it, so the live set changes phase by phase. Per token (B·T tokens), with
+``e`` the profile's bytes per element (2 for bf16 and f16, 4 for f32), W = conv_dim + Hv·dv + 2·Hv
+the in_proj width, I the MLP width:
+
+=============  ======================================================================
+phase          live besides the caller's x (D·e) and the state
+=============  ======================================================================
+in_proj        x_norm D·e + in_proj output W·e
+conv           in_proj output W·e + q, k, v conv_dim·e (+ a new conv state per sequence)
+delta_rule     in_proj output W·e + q, k, v conv_dim·e + g, beta 8·Hv + core Hv·dv·e
+               + the chunked form's fp32 temporaries (bounded, below)
+gated_norm     in_proj output W·e (z lives in it) + core + core_gated 2·Hv·dv·e
+out_proj       core_gated Hv·dv·e + attn_out D·e
+post_norm      attn_out + h + h_norm 3·D·e
+mlp            h + h_norm 2·D·e + gate_up 2·I·e + act I·e
+output         h + mlp_out + out 3·D·e
+=============  ======================================================================
+
+The chunked prefill's temporaries are :func:`.delta_rule_chunked.temp_bytes_per_token` per token
+of each (sequence, value head) row, 1288 B at dk = dv = 128, C = 64: 86 GB at B = 64, Hv = 32,
+T = 32K if all rows were processed at once. They are processed in slices of rows that fit
+:data:`.delta_rule_chunked.TEMP_BUDGET` (2 GiB). The state (fp32 recurrent, conv in the profile
+dtype) and the weights are resident; a headroom of 2 GiB covers the CUDA context, cuBLAS and
+allocator slack.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from dataclasses import dataclass
+
+from gdncheck.config import GDNConfig
+
+from .delta_rule_chunked import STATE_CTAS_PER_SM, TEMP_BUDGET, gpu_block_v, slice_rows, temp_bytes_per_token
+from .layer import FP32_PARAMS, RECURRENT_MAX_TOKENS
+
+ELEMENT_BYTES = {"f32": 4, "bf16": 2, "f16": 2}
+H200_BYTES = 141e9  # an H200's HBM, as sold (141 GB)
+HEADROOM = 2 << 30
+SMS = 132
+
+
+@dataclass(frozen=True)
+class Peak:
+    """The largest live set of one call: its phase, its bytes, and what the phases hold."""
+
+    phase: str
+    bytes: int
+    phases: dict[str, int]
+    temporaries: int  # the chunked form's fp32 temporaries (a part of the delta_rule phase)
+
+
+def per_token(cfg: GDNConfig, profile: str) -> dict[str, int]:
+    """Bytes per token of each activation of the layer."""
+    e = ELEMENT_BYTES[profile]
+    width = cfg.conv_dim + cfg.num_v_heads * cfg.head_v_dim + 2 * cfg.num_v_heads
+    value = cfg.num_v_heads * cfg.head_v_dim
+    D, I = cfg.hidden_size, cfg.intermediate_size
+    return {"x": D * e, "x_norm": D * e, "in_proj": width * e, "qkv_conv": cfg.conv_dim * e,
+            "g_beta": 8 * cfg.num_v_heads, "core": value * e, "core_gated": value * e, "attn_out": D * e,
+            "h": D * e, "h_norm": D * e, "gate_up": 2 * I * e, "act": I * e, "mlp_out": D * e, "out": D * e}
+
+
+def temporaries(cfg: GDNConfig, B: int, T: int, chunk: int = 64, budget: int = TEMP_BUDGET) -> int:
+    """Bytes of the chunked form's temporaries in one call (0 for the recurrent form)."""
+    if T <= RECURRENT_MAX_TOKENS:
+        return 0
+    dk, dv, Hv = cfg.head_k_dim, cfg.head_v_dim, cfg.num_v_heads
+    per_row = T * temp_bytes_per_token(dk, dv, chunk)
+    nv = -(-dv // gpu_block_v(B, Hv, dv, SMS))
+    return slice_rows(B * Hv, per_row, budget, max(1, SMS * STATE_CTAS_PER_SM // nv)) * per_row
+
+
+def call_peak(cfg: GDNConfig, B: int, T: int, profile: str = "bf16", chunk: int = 64,
+              budget: int = TEMP_BUDGET) -> Peak:
+    """The live bytes of each phase of one call (not counting x, the state and the weights)."""
+    t = {name: b * B * T for name, b in per_token(cfg, profile).items()}
+    conv_state = B * cfg.conv_dim * cfg.conv_kernel * ELEMENT_BYTES[profile] if T > 1 else 0
+    temps = temporaries(cfg, B, T, chunk, budget)
+    phases = {
+        "in_proj": t["x_norm"] + t["in_proj"],
+        "conv": t["in_proj"] + t["qkv_conv"] + conv_state,
+        "delta_rule": t["in_proj"] + t["qkv_conv"] + t["g_beta"] + t["core"] + temps,
+        "gated_norm": t["in_proj"] + t["core"] + t["core_gated"],
+        "out_proj": t["core_gated"] + t["attn_out"],
+        "post_norm": t["attn_out"] + t["h"] + t["h_norm"],
+        "mlp": t["h"] + t["h_norm"] + t["gate_up"] + t["act"],
+        "output": t["h"] + t["mlp_out"] + t["out"],
+    }
+    phase = max(phases, key=phases.get)
+    return Peak(phase, phases[phase], phases, temps)
+
+
+def resident_bytes(cfg: GDNConfig, B: int, profile: str = "bf16") -> int:
+    """Weights (matrices in the profile dtype, 1-D parameters fp32) and the state of B sequences."""
+    from gdncheck.weights import expected_shapes
+
+    e = ELEMENT_BYTES[profile]
+    weights = sum((4 if name in FP32_PARAMS else e) * _numel(shape) for name, shape in expected_shapes(cfg).items())
+    state = B * (cfg.num_v_heads * cfg.head_k_dim * cfg.head_v_dim * 4 + cfg.conv_dim * cfg.conv_kernel * e + 8)
+    return weights + state
+
+
+def _numel(shape) -> int:
+    n = 1
+    for s in shape:
+        n *= s
+    return n
+
+
+def total_bytes(cfg: GDNConfig, B: int, T: int, profile: str = "bf16", chunk: int = 64) -> int:
+    """Everything on the device at the call's peak: x, the peak live set, weights, state, headroom."""
+    return B * T * per_token(cfg, profile)["x"] + call_peak(cfg, B, T, profile, chunk).bytes + \
+        resident_bytes(cfg, B, profile) + HEADROOM
+
+
+def largest_tokens(cfg: GDNConfig, B: int, profile: str = "bf16", memory: float = H200_BYTES, chunk: int = 64) -> int:
+    """The largest T (a multiple of the chunk) such that a call of B sequences of T tokens fits."""
+    lo, hi = 0, 1 << 26
+    while hi - lo > chunk:
+        mid = (lo + hi) // 2 // chunk * chunk
+        lo, hi = (mid, hi) if total_bytes(cfg, B, max(mid, chunk), profile, chunk) <= memory else (lo, mid)
+    return lo
+
+
+def report(cfg: GDNConfig, B: int, T: int, profile: str, memory: float) -> str:
+    peak = call_peak(cfg, B, T, profile)
+    pt = per_token(cfg, profile)
+    total = total_bytes(cfg, B, T, profile)
+    lines = [f"layer call B={B}, T={T}, {profile}: peak in {peak.phase}: {peak.bytes / 1e9:.1f} GB live "
+             f"(chunked temporaries {peak.temporaries / 1e9:.2f} GB), + x {B * T * pt['x'] / 1e9:.1f} GB, "
+             f"weights and state {resident_bytes(cfg, B, profile) / 1e9:.2f} GB, headroom {HEADROOM / 1e9:.1f} GB "
+             f"= {total / 1e9:.1f} GB of {memory / 1e9:.0f} GB: {'fits' if total <= memory else 'does NOT fit'}",
+             f"largest T at B={B}: {largest_tokens(cfg, B, profile, memory)} tokens"]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    from .compile_check import REAL
+
+    p = argparse.ArgumentParser(prog="python -m gdncheck.gpu_impl.memory", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--batch", type=int, default=64)
+    p.add_argument("--tokens", type=int, default=32768)
+    p.add_argument("--profile", choices=tuple(ELEMENT_BYTES), default="bf16")
+    p.add_argument("--memory-gb", type=float, default=H200_BYTES / 1e9)
+    args = p.parse_args(argv)
+    print(report(REAL, args.batch, args.tokens, args.profile, args.memory_gb * 1e9))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
