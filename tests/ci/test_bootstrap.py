@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import shlex
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -26,7 +27,7 @@ def plan(tmp_path: Path, *args: str, env: dict | None = None, venv: Path | None 
     full.update(env or {})
     venv = venv or tmp_path / "venv"
     out = subprocess.run([sys.executable, str(BOOTSTRAP), "--print-plan", "--venv", str(venv), *args],
-                         capture_output=True, text=True, env=full, timeout=120)
+                         capture_output=True, text=True, env=full, timeout=60)  # the probe gives up at 10 s
     assert out.returncode == 0, out.stderr
     lines = out.stdout.splitlines()
     return [ln[2:] for ln in lines if ln.startswith("# ")], [shlex.split(ln) for ln in lines if not ln.startswith("#")]
@@ -77,6 +78,18 @@ def test_cpu_without_the_index_takes_pips_own_sources(tmp_path):
     assert torch_reqs(torch_step) == [f"torch=={PIN}+cpu"] and "--index-url" not in torch_step
     assert torch_reqs(extras_step) == [f"torch=={PIN}+cpu"]
     assert any("did not answer" in n and missing in n for n in notes)
+
+
+def test_an_index_that_never_answers_is_given_up(tmp_path):
+    """A server that accepts the connection and never replies (a firewall's black hole looks alike):
+    the probe gives up after its limit and the plan falls back, instead of pip waiting on it."""
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen(4)
+        index = f"http://127.0.0.1:{server.getsockname()[1]}/whl/cpu"
+        notes, cmds = plan(tmp_path, env={"GDN_TORCH_VARIANT": "cpu", "GDN_TORCH_INDEX": index})
+    assert "--index-url" not in pip_installs(cmds)[0]
+    assert any("did not answer within 10 s" in n and index in n for n in notes)
 
 
 def test_cpu_default_index_is_pytorchs(tmp_path):
