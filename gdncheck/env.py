@@ -8,7 +8,10 @@
 | ``GDN_IMPL`` | what the property suite tests: ``reference``, ``triton``, ``MODULE:CALLABLE`` | ``reference`` |
 | ``GDN_PROFILE`` | profile the property suite tests: ``f32``, ``bf16``, ``f16`` | ``f32`` |
 | ``GDN_REQUIRE_BROWSER`` | ``1``: the report's browser tests fail instead of skipping without chromium | unset |
+| ``GDN_REQUIRE_ACTIONLINT`` | ``1``: the workflow tests fail instead of skipping without actionlint | unset |
 | ``GDN_TORCH_VERSION`` | torch version ``scripts/bootstrap`` installs | ``2.13.0`` |
+| ``GDN_TORCH_VARIANT`` | torch build ``scripts/bootstrap`` installs: ``auto``, ``cpu``, ``cuda`` | ``auto`` |
+| ``GDN_TORCH_INDEX`` | index ``scripts/bootstrap`` takes torch from (``none``: pip's own sources) | see README |
 | ``GDN_NODE_LANES`` | partial sums per dot product in the Node.js example port | 64 |
 | ``GDN_NODE_VERBOSE`` | set: the Node.js example port logs its seq-len resets | unset |
 
@@ -35,7 +38,10 @@ KNOWN = {
     "GDN_IMPL": "implementation the property suite tests: reference, triton, MODULE:CALLABLE",
     "GDN_PROFILE": "profile the property suite tests: f32, bf16, f16",
     "GDN_REQUIRE_BROWSER": "1: the report's browser tests fail instead of skipping without chromium",
+    "GDN_REQUIRE_ACTIONLINT": "1: the workflow tests fail instead of skipping without actionlint",
     "GDN_TORCH_VERSION": "torch version scripts/bootstrap installs (default 2.13.0)",
+    "GDN_TORCH_VARIANT": "torch build scripts/bootstrap installs: auto (default), cpu, cuda",
+    "GDN_TORCH_INDEX": "index scripts/bootstrap takes torch from (default: PyTorch's CPU index for cpu; none)",
     "GDN_NODE_LANES": "partial sums per dot product in the Node.js example port (default 64)",
     "GDN_NODE_VERBOSE": "set: the Node.js example port logs its seq-len resets",
 }

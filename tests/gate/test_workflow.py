@@ -1,23 +1,21 @@
-"""The CI workflow parses, has the jobs the README promises, and every gdncheck command line in it
-parses with the real command-line parser (a renamed flag fails here, not in CI)."""
+"""The CI workflows have the jobs the README promises, and every gdncheck command line in them
+parses with the real command-line parser (a renamed flag fails here, not in CI). Their safety rules
+(triggers, permissions, concurrency, caches, actionlint) are tests/ci/test_workflows.py."""
 
 from __future__ import annotations
 
 import re
 import shlex
-from pathlib import Path
 
 import pytest
-import yaml
 
 from gdncheck.cli import build_parser
-
-WORKFLOW = Path(__file__).resolve().parents[2] / ".github" / "workflows" / "conformance.yml"
+from tests.ci import workflows as wf
 
 
 @pytest.fixture(scope="module")
-def workflow() -> dict:
-    return yaml.safe_load(WORKFLOW.read_text())
+def workflows() -> dict[str, dict]:
+    return wf.load_all()
 
 
 def _commands(job: dict, values: dict[str, str]) -> list[list[str]]:
@@ -37,28 +35,30 @@ def _commands(job: dict, values: dict[str, str]) -> list[list[str]]:
     return out
 
 
-def test_workflow_jobs(workflow):
-    on = workflow.get("on", workflow.get(True))  # YAML 1.1 reads a bare `on` as True
-    assert "push" in on and "pull_request" in on
-    jobs = workflow["jobs"]
-    assert jobs["gpu"]["runs-on"] == ["self-hosted", "gpu"]
-    assert jobs["gpu"]["strategy"]["matrix"]["shard"] == [0, 1]
-    uses = [s.get("uses", "") for j in jobs.values() for s in j["steps"]]
-    assert any(u.startswith("EnricoMi/publish-unit-test-result-action@") for u in uses)
-    assert any(u.startswith("actions/upload-artifact@") for u in uses)
+def test_workflow_jobs(workflows):
+    assert set(workflows) == {"conformance.yml", "gpu.yml", "publish.yml"}
+    cpu = workflows["conformance.yml"]
+    assert {"push", "pull_request"} <= set(wf.triggers(cpu)) and cpu["jobs"]["cpu"]["runs-on"] == "ubuntu-latest"
+    gpu = workflows["gpu.yml"]["jobs"]
+    assert gpu["gpu"]["runs-on"] == gpu["full"]["runs-on"] == ["self-hosted", "gpu"]
+    assert gpu["gpu"]["strategy"]["matrix"]["shard"] == [0, 1]
+    uses = [wf.uses(s) for w in workflows.values() for j in w["jobs"].values() for s in j["steps"]]
+    assert "EnricoMi/publish-unit-test-result-action" in uses
+    assert "actions/upload-artifact" in uses
 
 
-def test_every_gdncheck_command_parses(workflow):
+def test_every_gdncheck_command_parses(workflows):
     parser = build_parser()
     seen = []
-    for name, job in workflow["jobs"].items():
-        for shard in [str(s) for s in job.get("strategy", {}).get("matrix", {}).get("shard", ["0"])]:
-            for argv in _commands(job, {"matrix.shard": shard}):
-                try:
-                    args = parser.parse_args(argv)
-                except SystemExit:
-                    pytest.fail(f"job {name}: `gdncheck {' '.join(argv)}` does not parse")
-                seen.append((name, argv[0], args))
+    for fname, w in workflows.items():
+        for name, job in w["jobs"].items():
+            for shard in [str(s) for s in job.get("strategy", {}).get("matrix", {}).get("shard", ["0"])]:
+                for argv in _commands(job, {"matrix.shard": shard}):
+                    try:
+                        args = parser.parse_args(argv)
+                    except SystemExit:
+                        pytest.fail(f"{fname}: job {name}: `gdncheck {' '.join(argv)}` does not parse")
+                    seen.append((name, argv[0], args))
     assert any(c == "report" for _, c, _ in seen)
     gates = [(n, a) for n, c, a in seen if c == "gate"]
     assert {n for n, _ in gates} == {"cpu", "gpu", "full"}

@@ -1,9 +1,12 @@
-"""The report of a failing run in a real browser: headless Chromium opens it from file:// with no
-network, and the DevTools protocol reports console errors, the DOM and a screenshot.
+"""The report of a failing run in a real browser: Playwright drives headless Chromium (Debian's, found
+on PATH: Playwright downloads no browser of its own), which opens the report from file:// with no
+network; the tests read console errors, failed loads, the DOM and screenshots, and use the filters
+as a person would (clicks, a select).
 
-Screenshots and a copy of the report land in ``artifacts/`` (CI uploads it). Without Chromium the
-tests skip and say why; with ``GDN_REQUIRE_BROWSER=1`` (``.ci/run`` sets it once its install
-worked) they fail instead, so CI never passes without having looked.
+Screenshots and a copy of the report land in ``artifacts/`` (CI uploads it). Without Chromium or
+without Playwright (the dev extra) the tests skip and say why; with ``GDN_REQUIRE_BROWSER=1``
+(``.ci/run`` sets it once its install worked) they fail instead, so CI never passes without having
+looked.
 """
 
 from __future__ import annotations
@@ -18,22 +21,87 @@ from PIL import Image
 
 from gdncheck.reports.model import build
 
-from .cdp import Browser, find_chromium
-
 ARTIFACTS = Path(__file__).resolve().parents[2] / "artifacts"
+VIEWPORT = {"width": 1280, "height": 900}
+# Playwright adds its own automation flags; these keep Chromium off the network and quiet on a
+# machine whose only network is a package mirror (its background fetches would be refused at every start)
+FLAGS = ["--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking",
+         "--disable-component-update", "--disable-sync", "--disable-dev-shm-usage", "--hide-scrollbars",
+         "--mute-audio"]
+
+
+def find_chromium() -> str | None:
+    for name in ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable"):
+        path = shutil.which(name)
+        if path:
+            return path
+    return None
+
+
+def unavailable(why: str):
+    if os.environ.get("GDN_REQUIRE_BROWSER") == "1":
+        pytest.fail(why + " (GDN_REQUIRE_BROWSER=1)")
+    pytest.skip(why)
 
 
 @pytest.fixture(scope="module")
 def browser():
     exe = find_chromium()
     if exe is None:
-        why = ("no chromium on PATH: .ci/run installs Debian's chromium (apt-get install -y chromium); here the "
-               "install failed or was not run, so the report was not checked in a browser")
-        if os.environ.get("GDN_REQUIRE_BROWSER") == "1":
-            pytest.fail(why + " (GDN_REQUIRE_BROWSER=1)")
-        pytest.skip(why)
-    with Browser(exe) as b:
-        yield b
+        unavailable("no chromium on PATH: .ci/run installs Debian's chromium (apt-get install -y chromium); here the "
+                    "install failed or was not run, so the report was not checked in a browser")
+    try:
+        from playwright.sync_api import sync_playwright
+    except ImportError:
+        unavailable("playwright is not installed (it comes with the dev extra: scripts/bootstrap), so the report "
+                    "was not checked in a browser")
+    with sync_playwright() as pw:
+        # Playwright starts Chromium on a new empty profile folder of its own and removes it at close
+        chromium = pw.chromium.launch(executable_path=exe, headless=True, args=FLAGS)
+        try:
+            yield Browser(chromium)
+        finally:
+            chromium.close()
+
+
+class Browser:
+    """:meth:`open` loads a page in a fresh browser context (no cookies, storage or cache from an
+    earlier page) and records what goes wrong on it."""
+
+    def __init__(self, chromium):
+        self.chromium = chromium
+        self.page = None
+        self.errors: list[str] = []
+
+    def open(self, url: str, *, javascript: bool = True) -> None:
+        if self.page is not None:
+            self.page.context.close()
+        self.errors = []
+        self.page = page = self.chromium.new_context(viewport=VIEWPORT, java_script_enabled=javascript).new_page()
+        page.on("console", lambda m: m.type in ("error", "assert") and self.errors.append(f"console: {m.text}"))
+        page.on("pageerror", lambda e: self.errors.append(f"exception: {e}"))
+        page.on("requestfailed", lambda r: self.errors.append(f"failed load: {r.url} ({r.failure})"))
+        page.goto(url, wait_until="load")
+
+    def evaluate(self, expression: str):
+        return self.page.evaluate(expression)
+
+    def console_errors(self) -> list[str]:
+        """Console errors, uncaught exceptions and failed loads since the last :meth:`open`."""
+        self.page.evaluate("0")  # a round trip: every event sent before it has arrived
+        return list(self.errors)
+
+    def load_images(self) -> list[dict]:
+        """Load every image now (lazy ones too); each image's src, natural width and whether it decoded."""
+        return self.page.evaluate(
+            "Promise.all(Array.from(document.images).map(i => { i.loading = 'eager'; "
+            "return i.decode().then(() => ({src: i.getAttribute('src'), width: i.naturalWidth, ok: true}), "
+            "() => ({src: i.getAttribute('src'), width: i.naturalWidth, ok: false})); }))")
+
+    def screenshot(self, path: Path) -> Path:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.page.screenshot(path=str(path))
+        return path
 
 
 @pytest.fixture(scope="module")
@@ -69,11 +137,12 @@ def test_index_in_a_browser(browser, tiled, tiled_report, artifacts):
     assert browser.evaluate("document.getElementById('shown').textContent") == "4 of 4 cases shown"
     shot = browser.screenshot(artifacts / "report-index.png")
     not_blank(shot)
-    # the filters: passing cases off, then one tag
-    browser.evaluate("document.querySelector('input[name=status][value=pass]').click()")
+    # the filters as a person uses them: a click turns passing cases off, then one tag is chosen
+    page = browser.page
+    page.click("input[name=status][value=pass]")
+    assert page.is_checked("input[name=status][value=pass]") is False
     assert visible_rows(browser) == 2
-    browser.evaluate("var s = document.querySelector('select[name=tag]'); s.value = 'decode'; "
-                     "s.dispatchEvent(new Event('change', {bubbles: true}))")
+    page.select_option("select[name=tag]", "decode")
     assert visible_rows(browser) == 1
     assert browser.evaluate("document.querySelector('#grid tbody tr:not([hidden]) a').textContent") == \
         "decode_T12_Hk2_Hv4_dk16_dv8_s0"
@@ -82,6 +151,7 @@ def test_index_in_a_browser(browser, tiled, tiled_report, artifacts):
 
 def test_index_without_javascript(browser, tiled_report):
     browser.open(tiled_report.as_uri(), javascript=False)
+    assert browser.evaluate("document.getElementById('shown').textContent") == ""  # filters.js did not run
     assert visible_rows(browser) == 4
     assert browser.evaluate("document.getElementById('filters').offsetParent") is None  # hidden filters
     stages = browser.evaluate("document.querySelectorAll('#grid thead th.stage').length")
@@ -103,5 +173,5 @@ def test_failing_case_in_a_browser(browser, tiled, tiled_report, artifacts):
         next(r.anchor for r in case.records if r.first)
     shot = browser.screenshot(artifacts / "report-case.png")
     not_blank(shot)
-    browser.evaluate("document.querySelector('section.tensor.first').scrollIntoView()")
+    browser.page.locator("section.tensor.first").scroll_into_view_if_needed()
     not_blank(browser.screenshot(artifacts / "report-case-first-divergence.png"))
