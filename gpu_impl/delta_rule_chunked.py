@@ -108,6 +108,8 @@ def chunk_wu_kernel(
         b_XA = tl.dot(b_X, tl.where(m_s, b_A, 0.0), input_precision=PREC)
         b_X = b_X - tl.dot(b_XA, b_X, input_precision=PREC)
 
+    # k again (from L2): not holding it through the solve leaves registers to the C x C tiles
+    b_k = tl.load(p_k + o_qk, mask=m_tk, other=0.0).to(tl.float32)
     b_kb = b_k * (b_beta * tl.exp(b_gc))[:, None]
     b_w = tl.dot(b_X, b_kb, input_precision=PREC)
     tl.store(p_w + (o_row + o_t[:, None]) * DK + o_k[None, :], b_w, mask=m_tk)
