@@ -1,6 +1,6 @@
 """The Triton production path of the Qwen3.5 GDN layer (``gdncheck.gpu_impl``).
 
-One module per stage of SPEC §2, mirroring ``gdncheck.reference`` by module, function name,
+One module per stage of docs/spec.md §2, mirroring ``gdncheck.reference`` by module, function name,
 argument order and return tuple, on torch tensors; the formulas live in the reference
 docstrings. :class:`Layer` composes the fused fast path and carries a device :class:`State`.
 

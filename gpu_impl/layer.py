@@ -1,4 +1,4 @@
-"""The whole GDN decoder layer on the Triton path, with its state (SPEC §2, §4).
+"""The whole GDN decoder layer on the Triton path, with its state (docs/spec.md §2, §4).
 
 Fast path of one call (T tokens of B sequences), in the profile's activation dtype with fp32
 math inside every kernel:

@@ -1,4 +1,4 @@
-"""The layer's state on the device (SPEC §4), and device snapshots in the neutral file format.
+"""The layer's state on the device (docs/spec.md §4), and device snapshots in the neutral file format.
 
 ``conv_state`` [B, conv_dim, K] holds the last K pre-conv qkv columns in the activation dtype
 (they are in_proj outputs, already rounded to it, so that dtype loses nothing); ``recurrent_state``

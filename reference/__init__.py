@@ -1,6 +1,6 @@
 """The float64 NumPy reference of the Qwen3.5 Gated DeltaNet layer (``gdncheck.reference``).
 
-One module per stage of SPEC §2, each a plain function whose docstring holds the formula and
+One module per stage of docs/spec.md §2, each a plain function whose docstring holds the formula and
 shapes (the sparse mixture-of-experts block: :mod:`.moe`); :class:`Layer` composes them and carries
 the :class:`State`. :mod:`.serving` runs the layer as serving engines call it (packed sequences over a
 :class:`StatePool`, speculative verify and commit, prefix snapshots; ``docs/serving.md``). Never

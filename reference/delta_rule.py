@@ -1,4 +1,4 @@
-"""Stage 6, ``delta_rule``: the gated delta rule, recurrent form (the definition, SPEC §3).
+"""Stage 6, ``delta_rule``: the gated delta rule, recurrent form (the definition, docs/spec.md §3).
 
 The chunked form, which computes the same function with matrix products, is in
 :mod:`.delta_rule_chunked`. Both take their arguments in the same order: ``q, k, v, g, beta``.

@@ -1,4 +1,4 @@
-"""The whole GDN decoder layer: the stages of SPEC §2 composed, with its state (SPEC §4).
+"""The whole GDN decoder layer: the stages of docs/spec.md §2 composed, with its state (docs/spec.md §4).
 
 A layer whose config gives it the sparse mixture-of-experts block (``cfg.mlp_kind(layer)``) runs
 :func:`.moe.mlp_moe` in place of the dense MLP; its trace carries the block's tensors too.
@@ -72,7 +72,7 @@ def layer_forward(
 
     x: [B, T, D]; conv_state: [B, conv_dim, K]; recurrent_state: [B, Hv, dk, dv].
     Returns out [B, T, D], the new conv and recurrent states, and the trace: every stage tensor of
-    SPEC §2 by name. ``delta_rule``: ``auto`` (chunked when T > 1, recurrent for one token),
+    docs/spec.md §2 by name. ``delta_rule``: ``auto`` (chunked when T > 1, recurrent for one token),
     ``recurrent`` or ``chunked``. ``mlp_kind``: ``dense`` or ``moe`` (default: the config's, for a
     config whose layers all have the same block).
     """

@@ -1,4 +1,4 @@
-"""The layer's state between calls (SPEC §4), for a batch of independent sequences."""
+"""The layer's state between calls (docs/spec.md §4), for a batch of independent sequences."""
 
 from __future__ import annotations
 

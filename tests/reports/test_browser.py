@@ -155,7 +155,7 @@ def test_index_without_javascript(browser, tiled_report):
     assert visible_rows(browser) == 4
     assert browser.evaluate("document.getElementById('filters').offsetParent") is None  # hidden filters
     stages = browser.evaluate("document.querySelectorAll('#grid thead th.stage').length")
-    assert stages == 13  # SPEC §2 stages but the input, and seq_len
+    assert stages == 13  # docs/spec.md §2 stages but the input, and seq_len
     # three rows of cells; the expected-error case is one spanning cell
     assert browser.evaluate("document.querySelectorAll('#grid td.c').length") == 3 * stages
 
