@@ -23,7 +23,7 @@ import numpy as np
 
 from gdncheck._version import __version__
 from gdncheck.config import GDNConfig
-from gdncheck.conformance.judge.metrics import CaseStats, tensor_metrics
+from gdncheck.conformance.judge.metrics import CaseStats, case_stats, tensor_metrics
 from gdncheck.conformance.judge.tolerances import TABLE_FORMAT, recipe_of
 from gdncheck.env import limit_blas_threads
 from gdncheck.fixtures.build import golden_tensors
@@ -54,9 +54,10 @@ class Envelope:
         self.elem: dict[tuple, float] = {}
         self.nmse: dict[tuple, float] = {}
 
-    def add(self, mode: str, profile: str, recipe: str, tensor: str, actual, expected, stats: CaseStats) -> None:
+    def add(self, mode: str, profile: str, recipe: str, tensor: str, actual, expected, stats: CaseStats,
+            call: int | None = None) -> None:
         key = (mode, profile, recipe, tensor)
-        m = tensor_metrics(actual, expected, tensor, profile, stats)
+        m = tensor_metrics(actual, expected, tensor, profile, stats, call=call)
         if m.nan or m.inf_mismatch:
             raise RuntimeError(f"{recipe} {profile} {tensor}: non-finite values in an emulated run")
         self.elem[key] = max(self.elem.get(key, 0.0), m.max_err)
@@ -96,8 +97,8 @@ def observe(spec_index: int, seed: int, profiles=VERIFY_PROFILES, placements=Non
     inp = CaseInput(case.id, case.config, case.weights, case.batch, case.program.steps, case.program.inputs,
                     case.expected)
     calls = call_steps(case.program.steps)
-    stats = {name: CaseStats(name, [gold[call_key(s["call"], name)] for s in calls if name in s["expected"]])
-             for name in {n for s in calls for n in s["expected"]}}
+    stats = case_stats({name: {s["call"]: gold[call_key(s["call"], name)] for s in calls if name in s["expected"]}
+                        for name in {n for s in calls for n in s["expected"]}}, spec.cfg.rms_norm_eps)
     env = Envelope()
     for profile in profiles:
         for placement in placements or variants(profile, spec.tags):
@@ -107,7 +108,7 @@ def observe(spec_index: int, seed: int, profiles=VERIFY_PROFILES, placements=Non
             for step in calls:
                 for name in step["expected"]:
                     key = call_key(step["call"], name)
-                    env.add(END_TO_END, profile, recipe, name, res.outputs[key], gold[key], stats[name])
+                    env.add(END_TO_END, profile, recipe, name, res.outputs[key], gold[key], stats[name], step["call"])
             if spec.state_in:
                 impl = emulated(GDNConfig.from_hf(case.config), case.weights, profile=profile, placement=placement)
                 for step in calls:
@@ -125,7 +126,7 @@ def _observe_isolated(env: Envelope, impl, gold, step: dict, profile: str, recip
         for name in STAGE_OUTPUTS[stage]:
             key = call_key(k, name)
             if key in gold:
-                env.add(STAGE_ISOLATED, profile, recipe, name, outputs[name], gold[key], stats[name])
+                env.add(STAGE_ISOLATED, profile, recipe, name, outputs[name], gold[key], stats[name], k)
 
 
 def _observe_job(args):
