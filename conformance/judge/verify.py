@@ -22,6 +22,7 @@ from gdncheck.profiles import VERIFY_PROFILES, choices
 
 from .aliases import load_names
 from .case import CaseJudge
+from .diagnose import advise
 from .records import CaseReport, Summary
 from .tolerances import ToleranceTable, load_table
 
@@ -29,13 +30,15 @@ from .tolerances import ToleranceTable, load_table
 def verify(fixtures_dir: str | Path, outputs_dir: str | Path, profile: str, *, cases: list[str] | None = None,
            tags: list[str] | None = None, shard: tuple[int, int] | None = None, stage_isolated: bool = False,
            tolerances: str | Path | ToleranceTable | None = None,
-           progress: Callable[[CaseReport], None] | None = None, names: str | None = None) -> Summary:
+           progress: Callable[[CaseReport], None] | None = None, names: str | None = None,
+           diagnose: Callable | None = None) -> Summary:
     """Verify the outputs in ``outputs_dir`` against the fixtures in ``fixtures_dir`` at ``profile``.
 
     ``cases`` (ids or id prefixes), ``tags`` and ``shard=(i, n)`` select cases; ``names`` reads the
     outputs through a name table (:mod:`.aliases`: ``hf``, ``doppler``, ``metrale`` or a path). Raises
     :class:`FixtureError` only when the fixture folder itself is unusable (no readable manifest) or
-    the name table is unknown.
+    the name table is unknown. ``diagnose`` (a :class:`~.diagnose.Diagnoser`) names the likely cause
+    of each failing case at its first divergence; it never changes a verdict.
     """
     table = tolerances if isinstance(tolerances, ToleranceTable) else load_table(tolerances)
     name_table = load_names(names)
@@ -66,6 +69,8 @@ def verify(fixtures_dir: str | Path, outputs_dir: str | Path, profile: str, *, c
     for entry in entries:
         judge = CaseJudge(Path(fixtures_dir), Path(outputs_dir), entry, profile, table, stage_isolated, name_table)
         report = judge.run()
+        if diagnose is not None and report.status == "fail":
+            report.diagnosis = advise(diagnose, judge, report)
         if judge.meta:
             impls[entry["id"]] = judge.meta
         summary.cases.append(report)

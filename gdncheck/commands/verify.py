@@ -35,6 +35,9 @@ def configure(p: argparse.ArgumentParser) -> None:
                    help="read the port's own tensor names through a name table: hf, doppler, metrale or a JSON path "
                         "(FORMAT.md §13)")
     p.add_argument("--report", metavar="DIR", help="also write the HTML diff report there (docs/report.md)")
+    p.add_argument("--diagnose", type=int, default=8, metavar="N",
+                   help="name the likely cause of the first N failing cases (default 8; 0: none): each runs every "
+                        "known bug class on the case (docs/meta.md)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -53,6 +56,8 @@ def run(args: argparse.Namespace) -> int:
         else:
             print(f"FAIL  {c.id}: first divergence {c.first_divergence}")
             print(f"      {c.message}\n      repro: {c.repro}")
+            if c.diagnosis:
+                print(f"      likely cause: {c.diagnosis['text']}")
             if args.verbose:
                 for r in c.records:
                     if r.verdict == "fail" and r.message != c.message:
@@ -62,7 +67,7 @@ def run(args: argparse.Namespace) -> int:
 
     summary = verify(args.fixtures, args.outputs, args.profile, cases=args.case, tags=args.tag,
                      shard=parse_shard(args.shard), stage_isolated=args.stage_isolated, tolerances=args.tolerances,
-                     progress=progress, names=args.names)
+                     progress=progress, names=args.names, diagnose=diagnoser(args))
     path = Path(args.summary) if args.summary else Path(args.outputs) / f"verify-summary-{args.profile}.json"
     summary.write(path)
     if args.junit:
@@ -84,3 +89,12 @@ def run(args: argparse.Namespace) -> int:
         index = write_report(summary.to_json(), args.report, fixtures_dir=args.fixtures, outputs_dir=args.outputs)
         print(f"report: {index}")
     return summary.exit_code
+
+
+def diagnoser(args: argparse.Namespace):
+    """The likely-cause hook of verify: the transforms and every mutant (conformance/meta)."""
+    if args.diagnose <= 0:
+        return None
+    from gdncheck.conformance.meta.catalogue import mutant_diagnoser
+
+    return mutant_diagnoser(args.fixtures, limit=args.diagnose)
