@@ -38,15 +38,47 @@ def rel_err(a, b) -> float:
 UNIT_ROUNDOFF = {"f32": 2.0**-24, "bf16": 2.0**-8, "f16": 2.0**-11}
 
 
-def routing_decided(router_logits, top_k: int, profile: str) -> np.ndarray:
-    """[..., T] bool: the tokens whose selected experts no correct port of ``profile`` can change when
-    it routes the *same* h_norm (a stage-chained comparison): the gap between the k-th and (k+1)-th
-    router logits is over 4·u·(|l_(k)| + |l_(k+1)|) + 1e-4, twice what rounding both logits to the
-    profile's dtype moves it, plus room for float32 GEMM accumulation (docs/moe.md, "What the
-    fixture cases need"). With top_k = E every token is decided."""
+def routing_decided(router_logits, top_k: int, profile: str, h_norm=None, w_router=None,
+                    drift: float = 0.0) -> np.ndarray:
+    """[..., T] bool: the tokens whose selected experts no correct port of ``profile`` can change.
+
+    Stage-chained (the port routes the *same* h_norm): the gap between the k-th and (k+1)-th router
+    logits must exceed 4·u·(|l_(k)| + |l_(k+1)|) + 1e-4, twice what rounding both logits to the
+    profile's dtype moves it, plus room for float32 GEMM accumulation. End to end, the port's h_norm
+    has drifted by up to ``drift``·max|h_norm| per element, which moves the gap by up to that times
+    Σ_d |W_(k),d − W_(k+1),d|: pass ``h_norm`` [..., T, D], ``w_router`` [E, D] and ``drift`` to add
+    twice that (docs/moe.md, "What the fixture cases need"). With top_k = E every token is decided."""
     logits = np.asarray(router_logits, dtype=np.float64)
     if top_k >= logits.shape[-1]:
         return np.ones(logits.shape[:-1], dtype=bool)
-    top = -np.sort(-logits, axis=-1)[..., top_k - 1: top_k + 1]
+    order = np.argsort(-logits, axis=-1, kind="stable")[..., top_k - 1: top_k + 1]
+    top = np.take_along_axis(logits, order, axis=-1)
     bound = 4 * UNIT_ROUNDOFF[profile] * np.abs(top).sum(-1) + 1e-4
+    if drift:
+        w = np.asarray(w_router, dtype=np.float64)
+        spread = np.abs(w[order[..., 0]] - w[order[..., 1]]).sum(-1)
+        bound = bound + 2 * drift * np.abs(np.asarray(h_norm, dtype=np.float64)).max(-1) * spread
     return top[..., 0] - top[..., 1] > bound
+
+
+def moe_case(cfg, weights, x: np.ndarray, splits, case_id: str = "moe"):
+    """A case of the port contract (gdncheck.harness.CaseInput) calling the layer over x [B, T, D] in
+    the segments between ``splits`` (forward calls, every tensor kept)."""
+    from gdncheck.harness import CaseInput
+
+    B = x.shape[0]
+    program = [{"op": "construct", "strict": False}]
+    inputs = {}
+    for k, (a, b) in enumerate(zip(splits[:-1], splits[1:])):
+        program.append({"op": "forward", "call": k, "seq_pos": [a] * B})
+        inputs[k] = np.ascontiguousarray(x[:, a:b], dtype=np.float32)
+    return CaseInput(case_id, cfg.to_hf(), weights, B, program, inputs)
+
+
+def by_expert(selected_experts, routing_weights):
+    """(selected experts, routing weights) with each token's slots sorted by expert index: the
+    routing as a set. Two correct ports may order the slots of nearly equal probabilities
+    differently (nothing downstream depends on the slot order but the summation order)."""
+    sel = np.asarray(selected_experts)
+    order = np.argsort(sel, axis=-1, kind="stable")
+    return np.take_along_axis(sel, order, -1), np.take_along_axis(np.asarray(routing_weights), order, -1)
