@@ -112,12 +112,15 @@ class MoEStages:
     def routing(self, router_logits):
         """fp32 softmax, the top_k by probability (a stable sort: exact ties to the lower index),
         renormalised in fp32 where the config says; returns (routing_weights, selected_experts int64)."""
-        cfg, l = self.cfg, f32(router_logits)
+        return self.route(router_logits, self.cfg.norm_topk_prob)
+
+    def route(self, router_logits, renormalise: bool):
+        l = f32(router_logits)
         z = np.exp(l - l.max(axis=-1, keepdims=True))
         p = z / lowp.sum_last(z, self.order)
-        selected = np.argsort(-p, axis=-1, kind="stable")[..., : cfg.num_experts_per_tok]
+        selected = np.argsort(-p, axis=-1, kind="stable")[..., : self.cfg.num_experts_per_tok]
         weights = np.take_along_axis(p, selected, axis=-1)
-        if cfg.norm_topk_prob:
+        if renormalise:
             weights = weights / lowp.sum_last(weights, self.order)
         if self.moe_rounding.weights_stored:
             weights = self.store(weights)
