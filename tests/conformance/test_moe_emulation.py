@@ -18,7 +18,7 @@ from gdncheck.conformance.judge.metrics import CaseStats
 from gdncheck.experts import ROUTER
 from gdncheck.fixtures.reference_impl import reference_f64
 from gdncheck.harness import call_key, call_steps, execute
-from gdncheck.stages import layer_stage_names, moe_layer_tensor_names, stage_outputs
+from gdncheck.stages import layer_stage_names, moe_layer_tensor_names, stage_inputs, stage_outputs
 from gdncheck.synthetic import make_inputs, make_weights
 from tests.helpers import by_expert, moe_case, rel_err, routing_decided
 
@@ -194,3 +194,15 @@ def test_the_derivation_observes_the_sparse_stages(sparse_case):
     stages = layer_stage_names("moe")[1:]
     assert seen == {n for s in stages for n in stage_outputs(s, "moe")} - {"selected_experts"}
     assert all(env.elem[("stage_isolated", "bf16", "moe-recipe", n)] > 0 for n in BLOCK)
+
+
+def test_the_reference_stage_runner_reproduces_its_own_trace(sparse_case):
+    """The float64 reference's run_stage (the goldens' stage-isolated mode) on a sparse layer: from
+    the golden inputs each of the block's stages gives back the golden tensors (the weights reach
+    the right stage functions: the router, the gate/up split, the shared expert, the sum)."""
+    case, gold = sparse_case
+    impl = reference_f64(CFG, case.weights)
+    for stage in ("router", "routing", "experts", "shared_expert", "mlp"):
+        inputs = {n: gold[call_key(0, n)] for n in stage_inputs(stage, "moe")}
+        for name, value in impl.run_stage(stage, inputs).items():
+            np.testing.assert_array_equal(value, gold[call_key(0, name)], err_msg=f"{stage}: {name}")
