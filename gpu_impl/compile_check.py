@@ -148,12 +148,12 @@ class Compiler:
         self.scenario = ""
         self.decode = False
         self.builds: dict[tuple[str, str], Build] = {}
-        self._jits: dict[str, JITFunction] = {}
+        self._jits: dict[Kernel, JITFunction] = {}  # by kernel, not name: a name's JIT binds its own signature
         self._jit_type = JITFunction
 
     def launch(self, k: Kernel, grid: tuple[int, ...], kwargs: dict) -> None:
         # a JITFunction of our own: its binder caches the sm_90 target for "device 0"
-        jit = self._jits.setdefault(k.__name__, self._jit_type(k.fn))
+        jit = self._jits.setdefault(k, self._jit_type(k.fn))
         t0 = time.perf_counter()
         with _driver(self.arch):
             compiled = jit.warmup(grid=grid, **kwargs)

@@ -10,7 +10,7 @@ The fused block (:func:`mlp_moe`), as an engine runs it:
    renormalisation; routing weights fp32, selected experts int64;
 3. the experts (gpu_impl/moe_gemm.py): slots grouped by expert, a grouped gate/up GEMM with the
    SwiGLU fused, a grouped down GEMM scaling each slot by its routing weight (fp32 results);
-4. the shared expert: :func:`swiglu_kernel` on its gate/up columns, its down GEMM (torch);
+4. the shared expert: :func:`shared_swiglu_kernel` on its gate/up columns, its down GEMM (torch);
 5. :func:`combine_kernel`: each token's k slot rows summed in slot order, the shared expert's output
    scaled by sigmoid(gate logit), their sum; experts_out, shared_out and mlp_out rounded once each
    to the activation dtype from fp32 (the Triton ``Layer``'s fast path stores mlp_out alone).
@@ -49,7 +49,8 @@ from .target import empty, interpreting, kernel, next_pow2
 
 #: Bytes the per-slot buffers of one pass over the experts may take (the fp32 slot outputs and the
 #: activations, :func:`slot_bytes_per_token`); a call with more tokens runs them in slices of tokens.
-#: Each token's result does not depend on the slicing (its rows meet no other token's in any sum).
+#: A token's rows meet no other token's in any sum, so slicing changes nothing but the tile shapes
+#: the grouped GEMMs pick (tests/gpu_impl/test_layer_moe.py: within the bound of two forms).
 MOE_BUDGET = 2 << 30
 
 
@@ -94,7 +95,7 @@ def routing_kernel(
 
 
 @kernel
-def swiglu_kernel(p_g, p_u, s_r, p_out, N, I, BR: tl.constexpr, BI: tl.constexpr):
+def shared_swiglu_kernel(p_g, p_u, s_r, p_out, N, I, BR: tl.constexpr, BI: tl.constexpr):
     """act = silu(gate) · up — reference/mlp.py. gate, up: [N, I] with row stride s_r (columns of
     one wider GEMM output); act: [N, I] contiguous. Grid: (cdiv(N, BR), cdiv(I, BI))."""
     i_r, i_i = tl.program_id(0), tl.program_id(1)
@@ -186,7 +187,7 @@ def _swiglu(gate_up: torch.Tensor, I: int) -> torch.Tensor:
     N = gate_up.shape[0]
     out = empty((N, I), gate_up.dtype, gate_up.device)
     BR, BI = _rows_cols(gate_up, N, I)
-    swiglu_kernel[(triton.cdiv(N, BR), triton.cdiv(I, BI))](
+    shared_swiglu_kernel[(triton.cdiv(N, BR), triton.cdiv(I, BI))](
         p_g=gate_up, p_u=gate_up[:, I:], s_r=gate_up.stride(0), p_out=out, N=N, I=I, BR=BR, BI=BI, num_warps=4)
     return out
 

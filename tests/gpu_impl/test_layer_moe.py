@@ -222,5 +222,24 @@ def test_sparse_decode_compiles_without_spills():
     assert compiler.problems() == []
     decode = [b for b in compiler.builds.values() if b.decode]
     assert {"routing_kernel", "expert_gate_up_kernel", "expert_down_kernel", "combine_kernel",
-            "swiglu_kernel"} <= {b.kernel for b in decode}
+            "shared_swiglu_kernel"} <= {b.kernel for b in decode}
     assert all(b.local_bytes == 0 for b in decode), [(b.kernel, b.params, b.local_bytes) for b in decode]
+
+
+def test_kernel_names_are_unique():
+    """The compile table and the launch records name a kernel by its function's name: two kernels of
+    one name would share a row (the sparse block's SwiGLU over strided columns once shared the dense
+    MLP's name, and the compile check bound one's arguments to the other's signature)."""
+    import importlib
+    import pkgutil
+
+    import gdncheck.gpu_impl as package
+    from gdncheck.gpu_impl.target import Kernel
+
+    seen: dict[str, str] = {}
+    for info in pkgutil.iter_modules(package.__path__):
+        module = importlib.import_module(f"{package.__name__}.{info.name}")
+        for value in vars(module).values():
+            if isinstance(value, Kernel) and value.fn.__module__ == module.__name__:
+                assert seen.setdefault(value.__name__, module.__name__) == module.__name__, value.__name__
+    assert {"swiglu_kernel", "shared_swiglu_kernel", "routing_kernel"} <= set(seen)

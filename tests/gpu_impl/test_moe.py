@@ -157,5 +157,5 @@ def test_every_moe_kernel_compiles_for_sm90():
                           N, D, k, h.dtype, h.device)
         names |= {kernel for kernel, _ in done.builds}
         assert not done.problems(), done.problems()
-    assert names == {"routing_kernel", "expert_gate_up_kernel", "expert_down_kernel", "swiglu_kernel",
+    assert names == {"routing_kernel", "expert_gate_up_kernel", "expert_down_kernel", "shared_swiglu_kernel",
                      "combine_kernel"}
