@@ -10,8 +10,7 @@ from gdncheck.env import limit_blas_threads
 from gdncheck.fixtures.manifest import DEFAULT_DIR
 from gdncheck.profiles import VERIFY_PROFILES
 
-from .kill_matrix import format_matrix, matrix, write_docs
-from .mutants import MUTANTS
+from .kill_matrix import CATALOGUE, format_matrix, matrix, write_docs
 
 
 def main(argv=None) -> int:
@@ -28,7 +27,7 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     limit_blas_threads()
     profiles = tuple(args.profiles.split(","))
-    mutants = [m for m in MUTANTS if not args.mutant or m.name in args.mutant]
+    mutants = [m for m in CATALOGUE if not args.mutant or m.name in args.mutant]
     def progress(r):
         print(f"{r.mutant} [{r.profile}]: {r.cell()}; likely cause {r.diagnosis_cell()}"
               + (f"\n  {r.message}\n  repro: {r.repro}\n" if args.verbose else ""), file=sys.stderr, flush=True)
@@ -40,7 +39,7 @@ def main(argv=None) -> int:
     if args.write_docs:
         write_docs(args.write_docs, table)
         print(f"wrote the kill matrix into {args.write_docs}", file=sys.stderr)
-    survivors = [r for r in results if not r.killed]
+    survivors = [r for r in results if not r.killed and r.cases]  # "no case": not run, not a survivor
     return 1 if survivors and len(survivors) == len(results) else 0
 
 

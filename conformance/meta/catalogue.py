@@ -2,9 +2,9 @@
 known bug class produces on a failing case, at its first divergence.
 
 The judge stands below the mutants (docs/layout.md), so the diagnosis takes this catalogue as an
-injected callable. It runs every mutant (:data:`~.mutants.MUTANTS`) on the failing case in the same
-profile and mode, up to the failing step, and hands over the failing tensor of each; a case's runs
-are kept for the other records of the same case. The kill matrix, which has every mutant's outputs
+injected callable. It runs every mutant (:data:`ALL_MUTANTS`; the sparse block's only on cases with
+their tags) on the failing case in the same profile and mode, up to the failing step, and hands over
+the failing tensor of each; a case's runs are kept for the other records of the same case. The kill matrix, which has every mutant's outputs
 already, reads them from its output folders instead (``outputs=``).
 
     verify(..., diagnose=Diagnoser(MutantCatalogue(fixtures_dir)))
@@ -19,12 +19,18 @@ import numpy as np
 from gdncheck.config import GDNConfig
 from gdncheck.conformance.judge.diagnose import Diagnoser
 from gdncheck.conformance.ports.run import load_case_input
+from gdncheck.experts import mlp_kind_of
 from gdncheck.harness import CaseInput, call_key, execute, golden_inputs, to_numpy
 from gdncheck.safetensors_io import SafetensorsFile
 from gdncheck.stages import stage_of
 from gdncheck.weights import LayerWeights
 
+from .moe_mutants import MOE_MUTANTS
 from .mutants import MUTANTS, Mutant
+
+#: Every known bug class: the dense layer's mutants and the sparse block's (those only on a case
+#: carrying their ``case_tags``).
+ALL_MUTANTS: tuple[Mutant, ...] = MUTANTS + MOE_MUTANTS
 
 #: How many failing cases one verify run diagnoses by default (each runs every mutant once).
 DEFAULT_LIMIT = 8
@@ -33,7 +39,7 @@ DEFAULT_LIMIT = 8
 class MutantCatalogue:
     """``(entry, profile, mode, record) -> {mutant name: (bug class, tensor)}`` (module docstring)."""
 
-    def __init__(self, fixtures_dir: str | Path, mutants: tuple[Mutant, ...] = MUTANTS,
+    def __init__(self, fixtures_dir: str | Path, mutants: tuple[Mutant, ...] = ALL_MUTANTS,
                  outputs: dict[str, Path] | None = None):
         self.fixtures = Path(fixtures_dir)
         self.mutants = mutants
@@ -44,6 +50,8 @@ class MutantCatalogue:
         out = {}
         key = call_key(rec.call, rec.tensor)
         for m in self.mutants:
+            if not set(getattr(m, "case_tags", ())) <= set(entry.get("tags", ())):
+                continue  # a sparse block's bug class on a case without that block
             arr = self._tensor(m, entry, profile, mode, rec, key)
             if arr is not None:
                 out[m.name] = (m.bug_class, np.asarray(arr, dtype=np.float64))
@@ -67,7 +75,7 @@ class MutantCatalogue:
             cfg = GDNConfig.from_hf(dict(inp.config))
             impl = m.factory(cfg, LayerWeights(inp.weights, config=cfg), profile=profile)
             stage = stage_of(rec.tensor)
-            inputs = golden_inputs(gold, rec.call, stage)
+            inputs = golden_inputs(gold, rec.call, stage, mlp_kind_of(inp.weights))
             if inputs is None:
                 return {}
             result = impl.run_stage(stage, inputs)

@@ -26,9 +26,13 @@ from gdncheck.conformance.ports.run import run_impl
 from gdncheck.fixtures.cases import REALISTIC
 from gdncheck.fixtures.manifest import DEFAULT_DIR, load_manifest
 from gdncheck.profiles import VERIFY_PROFILES
-from gdncheck.stages import STAGE_NAMES
+from gdncheck.stages import stage_rank
 
+from .moe_mutants import MOE_MUTANTS, tagged_cases
 from .mutants import MUTANTS, Mutant
+
+#: Every mutant the matrix runs: the dense layer's, then the sparse block's (run on their tagged cases).
+CATALOGUE: tuple[Mutant, ...] = MUTANTS + MOE_MUTANTS
 
 #: The margin a mutant must beat at its own stage wherever its effect exceeds rounding.
 GOAL = 10.0
@@ -74,6 +78,8 @@ class KillResult:
         return f"{self.named_right}/{self.diagnosed}" + (f" (else: {others})" if others else "")
 
     def cell(self) -> str:
+        if not self.cases:
+            return "no case"
         if not self.killed:
             return f"below rounding (×{self.margin:.2g})"
         m = "∞" if math.isinf(self.stage_margin) else f"{self.stage_margin:.2g}"
@@ -84,17 +90,37 @@ def kill(mutant: Mutant, profile: str, fixtures_dir=DEFAULT_DIR, out_dir=None, c
          tolerances=None, stage_isolated: bool = False, diagnose=None) -> KillResult:
     """Run ``mutant`` over the cases in ``profile`` (end to end, or every stage alone from golden
     inputs) and verify its outputs (with ``tolerances``: a table path, default the packaged one;
-    ``diagnose``: verify's likely-cause hook)."""
+    ``diagnose``: verify's likely-cause hook). A mutant with ``case_tags`` (the sparse block's) runs
+    on the cases carrying them by default; with none in the suite it is not run (``cases`` 0, cell
+    "no case")."""
     logging.getLogger("gdncheck").setLevel(logging.ERROR)
+    cases = cases_of(mutant, fixtures_dir, cases)
+    if cases == []:
+        return KillResult(mutant.name, profile, False, None, 0, 0,
+                          message=f"no case tagged {', '.join(mutant.case_tags)} in {fixtures_dir}")
     iso = " --stage-isolated" if stage_isolated else ""
     with tempfile.TemporaryDirectory(prefix=f"gdncheck-mutant-{mutant.name}-") as tmp:
         out = Path(out_dir) if out_dir else Path(tmp)
         run_impl(mutant.factory, fixtures_dir, out, profile, cases=cases, stage_isolated=stage_isolated,
-                 command=f"gdncheck run gdncheck.conformance.meta.mutants:{mutant.name} --fixtures {fixtures_dir} "
+                 command=f"gdncheck run {module_of(mutant)}:{mutant.name} --fixtures {fixtures_dir} "
                          f"--out {out} --profile {profile}{iso}")
         summary = verify(fixtures_dir, out, profile, cases=cases, tolerances=tolerances, stage_isolated=stage_isolated,
                          diagnose=diagnose)
     return result_of(mutant, profile, summary, fixtures_dir)
+
+
+def cases_of(mutant: Mutant, fixtures_dir, cases=None) -> list[str] | None:
+    """The cases ``mutant`` runs on: ``cases`` if given, else those carrying its ``case_tags`` (the
+    sparse block's mutants; ``[]`` when the suite has none), else every case (None)."""
+    tags = getattr(mutant, "case_tags", ())
+    if cases is None and tags:
+        return tagged_cases(fixtures_dir, tags)
+    return cases
+
+
+def module_of(mutant: Mutant) -> str:
+    """Where ``mutant``'s plug-in factory lives (``gdncheck run MODULE:NAME``)."""
+    return getattr(mutant, "module", "gdncheck.conformance.meta.mutants")
 
 
 def result_of(mutant: Mutant, profile: str, summary: Summary, fixtures_dir=DEFAULT_DIR) -> KillResult:
@@ -103,7 +129,7 @@ def result_of(mutant: Mutant, profile: str, summary: Summary, fixtures_dir=DEFAU
     failing = [c for c in summary.cases if c.status == "fail"]
     first_by_case = {c.id: c.first_divergence for c in failing}
     stages = [fd.stage for fd in first_by_case.values() if fd and fd.stage]
-    first = min(stages, key=STAGE_NAMES.index) if stages else None
+    first = min(stages, key=stage_rank) if stages else None
     earliest = next((c for c in failing if c.first_divergence and c.first_divergence.stage == first), None)
     r = KillResult(mutant.name, profile, bool(failing), first, len(failing), len(summary.cases), first_by_case=first_by_case,
                    message=earliest.message if earliest else None, repro=earliest.repro if earliest else None,
@@ -122,7 +148,7 @@ def result_of(mutant: Mutant, profile: str, summary: Summary, fixtures_dir=DEFAU
     return r
 
 
-def matrix(profiles=VERIFY_PROFILES, fixtures_dir=DEFAULT_DIR, mutants=MUTANTS, tolerances=None, cases=None,
+def matrix(profiles=VERIFY_PROFILES, fixtures_dir=DEFAULT_DIR, mutants=CATALOGUE, tolerances=None, cases=None,
            diagnose: bool = True, progress=None) -> list[KillResult]:
     """Every mutant in every profile; with ``diagnose``, also the likely cause verify names for each
     failing case of each mutant (:func:`diagnose_all`)."""
@@ -139,6 +165,8 @@ def matrix(profiles=VERIFY_PROFILES, fixtures_dir=DEFAULT_DIR, mutants=MUTANTS, 
                     progress(r)
             if diagnose:
                 for r, m in zip(row, mutants):
+                    if not r.cases:  # not run: nothing to diagnose
+                        continue
                     diagnose_all(r, m, p, fixtures_dir, dirs, Path(tmp) / f"port-{m.name}", cases, tolerances)
                     if progress:
                         progress(r)
@@ -157,9 +185,10 @@ def diagnose_all(r: KillResult, mutant: Mutant, profile: str, fixtures_dir, dirs
     likely cause names it, given the catalogue's outputs in ``dirs`` (every mutant, placement hf)."""
     from .catalogue import mutant_diagnoser  # the catalogue runs verify's diagnosis: imported when used
 
+    cases = cases_of(mutant, fixtures_dir, cases)
     factory = functools.partial(mutant.factory, placement=PORT_PLACEMENT)
     run_impl(factory, fixtures_dir, out, profile, cases=cases,
-             command=f"gdncheck run gdncheck.conformance.meta.mutants:{mutant.name} --option placement="
+             command=f"gdncheck run {module_of(mutant)}:{mutant.name} --option placement="
                      f"{PORT_PLACEMENT} --fixtures {fixtures_dir} --out {out} --profile {profile}")
     summary = verify(fixtures_dir, out, profile, cases=cases, tolerances=tolerances,
                      diagnose=mutant_diagnoser(fixtures_dir, limit=None, outputs=dirs))
@@ -175,7 +204,7 @@ def diagnose_all(r: KillResult, mutant: Mutant, profile: str, fixtures_dir, dirs
             r.named_other[str(named)] = r.named_other.get(str(named), 0) + 1
 
 
-def format_matrix(results: list[KillResult], profiles=VERIFY_PROFILES, mutants=MUTANTS) -> str:
+def format_matrix(results: list[KillResult], profiles=VERIFY_PROFILES, mutants=CATALOGUE) -> str:
     """A markdown table: mutant (bug class), expected first stage, the edge case built for it, then per
     profile the first stage caught, the margin there and the failing cases (and, for an edge-only bug,
     the worst margin over the realistic cases, which must stay below 1)."""
