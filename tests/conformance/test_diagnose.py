@@ -73,3 +73,65 @@ def test_the_diagnoser_advises_only_and_respects_its_limit():
         first_divergence = None
         records = []
     assert Diagnoser()(None, Report()) is None  # nothing to diagnose without a first divergence
+
+
+# --- through verify: the catalogue names the bug, and a diagnosis never changes a verdict -------------
+CASE = "decode_T12"
+
+
+def _verdicts(summary):
+    return [(c.id, c.status, c.message, [(r.tensor, r.call, r.verdict) for r in c.records]) for c in summary.cases]
+
+
+def test_through_verify_the_catalogue_names_the_bug_of_another_engine(fixtures_dir, tmp_path):
+    """A gated-norm weight applied as (1 + w), in another engine's roundings (placement fp32_once),
+    is named by the mutant catalogue (placement hf) at its first divergence; the verdicts are those
+    of verify without the diagnosis."""
+    import functools
+
+    from gdncheck.conformance.judge.verify import verify
+    from gdncheck.conformance.meta.catalogue import mutant_diagnoser
+    from gdncheck.conformance.meta.mutants import MUTANT_BY_NAME
+    from gdncheck.conformance.ports.run import run_impl
+
+    m = MUTANT_BY_NAME["gated_norm_weight_one_plus"]
+    run_impl(functools.partial(m.factory, placement="fp32_once"), fixtures_dir, tmp_path, "bf16", cases=[CASE])
+    plain = verify(fixtures_dir, tmp_path, "bf16", cases=[CASE])
+    told = verify(fixtures_dir, tmp_path, "bf16", cases=[CASE], diagnose=mutant_diagnoser(fixtures_dir))
+    assert _verdicts(told) == _verdicts(plain) and plain.cases[0].status == "fail"
+    d = told.cases[0].diagnosis
+    assert plain.cases[0].diagnosis is None
+    assert (d["verdict"], d["candidate"], d["source"]) == ("matches", "gated_norm_weight_one_plus", "mutant"), d
+    assert d["tensor"] == told.cases[0].first_divergence.tensor and d["residual"] < MATCH
+    assert d["text"].startswith("matches: gated-norm weight applied as (1 + w) (residual ")
+    doc = told.to_json()
+    assert doc["cases"][0]["diagnosis"]["text"] == d["text"]  # the summary JSON carries it
+
+
+def test_a_diagnosis_never_changes_a_verdict(fixtures_dir, tmp_path):
+    """A diagnoser that claims a match for everything, or raises, leaves every verdict as it was: a
+    passing case is never diagnosed, a failing one keeps its status and records."""
+    from gdncheck.conformance.judge.verify import verify
+    from gdncheck.conformance.ports.run import run_impl
+
+    run_impl("reference", fixtures_dir, tmp_path / "ok", "f32", cases=[CASE])
+    calls = []
+
+    def always(judge, report):
+        calls.append(report.id)
+        return {"verdict": "matches", "text": "matches: everything", "tensor": None, "call": None}
+
+    ok = verify(fixtures_dir, tmp_path / "ok", "f32", cases=[CASE], diagnose=always)
+    assert ok.cases[0].status == "pass" and ok.cases[0].diagnosis is None and calls == [] and ok.exit_code == 0
+
+    def boom(judge, report):
+        raise RuntimeError("catalogue broke")
+
+    from gdncheck.conformance.meta.mutants import MUTANT_BY_NAME
+
+    run_impl(MUTANT_BY_NAME["scale_doubled"].factory, fixtures_dir, tmp_path / "bad", "f32", cases=[CASE])
+    plain = verify(fixtures_dir, tmp_path / "bad", "f32", cases=[CASE])
+    for hook in (always, boom):
+        s = verify(fixtures_dir, tmp_path / "bad", "f32", cases=[CASE], diagnose=hook)
+        assert _verdicts(s) == _verdicts(plain) and s.exit_code == plain.exit_code != 0
+    assert s.cases[0].diagnosis["verdict"] == "error" and "catalogue broke" in s.cases[0].diagnosis["text"]

@@ -91,3 +91,27 @@ def test_a_bf16_state_is_caught_in_bf16_within_256_tokens_of_a_realistic_decode(
     assert fd.stage == "delta_rule" and fd.op == "decode" and fd.call == first_decode.call, fd
     assert first_decode.seq_pos and all(p == 500 for p in first_decode.seq_pos)
     assert r.stage_margin >= GOAL, r.stage_margin
+
+
+def test_the_command_writes_the_matrix_with_margins_and_diagnosis_into_the_docs(tmp_path, capsys):
+    """`python -m gdncheck.conformance.meta --write-docs FILE` on a small subset: the generated block
+    replaces the old one (text around it kept) and holds, per mutant and profile, the first stage,
+    the margin there and the cases failing, and the likely cause's hit rate."""
+    from gdncheck.conformance.meta.__main__ import main
+    from gdncheck.conformance.meta.kill_matrix import BEGIN, END
+
+    doc = tmp_path / "meta.md"
+    doc.write_text(f"# before\n\n{BEGIN}\nstale\n{END}\n\nafter\n")
+    rc = main(["--profiles", "f32", "--mutant", "scale_doubled", "--case", "decode_T12", "--write-docs", str(doc)])
+    assert rc == 0
+    text = doc.read_text()
+    assert text.startswith("# before\n\n") and text.endswith("\n\nafter\n") and "stale" not in text
+    block = documented_block(doc)
+    assert block == capsys.readouterr().out.strip()
+    row = next(line for line in block.splitlines() if line.startswith("| `scale_doubled`"))
+    cell = row.split(" | ")[-1].rstrip(" |")
+    m = CELL.match(cell)
+    assert m and m["stage"] == "delta_rule" and (m["failed"], m["cases"]) == ("1", "1"), cell
+    assert float(m["margin"]) >= GOAL
+    diag = next(line for line in block.splitlines()[3:] if line.startswith("| `scale_doubled` |"))
+    assert diag.endswith("| 1/1 |") or "1/1" in diag, diag  # the one failing case diagnosed as this mutant

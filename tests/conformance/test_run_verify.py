@@ -84,6 +84,6 @@ def test_summary_carries_what_reports_need(fixtures_dir, tmp_path):
     assert len(core["token_profile"]["token"]) <= 64 and max(core["token_profile"]["max_err"]) > core["bound"]["elem"]
     assert core["min_tolerance"]["elem"] == core["metrics"]["max_err"] > core["bound"]["elem"]
     assert core["expected_ref"]["key"] == core["actual_ref"]["key"] == "calls.1.core"
-    assert core["bound"]["source"].startswith("case long-decode_T2100")
+    assert core["bound"]["source"].startswith("case long-decode_T2548")
     assert doc["tolerances"]["version"] >= 1 and len(doc["fixtures"]["manifest_sha256"]) == 64
     assert doc["implementation"]["name"].startswith("mutant bf16_recurrent_state")

@@ -88,9 +88,9 @@ def test_bounds_messages_and_missing_required(fixtures_dir, tmp_path):
     msg = case.message
     assert msg.startswith("core (delta_rule) of call 1: max scaled error") and ", but should be " in msg
     assert "elem bound" in msg
-    assert msg.endswith("[case prefill-decode_T65_Hk2_Hv6_dk16_dv8_s0, step 2: forward seq_pos [61, 61]]")
+    assert msg.endswith("[case prefill-decode_T65_Hk2_Hv6_dk16_dv16_s0, step 2: forward seq_pos [61, 61]]")
     assert "\n" not in case.repro and case.repro.startswith("gdncheck verify --fixtures ")
-    assert case.repro.endswith("--profile f32 --case prefill-decode_T65_Hk2_Hv6_dk16_dv8_s0")
+    assert case.repro.endswith("--profile f32 --case prefill-decode_T65_Hk2_Hv6_dk16_dv16_s0")
 
     case, fails = _one_failure(fixtures_dir, tmp_path, "decode_T12", lambda t: t.pop("calls.0.out"))
     assert fails[0].reason == "missing_required" and "no tensor calls.0.out in the outputs" in case.message

@@ -14,7 +14,7 @@ from gdncheck.fixtures.manifest import DEFAULT_DIR
 MUTANTS = "gdncheck.conformance.meta.mutants"
 #: tiled heads fail the first two (Hk=2, r>1) from delta_rule on, and cannot show in the Hk=1 case;
 #: the expected-error case passes: a report with failing, passing and error-kind rows
-TILED_CASES = ["prefill_T100_Hk2_Hv6", "decode_T12_Hk2_Hv4", "prefill_T1_Hk1_Hv1", "error-head-ratio"]
+TILED_CASES = ["dk-gt-dv_T63_Hk2_Hv6", "decode_T12_Hk2_Hv4", "prefill_T1_Hk1_Hv1", "error-head-ratio"]
 
 
 class Run:

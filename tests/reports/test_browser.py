@@ -145,7 +145,7 @@ def test_index_in_a_browser(browser, tiled, tiled_report, artifacts):
     page.select_option("select[name=tag]", "decode")
     assert visible_rows(browser) == 1
     assert browser.evaluate("document.querySelector('#grid tbody tr:not([hidden]) a').textContent") == \
-        "decode_T12_Hk2_Hv4_dk16_dv8_s0"
+        "decode_T12_Hk2_Hv4_dk16_dv16_s0"
     assert browser.console_errors() == []
 
 

@@ -19,7 +19,7 @@ def test_report_writes_the_site_and_the_summaries(tiled, tmp_path, capsys):
     assert main(["report", str(path), "-o", str(tmp_path / "site"), "--markdown", str(md)]) == 0
     out = capsys.readouterr().out
     assert out.startswith("gdncheck: DOES NOT CONFORM — 2 of 4 cases fail, 0 unusable; 14 of 63 tensors fail")
-    assert "FAIL  prefill_T100_Hk2_Hv6_dk16_dv8_s0: call 0, stage delta_rule, tensor core" in out
+    assert "FAIL  dk-gt-dv_T63_Hk2_Hv6_dk16_dv8_s0: call 0, stage delta_rule, tensor core" in out
     assert out.rstrip().endswith(f"report: {tmp_path / 'site' / 'index.html'}")
     assert (tmp_path / "site" / "index.html").is_file()
     text = md.read_text()

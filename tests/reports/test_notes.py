@@ -102,7 +102,7 @@ def test_raising_and_unusable_cases(tmp_path):
     assert "raised" in rows[0].find("td", cls="span").text
     assert "unusable: no outputs file prefill_T1_Hk1_Hv1_dk16_dv16_s0.safetensors" in rows[1].text
     pages = {c.id: parse(index.parent / "cases" / f"{c.page}.html") for c in build(doc).cases}
-    raised = pages["decode_T12_Hk2_Hv4_dk16_dv8_s0"]
+    raised = pages["decode_T12_Hk2_Hv4_dk16_dv16_s0"]
     msg = raised.find("div", cls="msg").text
     assert msg.startswith("the implementation raised boom at step 1 (decode): <b>kernel</b> failed")
     assert raised.find("section", cls="tensor") is None
