@@ -29,7 +29,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 from gdncheck.config import GDNConfig
-from gdncheck.stages import STATE_NAMES, TENSOR_BY_NAME, STATE_TENSORS
+from gdncheck.stages import STATE_NAMES, STATE_TENSORS, TENSOR_BY_NAME
 
 #: A candidate that leaves at most this share of the error unexplained matches.
 MATCH = 0.2

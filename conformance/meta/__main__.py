@@ -23,6 +23,9 @@ def main(argv=None) -> int:
     p.add_argument("--write-docs", metavar="FILE", help="write the table into FILE's generated kill-matrix block")
     p.add_argument("--no-diagnosis", action="store_true",
                    help="skip the likely-cause table (each mutant run again as a port and diagnosed)")
+    p.add_argument("--jobs", type=int, default=1, help="processes running the mutants of a profile side by side")
+    p.add_argument("--diagnose-case", action="append",
+                   help="diagnose only on this case (id or id prefix; repeatable; default: the cases run)")
     p.add_argument("--verbose", action="store_true", help="print the first failure message of each cell")
     args = p.parse_args(argv)
     limit_blas_threads()
@@ -33,7 +36,8 @@ def main(argv=None) -> int:
               + (f"\n  {r.message}\n  repro: {r.repro}\n" if args.verbose else ""), file=sys.stderr, flush=True)
 
     results = matrix(profiles, args.fixtures, mutants, tolerances=args.tolerances, cases=args.case,
-                     diagnose=not args.no_diagnosis, progress=progress)
+                     diagnose=not args.no_diagnosis, progress=progress, jobs=args.jobs,
+                     diagnose_cases=args.diagnose_case)
     table = format_matrix(results, profiles, mutants)
     print(table)
     if args.write_docs:

@@ -17,12 +17,14 @@ import functools
 import logging
 import math
 import tempfile
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from gdncheck.conformance.judge.records import FirstDivergence, Record, Summary
 from gdncheck.conformance.judge.verify import verify
 from gdncheck.conformance.ports.run import run_impl
+from gdncheck.env import limit_blas_threads
 from gdncheck.fixtures.cases import REALISTIC
 from gdncheck.fixtures.manifest import DEFAULT_DIR, load_manifest
 from gdncheck.profiles import VERIFY_PROFILES
@@ -131,7 +133,8 @@ def result_of(mutant: Mutant, profile: str, summary: Summary, fixtures_dir=DEFAU
     stages = [fd.stage for fd in first_by_case.values() if fd and fd.stage]
     first = min(stages, key=stage_rank) if stages else None
     earliest = next((c for c in failing if c.first_divergence and c.first_divergence.stage == first), None)
-    r = KillResult(mutant.name, profile, bool(failing), first, len(failing), len(summary.cases), first_by_case=first_by_case,
+    r = KillResult(mutant.name, profile, bool(failing), first, len(failing), len(summary.cases),
+                   first_by_case=first_by_case,
                    message=earliest.message if earliest else None, repro=earliest.repro if earliest else None,
                    summary=summary)
     for c in summary.cases:
@@ -149,29 +152,53 @@ def result_of(mutant: Mutant, profile: str, summary: Summary, fixtures_dir=DEFAU
 
 
 def matrix(profiles=VERIFY_PROFILES, fixtures_dir=DEFAULT_DIR, mutants=CATALOGUE, tolerances=None, cases=None,
-           diagnose: bool = True, progress=None) -> list[KillResult]:
+           diagnose: bool = True, progress=None, jobs: int = 1, diagnose_cases=None) -> list[KillResult]:
     """Every mutant in every profile; with ``diagnose``, also the likely cause verify names for each
-    failing case of each mutant (:func:`diagnose_all`)."""
+    failing case of each mutant (:func:`diagnose_all`; on ``diagnose_cases`` if given, else on the
+    same cases). ``jobs`` processes run the mutants of a profile side by side."""
     results = []
+    mutants = list(mutants)
     for p in profiles:
-        with tempfile.TemporaryDirectory(prefix="gdncheck-kill-matrix-") as tmp:
+        with tempfile.TemporaryDirectory(prefix="gdncheck-kill-matrix-") as tmp, \
+                ProcessPoolExecutor(max_workers=max(1, jobs)) as pool:
             dirs = {m.name: Path(tmp) / m.name for m in mutants}
+            kills = [pool.submit(_kill_job, m.name, p, str(fixtures_dir), str(dirs[m.name]), cases, tolerances)
+                     for m in mutants]
             row = []
-            for m in mutants:
-                r = kill(m, p, fixtures_dir, out_dir=dirs[m.name], cases=cases, tolerances=tolerances)
-                r.summary = None
-                row.append(r)
+            for f in kills:
+                row.append(f.result())
                 if progress and not diagnose:
-                    progress(r)
+                    progress(row[-1])
             if diagnose:
-                for r, m in zip(row, mutants):
-                    if not r.cases:  # not run: nothing to diagnose
-                        continue
-                    diagnose_all(r, m, p, fixtures_dir, dirs, Path(tmp) / f"port-{m.name}", cases, tolerances)
-                    if progress:
+                todo = [pool.submit(_diagnose_job, r, m.name, p, str(fixtures_dir), dirs,
+                                    str(Path(tmp) / f"port-{m.name}"), diagnose_cases or cases, tolerances)
+                        for r, m in zip(row, mutants) if r.cases]  # a mutant not run has nothing to diagnose
+                done = {r.mutant: r for r in (f.result() for f in todo)}
+                row = [done.get(r.mutant, r) for r in row]
+                if progress:
+                    for r in row:
                         progress(r)
             results += row
     return results
+
+
+def _by_name(name: str) -> Mutant:
+    return next(m for m in CATALOGUE if m.name == name)
+
+
+def _kill_job(name, profile, fixtures_dir, out_dir, cases, tolerances) -> KillResult:
+    logging.getLogger("gdncheck").setLevel(logging.ERROR)
+    limit_blas_threads()
+    r = kill(_by_name(name), profile, fixtures_dir, out_dir=out_dir, cases=cases, tolerances=tolerances)
+    r.summary = None  # records of every case: not needed past the cell, and heavy to send back
+    return r
+
+
+def _diagnose_job(r: KillResult, name, profile, fixtures_dir, dirs, out, cases, tolerances) -> KillResult:
+    logging.getLogger("gdncheck").setLevel(logging.ERROR)
+    limit_blas_threads()
+    diagnose_all(r, _by_name(name), profile, fixtures_dir, dirs, Path(out), cases, tolerances)
+    return r
 
 
 #: The placement a mutant runs in as the diagnosed "port": not the catalogue's (``hf``), so that the

@@ -20,8 +20,15 @@ from hypothesis import strategies as st
 from gdncheck.config import GDNConfig
 from gdncheck.dtypes import round_to_common
 from gdncheck.portable import log
-from gdncheck.synthetic import add_bias, inverse_softplus, make_inputs, make_weights, massive_channels
-from gdncheck.synthetic import realistic_inputs, realistic_weights
+from gdncheck.synthetic import (
+    add_bias,
+    inverse_softplus,
+    make_inputs,
+    make_weights,
+    massive_channels,
+    realistic_inputs,
+    realistic_weights,
+)
 from gdncheck.weights import LayerWeights
 
 #: Input regimes besides ``realistic`` (:func:`gdncheck.synthetic.realistic_inputs`): ``normal``;

@@ -143,7 +143,8 @@ def test_every_case_is_bit_identical_under_other_blas_kernels_and_simd_targets(m
 FORBIDDEN = ("exp", "exp2", "expm1", "log", "log1p", "log2", "log10", "logaddexp", "logaddexp2", "tanh", "power",
              "float_power", "matmul", "dot", "vdot", "inner", "einsum", "tensordot", "sum", "mean")
 PATH_CASES = ("dk-gt-dv", "decode_T12", "per-head-norm", "snapshot-replay", "mismatch-midstream",
-              "softplus-edges", "sigmoid-edges", "real-heads_T3_Hk16_Hv32", "error-norm-weight-size", "error-input-shape")
+              "softplus-edges", "sigmoid-edges", "real-heads_T3_Hk16_Hv32", "error-norm-weight-size",
+              "error-input-shape")
 
 
 def _raiser(name):

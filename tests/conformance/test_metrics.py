@@ -9,8 +9,8 @@ import pytest
 
 from gdncheck.conformance.judge.metrics import (
     CaseStats,
-    downsample_max,
     case_stats,
+    downsample_max,
     gated_norm_conditions,
     group_axes,
     rule_of,

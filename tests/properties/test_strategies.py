@@ -8,7 +8,6 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
 
 from gdncheck.config import GDNConfig
 from gdncheck.conformance.properties.check import assert_identical
@@ -33,7 +32,8 @@ def _b_and_softplus_arg(w, x):
 
 
 def _draw(regime, seed=3):
-    w = {k: np.asarray(v, dtype=np.float64) for k, v in build_weights(CFG, WeightsDraw(seed, "shared", 0.02, regime)).items()}
+    drawn = build_weights(CFG, WeightsDraw(seed, "shared", 0.02, regime))
+    w = {k: np.asarray(v, dtype=np.float64) for k, v in drawn.items()}
     x = np.asarray(build_inputs(CFG, 1, 24, InputDraw(seed, REALISTIC)), dtype=np.float64)
     return w, x
 
@@ -63,7 +63,8 @@ def test_realistic_draws_remember_and_have_unit_order_writes():
 @pytest.mark.parametrize("regime,check", [
     ("sigmoid_tails", lambda w, b, arg: 18 < np.median(np.abs(b)) < 26 and np.all(np.abs(b) > 12)),
     ("softplus_edges", lambda w, b, arg: arg.max() > 20 and arg.min() < -20),
-    ("decay_one", lambda w, b, arg: np.median(np.exp(w["linear_attn.A_log"][0]) * np.logaddexp(0.0, arg[..., 0])) < 1e-7),
+    ("decay_one",
+     lambda w, b, arg: np.median(np.exp(w["linear_attn.A_log"][0]) * np.logaddexp(0.0, arg[..., 0])) < 1e-7),
 ])
 def test_each_gate_edge_reaches_its_edge(regime, check):
     w, x = _draw(regime)
