@@ -158,6 +158,8 @@ def derive(seeds=SEEDS, jobs: int = 1, progress: Callable[[str], None] | None = 
                 progress(recipes[job[0]].case_id(job[1]))
     doc = table_document(env, seeds, [r.case_id(0) for r in recipes])
     doc["derivation"]["suite"] = suite_name
+    if suite_name != "full":  # the table says what it was derived from (the committed one: COMMAND)
+        doc["derivation"]["command"] = f"gdncheck tolerances derive --suite {suite_name} --jobs {jobs}"
     return doc
 
 
@@ -177,7 +179,8 @@ def table_document(env: Envelope, seeds, cases: list[str]) -> dict:
         "version": TABLE_VERSION,
         "derivation": {
             "command": COMMAND,
-            "method": "per (mode, profile, case recipe, tensor): the largest scaled elementwise error and the largest "
+            "method": "per (mode, profile, case recipe, tensor): the largest elementwise error of the tensor's rule "
+                      "(docs/tolerances.md §1) and the largest "
                       "per-call NMSE of the emulated layer against the float64 reference, over the recipe rebuilt at "
                       "every seed and run with every placement and summation order; bound = margin x envelope, at "
                       "least one ulp of the profile dtype (elem) or its square (nmse). 'global' is the envelope over "
