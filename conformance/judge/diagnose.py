@@ -13,8 +13,11 @@ is compared with **candidates**, each what a known bug would have produced there
   docs/layout.md), called with the case and the failing record, returning ``{name: (bug class,
   tensor)}``.
 
-The **residual** of a candidate ``c`` is ``‖a − c‖ / ‖a − e‖``: how much of the port's error the
-candidate leaves unexplained (0: it explains all of it; 1: no better than the golden). The best
+The **residual** of a candidate ``c`` is ``‖(a − c) / d‖ / ‖(a − e) / d‖``, with ``d`` what the judge
+divides an error of that tensor by (its rule: :func:`~.metrics.error_denominator`), so that both
+are measured in the space where the quantity acts (a beta of 3e-7 for 1e-10 is a large error, however
+small in absolute terms): how much of the port's error the candidate leaves unexplained (0: it
+explains all of it; 1: no better than the golden). The best
 candidate with a residual at most :data:`MATCH` is reported as ``matches: <bug class> (residual r)``;
 otherwise ``no known bug class matches`` (with the closest one). NaN must sit where the candidate
 has NaN; only finite elements are compared. A diagnosis is advice: it never changes a verdict.
@@ -30,6 +33,8 @@ import numpy as np
 
 from gdncheck.config import GDNConfig
 from gdncheck.stages import STATE_NAMES, STATE_TENSORS, TENSOR_BY_NAME
+
+from .metrics import LOG_DECAY_FLOOR, error_denominator, rule_of
 
 #: A candidate that leaves at most this share of the error unexplained matches.
 MATCH = 0.2
@@ -53,7 +58,7 @@ class Diagnosis:
     bug_class: str | None  # the best candidate's bug class
     candidate: str | None  # its name: a transform, or a mutant of the catalogue
     source: str | None  # "transform" or "mutant"
-    residual: float | None  # ‖a − c‖ / ‖a − e‖ of the best candidate
+    residual: float | None  # ‖(a − c) / d‖ / ‖(a − e) / d‖ of the best candidate
     candidates: int  # how many were compared
 
     def text(self) -> str:
@@ -129,33 +134,39 @@ def transforms(actual: np.ndarray, expected: np.ndarray, tensor: str, config: di
     return out
 
 
-def residual(actual: np.ndarray, expected: np.ndarray, candidate: np.ndarray) -> float:
-    """‖a − c‖ / ‖a − e‖ over the elements all three hold finite (NaN of the candidate where ``a``
-    is finite, from a shifted transform, drops those elements); inf when a's NaN sit elsewhere than
-    the candidate's (a shifted transform's padding aside)."""
+def residual(actual: np.ndarray, expected: np.ndarray, candidate: np.ndarray, scale=None) -> float:
+    """‖(a − c) / d‖ / ‖(a − e) / d‖ over the elements all three hold finite (NaN of the candidate
+    where ``a`` is finite, from a shifted transform, drops those elements); inf when a's NaN sit
+    elsewhere than the candidate's (a shifted transform's padding aside). ``scale`` is ``d``
+    (broadcast to ``a``; default 1)."""
     a, e, c = (np.asarray(x, dtype=np.float64) for x in (actual, expected, candidate))
     if c.shape != a.shape:
         return math.inf
     if np.any(np.isnan(a) & ~np.isnan(c)) or np.any(np.isinf(a) & (a != c)):
         return math.inf
-    ok = np.isfinite(a) & np.isfinite(c) & np.isfinite(e)
-    num = float(np.sqrt(np.sum((a[ok] - c[ok]) ** 2)))
-    den = float(np.sqrt(np.sum((a[ok] - e[ok]) ** 2)))
+    d = np.broadcast_to(1.0 if scale is None else np.asarray(scale, dtype=np.float64), a.shape)
+    ok = np.isfinite(a) & np.isfinite(c) & np.isfinite(e) & (d > 0)
+    num = float(np.sqrt(np.sum(((a[ok] - c[ok]) / d[ok]) ** 2)))
+    den = float(np.sqrt(np.sum(((a[ok] - e[ok]) / d[ok]) ** 2)))
     if den == 0.0:
         return 0.0 if num == 0.0 and np.any(~np.isfinite(a)) else math.inf
     return num / den
 
 
 def diagnose_tensor(actual, expected, tensor: str, *, call: int | None = None, config: dict | None = None,
-                    extra: dict | None = None) -> Diagnosis:
-    """The best candidate for one failing tensor (transforms, then ``extra``: the catalogue's)."""
+                    extra: dict | None = None, scale=None) -> Diagnosis:
+    """The best candidate for one failing tensor (transforms, then ``extra``: the catalogue's), with
+    residuals measured in units of ``scale`` (the judge's error denominator; default absolute)."""
+    if rule_of(tensor) == "log_decay":  # below the floor a decay is zero: g is the floor there (metrics)
+        actual, expected = (np.maximum(np.asarray(x, dtype=np.float64), LOG_DECAY_FLOOR) for x in (actual, expected))
+        extra = {k: (cls, np.maximum(arr, LOG_DECAY_FLOOR)) for k, (cls, arr) in (extra or {}).items()}
     # in order of preference among candidates that explain the error about equally well: a mutant
     # names the bug itself; of the transforms, those with fewer fitted numbers first (a scale per
     # head always fits at least as well as a uniform one)
     cands = [(name, cls, arr, "mutant") for name, (cls, arr) in (extra or {}).items()]
     found = transforms(actual, expected, tensor, config)
     cands += [(name, *found[name], "transform") for name in TRANSFORM_PREFERENCE if name in found]
-    scored = [(residual(actual, expected, arr), name, cls, source) for name, cls, arr, source in cands]
+    scored = [(residual(actual, expected, arr, scale), name, cls, source) for name, cls, arr, source in cands]
     finite = [s for s in scored if math.isfinite(s[0])]
     if not finite:
         return Diagnosis("none", tensor, call, None, None, None, None, len(cands))
@@ -193,8 +204,10 @@ class Diagnoser:
             return None
         self.done += 1
         extra = self.catalogue(judge.entry, judge.profile, judge.mode, rec) if self.catalogue else None
+        stats = (getattr(judge, "stats", None) or {}).get(rec.tensor) if rec.tensor not in STATE_NAMES else None
+        scale = error_denominator(expected, rec.tensor, judge.profile, stats, rec.call)
         return diagnose_tensor(actual, expected, rec.tensor, call=rec.call, config=judge.entry.get("config"),
-                               extra=extra).to_json()
+                               extra=extra, scale=scale).to_json()
 
 
 def _read_pair(judge, rec) -> tuple[np.ndarray | None, np.ndarray | None]:
