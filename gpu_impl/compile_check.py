@@ -163,7 +163,7 @@ class Compiler:
             names = k.params
             consts = [names[i[0]] for i in compiled.src.constants if i[0] < len(names)
                       and names[i[0]] in kwargs and not _is_constexpr(k, names[i[0]])]
-            params = {n: kwargs[n] for n in names if _is_constexpr(k, n)}
+            params = {n: kwargs[n] for n in names if n in kwargs and _is_constexpr(k, n)}
             params.update({n: kwargs[n] for n in Kernel.OPTIONS if n in kwargs})
             warps = compiled.metadata.num_warps
             build = self.builds[key] = Build(
