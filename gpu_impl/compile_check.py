@@ -238,6 +238,36 @@ def delta_rule_call(form: str, B: int, T: int, Hk: int, Hv: int, d: int, dtype=t
         delta_rule_chunked(q, k, v, g, beta, None, None, chunk)
 
 
+def serving_call(cfg: GDNConfig, profile: str, lengths, pattern: str = "forward", chunk: int = 64) -> None:
+    """One packed call of gpu_impl/serving.py on meta tensors: N sequences of the given lengths on
+    slots 2N-2, ..., 2, 0 of a pool of 2N (permuted, half of them unused). ``pattern``: ``forward``,
+    ``verify`` (every token's state kept), ``snapshots`` (prefix snapshots of the first sequence
+    after one and two chunks, to odd slots), ``snapshots-inside`` (after one chunk and inside the
+    second)."""
+    import numpy as np
+
+    from .layer import Layer
+    from .serving import StatePool, forward_packed, prefix_snapshots, verify_spec
+
+    layer = Layer.shaped(cfg, profile=profile, chunk_size=chunk)
+    n = len(lengths)
+    pool = StatePool.for_layer(layer, 2 * n)
+    cu = np.concatenate([[0], np.cumsum(lengths)])
+    slots = 2 * np.arange(n)[::-1]
+    x = torch.empty((int(cu[-1]), cfg.hidden_size), dtype=layer.dtype, device="meta")
+    if pattern == "forward":
+        forward_packed(layer, pool, x, cu, 0, slots)
+    elif pattern == "verify":
+        verify_spec(layer, pool, x, cu, 0, slots)
+    else:
+        second = chunk + (chunk // 2 if pattern == "snapshots-inside" else chunk)
+        prefix_snapshots(layer, pool, x, cu, 0, slots, [0, 0], [chunk, second], [1, 3])
+
+
+#: The packed prefill of the compile plan and the benchmark: 8 sequences of mixed lengths, 8192 tokens.
+PACKED_LENGTHS = (2048, 1536, 1200, 1024, 900, 800, 600, 84)
+
+
 def plan(quick: bool = False, tiny: bool = False) -> list[tuple[str, bool, Callable[[], None]]]:
     """(scenario, decode path?, call) for every launch configuration a GPU run makes.
 
@@ -245,12 +275,20 @@ def plan(quick: bool = False, tiny: bool = False) -> list[tuple[str, bool, Calla
     (16 tokens), chunked prefills at T = 8192 (B = 1 and 64) and with capture; the benchmark's
     delta-rule calls (decode Hv 32/48/64 × B 1/64/256, prefill T 8192/32768). ``quick``: decode
     in every profile and the bf16 prefill at T = 8192, B = 1. ``tiny``: a tiny layer in bf16,
-    decode and a chunked prefill (seconds; the GPU check's dry run)."""
+    decode and a chunked prefill (seconds; the GPU check's dry run).
+
+    The serving calls (gpu_impl/serving.py): decode at B = 64 with slot indices (a decode path:
+    no spill allowed) and the packed prefill of :data:`PACKED_LENGTHS`, in bf16 (quick) or every
+    profile; the full plan adds a bf16 speculative verify (64 sequences of 4 tokens, every step
+    kept) and bf16 prefix snapshots (at chunk ends; inside a chunk)."""
     from .bench import GPU
 
     if tiny:
         return [("tiny layer bf16 decode B=2", True, lambda: layer_call(TINY, "bf16", 2, 1)),
-                ("tiny layer bf16 prefill B=2 T=40", False, lambda: layer_call(TINY, "bf16", 2, 40, chunk=16))]
+                ("tiny layer bf16 prefill B=2 T=40", False, lambda: layer_call(TINY, "bf16", 2, 40, chunk=16)),
+                ("tiny serving bf16 decode B=3 slots", True, lambda: serving_call(TINY, "bf16", [1, 1, 1])),
+                ("tiny serving bf16 packed prefill 1+5+17+18", False,
+                 lambda: serving_call(TINY, "bf16", [1, 5, 17, 18], chunk=16))]
 
     steps: list[tuple[str, bool, Callable[[], None]]] = []
     profiles = ("bf16", "f32", "f16")
@@ -266,6 +304,16 @@ def plan(quick: bool = False, tiny: bool = False) -> list[tuple[str, bool, Calla
         steps.append((f"layer {p} prefill B=64 T=8192", False, lambda p=p: layer_call(REAL, p, 64, 8192)))
         steps.append((f"layer {p} prefill capture B=2 T=100", False,
                       lambda p=p: layer_call(REAL, p, 2, 100, capture=True)))
+    for p in profiles[:1] if quick else profiles:
+        steps.append((f"serving {p} decode B=64 slots", True, lambda p=p: serving_call(REAL, p, [1] * 64)))
+        steps.append((f"serving {p} packed prefill 8 seqs T={sum(PACKED_LENGTHS)}", False,
+                      lambda p=p: serving_call(REAL, p, PACKED_LENGTHS)))
+    if not quick:
+        steps.append(("serving bf16 verify B=64 k=4", True, lambda: serving_call(REAL, "bf16", [4] * 64, "verify")))
+        steps.append(("serving bf16 prefix snapshots at chunk ends", False,
+                      lambda: serving_call(REAL, "bf16", PACKED_LENGTHS, "snapshots")))
+        steps.append(("serving bf16 prefix snapshots inside a chunk", False,
+                      lambda: serving_call(REAL, "bf16", PACKED_LENGTHS, "snapshots-inside")))
     if not quick:
         for Hv in GPU.Hv_decode:
             for B in GPU.batches:

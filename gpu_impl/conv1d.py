@@ -150,7 +150,7 @@ def _conv_window(p_x, p_s, p_dst, bos, n, o_src_state, keep, o_dst, store, o_c, 
 def conv1d_qk_norm_kernel(p_x, p_s, p_w, p_out, p_conv, p_s_out, p_reset, T, NT, C, Hk, DK, DV, stride_xb,
                           stride_xt, K: tl.constexpr, KP: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr,
                           INPLACE: tl.constexpr, STORE_CONV: tl.constexpr, HAS_RESET: tl.constexpr,
-                          p_cu=None, p_slots=None, N=1, n_steps=0, VARLEN: tl.constexpr = False,
+                          p_cu=None, p_slots=None, N=1, n_steps=1, VARLEN: tl.constexpr = False,
                           PER_TOKEN: tl.constexpr = False):
     """conv1d + SiLU, then the L2 norm of each q and k head (stage 4) — reference/conv1d.py,
     reference/qk_norm.py.
@@ -171,6 +171,7 @@ def conv1d_qk_norm_kernel(p_x, p_s, p_w, p_out, p_conv, p_s_out, p_reset, T, NT,
     i_bt, i_s = tl.program_id(0), tl.program_id(1)
     i_b = i_bt // NT
     i_t = i_bt % NT
+    keep = _row_kept(p_reset, i_b, HAS_RESET)  # the plain path's (unused with VARLEN)
     is_qk = i_s < 2 * Hk
     c0 = tl.where(is_qk, i_s * DK, 2 * Hk * DK + (i_s - 2 * Hk) * DV)
     width = tl.where(is_qk, DK, DV)
@@ -182,7 +183,6 @@ def conv1d_qk_norm_kernel(p_x, p_s, p_w, p_out, p_conv, p_s_out, p_reset, T, NT,
         b_y = _causal_conv_silu_packed(p_x, p_s, p_w, p_cu, p_slots, p_reset, o_t, o_c, m_c, T, N, n_steps, C,
                                        stride_xt, K, BT, BD, HAS_RESET, PER_TOKEN)
     else:
-        keep = _row_kept(p_reset, i_b, HAS_RESET)
         b_y = _causal_conv_silu(p_x, p_s, p_w, i_b, keep, o_t, o_c, m_c, T, C, stride_xb, stride_xt, K, BT, BD)
     m_out = (o_t < T)[:, None] & m_c[None, :]
     o_out = (i_b.to(tl.int64) * T + o_t[:, None]) * C + o_c[None, :]
@@ -247,12 +247,13 @@ def _check(qkv: torch.Tensor, conv_state: torch.Tensor, weight: torch.Tensor) ->
     return w.contiguous()
 
 
-def _token_block(qkv: torch.Tensor, T: int, width: int) -> int:
+def _token_block(qkv: torch.Tensor, T: int, width: int, packed: bool = False) -> int:
     if interpreting(qkv):
         return min(next_pow2(T), max(1, 8192 // width))
     # 32 tokens × 128 channels for 16-bit inputs, 16 for fp32: larger tiles spill (compile table,
-    # docs/gpu.md)
-    wide = 32 if qkv.element_size() <= 2 else 16
+    # docs/gpu.md). A packed call's tokens carry their own sequence start, slot and flags: half as
+    # many (at 32, bf16 took 255 registers and spilled)
+    wide = (32 if qkv.element_size() <= 2 else 16) // (2 if packed else 1)
     return min(next_pow2(T), wide if width <= 128 else wide // 2)
 
 
@@ -354,7 +355,7 @@ def conv1d_qk_norm_packed(
     conv = empty((1, T, C), qkv.dtype, qkv.device) if capture else out
     BD = next_pow2(max(dk, dv))
     per_token = packed.per_token and store_final
-    BT = 1 if per_token else _token_block(qkv, T, BD)
+    BT = 1 if per_token else _token_block(qkv, T, BD, packed=True)
     NT = triton.cdiv(T, BT)
     conv1d_qk_norm_kernel[(NT, 2 * Hk + Hv)](
         p_x=qkv, p_s=pool, p_w=w, p_out=out, p_conv=conv, p_s_out=pool,

@@ -78,7 +78,6 @@ def delta_rule_recurrent_kernel(
         i_snap = tl.load(p_snap_cu + i_b)
         snap_end = tl.load(p_snap_cu + i_b + 1)
         snap_next = tl.load(p_snap_off + i_snap, mask=i_snap < snap_end, other=-1)
-        o_hs = i_h * DK * DV + o_k[:, None] * DV + o_v[None, :]
     for t in range(n_tok):
         b_q = tl.load(p_qt, mask=m_k, other=0.0).to(tl.float32)
         b_k = tl.load(p_kt, mask=m_k, other=0.0).to(tl.float32)
@@ -99,7 +98,7 @@ def delta_rule_recurrent_kernel(
         if SNAPSHOTS:
             if t + 1 == snap_next:
                 dst = tl.load(p_snap_dst + i_snap).to(tl.int64)
-                tl.store(p_snap + dst * Hv * DK * DV + o_hs, b_h, mask=m_h)
+                tl.store(p_snap + (dst * Hv + i_h) * DK * DV + o_k[:, None] * DV + o_v[None, :], b_h, mask=m_h)
                 i_snap += 1
                 snap_next = tl.load(p_snap_off + i_snap, mask=i_snap < snap_end, other=-1)
     if STORE_FINAL:

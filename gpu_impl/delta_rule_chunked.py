@@ -49,7 +49,7 @@ def chunk_wu_kernel(
     p_q, p_k, p_v, p_g, p_beta, p_gc, p_gt, p_w, p_u, p_aqk, T, NT, Hv, r, BH0,
     sq_b, sq_t, sq_h, sv_b, sv_t, sv_h, DK, DV,
     BT: tl.constexpr, LOG2_BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, PREC: tl.constexpr,
-    p_cu=None, p_cuc=None, N=1, n_steps=0, VARLEN: tl.constexpr = False,
+    p_cu=None, p_cuc=None, N=1, n_steps=1, VARLEN: tl.constexpr = False,
 ):
     """Per chunk: γ, the UT transform (I + A)⁻¹, W, U and Q Kᵀ ⊙ e^D — reference/delta_rule_chunked.py.
 
@@ -70,22 +70,23 @@ def chunk_wu_kernel(
     i_n = i_p % NT
     if VARLEN:
         i_seq = find_segment(p_cuc, i_n, N, n_steps)
-        bos = tl.load(p_cu + i_seq)
-        t_end = tl.load(p_cu + i_seq + 1)
-        t_start = bos + (i_n - tl.load(p_cuc + i_seq)) * BT
-        t_end = tl.where(i_n < tl.load(p_cuc + N), t_end, t_start)  # past the last chunk: no token
+        t_start = tl.load(p_cu + i_seq) + (i_n - tl.load(p_cuc + i_seq)) * BT
+        # past the last chunk (the grid may be a bound): no token
+        t_end = tl.where(i_n < tl.load(p_cuc + N), tl.load(p_cu + i_seq + 1), t_start)
         i_b = i_p * 0
         i_h = BH0 + i_row
     else:
         i_bh = BH0 + i_row
         i_b = i_bh // Hv
         i_h = i_bh % Hv
-        t_start = i_n * BT
-        t_end = T
     i_hk = i_h // r
     o_i = tl.arange(0, BT)
-    o_t = t_start + o_i
-    m_t = o_t < t_end
+    if VARLEN:
+        o_t = t_start + o_i
+        m_t = o_t < t_end
+    else:
+        o_t = i_n * BT + o_i
+        m_t = o_t < T
     o_k = tl.arange(0, BK)
     o_v = tl.arange(0, BV)
     m_tk = m_t[:, None] & (o_k < DK)[None, :]
@@ -145,6 +146,7 @@ def chunk_state_kernel(
     HAS_H0: tl.constexpr, INPLACE: tl.constexpr, HAS_RESET: tl.constexpr,
     p_cu=None, p_slots=None, p_order=None, NH=1, p_snap=None, p_snap_cu=None, p_snap_off=None, p_snap_dst=None,
     VARLEN: tl.constexpr = False, STORE_FINAL: tl.constexpr = True, SNAPSHOTS: tl.constexpr = False,
+    INSIDE: tl.constexpr = False,
 ):
     """The chunk-state recurrence and the output — reference/delta_rule_chunked.py.
 
@@ -160,10 +162,19 @@ def chunk_state_kernel(
     row slots[n] (a slot < 0 is zeros and never written); reset[n] per sequence. STORE_FINAL
     False: the final state is not written. SNAPSHOTS: the state after token snap_off[m] of
     sequence n (m in snap_cu[n] .. snap_cu[n+1] - 1, increasing) goes to row snap_dst[m] of snap
-    [R, Hv, dk, dv]: at a chunk's end it is the carried state; inside a chunk, of its first j
-    tokens, e^{γ_j} S + Σ_{s≤j} e^{γ_j − γ_s} k_s v'_sᵀ (the chunk's update cut at j).
+    [R, Hv, dk, dv]: at a chunk's end it is the carried state; inside a chunk (only with INSIDE:
+    some offset is not a chunk's end), of its first j tokens, e^{γ_j} S + Σ_{s≤j} e^{γ_j − γ_s}
+    k_s v'_sᵀ (the chunk's update cut at j).
     """
     i_row, i_v = tl.program_id(0), tl.program_id(1)
+    if VARLEN:
+        i_b = tl.load(p_order + i_row // NH)  # the sequence (its reset flag is reset[i_b])
+        i_h = BH0 + i_row % NH
+    else:
+        i_bh = BH0 + i_row
+        i_b = i_bh // Hv
+        i_h = i_bh % Hv
+        i_hk = i_h // r
     o_i = tl.arange(0, BT)
     o_k = tl.arange(0, BK)
     o_v = i_v * BV + tl.arange(0, BV)
@@ -171,10 +182,9 @@ def chunk_state_kernel(
     m_v = o_v < DV
     m_h = m_k[:, None] & m_v[None, :]
     if VARLEN:
-        i_b = tl.load(p_order + i_row // NH)  # the sequence (its reset flag is reset[i_b])
-        i_h = BH0 + i_row % NH
         t_start = tl.load(p_cu + i_b)
         t_end = tl.load(p_cu + i_b + 1)
+        n_chunks = (t_end - t_start + BT - 1) // BT
         slot = tl.load(p_slots + i_b).to(tl.int64)
         # padding: never read, never written (a bound, not a scalar `&`: the interpreter makes that int32)
         m_slot = m_k[:, None] & (o_v < DV * (slot >= 0).to(tl.int32))[None, :]
@@ -185,12 +195,7 @@ def chunk_state_kernel(
         p_kk = p_k + i_h // r * sq_h + o_k[None, :]
         p_o = p_o + i_h * DV + o_v[None, :]
     else:
-        i_bh = BH0 + i_row
-        i_b = i_bh // Hv
-        i_h = i_bh % Hv
-        i_hk = i_h // r
-        t_start = 0
-        t_end = T
+        t_start, t_end = 0, T
         m_slot = m_h
         o_h = i_bh.to(tl.int64) * DK * DV + o_k[:, None] * DV + o_v[None, :]
         b_h = load_state(p_h0, o_h, m_h, p_reset, i_b, BK, BV, HAS_H0, HAS_RESET)
@@ -199,18 +204,25 @@ def chunk_state_kernel(
         p_qk = p_q + i_b.to(tl.int64) * sq_b + i_hk * sq_h + o_k[None, :]
         p_kk = p_k + i_b.to(tl.int64) * sq_b + i_hk * sq_h + o_k[None, :]
         p_o = p_o + (i_b.to(tl.int64) * T * Hv + i_h) * DV + o_v[None, :]
+        n_chunks = (T + BT - 1) // BT
     if SNAPSHOTS:  # the next requested offset of this sequence (-1: none left)
         i_snap = tl.load(p_snap_cu + i_b)
         snap_end = tl.load(p_snap_cu + i_b + 1)
         snap_next = tl.load(p_snap_off + i_snap, mask=i_snap < snap_end, other=-1)
-        o_hs = i_h * DK * DV + o_k[:, None] * DV + o_v[None, :]
-    for i_n in range((t_end - t_start + BT - 1) // BT):
-        o_t = t_start + i_n * BT + o_i
-        m_t = o_t < t_end
+    for i_n in range(n_chunks):
+        if VARLEN:
+            o_t = t_start + i_n * BT + o_i
+            m_t = o_t < t_end
+        else:
+            o_t = i_n * BT + o_i
+            m_t = o_t < T
         m_tk = m_t[:, None] & m_k[None, :]
         m_tv = m_t[:, None] & m_v[None, :]
         b_gc = tl.load(p_gc + o_row + o_t, mask=m_t, other=0.0)
-        b_glast = tl.load(p_gc + o_row + tl.minimum(t_start + i_n * BT + BT, t_end) - 1)
+        if VARLEN:
+            b_glast = tl.load(p_gc + o_row + tl.minimum(t_start + i_n * BT + BT, t_end) - 1)
+        else:
+            b_glast = tl.load(p_gc + o_row + tl.minimum(i_n * BT + BT, T) - 1)
         b_w = tl.load(p_w + (o_row + o_t[:, None]) * DK + o_k[None, :], mask=m_tk, other=0.0)
         b_u = tl.load(p_u + (o_row + o_t[:, None]) * DV + o_v[None, :], mask=m_tv, other=0.0)
         b_vn = b_u - tl.dot(b_w, b_h, input_precision=PREC)
@@ -222,15 +234,16 @@ def chunk_state_kernel(
         tl.store(p_o + o_t[:, None].to(tl.int64) * Hv * DV, (b_o * scale).to(p_o.dtype.element_ty), mask=m_tv)
         b_k = tl.load(p_kk + o_tq, mask=m_tk, other=0.0).to(tl.float32)
         if SNAPSHOTS:
-            # offsets inside this chunk (before its last token): the update cut at the offset
             c_end = tl.minimum(i_n * BT + BT, t_end - t_start)  # this chunk's end, as an offset
+        if INSIDE:  # offsets inside this chunk (before its end): the update cut at the offset
             while (snap_next >= 0) & (snap_next < c_end):
                 j = snap_next - i_n * BT  # tokens of this chunk the snapshot includes
                 b_gj = tl.load(p_gc + o_row + t_start + snap_next - 1)
-                b_kj = tl.where((o_i < j)[:, None], b_k * tl.exp(tl.minimum(b_gj - b_gc, 0.0))[:, None], 0.0)
-                b_sj = b_h * tl.exp(b_gj) + tl.dot(tl.trans(b_kj), b_vn, input_precision=PREC)
+                # the decays scale the rows of V' ([BT, BV]), not of K ([BT, BK]): fewer live registers
+                b_wj = tl.where(o_i < j, tl.exp(tl.minimum(b_gj - b_gc, 0.0)), 0.0)
+                b_sj = b_h * tl.exp(b_gj) + tl.dot(tl.trans(b_k), b_vn * b_wj[:, None], input_precision=PREC)
                 dst = tl.load(p_snap_dst + i_snap).to(tl.int64)
-                tl.store(p_snap + dst * Hv * DK * DV + o_hs, b_sj, mask=m_h)
+                tl.store(p_snap + (dst * Hv + i_h) * DK * DV + o_k[:, None] * DV + o_v[None, :], b_sj, mask=m_h)
                 i_snap += 1
                 snap_next = tl.load(p_snap_off + i_snap, mask=i_snap < snap_end, other=-1)
         b_kd = b_k * tl.exp(tl.load(p_gt + o_row + o_t, mask=m_t, other=0.0))[:, None]
@@ -238,7 +251,7 @@ def chunk_state_kernel(
         if SNAPSHOTS:
             if snap_next == c_end:  # at the chunk's end: the state carried on
                 dst = tl.load(p_snap_dst + i_snap).to(tl.int64)
-                tl.store(p_snap + dst * Hv * DK * DV + o_hs, b_h, mask=m_h)
+                tl.store(p_snap + (dst * Hv + i_h) * DK * DV + o_k[:, None] * DV + o_v[None, :], b_h, mask=m_h)
                 i_snap += 1
                 snap_next = tl.load(p_snap_off + i_snap, mask=i_snap < snap_end, other=-1)
     if STORE_FINAL:
@@ -404,7 +417,8 @@ def delta_rule_chunked_packed(
     shared = dict(p_q=q, p_k=k, p_gc=gc, p_gt=gt, p_w=w, p_u=u, p_aqk=aqk, T=total, Hv=Hv, r=Hv // Hk,
                   **head_strides(q, "sq"), DK=dk, DV=dv, BT=BT, PREC=prec, p_cu=packed.cu, VARLEN=True)
     snap = {} if snapshots is None else dict(
-        p_snap=snap_out, p_snap_cu=snapshots.cu, p_snap_off=snapshots.off, p_snap_dst=snapshots.dst, SNAPSHOTS=True)
+        p_snap=snap_out, p_snap_cu=snapshots.cu, p_snap_off=snapshots.off, p_snap_dst=snapshots.dst, SNAPSHOTS=True,
+        INSIDE=snapshots.inside)
     big = BT * max(BK, BV) >= 4096
     for h0 in range(0, Hv, n):
         m = min(n, Hv - h0)

@@ -62,6 +62,7 @@ class Snapshots:
     seq: torch.Tensor  # [M]
     off: torch.Tensor  # [M]
     dst: torch.Tensor  # [M]
+    inside: bool = True  # some offset may lie inside a chunk (False: all at chunk ends, which cost less)
 
     @property
     def count(self) -> int:

@@ -173,7 +173,8 @@ def prefix_snapshots(layer: Layer, pool: State, x, cu_seqlens, seq_pos, slots, s
     packed = _apply_rule(pool, call, write=True)
     if dest.size:
         pool.seq_len.index_copy_(0, d_dest, d_len)
-    snaps = Snapshots(d_cu, d_seq, d_off, d_dest)
+    ends = np.minimum((off + call.chunk - 1) // call.chunk * call.chunk, h["lengths"][seq])
+    snaps = Snapshots(d_cu, d_seq, d_off, d_dest, inside=bool((off != ends).any()))
     return _run(layer, pool, call, packed, capture, _Extras(snapshots=snaps, conv_out=pool.conv_state,
                                                             rec_out=pool.recurrent_state))
 

@@ -259,6 +259,22 @@ def test_prefix_snapshots_at_and_inside_chunks(profile):
     assert gpu.seq_len[snap_slot].tolist() == [pos[s] + o for s, o in zip(snap_seq, snap_off)]
 
 
+def test_prefix_snapshots_at_chunk_ends_only():
+    """Offsets that are all chunk ends (or a sequence's end): the state kernel's lighter variant, which
+    stores the state it carries and computes none inside a chunk."""
+    ref, gpu = pools("f32", seed=10)
+    lay = layer("f32")
+    lengths, slots = [33, 20], [2, 5]
+    x, cu = packed(lengths, seed=13)
+    pos = positions(ref, slots)
+    before = gpu.snapshot()
+    got, _ = G.prefix_snapshots(lay, gpu, x, cu, pos, slots, [0, 0, 1], [16, 32, 16], [1, 7, 0])
+    want, _ = RS.prefix_snapshots(REF, ref, x, cu, pos, slots, [0, 0, 1], [16, 32, 16], [1, 7, 0])
+    check_outputs(got, None, want, None, cu, "f32", "prefix snapshots at chunk ends")
+    assert_pool_matches(gpu, ref, [0, 1, 2, 5, 7], "f32", "prefix snapshots at chunk ends")
+    assert_untouched(gpu, before, [3, 4, 6])
+
+
 def test_prefix_snapshots_in_the_recurrent_form():
     ref, gpu = pools("f32", seed=6)
     lay = layer("f32")
