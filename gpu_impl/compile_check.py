@@ -264,10 +264,6 @@ def serving_call(cfg: GDNConfig, profile: str, lengths, pattern: str = "forward"
         prefix_snapshots(layer, pool, x, cu, 0, slots, [0, 0], [chunk, second], [1, 3])
 
 
-#: The packed prefill of the compile plan and the benchmark: 8 sequences of mixed lengths, 8192 tokens.
-PACKED_LENGTHS = (2048, 1536, 1200, 1024, 900, 800, 600, 84)
-
-
 def plan(quick: bool = False, tiny: bool = False) -> list[tuple[str, bool, Callable[[], None]]]:
     """(scenario, decode path?, call) for every launch configuration a GPU run makes.
 
@@ -278,11 +274,13 @@ def plan(quick: bool = False, tiny: bool = False) -> list[tuple[str, bool, Calla
     decode and a chunked prefill (seconds; the GPU check's dry run).
 
     The serving calls (gpu_impl/serving.py): decode at B = 64 with slot indices (a decode path:
-    no spill allowed) and the packed prefill of :data:`PACKED_LENGTHS`, in bf16 (quick) or every
+    no spill allowed) and the packed prefill of the benchmark (8 mixed lengths, 8192 tokens:
+    ``bench.SERVING_GPU``), in bf16 (quick) or every
     profile; the full plan adds a bf16 speculative verify (64 sequences of 4 tokens, every step
     kept) and bf16 prefix snapshots (at chunk ends; inside a chunk)."""
-    from .bench import GPU
+    from .bench import GPU, SERVING_GPU
 
+    packed = SERVING_GPU.lengths  # 8 mixed lengths, 8192 tokens
     if tiny:
         return [("tiny layer bf16 decode B=2", True, lambda: layer_call(TINY, "bf16", 2, 1)),
                 ("tiny layer bf16 prefill B=2 T=40", False, lambda: layer_call(TINY, "bf16", 2, 40, chunk=16)),
@@ -306,14 +304,14 @@ def plan(quick: bool = False, tiny: bool = False) -> list[tuple[str, bool, Calla
                       lambda p=p: layer_call(REAL, p, 2, 100, capture=True)))
     for p in profiles[:1] if quick else profiles:
         steps.append((f"serving {p} decode B=64 slots", True, lambda p=p: serving_call(REAL, p, [1] * 64)))
-        steps.append((f"serving {p} packed prefill 8 seqs T={sum(PACKED_LENGTHS)}", False,
-                      lambda p=p: serving_call(REAL, p, PACKED_LENGTHS)))
+        steps.append((f"serving {p} packed prefill 8 seqs T={sum(packed)}", False,
+                      lambda p=p: serving_call(REAL, p, packed)))
     if not quick:
         steps.append(("serving bf16 verify B=64 k=4", True, lambda: serving_call(REAL, "bf16", [4] * 64, "verify")))
         steps.append(("serving bf16 prefix snapshots at chunk ends", False,
-                      lambda: serving_call(REAL, "bf16", PACKED_LENGTHS, "snapshots")))
+                      lambda: serving_call(REAL, "bf16", packed, "snapshots")))
         steps.append(("serving bf16 prefix snapshots inside a chunk", False,
-                      lambda: serving_call(REAL, "bf16", PACKED_LENGTHS, "snapshots-inside")))
+                      lambda: serving_call(REAL, "bf16", packed, "snapshots-inside")))
     if not quick:
         for Hv in GPU.Hv_decode:
             for B in GPU.batches:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 import triton
 import triton.language as tl
@@ -104,3 +105,23 @@ def find_segment(p_cu, x, N, n_steps):
         lo = tl.where(below, mid, lo)
         hi = tl.where(below, hi, mid)
     return lo
+
+
+def host_layout(lengths, slots, device: torch.device, chunk: int = 0, reset: torch.Tensor | None = None) -> Packed:
+    """The layout of sequences of the given ``lengths`` on ``slots``, computed on the host (with the
+    chunk map for chunk size ``chunk``, exact) and copied to ``device`` in one copy; no check."""
+    lengths = np.asarray(lengths, dtype=np.int64)
+    n = lengths.shape[0]
+    parts = [np.concatenate([[0], np.cumsum(lengths)]), np.asarray(slots, dtype=np.int64)]
+    if chunk:
+        chunks = (lengths + chunk - 1) // chunk
+        parts += [np.concatenate([[0], np.cumsum(chunks)]), np.argsort(-lengths, kind="stable")]
+    host = torch.from_numpy(np.concatenate(parts))
+    if device.type == "cuda":
+        host = host.pin_memory()
+    dev = host.to(device, non_blocking=device.type == "cuda")
+    cu, ids = dev[:n + 1], dev[n + 1:2 * n + 1]
+    if not chunk:
+        return Packed(cu, ids, reset, int(lengths.sum()), int(lengths.max()))
+    return Packed(cu, ids, reset, int(lengths.sum()), int(lengths.max()), chunk, dev[2 * n + 1:3 * n + 2],
+                  int(chunks.sum()), dev[3 * n + 2:])

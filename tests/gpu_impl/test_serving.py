@@ -407,20 +407,50 @@ def test_chunked_programs_past_the_last_chunk_change_nothing():
     rng = rng_for("bound")
     lengths, Hk, Hv, d = [1, 17, 16, 5], 1, 2, 16
     total = sum(lengths)
-    q, k = (torch.nn.functional.normalize(torch.tensor(rng.normal(size=(1, total, Hk, d)), dtype=torch.float32), dim=-1)
-            for _ in range(2))
-    v = torch.tensor(rng.normal(size=(1, total, Hv, d)), dtype=torch.float32)
-    g = torch.tensor(-rng.uniform(0, 1, size=(1, total, Hv)), dtype=torch.float32)
-    beta = torch.tensor(rng.uniform(0, 1, size=(1, total, Hv)), dtype=torch.float32)
-    cu = torch.tensor(np.concatenate([[0], np.cumsum(lengths)]))
+    def t(a):
+        return torch.tensor(a, dtype=torch.float32, device=DEVICE)
+
+    q, k = (torch.nn.functional.normalize(t(rng.normal(size=(1, total, Hk, d))), dim=-1) for _ in range(2))
+    v, g = t(rng.normal(size=(1, total, Hv, d))), t(-rng.uniform(0, 1, size=(1, total, Hv)))
+    beta = t(rng.uniform(0, 1, size=(1, total, Hv)))
+    cu = torch.tensor(np.concatenate([[0], np.cumsum(lengths)]), device=DEVICE)
     cu_chunks, order = chunk_map(cu, CHUNK)
-    slots = torch.tensor([2, 0, PAD_SLOT_ID, 3])
+    slots = torch.tensor([2, 0, PAD_SLOT_ID, 3], device=DEVICE)
+    start = t(rng_for("pool").normal(size=(4, Hv, d, d)))
     results = []
     for n_chunks in (int(cu_chunks[-1]), chunk_bound(total, len(lengths), CHUNK)):
-        pool = torch.tensor(rng_for("pool").normal(size=(4, Hv, d, d)), dtype=torch.float32)
+        pool = start.clone()
         layout = Packed(cu, slots, None, total, max(lengths), CHUNK, cu_chunks, n_chunks, order)
         results.append((delta_rule_chunked_packed(q, k, v, g, beta, pool, None, layout), pool))
+    assert n_chunks == 6 > int(cu_chunks[-1]) == 5  # one program per head past the last chunk
     assert results[1][0].shape == (1, total, Hv, d) and not torch.isnan(results[1][0]).any()
     assert torch.equal(results[0][0], results[1][0]) and torch.equal(results[0][1], results[1][1])
-    assert torch.equal(results[1][1][1], torch.tensor(rng_for("pool").normal(size=(4, Hv, d, d)),
-                                                      dtype=torch.float32)[1])  # the slot no sequence names
+    assert torch.equal(results[1][1][1], start[1])  # the slot no sequence names
+
+
+@pytest.mark.gpu
+def test_packed_decode_replays_in_a_cuda_graph():
+    """A decode step on a layout held on the device (offsets, positions, slots with a padding entry),
+    captured once and replayed, equals the same steps run plainly."""
+    lay = layer("bf16")
+    plain, graphed = G.StatePool.for_layer(lay, POOL), G.StatePool.for_layer(lay, POOL)
+    x = torch.tensor(make_inputs(CFG, 4, 6, seed=14), dtype=torch.bfloat16, device="cuda")
+    slots, cu = torch.tensor([5, PAD_SLOT_ID, 2, 7], device="cuda"), torch.arange(5, device="cuda")
+    pos = torch.zeros(4, dtype=torch.int64, device="cuda")
+    static_x = x[:, 0].clone()
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):  # compile outside the capture
+        G.forward_packed(lay, G.StatePool.for_layer(lay, POOL), static_x, cu, pos, slots)
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static_out, _ = G.forward_packed(lay, graphed, static_x, cu, pos, slots)
+    for step in range(6):
+        want, _ = G.forward_packed(lay, plain, x[:, step], [0, 1, 2, 3, 4], [step, 0, step, step], [5, -1, 2, 7])
+        static_x.copy_(x[:, step])
+        pos.copy_(torch.tensor([step, 0, step, step]))
+        graph.replay()
+        check(static_out, want, "forms", "bf16", f"graph replay, step {step}")
+    check(graphed.recurrent_state, plain.recurrent_state, "forms", "bf16", "pool after the replays")
+    assert graphed.seq_len.tolist() == plain.seq_len.tolist() == [0, 0, 6, 0, 0, 6, 0, 6]
