@@ -21,6 +21,7 @@ import gdncheck.reference as R
 from gdncheck import errors as E
 from gdncheck.calls import PAD_SLOT_ID
 from gdncheck.gpu_impl import Layer
+from gdncheck.gpu_impl import memory as M
 from gdncheck.gpu_impl import serving as G
 from gdncheck.gpu_impl.compile_check import REAL
 from gdncheck.gpu_impl.delta_rule_chunked import delta_rule_chunked_packed
@@ -30,7 +31,7 @@ from gdncheck.reference import serving as RS
 from gdncheck.synthetic import make_inputs, make_weights
 from tests.gpu_impl.compare import check
 from tests.gpu_impl.helpers import DEVICE, PROFILE_NAMES, rng_for
-from tests.gpu_impl.test_gpu_ready import HostTraffic
+from tests.gpu_impl.test_gpu_ready import HostTraffic, peak_allocated
 from tests.helpers import tiny_config
 
 CFG = tiny_config(Hk=2, Hv=4, dk=16, dv=8, D=32, I=48)
@@ -426,6 +427,31 @@ def test_chunked_programs_past_the_last_chunk_change_nothing():
     assert results[1][0].shape == (1, total, Hv, d) and not torch.isnan(results[1][0]).any()
     assert torch.equal(results[0][0], results[1][0]) and torch.equal(results[0][1], results[1][1])
     assert torch.equal(results[1][1][1], start[1])  # the slot no sequence names
+
+
+@pytest.mark.parametrize("profile", ["bf16", "f32"])
+def test_memory_model_of_a_packed_call(profile, monkeypatch):
+    """The peak of a packed prefill (kernels recorded, not run: the allocations are the same) against
+    gpu_impl/memory.py's model, with a temporaries budget small enough to slice the heads; and what a
+    verify keeps."""
+    import importlib
+
+    chunked = importlib.import_module("gdncheck.gpu_impl.delta_rule_chunked")
+    lengths, budget = [300, 17, 1, 322], 500_000  # 230 KB per head: two heads per slice
+    monkeypatch.setattr(chunked, "TEMP_BUDGET", budget)
+    lay = Layer(CFG, WEIGHTS, profile=profile, device="cpu", chunk_size=64)
+    pool = G.StatePool.for_layer(lay, 4)
+    x = torch.zeros(sum(lengths), CFG.hidden_size, dtype=lay.dtype)
+    cu = np.concatenate([[0], np.cumsum(lengths)])
+    with record_launches():
+        measured = peak_allocated(lambda: G.forward_packed(lay, pool, x, cu, 0, [0, 1, 2, 3]))
+        _, _, spec = G.verify_spec(lay, pool, x[:8], [0, 4, 8], 0, [0, 1])
+    model = M.packed_peak(CFG, sum(lengths), len(lengths), profile, chunk=64, budget=budget)
+    assert 0 < model.temporaries <= budget < CFG.num_v_heads * sum(lengths) * 4 * (2 + 16 + 8 + 64)  # sliced
+    assert abs(measured - model.bytes) <= 0.03 * model.bytes + 16384, (measured, model)
+    kept = spec.conv_state_steps.nbytes + spec.recurrent_state_steps.nbytes
+    assert kept == M.verify_steps_bytes(CFG, 8, profile)
+    assert M.verify_steps_bytes(REAL, 1, "bf16") == 8192 * 4 * 2 + 32 * 128 * 128 * 4
 
 
 @pytest.mark.gpu
