@@ -115,7 +115,7 @@ class SpecVerify:
 
     pool: State
     layer_index: int | None
-    cu_seqlens: torch.Tensor  # int64 [N + 1] (host or device, as the call's layout was)
+    cu_seqlens: torch.Tensor  # int64 [N + 1], on the device like the rest
     seq_pos: torch.Tensor  # int64 [N]
     slots: torch.Tensor  # int64 [N]
     slot_seq_len: torch.Tensor  # int64 [N] on the device: each slot's seq_len when verified (-1 for padding)
@@ -160,7 +160,8 @@ def prefix_snapshots(layer: Layer, pool: State, x, cu_seqlens, seq_pos, slots, s
     """:func:`forward_packed`, and for each request m the state of sequence ``snap_seq[m]`` after its first
     ``snap_offset[m]`` tokens written to slot ``snap_slot[m]``, with ``seq_len = seq_pos + offset``.
 
-    The requests are host values, checked against the layout (a device layout is read for that)."""
+    The requests are host values, checked against the layout (a device layout is read for that) and
+    copied to the device in a copy of their own."""
     call = _prepare(layer, pool, x, cu_seqlens, seq_pos, slots, strict, delta_rule, chunk_size, host_layout=True)
     h = call.host
     seq, off, dest = check_snapshot_requests(snap_seq, snap_offset, snap_slot, h["lengths"], h["slots"], pool.batch,

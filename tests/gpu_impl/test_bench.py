@@ -112,7 +112,7 @@ def test_gpu_check_script_dry_run_writes_one_json_and_one_markdown(tmp_path):
     result = json.loads((tmp_path / "gpu-check.json").read_text())
     assert result["status"] == "pass" and result["mode"] == "dry run on the CPU"
     assert result["versions"]["torch"] and result["versions"]["triton"] and result["versions"]["python"]
-    assert result["tests"]["passed"] == 1 and result["tests"]["failures"] == 0
+    assert result["tests"]["passed"] == 2 and result["tests"]["failures"] == 0  # a layer test, a serving test
     assert result["compile"]["scope"] == "tiny" and result["compile"]["builds"] and not result["compile"]["problems"]
     assert result["bench"]["mode"] == "dry run, tiny sizes"
     md = (tmp_path / "gpu-check.md").read_text()
