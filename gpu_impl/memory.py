@@ -43,7 +43,8 @@ from dataclasses import dataclass
 from gdncheck.config import GDNConfig
 
 from .delta_rule_chunked import STATE_CTAS_PER_SM, TEMP_BUDGET, gpu_block_v, slice_rows, temp_bytes_per_token
-from .layer import FP32_PARAMS, RECURRENT_MAX_TOKENS
+from .layer import FP32_PARAMS, PROFILES, RECURRENT_MAX_TOKENS
+from .target import dot_precision
 
 ELEMENT_BYTES = {"f32": 4, "bf16": 2, "f16": 2}
 H200_BYTES = 141e9  # an H200's HBM, as sold (141 GB)
@@ -72,13 +73,14 @@ def per_token(cfg: GDNConfig, profile: str) -> dict[str, int]:
             "h": D * e, "h_norm": D * e, "gate_up": 2 * I * e, "act": I * e, "mlp_out": D * e, "out": D * e}
 
 
-def temporaries(cfg: GDNConfig, B: int, T: int, chunk: int = 64, budget: int = TEMP_BUDGET) -> int:
+def temporaries(cfg: GDNConfig, B: int, T: int, chunk: int = 64, budget: int = TEMP_BUDGET,
+                profile: str = "bf16") -> int:
     """Bytes of the chunked form's temporaries in one call (0 for the recurrent form)."""
     if T <= RECURRENT_MAX_TOKENS:
         return 0
     dk, dv, Hv = cfg.head_k_dim, cfg.head_v_dim, cfg.num_v_heads
     per_row = T * temp_bytes_per_token(dk, dv, chunk)
-    nv = -(-dv // gpu_block_v(B, Hv, dv, SMS))
+    nv = -(-dv // gpu_block_v(B, Hv, dv, SMS, dot_precision(PROFILES[profile])))
     return slice_rows(B * Hv, per_row, budget, max(1, SMS * STATE_CTAS_PER_SM // nv)) * per_row
 
 
@@ -86,7 +88,7 @@ def call_peak(cfg: GDNConfig, B: int, T: int, profile: str = "bf16", chunk: int 
               budget: int = TEMP_BUDGET) -> Peak:
     """The live bytes of each phase of one call (not counting x, the state and the weights)."""
     conv_state = B * cfg.conv_dim * cfg.conv_kernel * ELEMENT_BYTES[profile] if T > 1 else 0
-    return _peak(cfg, B * T, profile, conv_state, temporaries(cfg, B, T, chunk, budget))
+    return _peak(cfg, B * T, profile, conv_state, temporaries(cfg, B, T, chunk, budget, profile))
 
 
 def packed_peak(cfg: GDNConfig, total: int, n: int, profile: str = "bf16", chunk: int = 64,
@@ -99,7 +101,7 @@ def packed_peak(cfg: GDNConfig, total: int, n: int, profile: str = "bf16", chunk
     if chunked:
         dk, dv, Hv = cfg.head_k_dim, cfg.head_v_dim, cfg.num_v_heads
         per_row = total * temp_bytes_per_token(dk, dv, chunk)
-        nv = -(-dv // gpu_block_v(n, Hv, dv, SMS))
+        nv = -(-dv // gpu_block_v(n, Hv, dv, SMS, dot_precision(PROFILES[profile]), varlen=True))
         temps = slice_rows(Hv, per_row, budget, max(1, SMS * STATE_CTAS_PER_SM // (nv * n))) * per_row
     return _peak(cfg, total, profile, 0, temps)
 
