@@ -27,6 +27,7 @@ from .in_proj import in_proj
 from .input_norm import input_norm
 from .layer import PROFILES, Layer
 from .mlp import mlp, swiglu
+from .moe import MoEWeights, experts, mlp_moe, moe_block, moe_sum, router, routing, shared_expert
 from .out_proj import out_proj
 from .post_norm import post_norm
 from .qk_norm import qk_norm
@@ -36,10 +37,12 @@ from .state import DeviceSnapshot, State
 from .target import fill_allocations, resolve_device
 
 __all__ = [
-    "PROFILES", "DeviceSnapshot", "Layer", "State", "conv1d", "conv1d_qk_norm", "conv1d_update",
+    "PROFILES", "DeviceSnapshot", "Layer", "MoEWeights", "State", "conv1d", "conv1d_qk_norm", "conv1d_update",
     "delta_rule_chunked", "delta_rule_recurrent", "fill_allocations", "gated_norm", "gates", "in_proj",
     "input_norm", "mlp", "out_proj", "output", "post_norm", "qk_norm", "residual", "residual_post_norm",
     "resolve_device", "swiglu",
     # the serving patterns (docs/serving.md): the API of reference/serving.py
     "SpecVerify", "StatePool", "commit", "forward_packed", "prefix_snapshots", "verify_spec",
+    # the sparse mixture-of-experts block (stage 11's variant, gpu_impl/moe.py)
+    "experts", "mlp_moe", "moe_block", "moe_sum", "router", "routing", "shared_expert",
 ]

@@ -4,6 +4,7 @@
     python -m gdncheck.gpu_impl.compile_check --quick    # decode (every profile) and bf16 prefill
     python -m gdncheck.gpu_impl.compile_check --tiny     # a tiny layer (the GPU check's dry run)
     ... --only REGEX --kernel REGEX                      # some scenarios, some kernels
+    python -m gdncheck.gpu_impl.compile_check --moe      # the sparse (MoE) layer alone, real sizes
     ... --json PATH --markdown PATH                      # the table, as docs/gpu.md shows it
 
 How. Inside :func:`compile_only` every kernel launch goes to :class:`Compiler` instead of running
@@ -174,14 +175,14 @@ class Compiler:
         self.scenario = ""
         self.decode = False
         self.builds: dict[tuple[str, str], Build] = {}
-        self._jits: dict[str, JITFunction] = {}
+        self._jits: dict[Kernel, JITFunction] = {}  # by kernel, not name: a name's JIT binds its own signature
         self._jit_type = JITFunction
 
     def launch(self, k: Kernel, grid: tuple[int, ...], kwargs: dict) -> None:
         if self.kernels and not self.kernels.search(k.__name__):
             return
         # a JITFunction of our own: its binder caches the sm_90 target for "device 0"
-        jit = self._jits.setdefault(k.__name__, self._jit_type(k.fn))
+        jit = self._jits.setdefault(k, self._jit_type(k.fn))
         t0 = time.perf_counter()
         with _driver(self.arch):
             compiled = jit.warmup(grid=grid, **kwargs)
@@ -238,6 +239,12 @@ REAL = GDNConfig(hidden_size=2048, intermediate_size=6144, num_k_heads=16, num_v
                  head_v_dim=128, conv_kernel=4)
 TINY = GDNConfig(hidden_size=32, intermediate_size=48, num_k_heads=2, num_v_heads=4, head_k_dim=16, head_v_dim=8,
                  conv_kernel=4)
+#: The sparse block at Qwen3-Next-80B-A3B's sizes (E = 512, top 10, I_moe = I_shared = 512, D = 2048; Qwen3.5's
+#: MoE models have 256 or 512 experts of that width) on the GDN layer of REAL.
+REAL_MOE = REAL.replace(intermediate_size=None, num_experts=512, num_experts_per_tok=10, moe_intermediate_size=512,
+                        shared_expert_intermediate_size=512)
+TINY_MOE = TINY.replace(intermediate_size=None, num_experts=8, num_experts_per_tok=2, moe_intermediate_size=16,
+                        shared_expert_intermediate_size=24)
 
 
 def layer_call(cfg: GDNConfig, profile: str, B: int, T: int, capture: bool = False, chunk: int = 64,
@@ -294,14 +301,29 @@ def serving_call(cfg: GDNConfig, profile: str, lengths, pattern: str = "forward"
         prefix_snapshots(layer, pool, x, cu, 0, slots, [0, 0], [chunk, second], [1, 3])
 
 
-def plan(quick: bool = False, tiny: bool = False) -> list[tuple[str, bool, Callable[[], None]]]:
+def moe_plan(profiles: tuple[str, ...] = ("bf16", "f32", "f16")) -> list[tuple[str, bool, Callable[[], None]]]:
+    """The sparse layer at :data:`REAL_MOE` sizes in each profile: decode at B = 1 and 64 (the
+    decode path: no spill allowed), a prefill of T = 4096 (B = 1); and a bf16 prefill with capture
+    (the combine kernel storing experts_out and shared_out too)."""
+    steps: list[tuple[str, bool, Callable[[], None]]] = []
+    for p in profiles:
+        for B in (1, 64):
+            steps.append((f"moe layer {p} decode B={B}", True, lambda p=p, B=B: layer_call(REAL_MOE, p, B, 1)))
+        steps.append((f"moe layer {p} prefill B=1 T=4096", False, lambda p=p: layer_call(REAL_MOE, p, 1, 4096)))
+    steps.append(("moe layer bf16 prefill capture B=2 T=100", False,
+                  lambda: layer_call(REAL_MOE, "bf16", 2, 100, capture=True)))
+    return steps
+
+
+def plan(quick: bool = False, tiny: bool = False, moe: bool = False) -> list[tuple[str, bool, Callable[[], None]]]:
     """(scenario, decode path?, call) for every launch configuration a GPU run makes.
 
     Layer calls at Qwen3.5 sizes in every profile: decode at B = 1 and 64, a recurrent prefill
     (16 tokens), chunked prefills at T = 8192 (B = 1 and 64) and with capture; the benchmark's
-    delta-rule calls (decode Hv 32/48/64 × B 1/64/256, prefill T 8192/32768). ``quick``: decode
-    in every profile and the bf16 prefill at T = 8192, B = 1. ``tiny``: a tiny layer in bf16,
-    decode and a chunked prefill (seconds; the GPU check's dry run).
+    delta-rule calls (decode Hv 32/48/64 × B 1/64/256, prefill T 8192/32768); the sparse layer
+    (:func:`moe_plan`). ``quick``: decode in every profile and the bf16 prefill at T = 8192, B = 1.
+    ``tiny``: a tiny layer in bf16, dense and sparse, decode and a chunked prefill, and tiny serving
+    calls (seconds; the GPU check's dry run). ``moe``: the sparse layer's steps alone.
 
     The serving calls (gpu_impl/serving.py): decode at B = 64 with slot indices (a decode path:
     no spill allowed) and the packed prefill of the benchmark (8 mixed lengths, 8192 tokens:
@@ -316,7 +338,12 @@ def plan(quick: bool = False, tiny: bool = False) -> list[tuple[str, bool, Calla
                 ("tiny layer bf16 prefill B=2 T=40", False, lambda: layer_call(TINY, "bf16", 2, 40, chunk=16)),
                 ("tiny serving bf16 decode B=3 slots", True, lambda: serving_call(TINY, "bf16", [1, 1, 1])),
                 ("tiny serving bf16 packed prefill 1+5+17+18", False,
-                 lambda: serving_call(TINY, "bf16", [1, 5, 17, 18], chunk=16))]
+                 lambda: serving_call(TINY, "bf16", [1, 5, 17, 18], chunk=16)),
+                ("tiny moe layer bf16 decode B=2", True, lambda: layer_call(TINY_MOE, "bf16", 2, 1)),
+                ("tiny moe layer bf16 prefill B=2 T=40", False,
+                 lambda: layer_call(TINY_MOE, "bf16", 2, 40, chunk=16))]
+    if moe:
+        return moe_plan()
 
     steps: list[tuple[str, bool, Callable[[], None]]] = []
     profiles = ("bf16", "f32", "f16")
@@ -351,6 +378,7 @@ def plan(quick: bool = False, tiny: bool = False) -> list[tuple[str, bool, Calla
             steps.append((f"bench prefill T={T}", False,
                           lambda T=T: delta_rule_call("chunked", 1, T, GPU.Hk, GPU.Hv_prefill, GPU.dk,
                                                       chunk=GPU.chunk)))
+        steps += moe_plan()
     return steps
 
 
@@ -430,7 +458,8 @@ def main(argv: list[str] | None = None) -> int:
     scope = p.add_mutually_exclusive_group()
     scope.add_argument("--full", action="store_true", help="real sizes, every profile, the benchmark (default)")
     scope.add_argument("--quick", action="store_true", help="decode in every profile and the bf16 prefill only")
-    scope.add_argument("--tiny", action="store_true", help="a tiny layer in bf16 (seconds)")
+    scope.add_argument("--tiny", action="store_true", help="a tiny layer in bf16, dense and sparse (seconds)")
+    scope.add_argument("--moe", action="store_true", help="the sparse (MoE) layer alone: real sizes, every profile")
     p.add_argument("--only", metavar="REGEX", help="only the plan's scenarios whose name matches (e.g. "
                    "'layer f32 prefill B=1 T=8192'); the table then covers those")
     p.add_argument("--kernel", metavar="REGEX", help="only build the kernels whose name matches (e.g. chunk_state)")
@@ -438,7 +467,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--markdown", metavar="PATH", help="write the table as Markdown")
     args = p.parse_args(argv)
     t0 = time.perf_counter()
-    steps = only(plan(args.quick, args.tiny), args.only)
+    steps = only(plan(args.quick, args.tiny, args.moe), args.only)
     if not steps:
         print(f"compile_check: no scenario of the plan matches --only {args.only!r}", file=sys.stderr)
         return 2

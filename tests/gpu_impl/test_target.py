@@ -203,7 +203,8 @@ def test_prefill_spills_are_bounded_per_variant():
 @pytest.mark.filterwarnings("ignore:TRITON_DEFAULT_FP_FUSION")
 def test_compile_check_filters_scenarios_and_kernels(capsys):
     steps = only(plan(tiny=True), "prefill")
-    assert [s[0] for s in steps] == ["tiny layer bf16 prefill B=2 T=40", "tiny serving bf16 packed prefill 1+5+17+18"]
+    assert [s[0] for s in steps] == ["tiny layer bf16 prefill B=2 T=40", "tiny serving bf16 packed prefill 1+5+17+18",
+                                     "tiny moe layer bf16 prefill B=2 T=40"]
     compiler = run_plan(steps[:1], kernels="^chunk_")
     assert {b.kernel for b in compiler.builds.values()} == {"chunk_wu_kernel", "chunk_state_kernel"}
     assert main(["--tiny", "--only", "no such scenario"]) == 2
