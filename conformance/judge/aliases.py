@@ -55,7 +55,8 @@ class NameTable:
         for name, entry in self.tensors.items():
             targets = [entry] if "split" not in entry else entry["split"]
             for t in targets:
-                if "as" in t and t["as"] not in TENSOR_ORDER and t["as"] not in KNOWN_TENSORS and t["as"] not in KNOWN_EXTRA:
+                known = t.get("as") in TENSOR_ORDER or t.get("as") in KNOWN_TENSORS or t.get("as") in KNOWN_EXTRA
+                if "as" in t and not known:
                     raise FixtureError(f"{source}: {name!r} maps to {t['as']!r}, which is not a stage tensor")
 
     def lookup(self, name: str) -> tuple[str, dict] | None:
