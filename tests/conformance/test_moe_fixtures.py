@@ -133,3 +133,19 @@ def test_the_builder_refuses_a_near_tie():
 
     with pytest.raises(RuntimeError, match="not above the required margin"):
         build_case(replace(spec, weights=near_tie))
+
+
+@pytest.mark.parametrize("profile", VERIFY_PROFILES)
+def test_the_moe_mutants_are_killed_at_their_stage_on_the_sparse_fixtures(fixtures_dir, profile):
+    """The kill matrix's sparse bug classes, run like ports over the committed cases with their tags:
+    each caught, first at its own stage, in every case that can show it (routing_not_renormalised
+    is the correct layer on the no-renorm case, so that one passes there)."""
+    from gdncheck.conformance.meta.kill_matrix import kill
+    from gdncheck.conformance.meta.moe_mutants import MOE_MUTANTS
+
+    for mutant in MOE_MUTANTS:
+        r = kill(mutant, profile, fixtures_dir)
+        assert r.killed and r.first_stage == mutant.stage, (mutant.name, r.cell(), r.message)
+        showable = r.cases - (1 if mutant.name == "routing_not_renormalised" else 0)
+        assert r.cases_failed == showable and all(fd.stage == mutant.stage for fd in r.first_by_case.values()), \
+            (mutant.name, r.cell())
