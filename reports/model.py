@@ -28,7 +28,7 @@ from gdncheck.conformance.judge.records import (
     validate_summary,
 )
 from gdncheck.errors import GDNError
-from gdncheck.stages import STAGE_NAMES, TENSOR_BY_NAME, tensor_rank
+from gdncheck.stages import PIPELINE_ORDER, STAGE_NAMES, TENSOR_BY_NAME, tensor_rank
 
 
 class ReportInputError(GDNError):
@@ -40,6 +40,8 @@ class ReportInputError(GDNError):
 #: Grid columns: every stage verify judges (``input`` is given, never compared), then the state
 #: bookkeeping (``seq_len``, stage ``state``).
 GRID_STAGES: tuple[str, ...] = tuple(STAGE_NAMES[1:]) + ("state",)
+#: A sparse layer's block stages, placed in pipeline order where a summary holds them.
+MOE_GRID_STAGES: tuple[str, ...] = tuple(s for s in PIPELINE_ORDER if s not in STAGE_NAMES)
 VERDICT_ORDER = {"fail": 0, "missing": 1, "pass": 2}
 
 
@@ -249,6 +251,10 @@ class ReportView:
 def build(summary: dict) -> ReportView:
     """The view of a summary checked by :func:`load_summary`."""
     columns = list(GRID_STAGES)
+    present = {str(r["stage"]) for case in summary["cases"] for r in case.get("records", [])}
+    if present & set(MOE_GRID_STAGES):  # the block's stages between post_norm and mlp
+        at = columns.index("mlp")
+        columns[at:at] = [s for s in MOE_GRID_STAGES if s in present]
     for case in summary["cases"]:
         for r in case.get("records", []):
             if r["stage"] not in columns:

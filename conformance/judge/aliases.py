@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 
 from gdncheck.fixtures.manifest import FixtureError
-from gdncheck.stages import TENSOR_ORDER
+from gdncheck.stages import KNOWN_TENSORS, TENSOR_ORDER
 
 NAMES_DIR = Path(__file__).with_name("names")
 NAMES_FORMAT = "gdncheck-names"
@@ -55,7 +55,8 @@ class NameTable:
         for name, entry in self.tensors.items():
             targets = [entry] if "split" not in entry else entry["split"]
             for t in targets:
-                if "as" in t and t["as"] not in TENSOR_ORDER and t["as"] not in KNOWN_EXTRA:
+                known = t.get("as") in TENSOR_ORDER or t.get("as") in KNOWN_TENSORS or t.get("as") in KNOWN_EXTRA
+                if "as" in t and not known:
                     raise FixtureError(f"{source}: {name!r} maps to {t['as']!r}, which is not a stage tensor")
 
     def lookup(self, name: str) -> tuple[str, dict] | None:
@@ -105,7 +106,7 @@ class NamedOutputs:
         direct = set(keys)
         for key in keys:
             prefix, name = _split_key(key)
-            if name in TENSOR_ORDER or name in KNOWN_EXTRA:
+            if name in TENSOR_ORDER or name in KNOWN_TENSORS or name in KNOWN_EXTRA:  # both layer kinds
                 continue
             hit = table.lookup(name) if table else None
             if hit is None:

@@ -22,6 +22,7 @@ from . import inputs, messages
 from .aliases import NamedOutputs, NameTable
 from .metrics import CaseStats
 from .records import CaseReport, FirstDivergence, Record
+from .routing import RoutingCheck, judge_routing
 from .tolerances import ToleranceTable
 from .verdicts import base_record, judge
 
@@ -166,18 +167,35 @@ class CaseJudge:
         """Every tensor the golden keeps for this call, then (end to end) its seq_len."""
         k, loc = step["call"], messages.where(self.case, i, step["op"], step["seq_pos"])
         required = () if self.stage_isolated else REQUIRED_OUTPUTS
+        routing = self.judge_routing(i, step, loc) if "selected_experts" in step["expected"] else None
         for name in step["expected"]:
+            if routing is not None and name == "selected_experts":
+                self.report.records.append(routing.record)
+                continue
             key = call_key(k, name)
             actual, dtype = _read(self.outs, key, self.gold.shape_of(key))
             rec = base_record(self.case, i, step["op"], k, name, seq_pos=list(step["seq_pos"]),
                               expected_ref=self._golden_ref(key),
                               actual_ref=self.outs.ref(self.report.outputs_file, key))
-            judge(rec, actual, dtype, self.gold.read(key), self.table.bound(name, self.profile, self.mode, self.case),
+            expected = self.gold.read(key)
+            if name == "routing_weights" and routing is not None:
+                actual, expected = routing.weights(actual, expected)
+            judge(rec, actual, dtype, expected, self.table.bound(name, self.profile, self.mode, self.case),
                   required=name in required, subject=messages.subject(name, rec.stage, k), loc=loc,
                   stats=self.stats.get(name))
             self.report.records.append(rec)
         if not self.stage_isolated:
             self.judge_seq_len(i, step, loc)
+
+    def judge_routing(self, i: int, step: dict, loc: str) -> RoutingCheck:
+        """A sparse call's selected experts, as sets per token, before any number (routing.py)."""
+        k, name = step["call"], "selected_experts"
+        key = call_key(k, name)
+        actual, dtype = _read(self.outs, key, self.gold.shape_of(key))
+        rec = base_record(self.case, i, step["op"], k, name, seq_pos=list(step["seq_pos"]),
+                          expected_ref=self._golden_ref(key), actual_ref=self.outs.ref(self.report.outputs_file, key))
+        return judge_routing(rec, actual, dtype, self.gold.read(key), self.gold.read(call_key(k, "router_logits")),
+                             subject=messages.subject(name, rec.stage, k), loc=loc)
 
     def _golden_ref(self, key: str | None) -> dict:
         return {"file": str(Path(self.fixtures) / self.entry["file"]), "key": key}

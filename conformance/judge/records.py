@@ -23,7 +23,7 @@ SUMMARY_SCHEMA_PATH = Path(__file__).with_name("summary.schema.json")
 
 VERDICTS = ("pass", "fail", "missing")
 REASONS = ("missing_required", "dtype", "shape", "nan", "inf", "elem_bound", "nmse_bound", "seq_len", "raised",
-           "error_expected", "wrong_error")
+           "error_expected", "wrong_error", "routing")
 
 
 def _clean(value: Any) -> Any:
@@ -76,6 +76,7 @@ class Record:
     token_profile: dict | None = None
     expected_ref: dict | None = None
     actual_ref: dict | None = None
+    routing: dict | None = None  # a sparse layer's selected_experts routed otherwise (routing.py)
 
     def to_json(self) -> dict:
         return _clean(asdict(self))
