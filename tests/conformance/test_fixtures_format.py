@@ -13,7 +13,7 @@ import pytest
 from gdncheck.config import GDNConfig
 from gdncheck.dtypes import is_representable
 from gdncheck.fixtures.build import build_suite, check_suite
-from gdncheck.fixtures.manifest import SCHEMA_PATH, sha256_file
+from gdncheck.fixtures.manifest import SCHEMA_PATH, FixtureError, sha256_file
 from gdncheck.safetensors_io import SafetensorsFile
 from tests.reference.naive_layer import naive_layer
 
@@ -197,4 +197,6 @@ def test_fixtures_from_a_checkpoint(tmp_path):
     s = verify(tmp_path / "fx", tmp_path / "out", "bf16")
     assert s.exit_code == 0
     assert {r.bound["source"] for c in s.cases for r in c.records if r.bound} == {"global"}
-    assert {r["status"] for r in check_suite(tmp_path / "fx")} == {"identical"}
+    assert {r["status"] for r in check_suite(tmp_path / "fx", checkpoint=ckpt)} == {"identical"}
+    with pytest.raises(FixtureError, match="--checkpoint DIR"):  # never the folder the manifest names
+        check_suite(tmp_path / "fx")
