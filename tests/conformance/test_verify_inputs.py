@@ -152,7 +152,8 @@ def test_unusable_inputs_are_reported_per_case(fixtures_dir, fixture_copy, tmp_p
     validate_summary(s.to_json())
     problems = {c.id[:8]: c.problem for c in s.cases}
     assert s.exit_code == 2 and all(c.status == "error" for c in s.cases)
-    assert problems["decode_T"].startswith("fixture unusable") and "sha256" in problems["decode_T"]
+    assert problems["decode_T"].startswith("fixture unusable") and "bytes, but the manifest records" in \
+        problems["decode_T"]  # its size is checked before it is hashed
     assert "sha256" in problems["snapshot"] and "manifest records" in problems["snapshot"]
     assert "points outside" in problems["prefill_"] or "inside" in problems["prefill_"]
     assert "outputs unusable" in problems["batch-po"]
