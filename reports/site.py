@@ -52,6 +52,9 @@ def write_report(summary: str | Path | dict, out_dir: str | Path, *, fixtures_di
         raise ReportInputError(f"{out} exists and is not an earlier gdncheck report: choose another folder "
                                f"(the report replaces its folder as a whole)")
     view = build(doc)
+    # files are read only inside the folders the summary records (or those given): never where a
+    # record's file name alone would lead
+    roots = {"expected": doc["fixtures"].get("dir"), "actual": doc["outputs"].get("dir")}
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     try:
@@ -61,7 +64,7 @@ def write_report(summary: str | Path | dict, out_dir: str | Path, *, fixtures_di
         (tmp / "colorbar.png").write_bytes(plots.colorbar())
         case_tpl = env.get_template("case.html.j2")
         for case in view.cases:
-            render_case(case, cases_dir, doc["profile"], fixtures_dir, outputs_dir, top_k)
+            render_case(case, cases_dir, doc["profile"], fixtures_dir, outputs_dir, top_k, roots)
             (cases_dir / f"{case.page}.html").write_text(case_tpl.render(view=view, s=doc, case=case), encoding="utf-8")
             if progress:
                 progress(case)
