@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from .config import GDNConfig
-from .errors import CheckpointError, ProjectionSizeError
+from .errors import CheckpointError, LayerIndexError, ProjectionSizeError
 from .experts import PER_EXPERT, stack_experts
 from .safetensors_io import SafetensorsFile
 from .untrusted import UnsafePathError, safe_path
@@ -98,6 +98,8 @@ def load_layer(
     returned :class:`LayerWeights` carries the config it was validated against (``.config``).
     """
     root = Path(checkpoint_dir)
+    if isinstance(layer, bool) or not isinstance(layer, int) or layer < 0:
+        raise LayerIndexError(f"expected a layer index (a non-negative integer), found {layer!r}")
     if not root.is_dir():
         raise CheckpointError(f"expected a checkpoint directory, found nothing at {root}")
     cfg = config or read_config(root)

@@ -272,8 +272,8 @@ class CaseJudge:
         return np.zeros((self.entry["batch"], *(dims[s] for s in spec.shape)))
 
 
-#: The dtypes a seq_len output may have (FORMAT.md §7).
-SEQ_LEN_DTYPES = ("I64", "I32", "I16", "I8", "U64", "U32", "U16", "U8")
+#: The dtypes a seq_len output may have (FORMAT.md §7: I32 or I64).
+SEQ_LEN_DTYPES = ("I64", "I32")
 
 
 def _read(outs: NamedOutputs, key: str, shape: tuple[int, ...], allowed: tuple[str, ...]

@@ -99,6 +99,11 @@ def test_bounds_messages_and_missing_required(fixtures_dir, tmp_path):
                                lambda t: t.update({"calls.0.seq_len": np.array([11])}))
     assert fails[0].reason == "seq_len" and "seq_len [11], but should be [12]" in case.message
 
+    # FORMAT.md §7: seq_len is I32 or I64; the right count in an unsigned byte is not a seq_len
+    case, fails = _one_failure(fixtures_dir, tmp_path, "decode_T12",
+                               lambda t: t.update({"calls.0.seq_len": np.array([12], np.uint8)}))
+    assert fails[0].reason == "seq_len" and "of dtype U8" in case.message
+
 
 def test_saved_snapshots_are_checked(fixtures_dir, tmp_path):
     entry = case_entry(fixtures_dir, "snapshot-replay")

@@ -22,6 +22,10 @@ BASE = {"hidden_size": 16, "intermediate_size": 32, "rms_norm_eps": 1e-6, "linea
         "linear_num_value_heads": 2, "linear_key_head_dim": 4, "linear_value_head_dim": 4, "linear_conv_kernel_dim": 4}
 #: every kind of JSON value, and numbers a config must refuse
 VALUES = [math.inf, -math.inf, math.nan, -1, 0, 2.5, 10 ** 30, 1e300, "4", "x", [], [4], {}, {"a": 4}, True, False]
+#: the sizes a config may not make absurd (SIZE_BOUNDS)
+SIZE_KEYS = ("hidden_size", "intermediate_size", "linear_num_key_heads", "linear_num_value_heads",
+             "linear_key_head_dim", "linear_value_head_dim", "linear_conv_kernel_dim", "num_experts",
+             "moe_intermediate_size")
 KEYS = [*BASE, "linear_norm_mode", "layer_types", "num_experts", "num_experts_per_tok", "moe_intermediate_size",
         "norm_topk_prob", "mlp_only_layers"]
 
@@ -35,6 +39,7 @@ def test_any_json_value_in_any_key_is_a_config_error_naming_it(key):
                         "shared_expert_intermediate_size": 8, key: value})
         try:
             GDNConfig.from_hf(cfg)
+            assert not (key in SIZE_KEYS and value in (10 ** 30, 1e300)), f"{key}={value!r} accepted"
         except E.ConfigError as exc:
             words = {key, key.replace("linear_", ""), "eps", "norm_mode", "head", "num_experts", "intermediate"}
             assert any(w in str(exc) for w in words), (key, value, str(exc))
@@ -174,3 +179,11 @@ def test_every_error_of_the_api_is_a_gdn_error(tmp_path):
         write_safetensors(tmp_path, {"a": np.zeros(1)})
     with pytest.raises(E.SnapshotError):
         Snapshot.load(tmp_path)
+
+
+@pytest.mark.parametrize("layer", [-1, "0", 1.0, True, None])
+def test_a_layer_index_that_is_no_index_is_refused_before_any_file_is_read(tmp_path, layer):
+    from gdncheck.checkpoint import load_layer
+
+    with pytest.raises(E.LayerIndexError, match=r"expected a layer index \(a non-negative integer\), found"):
+        load_layer(tmp_path / "no-such-checkpoint", layer)
