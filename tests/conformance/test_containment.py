@@ -14,7 +14,6 @@ from gdncheck.cli import main
 from gdncheck.fixtures.build import check_suite
 from gdncheck.fixtures.manifest import FixtureError, load_manifest, sha256_file
 from gdncheck.gate import GateOptions, run_gate
-from gdncheck.untrusted import UnsafePathError, safe_path
 
 from .helpers import perfect_outputs
 
@@ -35,9 +34,11 @@ def _rename_snapshot_files(fixture_copy, name: str) -> None:
     path.write_text(json.dumps(doc))
 
 
-@pytest.mark.parametrize("name", ["../../escaped/snap.safetensors", "/tmp/gdncheck-escaped-snap.safetensors"])
+@pytest.mark.parametrize("name", ["../../escaped/snap.safetensors", "ABSOLUTE"])
 def test_run_and_gate_write_no_snapshot_file_outside_their_folder(fixture_copy, tmp_path, name, capsys):
-    _rename_snapshot_files(fixture_copy, name)
+    # an absolute name of a place of this test's own (a fixed /tmp name would see other runs' files)
+    absolute = tmp_path / "absolute" / "snap.safetensors"
+    _rename_snapshot_files(fixture_copy, str(absolute) if name == "ABSOLUTE" else name)
     before = _tree(tmp_path)
     out = tmp_path / "work" / "out"
     code = main(["run", "reference", "--fixtures", str(fixture_copy), "--out", str(out), "--profile", "f32",
@@ -45,12 +46,12 @@ def test_run_and_gate_write_no_snapshot_file_outside_their_folder(fixture_copy, 
     text = capsys.readouterr().out
     assert code == 2 and f"skipped  {SNAP}" in text and "outside its folder" in text
     assert (out / "prefill_T1_Hk1_Hv1_dk16_dv16_s0.safetensors").is_file()  # the other case ran
-    assert not os.path.exists("/tmp/gdncheck-escaped-snap.safetensors")
+    assert not absolute.parent.exists()
     assert _tree(tmp_path) - before <= {"work", "work/out", *(f"work/out/{p.name}" for p in out.iterdir())}
     res = run_gate(GateOptions(impl="reference", profiles=("f32",), fixtures=str(fixture_copy), cases=["snapshot"],
                                out=str(tmp_path / "work" / "gate"), properties=False, jobs=1))
     assert res.exit_code == 2 and "outside its folder" in (res.reason or "")
-    assert not (tmp_path / "escaped").exists() and not os.path.exists("/tmp/gdncheck-escaped-snap.safetensors")
+    assert not (tmp_path / "escaped").exists() and not absolute.parent.exists()
 
 
 def test_verify_reads_no_outputs_file_outside_its_folder(fixtures_dir, tmp_path):
@@ -121,6 +122,8 @@ def test_a_pinned_suite_is_the_suite(fixture_copy, tmp_path, capsys):
 
 
 def test_safe_path_refuses_every_way_out(tmp_path):
+    from gdncheck.untrusted import UnsafePathError, safe_path
+
     (tmp_path / "d").mkdir()
     (tmp_path / "d" / "out").symlink_to(tmp_path)
     (tmp_path / "d" / "dev").symlink_to("/dev/null")

@@ -13,7 +13,6 @@ from gdncheck.cli import main
 from gdncheck.conformance.judge.records import validate_summary
 from gdncheck.conformance.judge.verify import verify
 from gdncheck.conformance.ports.run import run_impl
-from gdncheck.fixtures.coverage import FEATURES, derive_coverage
 from gdncheck.fixtures.manifest import SCHEMA_PATH
 from gdncheck.gate import GateOptions, run_gate, validate_gate_summary
 
@@ -26,6 +25,8 @@ NEVER = "tests.conformance.plugins:never_applicable"
 def test_every_case_of_the_manifest_states_its_coverage(fixtures_dir, manifest):
     """The field a port in any language reads: features it may lack, the tensors every call requires."""
     import jsonschema
+
+    from gdncheck.fixtures.coverage import FEATURES, derive_coverage
 
     raw = json.loads((fixtures_dir / "manifest.json").read_text())
     jsonschema.Draft202012Validator(json.loads(SCHEMA_PATH.read_text())).validate(raw)

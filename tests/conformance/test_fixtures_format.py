@@ -156,7 +156,9 @@ def test_fixtures_check_reproduces_the_committed_suite(fixtures_dir):
 def test_fixtures_check_detects_drift(fixture_copy):
     path = fixture_copy / "manifest.json"
     doc = json.loads(path.read_text())
-    doc["cases"][0]["program"][1]["T"] += 1  # the recipe in the manifest no longer matches the suite's
+    step = doc["cases"][0]["program"][1]  # the recipe in the manifest no longer matches the suite's
+    step["T"] += 1
+    step["seq_len_after"] = [n + 1 for n in step["seq_len_after"]]  # (consistent with itself, FORMAT.md §2)
     path.write_text(json.dumps(doc))
     target = next(c for c in doc["cases"] if c["id"].startswith("decode_T12"))
     data = bytearray((fixture_copy / target["file"]).read_bytes())

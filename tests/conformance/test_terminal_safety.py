@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 
 from gdncheck.cli import main
-from gdncheck.untrusted import safe_text
 
 from .helpers import perfect_outputs
 from .plugins import FORGED
@@ -59,6 +58,8 @@ def test_names_and_reasons_in_an_outputs_file_are_visible_text(fixtures_dir, tmp
 
 
 def test_safe_text_escapes_every_control():
+    from gdncheck.untrusted import safe_text
+
     assert safe_text("a\rb\x1b[2Kc\nd\u202ee\x00\x9b\u2028") == "a\\rb\\x1b[2Kc\\nd\\u202ee\\x00\\x9b\\u2028"
     assert safe_text("line one\nline two", keep_newlines=True) == "line one\nline two"
     assert safe_text("plain ünïcödé ✓ — text") == "plain ünïcödé ✓ — text"
