@@ -98,7 +98,8 @@ def run(args: argparse.Namespace) -> int:
     say(summary.coverage_line())
     say(f"{summary.verdict()}: {t['passed']}/{t['cases']} cases pass, {t['failed']} fail, {t['errors']} unusable, "
         f"{t['not_applicable']} not applicable; "
-        f"{t['records']} tensors judged, {t['records_failed']} failed, {t['records_missing']} not provided "
+        f"{t['records'] - t['records_missing']} tensors judged, {t['records_failed']} failed, "
+        f"{t['records_missing']} not provided "
         f"[{safe_text(summary.implementation.get('name'))}, profile {args.profile}, {summary.mode}]; summary: {path}")
     if args.report:
         from gdncheck.reports import write_report

@@ -105,3 +105,17 @@ def test_a_selection_of_no_case_is_a_usage_error(tmp_path, capsys, selection):
         err = capsys.readouterr().err
         assert code == 2 and "selects no case" in err and "Traceback" not in err
     assert not (tmp_path / "o").exists() and not list(tmp_path.glob("verify-summary-*"))
+
+
+def test_the_console_counts_judged_tensors_as_the_coverage_does(fixtures_dir, tmp_path, capsys):
+    """A tensor not provided is not judged: the verdict line and the coverage line give the same count."""
+    import re
+
+    perfect_outputs(fixtures_dir, "decode_T12", tmp_path, alter=lambda t: t.pop("calls.0.core"))
+    code = main(["verify", "--outputs", str(tmp_path), "--profile", "f32", "--case", "decode_T12"])
+    out = capsys.readouterr().out
+    covered = int(re.search(r"coverage: .*, (\d+) tensor\(s\) judged", out).group(1))
+    judged, missing = map(int, re.search(r"(\d+) tensors judged, \d+ failed, (\d+) not provided", out).groups())
+    doc = json.loads((tmp_path / "verify-summary-f32.json").read_text())
+    assert code == 0 and missing == 1 and judged == covered == doc["coverage"]["tensors_judged"]
+    assert doc["totals"]["records"] == judged + missing
