@@ -59,7 +59,9 @@ def test_fixtures_build_refuses_folders_it_would_damage(tmp_path, fixture_copy, 
     assert "cannot be read" in capsys.readouterr().err and (mine / "manifest.json").read_text() == '{"my": "own file"}'
     (mine / "manifest.json").unlink()
     assert main(["fixtures", "build", "--out", str(mine), "--case", "error-invalid-eps"]) == 2
-    assert "not empty and holds no fixture suite" in capsys.readouterr().err
+    cap = capsys.readouterr()
+    assert "not empty and holds no fixture suite" in cap.err
+    assert " MB" not in cap.out  # refused before a case was built, not after the work
     assert sorted(p.name for p in mine.iterdir()) == ["notes.txt"]
     before = _digests(fixture_copy)
     assert main(["fixtures", "build", "--suite", "full", "--out", str(fixture_copy), "--case", "x"]) == 2
