@@ -119,6 +119,7 @@ class Setup:
     hypothesis_profile: str
     max_examples: int
     jobs: int
+    xfails: list = field(default_factory=list)  # the known failures, read before anything runs
 
 
 @dataclass
@@ -258,6 +259,10 @@ def plan(opts: GateOptions, result: GateResult) -> Setup:
         check_options(factory, opts.options, opts.impl)
     except GDNError as exc:
         raise CouldNotRun(str(exc)) from None
+    try:  # read now: an unusable file must not cost a whole run first
+        xfails = [] if (opts.xfails or "").lower() == "none" else load_xfails(opts.xfails)
+    except GDNError as exc:
+        raise CouldNotRun(str(exc)) from None
     default_suite = opts.suite == "default" and not opts.fixtures
     rebuild = opts.rebuild_check if opts.rebuild_check is not None else default_suite
     doc["fixtures"], manifest = check_fixtures(fixtures, rebuild, opts.fixtures_sha256)
@@ -269,7 +274,7 @@ def plan(opts: GateOptions, result: GateResult) -> Setup:
     setup = Setup(fixtures, device, interpreter, result.plan,
                   hypothesis_profile=opts.hypothesis_profile or os.environ.get("GDN_HYPOTHESIS_PROFILE") or "ci",
                   max_examples=opts.max_examples or (INTERPRETER_MAX_EXAMPLES if interpreter else DEFAULT_MAX_EXAMPLES),
-                  jobs=opts.jobs or (min(2, os.cpu_count() or 1) if device == "cpu" else 1))
+                  jobs=opts.jobs or (min(2, os.cpu_count() or 1) if device == "cpu" else 1), xfails=xfails)
     p = result.plan
     doc["selection"] = {"profiles": list(opts.profiles), "shard": list(opts.shard) if opts.shard else None,
                         "cases": opts.cases, "tags": opts.tags, "selected": p.selected, "run": len(p.entries),
@@ -326,7 +331,7 @@ def judge(opts: GateOptions, out: Path, setup: Setup, outcome: Outcome, result: 
     doc = result.doc
     ids = setup.plan.case_ids
     no_xfails = (opts.xfails or "").lower() == "none"
-    xfails = [] if no_xfails else load_xfails(opts.xfails)
+    xfails = setup.xfails
     doc["profiles"] = {}
     doc["xfails"] = {"file": "none" if no_xfails else str(opts.xfails or DEFAULT_XFAILS), "stale": []}
     for p in opts.profiles:

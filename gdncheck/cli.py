@@ -15,7 +15,7 @@ import sys
 
 from ._version import __version__
 from .errors import GDNError
-from .untrusted import safe_text
+from .untrusted import one_line, safe_text
 
 #: name -> (module, one-line help). Order is the order of ``--help``.
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -66,7 +66,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return int(args._run(args) or 0)
     except GDNError as exc:
-        print(f"{where}: error: {safe_text(exc)}", file=sys.stderr)
+        print(f"{where}: error: {one_line(exc)}", file=sys.stderr)
         return 2
     except OSError as exc:
         name = f" {exc.filename}" if exc.filename else ""
@@ -78,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as exc:  # noqa: BLE001 - the last resort: one line and exit 2, never a traceback and exit 1
         if os.environ.get("GDN_DEBUG"):
             raise
-        print(f"{where}: internal error: {type(exc).__name__}: {safe_text(exc)} (a gdncheck bug: please report it; "
+        print(f"{where}: internal error: {type(exc).__name__}: {one_line(exc)} (a gdncheck bug: please report it; "
               f"rerun with GDN_DEBUG=1 for the traceback)", file=sys.stderr)
         return 2
 

@@ -52,6 +52,20 @@ def safe_text(value: object, *, keep_newlines: bool = False) -> str:
     return (_UNSAFE_KEEP_NL if keep_newlines else _UNSAFE).sub(_escape, str(value))
 
 
+#: the longest line :func:`one_line` prints (a message quoting a file's content could be megabytes)
+MAX_LINE = 2000
+
+
+def one_line(value: object, limit: int = MAX_LINE) -> str:
+    """:func:`safe_text` of ``value``, cut in the middle to at most about ``limit`` characters: a
+    message that quotes what it found in a file stays one readable line, whatever the file held."""
+    text = safe_text(value)
+    if len(text) <= limit:
+        return text
+    keep = limit // 2
+    return f"{text[:keep]} ... ({len(text) - 2 * keep} characters left out) ... {text[-keep:]}"
+
+
 def check_name(name: object, what: str = "file") -> str:
     """``name`` if it is a usable relative file name (the lexical rules of :func:`safe_path`), else
     :class:`UnsafePathError`: a string, not empty, not absolute, no ``..`` or empty component, no
@@ -98,6 +112,29 @@ def safe_path(directory: str | os.PathLike, name: object, what: str = "file", *,
         expected = " or ".join(_article(w) for w in wanted)
         raise UnsafePathError(f"{what} {path} is {_article(found)}, expected {expected}")
     return path
+
+
+def read_bounded(path: str | os.PathLike, limit: int, what: str = "file") -> bytes:
+    """The bytes of the regular file ``path`` (links followed: a path given on the command line), at most
+    ``limit`` of them, else :class:`UnsafePathError`: a device (``/dev/zero`` never ends), a pipe (it
+    may never be written), a folder or a file over ``limit`` is refused before anything is read.
+    ``FileNotFoundError`` is left to the caller, who knows what a missing file means."""
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))  # a pipe's open must not wait for a writer
+    try:
+        mode, size = os.fstat(fd).st_mode, os.fstat(fd).st_size
+        if not stat.S_ISREG(mode):
+            raise UnsafePathError(f"{what} {path} is {_article(_kind_of(mode))}, expected a file")
+        if size > limit:
+            raise UnsafePathError(f"{what} {path}: expected at most {limit} bytes, found {size}")
+        with os.fdopen(fd, "rb") as fh:
+            fd = -1
+            data = fh.read(limit + 1)
+    finally:
+        if fd >= 0:
+            os.close(fd)
+    if len(data) > limit:  # grew while read
+        raise UnsafePathError(f"{what} {path}: expected at most {limit} bytes, found more")
+    return data
 
 
 def _kind_of(mode: int) -> str:

@@ -26,9 +26,12 @@ from pathlib import Path
 from gdncheck.errors import GDNError
 from gdncheck.harness import END_TO_END
 from gdncheck.profiles import VERIFY_PROFILES
+from gdncheck.untrusted import UnsafePathError, read_bounded
 
 TABLE_PATH = Path(__file__).with_name("tolerances.json")
 TABLE_FORMAT = "gdncheck-tolerances"
+#: a table larger than this is refused unread (the packaged one is about 0.3 MB)
+MAX_TABLE_BYTES = 64 * 1024 * 1024
 
 
 class ToleranceError(GDNError):
@@ -95,10 +98,12 @@ class ToleranceTable:
 @lru_cache(maxsize=4)
 def _load(path: str) -> ToleranceTable:
     try:
-        raw = Path(path).read_bytes()
+        raw = read_bounded(path, MAX_TABLE_BYTES, "tolerance table")
         data = json.loads(raw)
     except FileNotFoundError:
         raise ToleranceError(f"expected a tolerance table at {path}, found none") from None
+    except UnsafePathError as exc:
+        raise ToleranceError(str(exc)) from None
     except RecursionError:
         raise ToleranceError(f"{path}: not a usable tolerance table (JSON nested too deep)") from None
     except (OSError, ValueError) as exc:

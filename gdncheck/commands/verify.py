@@ -51,7 +51,7 @@ def run(args: argparse.Namespace) -> int:
     from gdncheck.commands.run import output_file, parse_shard
     from gdncheck.conformance.judge.verify import verify
     from gdncheck.fixtures.manifest import refuse_output_in_suite
-    from gdncheck.untrusted import safe_text
+    from gdncheck.untrusted import one_line, safe_text
 
     def say(text: str) -> None:
         print(safe_text(text, keep_newlines=True))
@@ -60,12 +60,12 @@ def run(args: argparse.Namespace) -> int:
         if c.status == "pass":
             say(f"pass  {c.id}")
         elif c.status == "error":
-            say(f"ERROR {c.id}: {c.problem}")
+            say(f"ERROR {one_line(c.id)}: {one_line(c.problem)}")  # each piece one line, however long
         elif c.status == "not_applicable":
-            say(f"n/a   {c.id}: {c.message}")
+            say(f"n/a   {one_line(c.id)}: {one_line(c.message)}")
         else:
             say(f"FAIL  {c.id}: first divergence {c.first_divergence}")
-            say(f"      {safe_text(c.message)}\n      repro: {safe_text(c.repro)}")
+            say(f"      {one_line(c.message)}\n      repro: {safe_text(c.repro)}")
             if args.verbose:
                 for r in c.records:
                     if r.verdict == "fail" and r.message != c.message:

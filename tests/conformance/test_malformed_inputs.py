@@ -234,3 +234,37 @@ def test_a_huge_declared_tensor_of_the_wrong_shape_is_never_read(fixtures_dir, t
     rec = next(r for r in s.cases[0].records if r.tensor == "out")
     assert rec.reason == "shape" and rec.shape == [1, 1, 100_000_000] and s.exit_code == 1
     assert peak < 50e6, f"{peak / 1e6:.0f} MB allocated for a tensor that was never needed"
+
+
+@pytest.mark.parametrize("command", [["verify", "--profile", "f32", "--case", GOOD, "--tolerances", "{path}"],
+                                     ["report", "{path}"],
+                                     ["gate", "--impl", "reference", "--profiles", "f32", "--case", GOOD,
+                                      "--no-properties", "--xfails", "{path}"]])
+def test_a_device_given_for_a_file_is_refused_unread(fixtures_dir, tmp_path, command):
+    """/dev/zero never ends: read whole it filled the memory (exit 137). In a child process with its
+    address space bounded, so that a regression fails this test instead of the machine."""
+    import os
+    import resource
+    import subprocess
+    import sys
+
+    path = tmp_path / "table"
+    path.symlink_to("/dev/zero")
+    perfect_outputs(fixtures_dir, GOOD, tmp_path / "out")
+    argv = [a.replace("{path}", str(path)) for a in command]
+    if argv[0] == "verify":
+        argv += ["--outputs", str(tmp_path / "out")]
+    if argv[0] == "gate":
+        argv += ["--out", str(tmp_path / "gate")]
+
+    def bound():
+        resource.setrlimit(resource.RLIMIT_AS, (4 << 30, 4 << 30))
+
+    p = subprocess.run([sys.executable, "-m", "gdncheck", *argv], capture_output=True, text=True, timeout=300,
+                       preexec_fn=bound, env={**os.environ, "OPENBLAS_NUM_THREADS": "1"})
+    text = p.stdout + p.stderr
+    assert p.returncode == 2 and "is a device, expected a file" in text and "Traceback" not in text, text[-2000:]
+    if argv[0] != "gate":  # the gate prints its could-not-run block (the reason, where the summary is)
+        assert len(p.stderr.strip().splitlines()) == 1 and not p.stdout, text[-2000:]
+    else:  # read before anything ran
+        assert not (tmp_path / "gate" / "f32").exists() and "refusing" not in text

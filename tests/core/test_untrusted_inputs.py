@@ -187,3 +187,35 @@ def test_a_layer_index_that_is_no_index_is_refused_before_any_file_is_read(tmp_p
 
     with pytest.raises(E.LayerIndexError, match=r"expected a layer index \(a non-negative integer\), found"):
         load_layer(tmp_path / "no-such-checkpoint", layer)
+
+
+def test_one_line_keeps_a_message_quoting_a_huge_file_readable():
+    from gdncheck.untrusted import MAX_LINE, one_line
+
+    text = one_line("found '" + "[" * 200000 + "\n]'")
+    assert len(text) < MAX_LINE + 100 and "\n" not in text and "characters left out" in text
+    assert text.startswith("found '[[[") and text.endswith("\\n]'")
+    assert one_line("short\r") == "short\\r"
+
+
+@pytest.mark.parametrize("kind", ["device", "pipe", "folder", "large"])
+def test_read_bounded_refuses_what_never_ends_or_never_comes(tmp_path, kind):
+    """A path given on the command line (a tolerance table, a summary, a known-failures file) read
+    whole: /dev/zero never ends, a pipe may never be written; both are refused before a read."""
+    import os
+
+    from gdncheck.untrusted import UnsafePathError, read_bounded
+
+    path = tmp_path / "x"
+    if kind == "device":
+        path.symlink_to("/dev/zero")
+    elif kind == "pipe":
+        os.mkfifo(path)
+    elif kind == "folder":
+        path.mkdir()
+    else:
+        path.write_bytes(b"0" * 101)
+    with pytest.raises(UnsafePathError, match="expected a file|expected at most 100 bytes, found 101"):
+        read_bounded(path, 100, "table")
+    (tmp_path / "y").write_bytes(b"0" * 100)
+    assert read_bounded(tmp_path / "y", 100) == b"0" * 100
