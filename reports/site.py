@@ -36,6 +36,16 @@ def environment() -> Environment:
     return env
 
 
+def check_report_folder(out_dir: str | Path) -> Path:
+    """``out_dir`` as a Path if a report may replace it (new, empty, or an earlier report), else
+    :class:`ReportInputError`: the report replaces its folder whole, and someone's files are not its."""
+    out = Path(out_dir)
+    if out.exists() and (not out.is_dir() or (any(out.iterdir()) and not (out / MARKER).is_file())):
+        raise ReportInputError(f"{out} exists and is not an earlier gdncheck report: choose another folder "
+                               f"(the report replaces its folder as a whole)")
+    return out
+
+
 def write_report(summary: str | Path | dict, out_dir: str | Path, *, fixtures_dir: str | Path | None = None,
                  outputs_dir: str | Path | None = None, top_k: int = TOP_K, progress=None) -> Path:
     """Write the report of ``summary`` (a verify summary: path or parsed dict) into ``out_dir``.
@@ -47,10 +57,7 @@ def write_report(summary: str | Path | dict, out_dir: str | Path, *, fixtures_di
     after each case page.
     """
     doc = load_summary(summary)
-    out = Path(out_dir)
-    if out.exists() and (not out.is_dir() or (any(out.iterdir()) and not (out / MARKER).is_file())):
-        raise ReportInputError(f"{out} exists and is not an earlier gdncheck report: choose another folder "
-                               f"(the report replaces its folder as a whole)")
+    out = check_report_folder(out_dir)
     view = build(doc)
     # files are read only inside the folders the summary records (or those given): never where a
     # record's file name alone would lead

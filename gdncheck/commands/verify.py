@@ -50,6 +50,7 @@ def run(args: argparse.Namespace) -> int:
 
     from gdncheck.commands.run import output_file, parse_shard
     from gdncheck.conformance.judge.verify import verify
+    from gdncheck.errors import GDNError
     from gdncheck.fixtures.manifest import refuse_output_in_suite
     from gdncheck.untrusted import one_line, safe_text
 
@@ -74,11 +75,19 @@ def run(args: argparse.Namespace) -> int:
             say(f"      note: {safe_text(note)}")
 
     # every path checked, and the stale results removed, before anything is judged
+    outputs = Path(args.outputs)
+    if not outputs.is_dir():  # a typo would judge every case "no outputs file", and make the folder for the summary
+        raise GDNError(f"--outputs {outputs}: expected the port's outputs folder, found "
+                         + ("nothing" if not outputs.exists() else "a file"))
     path = output_file(args.summary or Path(args.outputs) / f"verify-summary-{args.profile}.json", "--summary")
     junit_path = output_file(args.junit, "--junit") if args.junit else None
     for target, flag in ((path, "--summary"), (junit_path, "--junit"), (args.report, "--report")):
         if target is not None:
             refuse_output_in_suite(Path(target).parent if flag != "--report" else target, None, flag)
+    if args.report:  # refused now, not after the whole run
+        from gdncheck.reports.site import check_report_folder
+
+        check_report_folder(args.report)
     for stale in (path, junit_path):
         if stale is not None and stale.is_file():
             stale.unlink()

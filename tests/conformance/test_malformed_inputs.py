@@ -140,12 +140,18 @@ def test_paths_that_are_not_what_they_should_be(fixtures_dir, tmp_path, capsys):
         ["run", "reference", "--out", str(tmp_path / "afile"), "--profile", "f32", "--case", GOOD],
         ["report", str(tmp_path / "out"), "-o", str(tmp_path / "site")],
         ["fixtures", "list", "--fixtures", str(tmp_path / "afile")],
+        ["verify", "--outputs", str(tmp_path / "nowhere"), "--profile", "f32", "--case", GOOD],
+        ["verify", "--outputs", str(tmp_path / "afile"), "--profile", "f32", "--case", GOOD],
+        ["verify", "--outputs", str(tmp_path / "out"), "--profile", "f32", "--case", GOOD, "--report",
+         str(tmp_path / "afile")],
     ]
     for argv in cases:
         code = main(argv)
         cap = capsys.readouterr()
         assert code == 2, (argv, cap.out, cap.err)
         assert "Traceback" not in cap.err and len(cap.err.strip().splitlines()) == 1, (argv, cap.err)
+        assert not cap.out, (argv, cap.out)  # refused before anything was judged
+    assert not (tmp_path / "nowhere").exists()  # a mistyped --outputs is not made to hold a summary
 
 
 def test_an_unknown_option_is_a_usage_error_before_anything_runs(tmp_path, capsys):
