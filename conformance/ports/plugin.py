@@ -91,12 +91,23 @@ def accepted_options(factory: Callable, spec: str | None = None) -> tuple[str, .
 
 
 def check_options(factory: Callable, options: Mapping[str, Any], spec: str | None = None) -> None:
-    """Refuse (:class:`GDNError`, a usage error) an option ``factory`` does not take, before any case runs."""
+    """Refuse (:class:`GDNError`, a usage error) an option ``factory`` does not take, or a callable that
+    cannot be called as a factory at all (FORMAT.md §9), before any case runs."""
+    name = spec or getattr(factory, "__qualname__", repr(factory))
+    try:
+        sig = inspect.signature(factory)
+    except (TypeError, ValueError):  # no signature to read (some C callables): its first call will tell
+        sig = None
+    if sig is not None and spec not in BUILTIN_OPTIONS:
+        try:
+            sig.bind(None, None, profile="f32", strict=False, **{k: None for k in options})
+        except TypeError as exc:
+            raise GDNError(f"implementation {name!r} cannot be called as a factory "
+                           f"CALLABLE(cfg, weights, *, profile, strict, **options) (FORMAT.md §9): {exc}") from None
     known = accepted_options(factory, spec)
     if known is None:
         return
     unknown = sorted(set(options) - set(known))
     if unknown:
-        name = spec or getattr(factory, "__qualname__", repr(factory))
         raise GDNError(f"implementation {name!r} takes no option {', '.join(map(repr, unknown))}; it takes "
                        + (", ".join(known) if known else "none"))

@@ -154,6 +154,15 @@ def test_paths_that_are_not_what_they_should_be(fixtures_dir, tmp_path, capsys):
     assert not (tmp_path / "nowhere").exists()  # a mistyped --outputs is not made to hold a summary
 
 
+@pytest.mark.parametrize("spec", ["os:getcwd", "json:dumps", "tests.conformance.plugins:FORGED"])
+def test_a_callable_that_is_no_factory_is_a_usage_error_before_anything_runs(tmp_path, capsys, spec):
+    """It ran every case, recorded each as 'raised TypeError', and exited 0."""
+    code = main(["run", spec, "--out", str(tmp_path / "o"), "--profile", "f32", "--case", GOOD])
+    cap = capsys.readouterr()
+    assert code == 2 and len(cap.err.strip().splitlines()) == 1 and not cap.out, (cap.out, cap.err)
+    assert "factory" in cap.err and not (tmp_path / "o").exists()
+
+
 def test_an_unknown_option_is_a_usage_error_before_anything_runs(tmp_path, capsys):
     code = main(["run", "reference", "--out", str(tmp_path / "o"), "--profile", "f32", "--option", "nope=1"])
     assert code == 2 and "takes no option 'nope'" in capsys.readouterr().err
