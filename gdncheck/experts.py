@@ -159,6 +159,14 @@ def unstack_experts(cfg: GDNConfig, weights: Mapping[str, np.ndarray]) -> dict[s
     return out
 
 
+def mlp_kind_of(weights: Mapping[str, object]) -> str:
+    """The MLP block a layer's canonical weights hold: ``"moe"`` when they carry the router
+    (``mlp.gate.weight``), else ``"dense"``. For callers that hold one layer's weights and no layer
+    index (a fixture case, a stage runner); ``GDNConfig.mlp_kind(layer)`` is the config's answer, and
+    ``validate_weights`` refuses weights that contradict it."""
+    return "moe" if ROUTER in weights else "dense"
+
+
 def split_gate_up(gate_up: np.ndarray, moe_intermediate_size: int) -> tuple[np.ndarray, np.ndarray]:
     """Views W_gate [E, I_moe, D] and W_up [E, I_moe, D] of the stacked ``gate_up_proj``."""
     return gate_up[:, :moe_intermediate_size], gate_up[:, moe_intermediate_size:]

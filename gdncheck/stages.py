@@ -9,6 +9,14 @@ Every tensor belongs to the stage that *produces* it (:func:`stage_of`), the two
 ``conv_state`` to ``conv1d`` and ``recurrent_state`` to ``delta_rule`` (each reads the old state and
 returns the new one), so a wrong state is localised to the stage that wrote it. The seq_len
 bookkeeping is judged under the pseudo-stage :data:`STATE_STAGE`, after every stage.
+
+Two layer kinds share the vocabulary (``GDNConfig.mlp_kind``): a ``dense`` layer, whose pipeline is
+:data:`STAGES` and whose names (:data:`STAGE_TENSORS`, :data:`TENSOR_ORDER`, ...) are what every
+dense fixture, record and summary holds; and a ``moe`` layer (Qwen3.5-MoE, Qwen3-Next: docs/moe.md),
+whose pipeline has the sparse block's stages between ``post_norm`` and ``mlp``. The functions that
+take a ``mlp_kind`` (:func:`layer_stages`, :func:`stage_inputs`, :func:`layer_tensor_order`, ...)
+answer for either; with ``"dense"`` they return the dense tables themselves. :func:`stage_of`,
+:func:`stage_index`, :func:`stage_rank` and :func:`tensor_rank` know both kinds' names at once.
 """
 
 from __future__ import annotations
@@ -19,8 +27,14 @@ from dataclasses import dataclass
 @dataclass(frozen=True)
 class TensorSpec:
     name: str
-    shape: tuple[str, ...]  # symbols: T, D, I, Hk, Hv, dk, dv, conv_dim, K
+    shape: tuple[str, ...]  # symbols: T, D, I, Hk, Hv, dk, dv, conv_dim, K (MoE: E, top_k)
     stage: str  # the stage that produces it
+    kind: str = "float"  # "float": judged by an error bound; "index": integers, judged exactly
+
+    @property
+    def is_index(self) -> bool:
+        """Integers (expert indices): equal or not, never an error size (:data:`INDEX_TENSORS`)."""
+        return self.kind == "index"
 
     @property
     def head_axis(self) -> int | None:
@@ -39,6 +53,13 @@ class Stage:
     formula: str
     inputs: tuple[str, ...]  # the tensors it reads (its golden inputs in stage-isolated mode)
     states: tuple[TensorSpec, ...] = ()  # the state it reads and returns, after its tensors
+    function: str = ""  # the stage function's name where it is not the stage's own (:attr:`function_name`)
+
+    @property
+    def function_name(self) -> str:
+        """The name of the function (reference/, gpu_impl/) or method (the emulated layer) that runs
+        the stage: the stage's name, except the sparse layer's ``mlp``, run by ``moe_sum``."""
+        return self.function or self.name
 
     @property
     def outputs(self) -> tuple[str, ...]:
@@ -131,25 +152,34 @@ def stage_of(tensor: str) -> str:
     try:
         return _PRODUCER[tensor]
     except KeyError:
-        raise KeyError(f"{tensor!r} is not a stage or state tensor; known: {', '.join(TENSOR_ORDER)}") from None
+        raise KeyError(f"{tensor!r} is not a stage or state tensor; known: {', '.join(_RANKED)}") from None
 
 
 def stage_index(stage: str) -> int:
-    """Position of ``stage`` in the pipeline; :data:`STATE_STAGE` after every stage."""
-    return STATE_STAGE_INDEX if stage == STATE_STAGE else STAGE_NAMES.index(stage)
+    """Index of ``stage`` in docs/spec.md §2 (its position in the dense pipeline; the sparse block's
+    stages are parts of stage 11); :data:`STATE_STAGE` after every stage."""
+    if stage == STATE_STAGE:
+        return STATE_STAGE_INDEX
+    try:
+        return _STAGE_INDEX[stage]
+    except KeyError:
+        raise ValueError(f"{stage!r} is not a stage; known: {', '.join(PIPELINE_ORDER)}") from None
 
 
 def tensor_rank(tensor: str) -> int:
-    """Position of ``tensor`` in :data:`TENSOR_ORDER` (unknown names last)."""
-    return TENSOR_ORDER.index(tensor) if tensor in TENSOR_ORDER else len(TENSOR_ORDER)
+    """Position of ``tensor`` in the pipeline order of either layer kind (unknown names last): the
+    dense tensors keep their order of :data:`TENSOR_ORDER`, the block's sit between ``h_norm`` and
+    ``mlp_out``. A sort key, never written anywhere."""
+    return _RANKED.index(tensor) if tensor in _RANKED else len(_RANKED)
 
 
 # --- The sparse mixture-of-experts MLP block (Qwen3.5-MoE, Qwen3-Next; docs/moe.md) ---------------
-# Self-contained: it adds names and leaves the dense pipeline above as it is. In a layer with the
-# sparse block, these stages run between ``post_norm`` and ``mlp``, and stage ``mlp`` (tensor
-# ``mlp_out``) is their sum: ``mlp_out = experts_out + shared_out``. Symbols: E num_experts,
-# top_k num_experts_per_tok. ``selected_experts`` holds expert indices (integers). Every stage of
-# the block has index 11: they are the parts of docs/spec.md §2's stage 11.
+# It adds names and leaves the dense pipeline above as it is. In a layer with the sparse block
+# (``mlp_kind == "moe"``), these stages run between ``post_norm`` and ``mlp``, and stage ``mlp``
+# (tensor ``mlp_out``) is their sum, ``mlp_out = experts_out + shared_out`` (:data:`MOE_MLP_STAGE`,
+# function ``moe_sum``). Symbols: E num_experts, top_k num_experts_per_tok. ``selected_experts``
+# holds expert indices (integers, judged exactly). Every stage of the block has index 11: they are
+# the parts of docs/spec.md §2's stage 11; :func:`stage_rank` and :func:`tensor_rank` order them.
 
 MOE_STAGES: tuple[Stage, ...] = (
     Stage(11, "router", (TensorSpec("router_logits", ("T", "E"), "router"),), "h_norm @ W_router^T", ("h_norm",)),
@@ -157,7 +187,7 @@ MOE_STAGES: tuple[Stage, ...] = (
         11,
         "routing",
         (TensorSpec("routing_weights", ("T", "top_k"), "routing"),
-         TensorSpec("selected_experts", ("T", "top_k"), "routing")),
+         TensorSpec("selected_experts", ("T", "top_k"), "routing", kind="index")),
         "p = softmax(router_logits); selected_experts = the top_k experts by p, descending, exact ties "
         "to the lower index; routing_weights = p[selected] / sum(p[selected]) (norm_topk_prob) or p[selected]",
         ("router_logits",),
@@ -186,13 +216,93 @@ MOE_TENSOR_BY_NAME: dict[str, TensorSpec] = {t.name: t for t in MOE_TENSORS}
 MOE_STAGE_INPUTS: dict[str, tuple[str, ...]] = {s.name: s.inputs for s in MOE_STAGES}
 #: What stage ``mlp`` reads in a layer with the sparse block (its formula: experts_out + shared_out).
 MOE_MLP_INPUTS: tuple[str, ...] = ("experts_out", "shared_out")
+#: Stage ``mlp`` of a sparse layer: the same stage and tensor as the dense one, another formula and
+#: other inputs, run by the function ``moe_sum``.
+MOE_MLP_STAGE = Stage(11, "mlp", (TensorSpec("mlp_out", ("T", "D"), "mlp"),), "experts_out + shared_out",
+                      MOE_MLP_INPUTS, function="moe_sum")
 #: Integer tensors of the block (compared exactly, never by a floating-point error).
-MOE_INDEX_TENSORS: tuple[str, ...] = ("selected_experts",)
+MOE_INDEX_TENSORS: tuple[str, ...] = tuple(t.name for t in MOE_TENSORS if t.is_index)
+#: Every integer stage tensor of either layer kind.
+INDEX_TENSORS: tuple[str, ...] = MOE_INDEX_TENSORS
+
+# --- per layer kind --------------------------------------------------------------------------------
+#: The layer kinds (gdncheck.config.MLP_KINDS): the dense SwiGLU MLP or the sparse block.
+LAYER_KINDS: tuple[str, ...] = ("dense", "moe")
+
+_MOE_PIPELINE: tuple[Stage, ...] = (*STAGES[:11], *MOE_STAGES, MOE_MLP_STAGE, *STAGES[12:])
+
+
+def _kind(mlp_kind: str) -> str:
+    if mlp_kind not in LAYER_KINDS:
+        raise ValueError(f"mlp_kind must be one of {', '.join(LAYER_KINDS)}, found {mlp_kind!r}")
+    return mlp_kind
+
+
+def layer_stages(mlp_kind: str = "dense") -> tuple[Stage, ...]:
+    """The pipeline of a layer of that kind, in order: :data:`STAGES` itself for ``dense``; for
+    ``moe`` the same with the block's stages after ``post_norm`` and :data:`MOE_MLP_STAGE` as ``mlp``."""
+    return STAGES if _kind(mlp_kind) == "dense" else _MOE_PIPELINE
+
+
+def layer_stage_names(mlp_kind: str = "dense") -> tuple[str, ...]:
+    """Stage names in pipeline order (:data:`STAGE_NAMES` for ``dense``)."""
+    return STAGE_NAMES if _kind(mlp_kind) == "dense" else tuple(s.name for s in _MOE_PIPELINE)
+
+
+def layer_stage(stage: str, mlp_kind: str = "dense") -> Stage:
+    """The :class:`Stage` called ``stage`` in a layer of that kind (``mlp`` differs between kinds)."""
+    for s in layer_stages(mlp_kind):
+        if s.name == stage:
+            return s
+    raise KeyError(f"{stage!r} is not a stage of a {mlp_kind} layer; its stages: "
+                   f"{', '.join(layer_stage_names(mlp_kind))}")
+
+
+def stage_inputs(stage: str, mlp_kind: str = "dense") -> tuple[str, ...]:
+    """The tensors ``stage`` reads (its golden inputs in stage-isolated mode) in a layer of that kind."""
+    return layer_stage(stage, mlp_kind).inputs
+
+
+def stage_outputs(stage: str, mlp_kind: str = "dense") -> tuple[str, ...]:
+    """What ``stage`` returns, in its return order (state last), in a layer of that kind."""
+    return layer_stage(stage, mlp_kind).outputs
+
+
+def layer_tensors(mlp_kind: str = "dense") -> tuple[TensorSpec, ...]:
+    """Every stage tensor of one call, in pipeline order (:data:`STAGE_TENSORS` for ``dense``)."""
+    return STAGE_TENSORS if _kind(mlp_kind) == "dense" else tuple(t for s in _MOE_PIPELINE for t in s.tensors)
+
+
+def layer_tensor_order(mlp_kind: str = "dense") -> tuple[str, ...]:
+    """Every tensor of one call, states included, in pipeline order (:data:`TENSOR_ORDER` for ``dense``)."""
+    return TENSOR_ORDER if _kind(mlp_kind) == "dense" else tuple(n for s in _MOE_PIPELINE for n in s.outputs)
 
 
 def moe_layer_tensor_names() -> tuple[str, ...]:
     """The trace of a layer with the sparse block, in pipeline order: the dense trace with the
     block's tensors between ``h_norm`` and ``mlp_out``."""
-    names = [t.name for t in STAGE_TENSORS]
-    at = names.index("mlp_out")
-    return tuple(names[:at] + [t.name for t in MOE_TENSORS] + names[at:])
+    return tuple(t.name for t in layer_tensors("moe"))
+
+
+# --- names of either kind ------------------------------------------------------------------------------
+#: Every stage tensor of either layer kind, by name (:data:`TENSOR_BY_NAME` plus the block's).
+KNOWN_TENSORS: dict[str, TensorSpec] = {**TENSOR_BY_NAME, **MOE_TENSOR_BY_NAME}
+#: Every stage name of either kind in pipeline order (the sparse layer's pipeline holds the dense one's).
+PIPELINE_ORDER: tuple[str, ...] = layer_stage_names("moe")
+#: Every tensor of either kind in pipeline order (the sparse layer's order holds the dense one's).
+_RANKED: tuple[str, ...] = layer_tensor_order("moe")
+
+_PRODUCER.update({t.name: t.stage for t in MOE_TENSORS})
+_STAGE_INDEX: dict[str, int] = {s.name: s.index for s in _MOE_PIPELINE}
+
+
+def is_index_tensor(tensor: str) -> bool:
+    """Whether ``tensor`` holds integers (expert indices), judged exactly."""
+    return tensor in INDEX_TENSORS
+
+
+def stage_rank(stage: str) -> int:
+    """Position of ``stage`` in the pipeline of either kind (:data:`PIPELINE_ORDER`), finer than
+    :func:`stage_index` inside stage 11; :data:`STATE_STAGE` after every stage. For dense stages it
+    orders them as :func:`stage_index` does."""
+    return len(PIPELINE_ORDER) if stage == STATE_STAGE else PIPELINE_ORDER.index(stage)

@@ -9,8 +9,15 @@ math inside every kernel:
     updated in place) → gated_norm kernel → out_proj GEMM → residual + post_norm kernel →
     gate/up GEMM → SwiGLU kernel → down GEMM → output add.
 
+A layer with the sparse mixture-of-experts block (``cfg.mlp_kind(layer_index) == "moe"``, docs/moe.md)
+runs :func:`.moe.moe_block` in place of the three MLP steps: one GEMM for the router and the shared
+expert's gate and gate/up, the routing kernel, the grouped expert GEMMs, the shared expert's
+SwiGLU and down GEMM, the combine kernel (which then stores mlp_out alone).
+
 ``capture=True`` runs the same kernels; the fused conv kernel additionally stores its pre-norm
-output ``qkv_conv``, and every stage tensor of :data:`gdncheck.stages.STAGE_TENSORS` is returned.
+output ``qkv_conv``, the combine kernel ``experts_out`` and ``shared_out``, and every stage tensor of
+the layer's kind is returned (:func:`gdncheck.stages.layer_tensors`: :data:`~gdncheck.stages.STAGE_TENSORS`
+for a dense layer, the block's five tensors besides in a sparse one).
 Without it each activation is released as soon as the next stage has read it (the peak is in
 docs/gpu.md, "Memory").
 
@@ -21,7 +28,8 @@ then set on the device. An int seq_pos, or one per sequence all equal, costs no 
 host positions one copy from pinned memory; a seq_pos tensor on the device none (it is taken as
 given: reading its values would synchronise). The warning is reported asynchronously
 (:meth:`.state.State.queue_mismatch_report`). Only ``strict=True`` reads the state's seq_len on
-the host: it must raise before anything changes. So decode can be captured in a CUDA graph.
+the host: it must raise before anything changes. So decode can be captured in a CUDA graph; the
+sparse block reads no routing on the host either (gpu_impl/moe_gemm.py: a block table of fixed length).
 """
 
 from __future__ import annotations
@@ -35,7 +43,7 @@ import torch
 from gdncheck.calls import check_seq_pos, check_state, check_x, rows_to_reset
 from gdncheck.config import GDNConfig
 from gdncheck.errors import InputError, InputShapeError
-from gdncheck.stages import STAGE_TENSORS
+from gdncheck.stages import STAGE_TENSORS, layer_tensors
 from gdncheck.weights import expected_shapes, validate_weights
 
 from .conv1d import conv1d_qk_norm
@@ -46,6 +54,7 @@ from .gates import gates
 from .in_proj import in_proj_stacked, stack_in_proj
 from .input_norm import input_norm
 from .mlp import mlp_stacked, stack_gate_up
+from .moe import MoEWeights, moe_block
 from .out_proj import out_proj
 from .residual import output, residual_post_norm
 from .state import State
@@ -59,8 +68,9 @@ DELTA_RULE_FORMS = ("auto", "recurrent", "chunked")
 #: ``delta_rule="auto"`` runs the fused recurrent kernel up to this many tokens, else the chunked one.
 RECURRENT_MAX_TOKENS = 16
 
-#: The order of the trace's stage tensors (gdncheck.stages).
+#: The order of the trace's stage tensors (gdncheck.stages), per layer kind.
 STAGE_ORDER = tuple(t.name for t in STAGE_TENSORS)
+TRACE_ORDER = {kind: tuple(t.name for t in layer_tensors(kind)) for kind in ("dense", "moe")}
 
 #: 1-D parameters kept in fp32 (Qwen3.5 stores A_log and the gated-norm weight as F32); every
 #: matrix and the conv weight are held in the profile dtype.
@@ -95,6 +105,7 @@ class Layer:
             layer_index = getattr(weights, "layer", None)
         self._configure(cfg, layer_index, profile, strict, delta_rule, chunk_size)
         self.norm_mode = validate_weights(cfg, weights, layer=layer_index)
+        self.mlp_kind = cfg.mlp_kind(layer_index)
         self.device = resolve_device(device)
 
         def param(name: str) -> torch.Tensor:
@@ -105,18 +116,20 @@ class Layer:
 
     @classmethod
     def shaped(cls, cfg: GDNConfig, *, profile: str = "bf16", norm_mode: str = "shared", delta_rule: str = "auto",
-               chunk_size: int = 64) -> Layer:
+               chunk_size: int = 64, mlp_kind: str | None = None) -> Layer:
         """A layer whose weights are tensors on torch's ``meta`` device: shapes and dtypes, no memory.
 
         Its calls run no kernel: inside ``compile_check`` or ``record_launches`` they make the very
-        launches of a real call, at any size (the compile table, the grid and memory checks)."""
+        launches of a real call, at any size (the compile table, the grid and memory checks).
+        ``mlp_kind``: ``dense`` or ``moe`` (default: the config's, for a config whose layers agree)."""
         layer = cls.__new__(cls)
         layer._configure(cfg, None, profile, False, delta_rule, chunk_size)
         layer.norm_mode = norm_mode
+        layer.mlp_kind = mlp_kind or cfg.mlp_kind()
         layer.device = torch.device("meta")
         layer._adopt({name: torch.empty(shape, device="meta",
                                         dtype=torch.float32 if name in FP32_PARAMS else layer.dtype)
-                      for name, shape in expected_shapes(cfg, norm_mode).items()})
+                      for name, shape in expected_shapes(cfg, norm_mode, layer.mlp_kind).items()})
         return layer
 
     def _configure(self, cfg, layer_index, profile, strict, delta_rule, chunk_size) -> None:
@@ -146,6 +159,10 @@ class Layer:
         self.w_norm = p["linear_attn.norm.weight"]
         self.w_out = p["linear_attn.out_proj.weight"]
         self.w_post_norm = p["post_attention_layernorm.weight"]
+        if self.mlp_kind == "moe":
+            self.moe = MoEWeights.from_params(p, cfg)
+            return
+        self.moe = None
         self.w_gate_up = stack_gate_up(p["mlp.gate_proj.weight"], p["mlp.up_proj.weight"])
         self.w_down = p["mlp.down_proj.weight"]
 
@@ -216,35 +233,26 @@ class Layer:
             host = host.pin_memory()
         return host.to(state.device, non_blocking=True)
 
-    def _run(self, x: torch.Tensor, state: State, reset: torch.Tensor, form: str, chunk_size: int, capture: bool):
+    def _run(self, x: torch.Tensor, state: State, reset: torch.Tensor, form: str, chunk_size: int, capture: bool,
+             mixer=None):
         """The stages of one call. Without ``capture`` each activation is dropped (``del``) once the
-        next stage has read it, so the peak holds the fewest at once (docs/gpu.md, "Memory")."""
+        next stage has read it, so the peak holds the fewest at once (docs/gpu.md, "Memory").
+
+        ``mixer(qkv, a, b) -> (q, k, v, qkv_conv, g, beta, core)`` replaces the sequence-wise stages
+        (conv1d, gates, delta rule: :meth:`_mix`); the packed calls of :mod:`.serving` pass theirs,
+        so every token-wise stage is this method's own."""
         cfg, eps = self.cfg, self.cfg.rms_norm_eps
-        T = x.shape[1]
-        decode = T == 1
         trace = {"x": x} if capture else None
         x_norm = input_norm(x, self.w_in_norm, eps)
         qkv, z, a, b = in_proj_stacked(x_norm, self.w_in, cfg.conv_dim, cfg.num_v_heads)
         if capture:
             trace.update(x_norm=x_norm, qkv=qkv, z=z, a=a, b=b)
         del x_norm
-        q, k, v, qkv_conv, conv_state = conv1d_qk_norm(
-            qkv, state.conv_state, self.w_conv, cfg.num_k_heads, cfg.head_k_dim, cfg.num_v_heads, cfg.head_v_dim,
-            inplace=decode, capture=capture, reset=reset,
-        )
-        del qkv
-        if not decode:
-            state.conv_state.copy_(conv_state)
-        del conv_state
-        g, beta = gates(a, b, self.A_log, self.dt_bias)
-        del a, b
-        if form == "auto":
-            form = "recurrent" if T <= RECURRENT_MAX_TOKENS else "chunked"
-        S = state.recurrent_state
-        if form == "recurrent":
-            core, _ = delta_rule_recurrent(q, k, v, g, beta, S, cfg.scale, out_state=S, reset=reset)
+        if mixer is None:
+            q, k, v, qkv_conv, g, beta, core = self._mix(qkv, a, b, state, reset, form, chunk_size, capture)
         else:
-            core, _ = delta_rule_chunked(q, k, v, g, beta, S, cfg.scale, chunk_size, out_state=S, reset=reset)
+            q, k, v, qkv_conv, g, beta, core = mixer(qkv, a, b)
+        del qkv, a, b
         if capture:
             trace.update(qkv_conv=qkv_conv, q=q, k=k, v=v, g=g, beta=beta, core=core)
         del q, k, v, qkv_conv, g, beta
@@ -256,15 +264,41 @@ class Layer:
         del core_gated
         h, h_norm = residual_post_norm(x, attn_out, self.w_post_norm, eps)
         del attn_out
-        mlp_out = mlp_stacked(h_norm, self.w_gate_up, self.w_down)
+        if self.moe is not None:
+            mlp_out, block = moe_block(h_norm, self.moe, capture)
+        else:
+            mlp_out, block = mlp_stacked(h_norm, self.w_gate_up, self.w_down), {}
         if capture:
-            trace.update(h=h, h_norm=h_norm, mlp_out=mlp_out)
-        del h_norm
+            trace.update(h=h, h_norm=h_norm, mlp_out=mlp_out, **block)
+        del h_norm, block
         out = output(h, mlp_out)
         if not capture:
             return out, {}
         trace["out"] = out
-        return out, {name: trace[name].contiguous() for name in STAGE_ORDER}
+        return out, {name: trace[name].contiguous() for name in TRACE_ORDER[self.mlp_kind]}
+
+    def _mix(self, qkv, a, b, state: State, reset: torch.Tensor, form: str, chunk_size: int, capture: bool):
+        """The sequence-wise stages of a plain call: conv1d + q/k norm (decode: the conv state in
+        place), gates, the delta rule (the recurrent state in place)."""
+        cfg = self.cfg
+        T = qkv.shape[1]
+        decode = T == 1
+        q, k, v, qkv_conv, conv_state = conv1d_qk_norm(
+            qkv, state.conv_state, self.w_conv, cfg.num_k_heads, cfg.head_k_dim, cfg.num_v_heads, cfg.head_v_dim,
+            inplace=decode, capture=capture, reset=reset,
+        )
+        if not decode:
+            state.conv_state.copy_(conv_state)
+        del conv_state
+        g, beta = gates(a, b, self.A_log, self.dt_bias)
+        if form == "auto":
+            form = "recurrent" if T <= RECURRENT_MAX_TOKENS else "chunked"
+        S = state.recurrent_state
+        if form == "recurrent":
+            core, _ = delta_rule_recurrent(q, k, v, g, beta, S, cfg.scale, out_state=S, reset=reset)
+        else:
+            core, _ = delta_rule_chunked(q, k, v, g, beta, S, cfg.scale, chunk_size, out_state=S, reset=reset)
+        return q, k, v, qkv_conv, g, beta, core
 
     # --- input checks -----------------------------------------------------------------------------
     def _check_input(self, x, state: State) -> torch.Tensor:

@@ -21,12 +21,34 @@ mlp            h + h_norm 2·D·e + gate_up 2·I·e + act I·e
 output         h + mlp_out + out 3·D·e
 =============  ======================================================================
 
+A layer with the sparse block (:func:`.moe.moe_block`) has, in place of ``mlp``, with
+Y = E + 1 + 2·I_shared the first GEMM's width and k = top_k:
+
+=============  ======================================================================
+phase          live besides the caller's x (D·e) and the state
+=============  ======================================================================
+moe_router     h + h_norm 2·D·e + Y·e + routing weights 4·k + selected experts 8·k
+moe_shared     the same + the shared SwiGLU I_shared·e + its down GEMM D·e
+moe_experts    h + h_norm + Y + routing + shared down + mlp_out D·e, and for the tokens of one
+               slice (:func:`.moe.token_slice`): k·(4·D + I_moe·e) slot buffers (fp32 rows, the
+               activations) + 4·k sorted slot ids + the block table (12 B per block)
+=============  ======================================================================
+
+``experts_out`` and ``shared_out`` are stored only with ``capture``. The slot buffers are the
+block's largest (80 KB per token at D = 2048, k = 10): a call of more tokens than
+:data:`.moe.MOE_BUDGET` holds runs them slice by slice.
+
 The chunked prefill's temporaries are :func:`.delta_rule_chunked.temp_bytes_per_token` per token
 of each (sequence, value head) row, 1288 B at dk = dv = 128, C = 64: 86 GB at B = 64, Hv = 32,
 T = 32K if all rows were processed at once. They are processed in slices of rows that fit
 :data:`.delta_rule_chunked.TEMP_BUDGET` (2 GiB). The state (fp32 recurrent, conv in the profile
 dtype) and the weights are resident; a headroom of 2 GiB covers the CUDA context, cuBLAS and
 allocator slack.
+
+A packed call (gpu_impl/serving.py, :func:`packed_peak`) is one call over [1, total] tokens with
+the pool as its state: the same phases, no new conv state (each sequence's is written to its slot
+in place), and the chunked temporaries of one row of ``total`` tokens per value head. A
+speculative verify also keeps every token's state until its commit (:func:`verify_steps_bytes`).
 """
 
 from __future__ import annotations
@@ -39,6 +61,8 @@ from gdncheck.config import GDNConfig
 
 from .delta_rule_chunked import STATE_CTAS_PER_SM, TEMP_BUDGET, gpu_block_v, slice_rows, temp_bytes_per_token
 from .layer import FP32_PARAMS, RECURRENT_MAX_TOKENS
+from .moe import MOE_BUDGET, slot_bytes_per_token, token_slice
+from .moe_gemm import max_blocks
 
 ELEMENT_BYTES = {"f32": 4, "bf16": 2, "f16": 2}
 H200_BYTES = 141e9  # an H200's HBM, as sold (141 GB)
@@ -57,14 +81,19 @@ class Peak:
 
 
 def per_token(cfg: GDNConfig, profile: str) -> dict[str, int]:
-    """Bytes per token of each activation of the layer."""
+    """Bytes per token of each activation of the layer (the sparse block's too, where the config has experts)."""
     e = ELEMENT_BYTES[profile]
     width = cfg.conv_dim + cfg.num_v_heads * cfg.head_v_dim + 2 * cfg.num_v_heads
     value = cfg.num_v_heads * cfg.head_v_dim
-    D, I = cfg.hidden_size, cfg.intermediate_size
-    return {"x": D * e, "x_norm": D * e, "in_proj": width * e, "qkv_conv": cfg.conv_dim * e,
-            "g_beta": 8 * cfg.num_v_heads, "core": value * e, "core_gated": value * e, "attn_out": D * e,
-            "h": D * e, "h_norm": D * e, "gate_up": 2 * I * e, "act": I * e, "mlp_out": D * e, "out": D * e}
+    D, I = cfg.hidden_size, cfg.intermediate_size or 0
+    out = {"x": D * e, "x_norm": D * e, "in_proj": width * e, "qkv_conv": cfg.conv_dim * e,
+           "g_beta": 8 * cfg.num_v_heads, "core": value * e, "core_gated": value * e, "attn_out": D * e,
+           "h": D * e, "h_norm": D * e, "gate_up": 2 * I * e, "act": I * e, "mlp_out": D * e, "out": D * e}
+    if cfg.has_experts:
+        E, k, Is = cfg.num_experts, cfg.num_experts_per_tok, cfg.shared_expert_intermediate_size
+        out.update({"moe_in": (E + 1 + 2 * Is) * e, "routing": 12 * k, "shared_act": Is * e, "shared": D * e,
+                    "slots": slot_bytes_per_token(k, D, cfg.moe_intermediate_size, e) + 4 * k})
+    return out
 
 
 def temporaries(cfg: GDNConfig, B: int, T: int, chunk: int = 64, budget: int = TEMP_BUDGET) -> int:
@@ -77,12 +106,57 @@ def temporaries(cfg: GDNConfig, B: int, T: int, chunk: int = 64, budget: int = T
     return slice_rows(B * Hv, per_row, budget, max(1, SMS * STATE_CTAS_PER_SM // nv)) * per_row
 
 
+def moe_phases(cfg: GDNConfig, B: int, T: int, profile: str = "bf16", moe_budget: int = MOE_BUDGET,
+               capture: bool = False) -> dict[str, int]:
+    """The live bytes of the sparse block's phases of one call (the module docstring's table)."""
+    e, N = ELEMENT_BYTES[profile], B * T
+    t = {name: b * N for name, b in per_token(cfg, profile).items()}
+    k, D = cfg.num_experts_per_tok, cfg.hidden_size
+    base = t["h"] + t["h_norm"] + t["moe_in"] + t["routing"]
+    n = token_slice(N, k, D, cfg.moe_intermediate_size, e, moe_budget)
+    per_slot = t["slots"] // N
+    table = 12 * max_blocks(n * k, cfg.num_experts, 16)  # BM ≥ 16: the most blocks
+    outputs = (3 if capture else 1) * D * e * N
+    return {"moe_router": base, "moe_shared": base + t["shared_act"] + t["shared"],
+            "moe_experts": base + t["shared"] + outputs + n * per_slot + table}
+
+
 def call_peak(cfg: GDNConfig, B: int, T: int, profile: str = "bf16", chunk: int = 64,
-              budget: int = TEMP_BUDGET) -> Peak:
-    """The live bytes of each phase of one call (not counting x, the state and the weights)."""
-    t = {name: b * B * T for name, b in per_token(cfg, profile).items()}
+              budget: int = TEMP_BUDGET, mlp_kind: str | None = None, moe_budget: int = MOE_BUDGET) -> Peak:
+    """The live bytes of each phase of one call (not counting x, the state and the weights).
+    ``mlp_kind``: the layer's (default: the config's, for a config whose layers agree)."""
     conv_state = B * cfg.conv_dim * cfg.conv_kernel * ELEMENT_BYTES[profile] if T > 1 else 0
-    temps = temporaries(cfg, B, T, chunk, budget)
+    return _peak(cfg, B * T, profile, conv_state, temporaries(cfg, B, T, chunk, budget), mlp_kind, moe_budget)
+
+
+def packed_peak(cfg: GDNConfig, total: int, n: int, profile: str = "bf16", chunk: int = 64,
+                budget: int = TEMP_BUDGET, chunked: bool = True, mlp_kind: str | None = None,
+                moe_budget: int = MOE_BUDGET) -> Peak:
+    """A packed call (gpu_impl/serving.py) of ``n`` sequences, ``total`` tokens: the phases of one
+    call over [1, total], without a new conv state (each slot's is written in place), the chunked
+    form's temporaries those of one row of ``total`` tokens per value head, sliced by heads (0 for
+    the recurrent form: ``chunked`` False). The sparse block is token-wise: its phases are those of
+    one call of ``total`` tokens."""
+    temps = 0
+    if chunked:
+        dk, dv, Hv = cfg.head_k_dim, cfg.head_v_dim, cfg.num_v_heads
+        per_row = total * temp_bytes_per_token(dk, dv, chunk)
+        nv = -(-dv // gpu_block_v(n, Hv, dv, SMS))
+        temps = slice_rows(Hv, per_row, budget, max(1, SMS * STATE_CTAS_PER_SM // (nv * n))) * per_row
+    return _peak(cfg, total, profile, 0, temps, mlp_kind, moe_budget)
+
+
+def verify_steps_bytes(cfg: GDNConfig, total: int, profile: str = "bf16") -> int:
+    """What a speculative verify keeps on the device until its commit: every token's conv state
+    (profile dtype) and recurrent state (fp32): 2.16 MB per token at Qwen3.5 sizes in bf16."""
+    return total * (cfg.conv_dim * cfg.conv_kernel * ELEMENT_BYTES[profile]
+                    + 4 * cfg.num_v_heads * cfg.head_k_dim * cfg.head_v_dim)
+
+
+def _peak(cfg: GDNConfig, tokens: int, profile: str, conv_state: int, temps: int, mlp_kind: str | None,
+          moe_budget: int) -> Peak:
+    kind = mlp_kind or cfg.mlp_kind()
+    t = {name: b * tokens for name, b in per_token(cfg, profile).items()}
     phases = {
         "in_proj": t["x_norm"] + t["in_proj"],
         "conv": t["in_proj"] + t["qkv_conv"] + conv_state,
@@ -93,16 +167,21 @@ def call_peak(cfg: GDNConfig, B: int, T: int, profile: str = "bf16", chunk: int 
         "mlp": t["h"] + t["h_norm"] + t["gate_up"] + t["act"],
         "output": t["h"] + t["mlp_out"] + t["out"],
     }
+    if kind == "moe":
+        del phases["mlp"]
+        phases.update(moe_phases(cfg, 1, tokens, profile, moe_budget))
+        phases["output"] = phases.pop("output")  # keep the pipeline's order
     phase = max(phases, key=phases.get)
     return Peak(phase, phases[phase], phases, temps)
 
 
-def resident_bytes(cfg: GDNConfig, B: int, profile: str = "bf16") -> int:
+def resident_bytes(cfg: GDNConfig, B: int, profile: str = "bf16", mlp_kind: str | None = None) -> int:
     """Weights (matrices in the profile dtype, 1-D parameters fp32) and the state of B sequences."""
     from gdncheck.weights import expected_shapes
 
     e = ELEMENT_BYTES[profile]
-    weights = sum((4 if name in FP32_PARAMS else e) * _numel(shape) for name, shape in expected_shapes(cfg).items())
+    shapes = expected_shapes(cfg, "shared", mlp_kind or cfg.mlp_kind())
+    weights = sum((4 if name in FP32_PARAMS else e) * _numel(shape) for name, shape in shapes.items())
     state = B * (cfg.num_v_heads * cfg.head_k_dim * cfg.head_v_dim * 4 + cfg.conv_dim * cfg.conv_kernel * e + 8)
     return weights + state
 
@@ -142,7 +221,7 @@ def report(cfg: GDNConfig, B: int, T: int, profile: str, memory: float) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from .compile_check import REAL
+    from .compile_check import REAL, REAL_MOE
 
     p = argparse.ArgumentParser(prog="python -m gdncheck.gpu_impl.memory", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -150,8 +229,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tokens", type=int, default=32768)
     p.add_argument("--profile", choices=tuple(ELEMENT_BYTES), default="bf16")
     p.add_argument("--memory-gb", type=float, default=H200_BYTES / 1e9)
+    p.add_argument("--moe", action="store_true", help="the layer with the sparse block (E 512, top 10, I_moe 512)")
     args = p.parse_args(argv)
-    print(report(REAL, args.batch, args.tokens, args.profile, args.memory_gb * 1e9))
+    print(report(REAL_MOE if args.moe else REAL, args.batch, args.tokens, args.profile, args.memory_gb * 1e9))
     return 0
 
 

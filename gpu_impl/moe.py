@@ -10,10 +10,15 @@ The fused block (:func:`mlp_moe`), as an engine runs it:
    renormalisation; routing weights fp32, selected experts int64;
 3. the experts (gpu_impl/moe_gemm.py): slots grouped by expert, a grouped gate/up GEMM with the
    SwiGLU fused, a grouped down GEMM scaling each slot by its routing weight (fp32 results);
-4. the shared expert: :func:`swiglu_kernel` on its gate/up columns, its down GEMM (torch);
+4. the shared expert: :func:`shared_swiglu_kernel` on its gate/up columns, its down GEMM (torch);
 5. :func:`combine_kernel`: each token's k slot rows summed in slot order, the shared expert's output
    scaled by sigmoid(gate logit), their sum; experts_out, shared_out and mlp_out rounded once each
-   to the activation dtype from fp32.
+   to the activation dtype from fp32 (the Triton ``Layer``'s fast path stores mlp_out alone).
+
+:func:`moe_block` is that block as the Triton ``Layer`` runs it (weights stacked once,
+:class:`MoEWeights`; temporaries released as soon as they are read; steps 3 and 5 over slices of
+tokens whose per-slot buffers fit :data:`MOE_BUDGET`; no host synchronisation). :func:`mlp_moe` is
+the same code returning every tensor.
 
 Precision: activations, weights and GEMM outputs in the profile dtype; fp32 inside every kernel
 (``tl.dot`` at :func:`.target.dot_precision`); routing weights and the slot outputs fp32.
@@ -21,12 +26,32 @@ Precision: activations, weights and GEMM outputs in the profile dtype; fp32 insi
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from dataclasses import dataclass
+
 import torch
 import triton
 import triton.language as tl
 
+from gdncheck.config import GDNConfig
+from gdncheck.experts import (
+    EXPERTS_DOWN,
+    EXPERTS_GATE_UP,
+    ROUTER,
+    SHARED_DOWN,
+    SHARED_EXPERT_GATE,
+    SHARED_GATE,
+    SHARED_UP,
+)
+
 from .moe_gemm import expert_slots
 from .target import empty, interpreting, kernel, next_pow2
+
+#: Bytes the per-slot buffers of one pass over the experts may take (the fp32 slot outputs and the
+#: activations, :func:`slot_bytes_per_token`); a call with more tokens runs them in slices of tokens.
+#: A token's rows meet no other token's in any sum, so slicing changes nothing but the tile shapes
+#: the grouped GEMMs pick (tests/gpu_impl/test_layer_moe.py: within the bound of two forms).
+MOE_BUDGET = 2 << 30
 
 
 @kernel
@@ -70,7 +95,7 @@ def routing_kernel(
 
 
 @kernel
-def swiglu_kernel(p_g, p_u, s_r, p_out, N, I, BR: tl.constexpr, BI: tl.constexpr):
+def shared_swiglu_kernel(p_g, p_u, s_r, p_out, N, I, BR: tl.constexpr, BI: tl.constexpr):
     """act = silu(gate) · up — reference/mlp.py. gate, up: [N, I] with row stride s_r (columns of
     one wider GEMM output); act: [N, I] contiguous. Grid: (cdiv(N, BR), cdiv(I, BI))."""
     i_r, i_i = tl.program_id(0), tl.program_id(1)
@@ -86,14 +111,15 @@ def swiglu_kernel(p_g, p_u, s_r, p_out, N, I, BR: tl.constexpr, BI: tl.constexpr
 @kernel
 def combine_kernel(
     p_slots, p_sh, p_gl, s_gl, p_eo, p_so, p_mo, N, D, k,
-    BR: tl.constexpr, BD: tl.constexpr, EXPERTS: tl.constexpr, SHARED: tl.constexpr,
+    BR: tl.constexpr, BD: tl.constexpr, EXPERTS: tl.constexpr, SHARED: tl.constexpr, PARTS: tl.constexpr,
 ):
     """experts_out = Σ_j slots[t·k + j] (slot order); shared_out = sigmoid(gate_logit) · shared;
     mlp_out = experts_out + shared_out (from fp32, one rounding each) — reference/moe.py.
 
     slots: [N·k, D] fp32; shared: [N, D] contiguous; gate logits: [N] with stride s_gl; outputs
-    [N, D] contiguous, activation dtype. EXPERTS / SHARED: which parts run (both: all three
-    outputs). Grid: (cdiv(N, BR), cdiv(D, BD)).
+    [N, D] contiguous, activation dtype. EXPERTS / SHARED: which parts run; with both, mlp_out is
+    stored, and experts_out and shared_out too where PARTS (one part alone is always stored).
+    Grid: (cdiv(N, BR), cdiv(D, BD)).
     """
     i_r, i_d = tl.program_id(0), tl.program_id(1)
     o_r = (i_r * BR + tl.arange(0, BR)).to(tl.int64)
@@ -105,11 +131,13 @@ def combine_kernel(
     if EXPERTS:
         for j in range(0, k):
             b_e += tl.load(p_slots + (o_r[:, None] * k + j) * D + o_d[None, :], mask=m, other=0.0)
-        tl.store(p_eo + o, b_e.to(p_eo.dtype.element_ty), mask=m)
+        if PARTS:
+            tl.store(p_eo + o, b_e.to(p_eo.dtype.element_ty), mask=m)
     if SHARED:
         b_gl = tl.load(p_gl + o_r * s_gl, mask=o_r < N, other=0.0).to(tl.float32)
         b_s = tl.load(p_sh + o, mask=m, other=0.0).to(tl.float32) / (1.0 + tl.exp(-b_gl))[:, None]
-        tl.store(p_so + o, b_s.to(p_so.dtype.element_ty), mask=m)
+        if PARTS:
+            tl.store(p_so + o, b_s.to(p_so.dtype.element_ty), mask=m)
     if EXPERTS and SHARED:
         tl.store(p_mo + o, (b_e + b_s).to(p_mo.dtype.element_ty), mask=m)
 
@@ -123,14 +151,23 @@ def _rows_cols(x: torch.Tensor, n_rows: int, n_cols: int) -> tuple[int, int]:
     return max(1, 4096 // BC), BC
 
 
-def combine(slots, shared, gate_logit, n_tokens: int, D: int, k: int, dtype: torch.dtype, device):
+def combine(slots, shared, gate_logit, n_tokens: int, D: int, k: int, dtype: torch.dtype, device, *,
+            parts: bool = True, outputs: tuple | None = None):
     """Launch :func:`combine_kernel`; ``slots`` or ``shared`` may be None (that part skipped).
 
-    Returns (experts_out, shared_out, mlp_out) as [N, D] tensors of ``dtype`` (None where skipped).
+    Returns (experts_out, shared_out, mlp_out) as [N, D] tensors of ``dtype`` (None where skipped,
+    and experts_out, shared_out None with both parts run and ``parts`` false). ``outputs``: the
+    three tensors to write (contiguous [N, D], None where not written) instead of new ones.
     """
-    eo = empty((n_tokens, D), dtype, device) if slots is not None else None
-    so = empty((n_tokens, D), dtype, device) if shared is not None else None
-    mo = empty((n_tokens, D), dtype, device) if slots is not None and shared is not None else None
+    both = slots is not None and shared is not None
+    keep = parts or not both
+
+    def out(i, wanted):
+        if not wanted:
+            return None
+        return outputs[i] if outputs is not None else empty((n_tokens, D), dtype, device)
+
+    eo, so, mo = out(0, slots is not None and keep), out(1, shared is not None and keep), out(2, both)
     anchor = slots if slots is not None else shared
     BR, BD = _rows_cols(anchor, n_tokens, D)
     dummy = anchor  # never read or written when its part is skipped
@@ -140,7 +177,7 @@ def combine(slots, shared, gate_logit, n_tokens: int, D: int, k: int, dtype: tor
         s_gl=gate_logit.stride(0) if gate_logit is not None else 0,
         p_eo=eo if eo is not None else dummy, p_so=so if so is not None else dummy,
         p_mo=mo if mo is not None else dummy, N=n_tokens, D=D, k=k,
-        BR=BR, BD=BD, EXPERTS=slots is not None, SHARED=shared is not None, num_warps=4,
+        BR=BR, BD=BD, EXPERTS=slots is not None, SHARED=shared is not None, PARTS=keep, num_warps=4,
     )
     return eo, so, mo
 
@@ -150,7 +187,7 @@ def _swiglu(gate_up: torch.Tensor, I: int) -> torch.Tensor:
     N = gate_up.shape[0]
     out = empty((N, I), gate_up.dtype, gate_up.device)
     BR, BI = _rows_cols(gate_up, N, I)
-    swiglu_kernel[(triton.cdiv(N, BR), triton.cdiv(I, BI))](
+    shared_swiglu_kernel[(triton.cdiv(N, BR), triton.cdiv(I, BI))](
         p_g=gate_up, p_u=gate_up[:, I:], s_r=gate_up.stride(0), p_out=out, N=N, I=I, BR=BR, BI=BI, num_warps=4)
     return out
 
@@ -215,6 +252,98 @@ def shared_expert(
     return so.reshape(h_norm.shape)
 
 
+def moe_sum(experts_out: torch.Tensor, shared_out: torch.Tensor) -> torch.Tensor:
+    """Stage ``mlp`` of a layer with the sparse block (reference/moe.py ``moe_sum``): one add, one
+    rounding (torch adds bf16/f16 in fp32, as the combine kernel does)."""
+    return torch.add(experts_out, shared_out)
+
+
+# --- the block as the Triton Layer runs it -------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class MoEWeights:
+    """The sparse block's weights in the layout :func:`moe_block` reads (stacked once, not per call)."""
+
+    w_in: torch.Tensor  # [E + 1 + 2·I_shared, D]: W_router; w_shared_expert_gate; W_shared_gate; W_shared_up
+    w_gate: torch.Tensor  # [E, I_moe, D]: a view of gate_up_proj (unit last stride)
+    w_up: torch.Tensor  # [E, I_moe, D]: a view of gate_up_proj
+    w_down: torch.Tensor  # [E, D, I_moe]
+    w_shared_down: torch.Tensor  # [D, I_shared]
+    top_k: int
+    norm_topk_prob: bool
+
+    @property
+    def num_experts(self) -> int:
+        return int(self.w_gate.shape[0])
+
+    @property
+    def shared_size(self) -> int:
+        return int(self.w_shared_down.shape[1])
+
+    @classmethod
+    def stack(cls, w_router, w_gate, w_up, w_down, w_shared_gate, w_shared_up, w_shared_down, w_shared_expert_gate,
+              top_k: int, norm_topk_prob: bool = True) -> MoEWeights:
+        w_in = torch.cat([w_router, w_shared_expert_gate, w_shared_gate, w_shared_up], 0).contiguous()
+        return cls(w_in, w_gate, w_up, w_down, w_shared_down, int(top_k), bool(norm_topk_prob))
+
+    @classmethod
+    def from_params(cls, p: Mapping[str, torch.Tensor], cfg: GDNConfig) -> MoEWeights:
+        """From the canonical weights (gdncheck/experts.py names), as the Layer holds them."""
+        Im, gate_up = cfg.moe_intermediate_size, p[EXPERTS_GATE_UP]
+        return cls.stack(p[ROUTER], gate_up[:, :Im], gate_up[:, Im:], p[EXPERTS_DOWN], p[SHARED_GATE], p[SHARED_UP],
+                         p[SHARED_DOWN].contiguous(), p[SHARED_EXPERT_GATE], cfg.num_experts_per_tok,
+                         cfg.norm_topk_prob)
+
+
+def slot_bytes_per_token(top_k: int, D: int, I_moe: int, element_bytes: int) -> int:
+    """Bytes of one token's per-slot buffers in a pass over the experts: k fp32 slot rows of D and
+    k activation rows of I_moe (released before the combine)."""
+    return top_k * (4 * D + element_bytes * I_moe)
+
+
+def token_slice(n_tokens: int, top_k: int, D: int, I_moe: int, element_bytes: int, budget: int | None = None) -> int:
+    """Tokens per pass over the experts: all of them, or as many as :data:`MOE_BUDGET` holds (≥ 1)."""
+    per = slot_bytes_per_token(top_k, D, I_moe, element_bytes)
+    return max(1, min(n_tokens, (MOE_BUDGET if budget is None else budget) // per))
+
+
+def moe_block(h_norm: torch.Tensor, mw: MoEWeights, capture: bool = False) -> tuple[torch.Tensor, dict]:
+    """The sparse block of one call: returns mlp_out [..., T, D] and, with ``capture``, the block's
+    other tensors by name (router_logits, routing_weights, selected_experts, experts_out,
+    shared_out); without it, {} and only mlp_out is ever stored.
+
+    The first GEMM's output (router logits, the shared expert's gate logit and gate/up) lives until
+    the combine has read the gate logit; the shared activation until its down GEMM; the slot
+    buffers of a slice of tokens until their combine (gpu_impl/memory.py counts each).
+    """
+    lead, D = h_norm.shape[:-1], h_norm.shape[-1]
+    E, Is, k = mw.num_experts, mw.shared_size, mw.top_k
+    x = h_norm.reshape(-1, D).contiguous()
+    N, dtype, dev = x.shape[0], x.dtype, x.device
+    y = torch.matmul(x, mw.w_in.t())  # [N, E + 1 + 2·I_shared]
+    weights, selected = routing(y[:, :E], k, mw.norm_topk_prob)
+    act = _swiglu(y[:, E + 1:], Is)
+    shared = torch.matmul(act, mw.w_shared_down.t())
+    del act
+    outs = (empty((N, D), dtype, dev) if capture else None, empty((N, D), dtype, dev) if capture else None,
+            empty((N, D), dtype, dev))
+    step = token_slice(N, k, D, mw.w_gate.shape[1], x.element_size())
+    for t0 in range(0, N, step):
+        t = slice(t0, min(N, t0 + step))
+        slots = expert_slots(x[t], weights[t], selected[t], mw.w_gate, mw.w_up, mw.w_down)
+        combine(slots, shared[t], y[t, E], t.stop - t0, D, k, dtype, dev, parts=capture,
+                outputs=tuple(o[t] if o is not None else None for o in outs))
+        del slots
+    eo, so, mo = outs
+    if not capture:
+        return mo.reshape(h_norm.shape), {}
+    parts = {"router_logits": y[:, :E].unflatten(0, lead), "routing_weights": weights.unflatten(0, lead),
+             "selected_experts": selected.unflatten(0, lead), "experts_out": eo.reshape(h_norm.shape),
+             "shared_out": so.reshape(h_norm.shape)}
+    return mo.reshape(h_norm.shape), parts
+
+
 def mlp_moe(
     h_norm: torch.Tensor,
     w_router: torch.Tensor,
@@ -234,16 +363,8 @@ def mlp_moe(
     W_down [E, D, I_moe], unit last stride). Returns (router_logits, routing_weights,
     selected_experts, experts_out, shared_out, mlp_out); router_logits is a view of the first GEMM.
     """
-    lead, D = h_norm.shape[:-1], h_norm.shape[-1]
-    E, Is = w_router.shape[0], w_shared_gate.shape[0]
-    x = h_norm.reshape(-1, D).contiguous()
-    N = x.shape[0]
-    w_in = torch.cat([w_router, w_shared_expert_gate, w_shared_gate, w_shared_up], 0)
-    y = torch.matmul(x, w_in.t())  # [N, E + 1 + 2·I_shared]
-    logits = y[:, :E]
-    weights, selected = routing(logits, top_k, norm_topk_prob)
-    slots = expert_slots(x, weights, selected, w_gate, w_up, w_down)
-    shared = torch.matmul(_swiglu(y[:, E + 1:], Is), w_shared_down.t())
-    eo, so, mo = combine(slots, shared, y[:, E], N, D, top_k, x.dtype, x.device)
-    return (logits.unflatten(0, lead), weights.unflatten(0, lead), selected.unflatten(0, lead),
-            eo.reshape(h_norm.shape), so.reshape(h_norm.shape), mo.reshape(h_norm.shape))
+    mw = MoEWeights.stack(w_router, w_gate, w_up, w_down, w_shared_gate, w_shared_up, w_shared_down,
+                          w_shared_expert_gate, top_k, norm_topk_prob)
+    mlp_out, t = moe_block(h_norm, mw, capture=True)
+    return (t["router_logits"], t["routing_weights"], t["selected_experts"], t["experts_out"], t["shared_out"],
+            mlp_out)

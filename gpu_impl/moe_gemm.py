@@ -2,10 +2,14 @@
 grouped by expert, then two grouped GEMM kernels over the groups (the formulas:
 reference/moe.py ``experts``).
 
-Grouping (torch, on the device): the N·k slots (slot s is token s // k's j = s % k-th choice) are
-sorted by expert, stably, so each expert's slots are consecutive and in token order; each expert's
-run is cut into blocks of BM rows, and a block table says, per block, its expert, its first row in
-the sorted order and how many of its BM rows are real. An expert that no token chose has no block.
+Grouping (torch, on the device, no host synchronisation): the N·k slots (slot s is token s // k's
+j = s % k-th choice) are sorted by expert, stably, so each expert's slots are consecutive and in
+token order; each expert's run is cut into blocks of BM rows, and a block table says, per block, its
+expert, its first row in the sorted order and how many of its BM rows are real. An expert that no
+token chose has no block. How many blocks there are depends on the routing, which the host never
+reads (decode stays capturable in a CUDA graph): the table has a fixed length, the most blocks any
+routing can need (:func:`max_blocks`), and the blocks past the real ones have no rows; their
+programs return at once.
 
 1. :func:`expert_gate_up_kernel`, grid (blocks, cdiv(I_moe, BN)): the block's token rows gathered
    from h_norm, times W_gate[e]ᵀ and W_up[e]ᵀ (two fp32 accumulators over one K loop), then
@@ -30,34 +34,48 @@ from .target import dot_precision, empty, interpreting, kernel, next_pow2
 
 @dataclass(frozen=True)
 class Groups:
-    """The slots sorted by expert and the block table of the grouped GEMMs."""
+    """The slots sorted by expert and the block table of the grouped GEMMs (fixed length: the real
+    blocks first, in expert order, then blocks of no rows)."""
 
     order: torch.Tensor  # [N·k] int32: slot ids, grouped by expert
-    block_expert: torch.Tensor  # [n_blocks] int32
+    block_expert: torch.Tensor  # [n_blocks] int32 (0 for a block of no rows)
     block_row0: torch.Tensor  # [n_blocks] int32: first row of the block in ``order``
-    block_rows: torch.Tensor  # [n_blocks] int32: real rows of the block (≤ BM)
+    block_rows: torch.Tensor  # [n_blocks] int32: real rows of the block (≤ BM; 0 past the real blocks)
     BM: int
 
     @property
     def n_blocks(self) -> int:
+        """The table's length: the grid of the grouped GEMMs (a host number that reads no value)."""
         return int(self.block_expert.shape[0])
 
 
+def max_blocks(n_slots: int, num_experts: int, BM: int) -> int:
+    """The most blocks of BM rows any routing of ``n_slots`` slots over ``num_experts`` experts needs:
+    Σ_e ⌈c_e / BM⌉ ≤ Σ_e (c_e + BM − 1) / BM over the at most min(E, n_slots) experts with c_e > 0."""
+    return (n_slots + min(num_experts, n_slots) * (BM - 1)) // BM
+
+
 def group_by_expert(selected_experts: torch.Tensor, num_experts: int, BM: int) -> Groups:
-    """Sort the slots of ``selected_experts`` [..., k] by expert and cut each expert's run into BM rows."""
+    """Sort the slots of ``selected_experts`` [..., k] by expert and cut each expert's run into BM rows.
+
+    Only fixed-size device operations (a stable argsort, binary searches, a cumulative sum): nothing
+    the host must read, and it runs on torch's ``meta`` device too (the compile check)."""
     flat = selected_experts.reshape(-1).to(torch.int64)
-    dev = flat.device
+    dev, E = flat.device, num_experts
     order = torch.argsort(flat, stable=True)
-    counts = torch.bincount(flat, minlength=num_experts)
+    bounds = torch.searchsorted(flat[order], torch.arange(E + 1, device=dev))  # each expert's first sorted row
+    counts = bounds[1:] - bounds[:-1]
     n_blk = (counts + BM - 1) // BM
-    block_expert = torch.repeat_interleave(torch.arange(num_experts, device=dev), n_blk)
-    first_block = torch.cumsum(n_blk, 0) - n_blk
-    local = torch.arange(block_expert.shape[0], device=dev) - first_block[block_expert]
-    seg_start = torch.cumsum(counts, 0) - counts
-    row0 = seg_start[block_expert] + local * BM
-    rows = torch.clamp(counts[block_expert] - local * BM, max=BM)
+    last = torch.cumsum(n_blk, 0)  # blocks of experts 0..e
+    b = torch.arange(max_blocks(flat.shape[0], E, BM), device=dev)
+    expert = torch.searchsorted(last, b, right=True)  # the first e with last[e] > b; E past the real blocks
+    real = expert < E
+    e = torch.clamp(expert, max=E - 1)
+    local = b - (last[e] - n_blk[e])
+    row0 = torch.where(real, bounds[e] + local * BM, 0)
+    rows = torch.where(real, torch.clamp(counts[e] - local * BM, 0, BM), 0)
     i32 = torch.int32
-    return Groups(order.to(i32), block_expert.to(i32), row0.to(i32), rows.to(i32), BM)
+    return Groups(order.to(i32), torch.where(real, e, 0).to(i32), row0.to(i32), rows.to(i32), BM)
 
 
 @kernel
@@ -73,9 +91,11 @@ def expert_gate_up_kernel(
     Grid: (n_blocks, cdiv(I, BN)).
     """
     i_b, i_n = tl.program_id(0), tl.program_id(1)
+    n_rows = tl.load(p_brows + i_b)
+    if n_rows == 0:  # past the real blocks (the table's fixed length, group_by_expert)
+        return
     e = tl.load(p_bexp + i_b).to(tl.int64)
     row0 = tl.load(p_brow0 + i_b).to(tl.int64)
-    n_rows = tl.load(p_brows + i_b)
     o_m = tl.arange(0, BM)
     m_m = o_m < n_rows
     o_t = (tl.load(p_order + row0 + o_m, mask=m_m, other=0) // k).to(tl.int64)
@@ -112,9 +132,11 @@ def expert_down_kernel(
     fp32 in slot order; out: [N·k, D] fp32 contiguous. Grid: (n_blocks, cdiv(D, BN)).
     """
     i_b, i_n = tl.program_id(0), tl.program_id(1)
+    n_rows = tl.load(p_brows + i_b)
+    if n_rows == 0:
+        return
     e = tl.load(p_bexp + i_b).to(tl.int64)
     row0 = tl.load(p_brow0 + i_b).to(tl.int64)
-    n_rows = tl.load(p_brows + i_b)
     o_m = tl.arange(0, BM)
     m_m = o_m < n_rows
     o_r = (row0 + o_m).to(tl.int64)
@@ -134,12 +156,19 @@ def expert_down_kernel(
     tl.store(p_out + o_s[:, None] * D + o_n[None, :], b_y * b_rw[:, None], mask=m_m[:, None] & m_n[None, :])
 
 
-def _tiles(x: torch.Tensor, rows_per_expert: float, n: int, k: int) -> tuple[int, int, int]:
-    """(BM, BN, BK): BM ≥ 16 (tl.dot), smaller when few tokens reach each expert (decode)."""
+def _tiles(x: torch.Tensor, rows_per_expert: float, n: int, k: int, prec: str, accumulators: int = 1
+           ) -> tuple[int, int, int]:
+    """(BM, BN, BK): BM ≥ 16 (tl.dot), smaller when few tokens reach each expert (decode). tf32x3
+    (f32, f16) splits each operand in three: with the gate/up kernel's two accumulators, 64-wide
+    tiles spilled on sm_90 (8 B per thread at BM = 16, 192 B at BM = 64; the compile check), so
+    its N tile is halved there, and the K tile too at BM = 64."""
     if interpreting(x):
         return 16, min(64, next_pow2(n, 16)), min(64, next_pow2(k, 16))
     BM = 16 if rows_per_expert <= 16 else 32 if rows_per_expert <= 32 else 64
-    return BM, min(64, next_pow2(n, 16)), min(64, next_pow2(k, 16))
+    BN = BK = 64
+    if prec == "tf32x3" and accumulators > 1:
+        BN, BK = 32, (32 if BM == 64 else 64)
+    return BM, min(BN, next_pow2(n, 16)), min(BK, next_pow2(k, 16))
 
 
 def expert_slots(
@@ -161,13 +190,11 @@ def expert_slots(
     E, I = w_gate.shape[0], w_gate.shape[1]
     for w in (w_gate, w_up, w_down):
         assert w.stride(-1) == 1, "expert weights need a unit stride on their last axis"
-    BM, BN, BK = _tiles(x, N * k / E, I, D)
+    prec = dot_precision(x.dtype)
+    BM, BN, BK = _tiles(x, N * k / E, I, D, prec, accumulators=2)
     groups = group_by_expert(selected_experts, E, BM)
     act = empty((N * k, I), x.dtype, x.device)
     out = empty((N * k, D), torch.float32, x.device)
-    if groups.n_blocks == 0:
-        return out
-    prec = dot_precision(x.dtype)
     g = {"p_order": groups.order, "p_bexp": groups.block_expert, "p_brow0": groups.block_row0,
          "p_brows": groups.block_rows}
     expert_gate_up_kernel[(groups.n_blocks, triton.cdiv(I, BN))](
@@ -175,10 +202,11 @@ def expert_slots(
         s_ge=w_gate.stride(0), s_gi=w_gate.stride(1), s_ue=w_up.stride(0), s_ui=w_up.stride(1),
         BM=BM, BN=BN, BK=BK, PREC=prec, num_warps=4, num_stages=2,
     )
-    BN, BK = min(64, next_pow2(D, 16)), min(64, next_pow2(I, 16))
+    _, BN, BK = _tiles(x, N * k / E, D, I, prec)
     rw = routing_weights.reshape(-1).to(torch.float32).contiguous()
     expert_down_kernel[(groups.n_blocks, triton.cdiv(D, BN))](
         p_act=act, **g, p_wd=w_down, p_rw=rw, p_out=out, D=D, I=I, s_de=w_down.stride(0), s_dd=w_down.stride(1),
         BM=BM, BN=BN, BK=BK, PREC=prec, num_warps=4, num_stages=2,
     )
+    del act  # the caller's peak holds the slots, not the activations (gpu_impl/memory.py)
     return out

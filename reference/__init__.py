@@ -16,7 +16,7 @@ from .in_proj import in_proj
 from .input_norm import input_norm
 from .layer import Layer, layer_forward
 from .mlp import mlp
-from .moe import experts, mlp_moe, router, router_probs, routing, routing_margin, shared_expert
+from .moe import experts, mlp_moe, moe_sum, router, router_probs, routing, routing_margin, shared_expert
 from .out_proj import out_proj
 from .post_norm import post_norm
 from .qk_norm import qk_norm
@@ -29,5 +29,5 @@ __all__ = [
     "expand_heads", "forward_packed", "gated_norm", "gates", "in_proj", "input_norm", "layer_forward", "mlp",
     "out_proj", "output", "post_norm", "prefix_snapshots", "qk_norm", "residual", "verify_spec",
     # the sparse mixture-of-experts block (stage 11's variant, reference/moe.py)
-    "experts", "mlp_moe", "router", "router_probs", "routing", "routing_margin", "shared_expert",
+    "experts", "mlp_moe", "moe_sum", "router", "router_probs", "routing", "routing_margin", "shared_expert",
 ]

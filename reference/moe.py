@@ -6,7 +6,7 @@ Four stages, each a plain function (tensor names: gdncheck/stages.py ``MOE_STAGE
     routing        routing_weights, selected_experts   (softmax, top-k, renormalise)
     experts        experts_out      = Σ_j routing_weights[j] · SwiGLU_{selected_experts[j]}(h_norm)
     shared_expert  shared_out       = sigmoid(h_norm w_sgᵀ) · SwiGLU_shared(h_norm)
-    mlp            mlp_out          = experts_out + shared_out
+    mlp            mlp_out          = experts_out + shared_out   (:func:`moe_sum`)
 
 :func:`mlp_moe` runs them in this order and returns every tensor. Each SwiGLU is the dense MLP of
 reference/mlp.py with that expert's weights. The math follows transformers' ``Qwen3_5MoeSparseMoeBlock``
@@ -24,6 +24,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from . import arith
+from .arith import matmul
 from .functions import f64, sigmoid
 from .mlp import mlp
 
@@ -33,7 +35,7 @@ def router(h_norm: np.ndarray, w_router: np.ndarray) -> np.ndarray:
 
     h_norm: [..., T, D]; W_router: [E, D] (``mlp.gate.weight``). Returns router_logits [..., T, E].
     """
-    return f64(h_norm) @ f64(w_router).T
+    return matmul(f64(h_norm), f64(w_router).T)
 
 
 def router_probs(router_logits: np.ndarray) -> np.ndarray:
@@ -43,8 +45,8 @@ def router_probs(router_logits: np.ndarray) -> np.ndarray:
     range of exp).
     """
     l = f64(router_logits)
-    p = np.exp(l - l.max(axis=-1, keepdims=True))
-    p /= p.sum(axis=-1, keepdims=True)
+    p = arith.exp(l - l.max(axis=-1, keepdims=True))
+    p /= arith.sum_last(p)
     return p
 
 
@@ -63,7 +65,7 @@ def routing(
     selected = np.argsort(-p, axis=-1, kind="stable")[..., :top_k]
     weights = np.take_along_axis(p, selected, axis=-1)
     if norm_topk_prob:
-        weights = weights / weights.sum(axis=-1, keepdims=True)
+        weights = weights / arith.sum_last(weights)
     return weights, selected.astype(np.int64)
 
 
@@ -115,8 +117,16 @@ def shared_expert(
     """
     x = f64(h_norm)
     out = mlp(x, w_gate, w_up, w_down)
-    out *= sigmoid(x @ f64(w_shared_expert_gate).T)
+    out *= sigmoid(matmul(x, f64(w_shared_expert_gate).T))
     return out
+
+
+def moe_sum(experts_out: np.ndarray, shared_out: np.ndarray) -> np.ndarray:
+    """mlp_out = experts_out + shared_out: stage ``mlp`` of a layer with the sparse block.
+
+    experts_out, shared_out: [..., T, D]. Returns mlp_out [..., T, D].
+    """
+    return f64(experts_out) + f64(shared_out)
 
 
 def mlp_moe(
@@ -142,7 +152,7 @@ def mlp_moe(
     routing_weights, selected_experts = routing(router_logits, top_k, norm_topk_prob)
     experts_out = experts(h_norm, routing_weights, selected_experts, w_gate, w_up, w_down)
     shared_out = shared_expert(h_norm, w_shared_gate, w_shared_up, w_shared_down, w_shared_expert_gate)
-    return router_logits, routing_weights, selected_experts, experts_out, shared_out, experts_out + shared_out
+    return router_logits, routing_weights, selected_experts, experts_out, shared_out, moe_sum(experts_out, shared_out)
 
 
 def routing_margin(router_logits: np.ndarray, top_k: int) -> tuple[np.ndarray, np.ndarray]:

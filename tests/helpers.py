@@ -32,3 +32,47 @@ def rel_err(a, b) -> float:
     denom = np.abs(b).max() if b.size else 0.0
     num = np.abs(a - b).max() if a.size else 0.0
     return float(num / denom) if denom > 0 else float(num)
+
+
+#: Unit roundoff of each profile's activation dtype (half its machine epsilon).
+UNIT_ROUNDOFF = {"f32": 2.0**-24, "bf16": 2.0**-8, "f16": 2.0**-11}
+
+
+def routing_decided(router_logits, top_k: int, profile: str, logit_drift: float = 0.0) -> np.ndarray:
+    """[..., T] bool: the tokens whose selected experts no correct port of ``profile`` can change.
+
+    Stage-chained (the port routes the *same* h_norm): the gap between the k-th and (k+1)-th router
+    logits must exceed 4·u·(|l_(k)| + |l_(k+1)|) + 1e-4, twice what rounding both logits to the
+    profile's dtype moves it, plus room for float32 GEMM accumulation. End to end, the port's logits
+    have also drifted with its h_norm: ``logit_drift``, the largest |Δ logit| of the correct ports
+    (measured), adds twice the most it can close the gap, 4·logit_drift (docs/moe.md, "What the
+    fixture cases need", bounds it a priori instead). With top_k = E every token is decided."""
+    logits = np.asarray(router_logits, dtype=np.float64)
+    if top_k >= logits.shape[-1]:
+        return np.ones(logits.shape[:-1], dtype=bool)
+    top = -np.sort(-logits, axis=-1)[..., top_k - 1: top_k + 1]
+    bound = 4 * UNIT_ROUNDOFF[profile] * np.abs(top).sum(-1) + 1e-4 + 4 * logit_drift
+    return top[..., 0] - top[..., 1] > bound
+
+
+def moe_case(cfg, weights, x: np.ndarray, splits, case_id: str = "moe"):
+    """A case of the port contract (gdncheck.harness.CaseInput) calling the layer over x [B, T, D] in
+    the segments between ``splits`` (forward calls, every tensor kept)."""
+    from gdncheck.harness import CaseInput
+
+    B = x.shape[0]
+    program = [{"op": "construct", "strict": False}]
+    inputs = {}
+    for k, (a, b) in enumerate(zip(splits[:-1], splits[1:])):
+        program.append({"op": "forward", "call": k, "seq_pos": [a] * B})
+        inputs[k] = np.ascontiguousarray(x[:, a:b], dtype=np.float32)
+    return CaseInput(case_id, cfg.to_hf(), weights, B, program, inputs)
+
+
+def by_expert(selected_experts, routing_weights):
+    """(selected experts, routing weights) with each token's slots sorted by expert index: the
+    routing as a set. Two correct ports may order the slots of nearly equal probabilities
+    differently (nothing downstream depends on the slot order but the summation order)."""
+    sel = np.asarray(selected_experts)
+    order = np.argsort(sel, axis=-1, kind="stable")
+    return np.take_along_axis(sel, order, -1), np.take_along_axis(np.asarray(routing_weights), order, -1)

@@ -25,6 +25,10 @@ parameter:
     l2norm fused, gated norm rounded before the silu(z) gate, which stays fp32 (it is folded into the
     out_proj GEMV). Not used to derive tolerances: it is the held-out check that they generalise.
 
+A layer with the sparse mixture-of-experts block (``cfg.mlp_kind``) runs the block's stages of
+:mod:`.emulate_moe` in place of the dense MLP, with the placement's MoE roundings (``hf``: transformers'
+eager block; ``fla``: a fused-MoE engine; ``fp32_once``; ``metrale``), and traces their tensors.
+
 Each placement also takes a summation *order* (:data:`.lowp.ORDERS`), written ``NAME:ORDER``
 (``hf:sequential``, ``fla:blocked16``; plain ``NAME`` is ``NAME:blas``): how every matrix product
 (in_proj, out_proj, the MLP), every reduction (the RMS means, the L2 norms) and every contraction of
@@ -52,6 +56,7 @@ from gdncheck.snapshot import Snapshot
 from gdncheck.weights import conv_weight_2d, validate_weights
 
 from . import lowp
+from .emulate_moe import MOE_ROUNDINGS, MoEStages
 from .lowp import F32, f32
 
 log = logging.getLogger("gdncheck.conformance.earn.emulate")
@@ -71,13 +76,14 @@ class Placement:
     mlp_intermediates_stored: bool
     softplus_threshold: float | None
     order: str = "blas"  # summation order (lowp.ORDERS)
+    moe: str = "hf"  # the sparse block's roundings (emulate_moe.MOE_ROUNDINGS)
 
 
 PLACEMENTS: dict[str, Placement] = {
-    "hf": Placement("hf", True, False, True, True, False, "q", "hf", True, 20.0),
-    "fla": Placement("fla", False, True, False, True, True, "q", "fused", False, None),
-    "fp32_once": Placement("fp32_once", False, True, True, False, False, "q", "fused", False, None),
-    "metrale": Placement("metrale", False, True, False, False, False, "out", "metrale", False, 20.0),
+    "hf": Placement("hf", True, False, True, True, False, "q", "hf", True, 20.0, moe="hf"),
+    "fla": Placement("fla", False, True, False, True, True, "q", "fused", False, None, moe="fused"),
+    "fp32_once": Placement("fp32_once", False, True, True, False, False, "q", "fused", False, None, moe="fp32_once"),
+    "metrale": Placement("metrale", False, True, False, False, False, "out", "metrale", False, 20.0, moe="metrale"),
 }
 #: The placements whose error envelope defines the tolerances; ``metrale`` is held out.
 DERIVATION_PLACEMENTS = ("hf", "fla", "fp32_once")
@@ -131,7 +137,7 @@ class EmulatedState:
         self.warned = bool(snap.warned)
 
 
-class EmulatedLayer:
+class EmulatedLayer(MoEStages):
     """The layer at ``profile`` with the roundings of ``placement`` (see the module docstring).
 
     Same interface as ``gdncheck.reference.Layer``: ``new_state(batch)``, ``forward(x, state,
@@ -142,17 +148,23 @@ class EmulatedLayer:
                  profile: str = "bf16", placement: str = "hf", strict: bool = False, chunk_size: int = 64):
         if profile not in VERIFY_PROFILES:
             raise ValueError(f"profile must be one of {', '.join(VERIFY_PROFILES)}, found {profile!r}")
+        if layer_index is None:
+            layer_index = getattr(weights, "layer", None)
         self.cfg = cfg
         self.layer_index = layer_index
         self.norm_mode = validate_weights(cfg, weights, layer=layer_index)
+        self.mlp_kind = cfg.mlp_kind(layer_index)
         self.profile = profile
         self.p = placement_of(placement)
+        self.moe_rounding = MOE_ROUNDINGS[self.p.moe]
         self.order = self.p.order
         self.strict = strict
         self.chunk_size = chunk_size
         # weights as the engine holds them: stored values (bf16/f16-exact), read as float32
         self.w = {name: f32(arr) for name, arr in weights.items()}
         self.w["linear_attn.conv1d.weight"] = conv_weight_2d(self.w["linear_attn.conv1d.weight"])
+        if self.mlp_kind == "moe":
+            self.prepare_moe()
 
     def store(self, x: np.ndarray) -> np.ndarray:
         return lowp.store(x, self.profile)
@@ -297,12 +309,12 @@ class EmulatedLayer:
         attn_out = self.out_proj(core_gated)
         h = self.residual(x, attn_out)
         h_norm = self.post_norm(h)
-        mlp_out = self.mlp(h_norm)
-        out = self.output(h, mlp_out)
+        block = self.moe_block(h_norm) if self.mlp_kind == "moe" else {"mlp_out": self.mlp(h_norm)}
+        out = self.output(h, block["mlp_out"])
         self.commit_state(state, conv_state, rec_state, pos + x.shape[1])
         trace = {"x": x, "x_norm": x_norm, "qkv": qkv, "z": z, "a": a, "b": b, "qkv_conv": qkv_conv, "q": q,
                  "k": k, "v": v, "g": g, "beta": beta, "core": core, "core_gated": core_gated,
-                 "attn_out": attn_out, "h": h, "h_norm": h_norm, "mlp_out": mlp_out, "out": out}
+                 "attn_out": attn_out, "h": h, "h_norm": h_norm, **block, "out": out}
         return out, trace
 
     def commit_state(self, state: EmulatedState, conv_state, rec_state, seq_len) -> None:
@@ -316,7 +328,9 @@ class EmulatedLayer:
 def emulated_adapter(layer: EmulatedLayer, name: str) -> LayerAdapter:
     """``layer`` (an :class:`EmulatedLayer` or a mutant of it) as an implementation of the port
     contract, with stage-isolated mode through its stage methods."""
-    return LayerAdapter(layer, name, load_snapshot=Snapshot.load, stage_runner=method_stage_runner(layer, layer.store))
+    keep = layer.moe_keep_f32() if layer.mlp_kind == "moe" else ()
+    return LayerAdapter(layer, name, load_snapshot=Snapshot.load,
+                        stage_runner=method_stage_runner(layer, layer.store, keep_f32=keep))
 
 
 def emulated(cfg: GDNConfig, weights, *, profile: str = "bf16", strict: bool = False, placement: str = "hf",

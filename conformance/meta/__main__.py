@@ -9,8 +9,7 @@ from gdncheck.env import limit_blas_threads
 from gdncheck.fixtures.manifest import DEFAULT_DIR
 from gdncheck.profiles import VERIFY_PROFILES
 
-from .kill_matrix import format_matrix, kill
-from .mutants import MUTANTS
+from .kill_matrix import CATALOGUE, format_matrix, kill
 
 
 def main(argv=None) -> int:
@@ -22,7 +21,7 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     limit_blas_threads()
     profiles = tuple(args.profiles.split(","))
-    mutants = [m for m in MUTANTS if not args.mutant or m.name in args.mutant]
+    mutants = [m for m in CATALOGUE if not args.mutant or m.name in args.mutant]
     results = []
     for m in mutants:
         for prof in profiles:
@@ -31,7 +30,7 @@ def main(argv=None) -> int:
             if args.verbose:
                 print(f"{m.name} [{prof}]: {r.cell()}\n  {r.message}\n  repro: {r.repro}\n", file=sys.stderr)
     print(format_matrix(results, profiles))
-    survivors = [r for r in results if not r.killed]
+    survivors = [r for r in results if not r.killed and r.cases]  # "no case": not run, not a survivor
     return 1 if survivors and len(survivors) == len(results) else 0
 
 

@@ -16,9 +16,13 @@ from gdncheck.conformance.judge.verify import verify
 from gdncheck.conformance.ports.run import run_impl
 from gdncheck.fixtures.manifest import DEFAULT_DIR
 from gdncheck.profiles import VERIFY_PROFILES
-from gdncheck.stages import STAGE_NAMES
+from gdncheck.stages import stage_rank
 
+from .moe_mutants import MOE_MUTANTS, tagged_cases
 from .mutants import MUTANTS, Mutant
+
+#: Every mutant the matrix runs: the dense layer's, then the sparse block's (run on their tagged cases).
+CATALOGUE: tuple[Mutant, ...] = MUTANTS + MOE_MUTANTS
 
 
 @dataclass
@@ -34,30 +38,41 @@ class KillResult:
     repro: str | None = None
 
     def cell(self) -> str:
+        if not self.cases:
+            return "no case"
         if not self.killed:
             return "survives"
         return f"{self.first_stage} ({self.cases_failed}/{self.cases})"
 
 
 def kill(mutant: Mutant, profile: str, fixtures_dir=DEFAULT_DIR, out_dir=None, cases=None) -> KillResult:
-    """Run ``mutant`` over the cases in ``profile`` and verify its outputs."""
+    """Run ``mutant`` over the cases in ``profile`` and verify its outputs. A mutant with ``case_tags``
+    (the sparse block's) runs on the cases carrying them by default; with none in the suite it is not
+    run (``cases`` 0, cell "no case")."""
     logging.getLogger("gdncheck").setLevel(logging.ERROR)
+    tags = getattr(mutant, "case_tags", ())
+    if cases is None and tags:
+        cases = tagged_cases(fixtures_dir, tags)
+        if not cases:
+            return KillResult(mutant.name, profile, False, None, 0, 0,
+                              message=f"no case tagged {', '.join(tags)} in {fixtures_dir}")
+    module = getattr(mutant, "module", "gdncheck.conformance.meta.mutants")
     with tempfile.TemporaryDirectory(prefix=f"gdncheck-mutant-{mutant.name}-") as tmp:
         out = Path(out_dir) if out_dir else Path(tmp)
         run_impl(mutant.factory, fixtures_dir, out, profile, cases=cases,
-                 command=f"gdncheck run gdncheck.conformance.meta.mutants:{mutant.name} --fixtures {fixtures_dir} "
+                 command=f"gdncheck run {module}:{mutant.name} --fixtures {fixtures_dir} "
                          f"--out {out} --profile {profile}")
         summary = verify(fixtures_dir, out, profile, cases=cases)
     failing = [c for c in summary.cases if c.status == "fail"]
     first_by_case = {c.id: c.first_divergence for c in failing}
     stages = [fd.stage for fd in first_by_case.values() if fd and fd.stage]
-    first = min(stages, key=STAGE_NAMES.index) if stages else None
+    first = min(stages, key=stage_rank) if stages else None
     earliest = next((c for c in failing if c.first_divergence and c.first_divergence.stage == first), None)
     return KillResult(mutant.name, profile, bool(failing), first, len(failing), len(summary.cases), first_by_case,
                       earliest.message if earliest else None, earliest.repro if earliest else None)
 
 
-def matrix(profiles=VERIFY_PROFILES, fixtures_dir=DEFAULT_DIR, mutants=MUTANTS) -> list[KillResult]:
+def matrix(profiles=VERIFY_PROFILES, fixtures_dir=DEFAULT_DIR, mutants=CATALOGUE) -> list[KillResult]:
     return [kill(m, p, fixtures_dir) for m in mutants for p in profiles]
 
 
@@ -66,7 +81,7 @@ def format_matrix(results: list[KillResult], profiles=VERIFY_PROFILES) -> str:
     by = {(r.mutant, r.profile): r for r in results}
     lines = ["| mutant (bug class) | expected first stage | " + " | ".join(profiles) + " |",
              "|---|---|" + "---|" * len(profiles)]
-    for m in MUTANTS:
+    for m in CATALOGUE:
         if not any((m.name, p) in by for p in profiles):
             continue
         cells = [by[(m.name, p)].cell() if (m.name, p) in by else "-" for p in profiles]

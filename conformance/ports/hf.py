@@ -1,8 +1,9 @@
 """Hugging Face transformers as a port: ``gdncheck run hf --profile f32|bf16``.
 
 A factory of the port contract (:mod:`gdncheck.harness.contract`) around transformers' own ``Qwen3_5DecoderLayer``
-for a ``linear_attention`` layer, built from a small ``Qwen3_5TextConfig`` made from the case config,
-its weights loaded with ``load_state_dict(strict=True)`` and cast to the profile's dtype (as
+for a ``linear_attention`` layer (``Qwen3_5MoeDecoderLayer`` with its ``Qwen3_5MoeSparseMoeBlock`` where the
+weights hold the sparse block), built from a small ``Qwen3_5TextConfig`` (``Qwen3_5MoeTextConfig``) made from
+the case config, its weights loaded with ``load_state_dict(strict=True)`` and cast to the profile's dtype (as
 ``from_pretrained(dtype=...)`` does). Every call goes through the layer's own ``forward`` with a
 transformers ``DynamicCache`` (its ``LinearAttentionLayer`` holds the conv and recurrent states), so
 transformers picks its own code paths: the chunked rule (``torch_chunk_gated_delta_rule``) and
@@ -12,11 +13,18 @@ that holds a state. A snapshot is a deep copy of the cache.
 
 The stage tensors are what transformers computes, captured by :mod:`.hf_trace` (forward hooks on the
 layer's submodules, the module-level functions of ``modeling_qwen3_5`` wrapped while a call runs);
-gdncheck recomputes none of them, it only reshapes them into the FORMAT.md §5 layouts.
+gdncheck recomputes none of them, it only reshapes them into the FORMAT.md §5 layouts (the one
+exception, ``shared_out``, is transformers' own ``sigmoid(gate) * shared`` redone on its two hooked
+operands in its dtype: the same two elementwise ops, the same bits).
+
+The sparse block's router is ``torch.topk``, whose CPU kernel does not resolve an exact tie on the
+k-th probability to the lower expert index (docs/moe.md, "Ties"): on a case with such a tie,
+transformers on the CPU is a known deviation, not a port error.
 
 What transformers cannot express is reported :class:`~gdncheck.harness.NotApplicable`, with the reason:
-a per-head gated norm, a declared ``linear_norm_mode``, the seq-len rule (its cache keeps no position,
-so a call at another position than the state's is not something it can do), a strict mode, snapshot
+a per-head gated norm, a declared ``linear_norm_mode``, a sparse block without the renormalisation
+(``norm_topk_prob`` false: ``Qwen3_5MoeSparseMoeBlock`` always renormalises), the seq-len rule (its cache
+keeps no position, so a call at another position than the state's is not something it can do), a strict mode, snapshot
 files, and the configuration errors its ``Qwen3_5TextConfig`` accepts without a check. The weight
 errors it does catch (``load_state_dict``) are mapped to the codes of FORMAT.md §6 by the tensor
 transformers names; an exception transformers raises on an input is reported as ``input_error``.
@@ -36,6 +44,7 @@ import numpy as np
 from gdncheck.config import GDNConfig
 from gdncheck.env import blas_threads
 from gdncheck.errors import GDNError
+from gdncheck.experts import mlp_kind_of
 from gdncheck.harness import NotApplicable
 from gdncheck.profiles import PROFILES, VERIFY_PROFILES
 
@@ -64,8 +73,9 @@ def check_case(config: Mapping[str, Any], program: list[Mapping[str, Any]]) -> N
     try:
         GDNConfig.from_hf(dict(config))
     except GDNError as exc:
+        name = "Qwen3_5MoeTextConfig" if config.get("num_experts") is not None else "Qwen3_5TextConfig"
         raise NotApplicable(
-            f"transformers' Qwen3_5TextConfig accepts this configuration without a check ({exc.code}: {exc}); "
+            f"transformers' {name} accepts this configuration without a check ({exc.code}: {exc}); "
             "only gdncheck's own parser refuses it, which says nothing about transformers"
             + (" (a missing linear_num_value_heads silently takes its default, 32)" if exc.code ==
                "missing_head_setting" else "")
@@ -92,6 +102,11 @@ hf.check_case = check_case
 
 
 def _check_expressible(cfg: GDNConfig, weights) -> None:
+    if mlp_kind_of(weights) == "moe" and not cfg.norm_topk_prob:
+        raise NotApplicable("norm_topk_prob=false (routing weights not renormalised): transformers' "
+                            "Qwen3_5MoeSparseMoeBlock always renormalises, and Qwen3NextSparseMoeBlock, which need "
+                            "not, sits in a decoder layer whose linear attention holds another weight layout "
+                            "(in_proj_qkvz, in_proj_ba)")
     norm = weights.get("linear_attn.norm.weight")
     if norm is None:
         return  # transformers' load_state_dict reports it
@@ -139,13 +154,12 @@ class HFState:
 
 
 class HFLayer:
-    """An :class:`~gdncheck.harness.Implementation` driving transformers' ``Qwen3_5DecoderLayer``."""
+    """An :class:`~gdncheck.harness.Implementation` driving transformers' ``Qwen3_5DecoderLayer`` (or
+    ``Qwen3_5MoeDecoderLayer``, for weights with the sparse block)."""
 
     def __init__(self, cfg: GDNConfig, weights, profile: str):
         import torch
         import transformers
-        from transformers.models.qwen3_5 import modeling_qwen3_5
-        from transformers.models.qwen3_5.configuration_qwen3_5 import Qwen3_5TextConfig
 
         transformers.logging.set_verbosity_error()  # its "falling back to the PyTorch implementation" notes
         # gdncheck's BLAS thread count (GDN_BLAS_THREADS, default 1): on a 2-core machine two torch threads
@@ -153,15 +167,17 @@ class HFLayer:
         if torch.get_num_threads() != blas_threads():
             torch.set_num_threads(blas_threads())
         self.cfg, self.profile, self.dtype = cfg, profile, _torch_dtype(profile)
-        self.hf_config = Qwen3_5TextConfig(
-            hidden_size=cfg.hidden_size, intermediate_size=cfg.intermediate_size, rms_norm_eps=cfg.rms_norm_eps,
+        self.sparse = mlp_kind_of(weights) == "moe"
+        modeling, config_class, layer_class, sizes = self._classes(cfg)
+        self.hf_config = config_class(
+            hidden_size=cfg.hidden_size, rms_norm_eps=cfg.rms_norm_eps,
             linear_num_key_heads=cfg.num_k_heads, linear_num_value_heads=cfg.num_v_heads,
             linear_key_head_dim=cfg.head_k_dim, linear_value_head_dim=cfg.head_v_dim,
             linear_conv_kernel_dim=cfg.conv_kernel, hidden_act="silu",
-            num_hidden_layers=1, layer_types=["linear_attention"], vocab_size=16,
+            num_hidden_layers=1, layer_types=["linear_attention"], vocab_size=16, **sizes,
         )
         with torch.device("cpu"):
-            layer = modeling_qwen3_5.Qwen3_5DecoderLayer(self.hf_config, layer_idx=0)
+            layer = layer_class(self.hf_config, layer_idx=0)
         state = {k: torch.from_numpy(np.array(v, dtype=np.float32)) for k, v in weights.items()}
         try:
             layer.load_state_dict(state, strict=True)
@@ -169,10 +185,29 @@ class HFLayer:
             msg = str(exc)
             raise TransformersRefused(refusal_code(msg), f"transformers refused the weights: {msg}") from None
         self.layer = layer.to(self.dtype).eval()
-        self.tracer = Tracer(self.layer, modeling_qwen3_5, cfg)
+        self.tracer = Tracer(self.layer, modeling, cfg, sparse=self.sparse)
         kernels = [m for m in ("fla", "causal_conv1d", "kernels") if importlib.util.find_spec(m) is not None]
-        self.name = (f"transformers {transformers.__version__} Qwen3_5DecoderLayer ({profile}, torch "
+        self.name = (f"transformers {transformers.__version__} {layer_class.__name__} ({profile}, torch "
                      f"{torch.__version__}, {'kernels: ' + ', '.join(kernels) if kernels else 'PyTorch paths'})")
+
+    def _classes(self, cfg: GDNConfig):
+        """(modeling module, config class, decoder layer class, size keys) of the layer's kind: the
+        dense ``Qwen3_5DecoderLayer``, or ``Qwen3_5MoeDecoderLayer`` for the sparse block (its experts
+        run by transformers' eager loop, the default of a model it loads itself)."""
+        if not self.sparse:
+            from transformers.models.qwen3_5 import modeling_qwen3_5
+            from transformers.models.qwen3_5.configuration_qwen3_5 import Qwen3_5TextConfig
+
+            return (modeling_qwen3_5, Qwen3_5TextConfig, modeling_qwen3_5.Qwen3_5DecoderLayer,
+                    {"intermediate_size": cfg.intermediate_size})
+        from transformers.models.qwen3_5_moe import modeling_qwen3_5_moe
+        from transformers.models.qwen3_5_moe.configuration_qwen3_5_moe import Qwen3_5MoeTextConfig
+
+        return (modeling_qwen3_5_moe, Qwen3_5MoeTextConfig, modeling_qwen3_5_moe.Qwen3_5MoeDecoderLayer,
+                {"num_experts": cfg.num_experts, "num_experts_per_tok": cfg.num_experts_per_tok,
+                 "moe_intermediate_size": cfg.moe_intermediate_size,
+                 "shared_expert_intermediate_size": cfg.shared_expert_intermediate_size,
+                 "experts_implementation": "eager"})
 
     # --- state -----------------------------------------------------------------------------------
     def new_state(self, batch: int) -> HFState:
@@ -223,7 +258,8 @@ class HFLayer:
         xt = torch.from_numpy(np.ascontiguousarray(x))
         if xt.is_floating_point():
             xt = xt.to(self.dtype)
-        with torch.inference_mode(), self.tracer.recording(T=int(x.shape[1]) if x.ndim == 3 else 0) as rec:
+        shape = (int(x.shape[0]), int(x.shape[1])) if x.ndim == 3 else (0, 0)
+        with torch.inference_mode(), self.tracer.recording(T=shape[1], B=shape[0]) as rec:
             try:
                 out = self.layer(xt, position_embeddings=None, cache=state.cache)
             except (RuntimeError, ValueError, TypeError, IndexError) as exc:

@@ -1,11 +1,17 @@
-"""The stage tensors of one transformers ``Qwen3_5DecoderLayer`` call, as transformers computes them.
+"""The stage tensors of one transformers ``Qwen3_5DecoderLayer`` (or ``Qwen3_5MoeDecoderLayer``) call, as
+transformers computes them.
 
 Two sources, nothing recomputed:
 
 - forward hooks on the layer's submodules: ``input_layernorm`` → ``x_norm``; ``linear_attn.in_proj_qkv``,
   ``in_proj_z``, ``in_proj_a``, ``in_proj_b`` → ``qkv``, ``z``, ``a``, ``b``; ``linear_attn.norm`` →
   ``core_gated``; ``linear_attn.out_proj`` → ``attn_out``; the input of ``post_attention_layernorm`` →
-  ``h`` (the residual sum it is fed) and its output → ``h_norm``; ``mlp`` → ``mlp_out``.
+  ``h`` (the residual sum it is fed) and its output → ``h_norm``; ``mlp`` → ``mlp_out``. With the sparse
+  block (``sparse=True``): ``mlp.gate`` (the router, returning logits, top-k weights and indices) →
+  ``router_logits``, ``routing_weights``, ``selected_experts``; ``mlp.experts`` → ``experts_out``;
+  ``mlp.shared_expert`` and ``mlp.shared_expert_gate`` → the shared expert's output and gate logit,
+  from which ``shared_out = sigmoid(gate) * shared`` is formed with the block's own two ops in its
+  dtype (transformers never names that product: it adds it to ``experts_out`` at once).
 - the module-level functions of ``modeling_qwen3_5``, replaced by recording wrappers only while a call
   runs (``Tracer.recording``): ``causal_conv1d_fn`` / ``causal_conv1d_update`` → ``qkv_conv`` (their output,
   the last T columns); ``torch_chunk_gated_delta_rule`` / ``torch_recurrent_gated_delta_rule`` → their
@@ -15,7 +21,8 @@ Two sources, nothing recomputed:
 Only layouts change: ``z`` and ``core_gated`` are reshaped to [B, T, Hv, dv]; ``qkv_conv`` is transposed from
 transformers' [B, conv_dim, T]; ``q`` and ``k`` come out of ``l2norm`` as [B, Hv, T, dk] after transformers'
 ``repeat_interleave`` over the value heads, so every r-th head is taken and the axes swapped to
-[B, T, Hk, dk] (value head j holds key head j // r, the copies are equal).
+[B, T, Hk, dk] (value head j holds key head j // r, the copies are equal). The sparse block works on
+[B·T, ...] rows: its tensors are reshaped to [B, T, ...].
 """
 
 from __future__ import annotations
@@ -44,13 +51,20 @@ MODULE_OUTPUTS = {
 }
 #: submodule -> the stage tensor its (first) input is
 MODULE_INPUTS = {"post_attention_layernorm": "h"}
+#: submodule of the sparse block -> what its output is (the router returns three tensors)
+MOE_MODULE_OUTPUTS = {
+    "mlp.gate": ("router_logits", "routing_weights", "selected_experts"),
+    "mlp.experts": ("experts_out",),
+    "mlp.shared_expert": ("shared_expert",),
+    "mlp.shared_expert_gate": ("shared_gate_logit",),
+}
 
 
 class Recording:
     """What one call captured; :meth:`trace` puts it in the FORMAT.md §5 layouts."""
 
-    def __init__(self, T: int, cfg: GDNConfig):
-        self.T, self.cfg = T, cfg
+    def __init__(self, T: int, cfg: GDNConfig, B: int | None = None):
+        self.T, self.B, self.cfg = T, B, cfg
         self.raw: dict[str, Any] = {}
         self.l2: list[Any] = []
         self.called: list[str] = []
@@ -74,6 +88,20 @@ class Recording:
         if len(self.l2) == 2:  # query, then key, each [B, Hv, T, dk] after repeat_interleave
             r = cfg.head_ratio
             out["q"], out["k"] = (t[:, ::r].transpose(1, 2) for t in self.l2)
+        if "router_logits" in raw:
+            out.update(self._block(raw))
+        return out
+
+    def _block(self, raw: dict[str, Any]) -> dict[str, Any]:
+        """The sparse block's tensors, from [B·T, ...] rows to [B, T, ...]."""
+        import torch
+
+        B, T = self.B, self.T
+        out = {name: raw[name].reshape(B, T, *raw[name].shape[1:])
+               for name in ("router_logits", "routing_weights", "selected_experts", "experts_out") if name in raw}
+        if "shared_expert" in raw and "shared_gate_logit" in raw:  # the block's F.sigmoid(gate) * shared
+            shared = torch.sigmoid(raw["shared_gate_logit"]) * raw["shared_expert"]
+            out["shared_out"] = shared.reshape(B, T, -1)
         return out
 
 
@@ -81,12 +109,14 @@ class Tracer:
     """Hooks on a decoder layer's submodules (always installed, active only while recording) and the
     recording wrappers of ``module``'s functions (installed for one call at a time)."""
 
-    def __init__(self, layer, module, cfg: GDNConfig):
+    def __init__(self, layer, module, cfg: GDNConfig, sparse: bool = False):
         self.layer, self.module, self.cfg = layer, module, cfg
         self.calls: list[dict] = []
         self._rec: Recording | None = None
         for path, name in MODULE_OUTPUTS.items():
             layer.get_submodule(path).register_forward_hook(self._output_hook(name))
+        for path, names in (MOE_MODULE_OUTPUTS.items() if sparse else ()):
+            layer.get_submodule(path).register_forward_hook(self._outputs_hook(names))
         for path, name in MODULE_INPUTS.items():
             layer.get_submodule(path).register_forward_pre_hook(self._input_hook(name))
 
@@ -94,6 +124,13 @@ class Tracer:
         def hook(_module, _args, output):
             if self._rec is not None:
                 self._rec.put(name, output)
+        return hook
+
+    def _outputs_hook(self, names: tuple[str, ...]):
+        def hook(_module, _args, output):
+            if self._rec is not None:
+                for name, tensor in zip(names, output if isinstance(output, tuple) else (output,)):
+                    self._rec.put(name, tensor)
         return hook
 
     def _input_hook(self, name: str):
@@ -132,9 +169,9 @@ class Tracer:
         return l2norm
 
     @contextmanager
-    def recording(self, T: int):
+    def recording(self, T: int, B: int | None = None):
         """Capture one call: yields its :class:`Recording`; the module's functions are restored after."""
-        self._rec = Recording(T, self.cfg)
+        self._rec = Recording(T, self.cfg, B)
         saved = {name: getattr(self.module, name) for name in FUNCTIONS}
         try:
             for name, fn in saved.items():

@@ -43,8 +43,9 @@ def reference(cfg: GDNConfig, weights, *, profile: str = "f64", strict: bool = F
 
 def triton_stage_runner(layer, cfg: GDNConfig, weights: Mapping[str, np.ndarray]):
     """``run_stage`` with ``gdncheck.gpu_impl``'s stage functions on the layer's device: golden inputs
-    stored in the profile dtype as a port reading them would (g, beta and the recurrent state fp32),
-    weights as the layer holds them (1-D parameters fp32, matrices in the profile dtype)."""
+    stored in the profile dtype as a port reading them would (g, beta, the recurrent state and the
+    routing weights fp32, selected experts int64), weights as the layer holds them (1-D parameters
+    fp32, matrices in the profile dtype)."""
     import torch  # the triton extra: only a Triton run needs it
 
     from gdncheck import gpu_impl
@@ -55,10 +56,11 @@ def triton_stage_runner(layer, cfg: GDNConfig, weights: Mapping[str, np.ndarray]
         return torch.empty(a.shape, dtype=dtype, device=layer.device).copy_(torch.from_numpy(a.copy()))
 
     w = {k: tensor(v, torch.float32 if k in FP32_PARAMS else layer.dtype) for k, v in weights.items()}
-    fp32 = ("g", "beta", "recurrent_state")
+    fp32 = ("g", "beta", "recurrent_state", "routing_weights")
     return module_stage_runner(gpu_impl, cfg, w,
                                lambda name, a: tensor(a, torch.float32 if name in fp32 else layer.dtype),
-                               lambda v: v)
+                               lambda v: v,
+                               to_index=lambda a: torch.tensor(np.asarray(a, dtype=np.int64), device=layer.device))
 
 
 class CapturingAdapter(LayerAdapter):

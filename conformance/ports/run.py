@@ -20,6 +20,7 @@ import numpy as np
 from gdncheck._version import __version__
 from gdncheck.config import GDNConfig
 from gdncheck.errors import GDNError, SafetensorsFormatError
+from gdncheck.experts import mlp_kind_of
 from gdncheck.fixtures.manifest import (
     CaseProblem,
     FixtureError,
@@ -45,7 +46,7 @@ from gdncheck.harness import (
 from gdncheck.harness.program import ProgramError
 from gdncheck.profiles import RUN_PROFILES
 from gdncheck.safetensors_io import SafetensorsFile, write_safetensors
-from gdncheck.stages import STAGE_NAMES, STAGE_OUTPUTS
+from gdncheck.stages import layer_stage_names, stage_outputs
 from gdncheck.untrusted import safe_path, safe_text
 from gdncheck.weights import LayerWeights
 
@@ -176,10 +177,11 @@ def _run_isolated(factory, inp: CaseInput, gold: SafetensorsFile, profile: str, 
                        f"run in stage-isolated mode (FORMAT.md §8)")
     outputs: dict[str, np.ndarray] = {}
     error = None
+    kind = mlp_kind_of(inp.weights)  # a sparse layer's pipeline holds the block's stages too
     for step in call_steps(inp.program):
         k = step["call"]
-        for stage in STAGE_NAMES[1:]:
-            inputs = golden_inputs(gold, k, stage)
+        for stage in layer_stage_names(kind)[1:]:
+            inputs = golden_inputs(gold, k, stage, kind)
             if inputs is None:
                 continue
             try:
@@ -187,7 +189,7 @@ def _run_isolated(factory, inp: CaseInput, gold: SafetensorsFile, profile: str, 
             except Exception as exc:  # noqa: BLE001 - recorded for verify
                 error = {"code": error_code(exc), "message": str(exc), "step": inp.program.index(step)}
                 return outputs, error, getattr(impl, "name", None), None
-            for name in STAGE_OUTPUTS[stage]:
+            for name in stage_outputs(stage, kind):
                 if name in result:
                     outputs[call_key(k, name)] = np.array(to_numpy(result[name]), copy=True)
     return outputs, error, getattr(impl, "name", None), None

@@ -20,7 +20,7 @@ import numpy as np
 
 from gdncheck.config import GDNConfig
 from gdncheck.errors import GDNError
-from gdncheck.stages import STAGE_INPUTS, STATE_NAMES, TENSOR_BY_NAME
+from gdncheck.stages import KNOWN_TENSORS, STATE_NAMES, stage_inputs
 from gdncheck.untrusted import UnsafePathError, safe_path
 from gdncheck.weights import LayerWeights
 
@@ -165,7 +165,7 @@ def snapshot_file(snapshot_dir: str | os.PathLike, name: str) -> Path:
 
 
 def _trace_arrays(out: Any, trace: Mapping[str, Any]) -> dict[str, np.ndarray]:
-    arrays = {name: to_numpy(v) for name, v in trace.items() if name in TENSOR_BY_NAME}
+    arrays = {name: to_numpy(v) for name, v in trace.items() if name in KNOWN_TENSORS}  # either layer kind
     arrays["out"] = to_numpy(out)
     return {k: np.array(v, copy=True) for k, v in arrays.items()}
 
@@ -195,11 +195,14 @@ def _capture_state_in(impl: Implementation, state: Any, pos: np.ndarray, k: int,
         res.state_in[call_key(k, f"{name}_in")] = arrays[name]
 
 
-def golden_inputs(gold: Mapping[str, np.ndarray], call: int, stage: str) -> dict[str, np.ndarray] | None:
+def golden_inputs(gold: Mapping[str, np.ndarray], call: int, stage: str,
+                  mlp_kind: str = "dense") -> dict[str, np.ndarray] | None:
     """A stage's golden inputs for call ``call`` (FORMAT.md §8): the stage tensors it reads from the
-    same call, and the call's entering state ``*_in``; None when the fixture does not keep them all."""
+    same call, and the call's entering state ``*_in``; None when the fixture does not keep them all.
+    ``mlp_kind``: the layer's (``gdncheck.experts.mlp_kind_of``); stage ``mlp`` of a sparse layer reads
+    ``experts_out`` and ``shared_out``."""
     out = {}
-    for name in STAGE_INPUTS[stage]:
+    for name in stage_inputs(stage, mlp_kind):
         key = call_key(call, f"{name}_in" if name in STATE_NAMES else name)
         if key not in gold:
             return None

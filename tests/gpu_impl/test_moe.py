@@ -16,7 +16,7 @@ import torch
 import gdncheck.reference as R
 from gdncheck.gpu_impl import moe as G
 from gdncheck.gpu_impl.compile_check import compile_only
-from gdncheck.gpu_impl.moe_gemm import group_by_expert
+from gdncheck.gpu_impl.moe_gemm import group_by_expert, max_blocks
 from tests.gpu_impl.compare import check, to_np
 from tests.gpu_impl.helpers import PROFILE_NAMES, rng_for, tensor
 
@@ -103,15 +103,32 @@ def test_grouping_covers_every_slot_once():
     selected = torch.tensor([[3, 0], [3, 1], [0, 3], [3, 2], [1, 0]])
     g = group_by_expert(selected, num_experts=6, BM=2)
     flat = selected.reshape(-1)
-    # expert 0: 3 slots -> 2 blocks, 1: 2 -> 1, 2: 1 -> 1, 3: 4 -> 2; experts 4 and 5: none
-    assert g.block_expert.tolist() == [0, 0, 1, 2, 3, 3]
-    assert g.block_rows.tolist() == [2, 1, 2, 1, 2, 2]
+    # expert 0: 3 slots -> 2 blocks, 1: 2 -> 1, 2: 1 -> 1, 3: 4 -> 2; experts 4 and 5: none. The table
+    # has the fixed length of the worst routing, (10 slots + 6 experts x (2 - 1)) // 2 = 8: two blocks of no rows
+    assert g.n_blocks == max_blocks(10, 6, 2) == 8
+    assert g.block_expert.tolist()[:6] == [0, 0, 1, 2, 3, 3]
+    assert g.block_rows.tolist() == [2, 1, 2, 1, 2, 2, 0, 0]
     rows = [r for b in range(g.n_blocks) for r in range(g.block_row0[b], g.block_row0[b] + g.block_rows[b])]
     assert sorted(rows) == list(range(10))
     for b in range(g.n_blocks):
         for r in range(g.block_row0[b], g.block_row0[b] + g.block_rows[b]):
             assert flat[g.order[r]] == g.block_expert[b]
     assert g.order.tolist()[:3] == [1, 4, 9]  # expert 0's slots in token order (stable)
+
+
+@pytest.mark.parametrize("n_slots, E, BM", [(10, 512, 16), (40960, 512, 16), (7, 3, 4), (64, 8, 64)])
+def test_the_table_length_bounds_every_routing(n_slots, E, BM):
+    """max_blocks against random routings (skewed and even) and the decode-like one (one slot per
+    expert): none needs more blocks, and the table's real blocks hold every slot once."""
+    rng = np.random.default_rng(n_slots)
+    routings = [rng.multinomial(n_slots, rng.dirichlet(np.full(E, a))) for a in (0.05, 1.0, 50.0) for _ in range(50)]
+    if n_slots <= E:
+        routings.append(np.array([1] * n_slots + [0] * (E - n_slots)))
+    for counts in routings:
+        need = int(np.sum(-(-counts // BM)))
+        assert need <= max_blocks(n_slots, E, BM)
+    g = group_by_expert(torch.tensor(np.repeat(np.arange(E), counts)), E, BM)
+    assert int(g.block_rows.sum()) == n_slots and int((g.block_rows > 0).sum()) == need
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU run compiles every kernel for real")
@@ -140,5 +157,5 @@ def test_every_moe_kernel_compiles_for_sm90():
                           N, D, k, h.dtype, h.device)
         names |= {kernel for kernel, _ in done.builds}
         assert not done.problems(), done.problems()
-    assert names == {"routing_kernel", "expert_gate_up_kernel", "expert_down_kernel", "swiglu_kernel",
+    assert names == {"routing_kernel", "expert_gate_up_kernel", "expert_down_kernel", "shared_swiglu_kernel",
                      "combine_kernel"}
