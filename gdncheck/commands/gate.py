@@ -19,6 +19,14 @@ a table and the first divergences.
 On Triton's interpreter the cases tagged `long` (the 2048-token decode) are skipped, and listed as
 skipped with the reason (--all-cases runs them); on a GPU everything runs.
 
+The outputs go to OUT/PROFILE/, folders the gate owns and replaces whole on each run (a folder there
+that holds anything else is refused, as is an OUT that is, lies in or contains a fixture suite);
+an earlier gate-summary.json is removed first. A suite other than the committed one is pinned with
+--fixtures-sha256 (its manifest's sha256; the summary prints it).
+
+Coverage: a run that judged nothing (every case skipped or not applicable), a case every port must
+run declared not applicable, or a case that judged no tensor, never conforms.
+
 Exit status: 0 conforms, 1 does not conform, 2 could not run (the reason is printed)."""
 
 
@@ -36,6 +44,9 @@ def configure(p: argparse.ArgumentParser) -> None:
                    help="default: the committed fixtures; full: adds real Qwen3.5 sizes (built with "
                         "gdncheck fixtures build --suite full; looked for in ./fixtures-full)")
     p.add_argument("--fixtures", help="fixture folder (overrides --suite's)")
+    p.add_argument("--fixtures-sha256", metavar="SHA256",
+                   help="the sha256 of the suite's manifest.json: refuse any other (pin a suite other than the "
+                        "committed one, whose integrity the gate cannot otherwise know)")
     p.add_argument("--case", action="append", help="only this case (id or id prefix; repeatable)")
     p.add_argument("--tag", action="append", help="only cases with this tag (repeatable)")
     p.add_argument("--shard", help="I/N: this runner's share (every N-th case and property unit from the I-th, "
@@ -95,9 +106,11 @@ def _progress(quiet: bool):
 
 
 def _label(res: dict) -> str:
+    from gdncheck.untrusted import safe_text
+
     if res["kind"] == "case":
-        return f"{res['profile']} {res['case']}: {res['status']} ({res['seconds']:.1f} s)"
-    return f"{res['profile']} property {res['name']}: {res['status']} ({res['seconds']:.1f} s)"
+        return safe_text(f"{res['profile']} {res['case']}: {res['status']} ({res['seconds']:.1f} s)")
+    return safe_text(f"{res['profile']} property {res['name']}: {res['status']} ({res['seconds']:.1f} s)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -106,6 +119,7 @@ def run(args: argparse.Namespace) -> int:
     from gdncheck.env import limit_blas_threads
     from gdncheck.gate import GateOptions, run_gate
     from gdncheck.gate.report import format_result, verdict_line
+    from gdncheck.untrusted import safe_text
 
     limit_blas_threads()
     opts = GateOptions(
@@ -114,16 +128,17 @@ def run(args: argparse.Namespace) -> int:
         report=args.report, properties=not args.no_properties, property_names=args.property,
         max_examples=args.max_examples, hypothesis_profile=args.hypothesis_profile, shrink=args.shrink,
         jobs=args.jobs, all_cases=args.all_cases, rebuild_check=False if args.no_rebuild_check else None,
-        xfails=args.xfails, options=parse_options(args.option))
+        xfails=args.xfails, options=parse_options(args.option), fixtures_sha256=args.fixtures_sha256)
     if not args.quiet:
-        print(f"gdncheck gate: {opts.impl} ({args.device}), profiles {','.join(opts.profiles)}, suite {opts.suite}"
-              + (f", shard {args.shard}" if args.shard else "") + f"; outputs in {opts.out}", flush=True)
+        print(safe_text(f"gdncheck gate: {opts.impl} ({args.device}), profiles {','.join(opts.profiles)}, suite "
+                        f"{opts.suite}" + (f", shard {args.shard}" if args.shard else "") + f"; outputs in {opts.out}"),
+              flush=True)
     progress, close = _progress(args.quiet)
     try:
         result = run_gate(opts, progress)
     finally:
         close()
-    text = format_result(result.doc, verbose=True)
+    text = format_result(result.doc, verbose=True)  # port strings made visible text, line by line
     if text:
         print(text)
     print(verdict_line(result.doc))

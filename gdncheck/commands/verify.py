@@ -14,7 +14,13 @@ line; writes a JSON summary (docs/verify.md).
 
 Exit status: 0 every case conforms, 1 some case does not, 2 some case's inputs were unusable
 (missing, truncated or damaged files, a checksum that does not match the manifest, a file name
-outside its folder); every other case is still verified."""
+outside its folder; every other case is still verified), nothing was judged, or the command could
+not start (a selection of no case, a bad path).
+
+Coverage (fixtures/FORMAT.md §2): a case that needs no optional feature must be judged (declaring it
+not applicable fails it), a case that judged no tensor is no pass, and a run that judged nothing
+never exits 0. An earlier summary at the same path is removed before anything runs, so a run that
+stops early leaves no stale verdict behind."""
 
 
 def configure(p: argparse.ArgumentParser) -> None:
@@ -35,52 +41,78 @@ def configure(p: argparse.ArgumentParser) -> None:
                    help="read the port's own tensor names through a name table: hf, doppler, metrale or a JSON path "
                         "(FORMAT.md §13)")
     p.add_argument("--report", metavar="DIR", help="also write the HTML diff report there (docs/report.md)")
+    p.add_argument("--fixtures-sha256", metavar="SHA256",
+                   help="refuse a fixture folder whose manifest.json has another sha256 (pin a vendored suite)")
 
 
 def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from gdncheck.commands.run import parse_shard
+    from gdncheck.commands.run import output_file, parse_shard
     from gdncheck.conformance.judge.verify import verify
+    from gdncheck.errors import GDNError
+    from gdncheck.fixtures.manifest import refuse_output_in_suite
+    from gdncheck.untrusted import one_line, safe_text
+
+    def say(text: str) -> None:
+        print(safe_text(text, keep_newlines=True))
 
     def progress(c):
         if c.status == "pass":
-            print(f"pass  {c.id}")
+            say(f"pass  {c.id}")
         elif c.status == "error":
-            print(f"ERROR {c.id}: {c.problem}")
+            say(f"ERROR {one_line(c.id)}: {one_line(c.problem)}")  # each piece one line, however long
         elif c.status == "not_applicable":
-            print(f"n/a   {c.id}: {c.message}")
+            say(f"n/a   {one_line(c.id)}: {one_line(c.message)}")
         else:
-            print(f"FAIL  {c.id}: first divergence {c.first_divergence}")
-            print(f"      {c.message}\n      repro: {c.repro}")
+            say(f"FAIL  {c.id}: first divergence {c.first_divergence}")
+            say(f"      {one_line(c.message)}\n      repro: {safe_text(c.repro)}")
             if args.verbose:
                 for r in c.records:
                     if r.verdict == "fail" and r.message != c.message:
-                        print(f"      also: {r.message}")
+                        say(f"      also: {safe_text(r.message)}")
         for note in c.notes:
-            print(f"      note: {note}")
+            say(f"      note: {safe_text(note)}")
 
+    # every path checked, and the stale results removed, before anything is judged
+    outputs = Path(args.outputs)
+    if not outputs.is_dir():  # a typo would judge every case "no outputs file", and make the folder for the summary
+        raise GDNError(f"--outputs {outputs}: expected the port's outputs folder, found "
+                         + ("nothing" if not outputs.exists() else "a file"))
+    path = output_file(args.summary or Path(args.outputs) / f"verify-summary-{args.profile}.json", "--summary")
+    junit_path = output_file(args.junit, "--junit") if args.junit else None
+    for target, flag in ((path, "--summary"), (junit_path, "--junit"), (args.report, "--report")):
+        if target is not None:
+            refuse_output_in_suite(Path(target).parent if flag != "--report" else target, None, flag)
+    if args.report:  # refused now, not after the whole run
+        from gdncheck.reports.site import check_report_folder
+
+        check_report_folder(args.report)
+    for stale in (path, junit_path):
+        if stale is not None and stale.is_file():
+            stale.unlink()
     summary = verify(args.fixtures, args.outputs, args.profile, cases=args.case, tags=args.tag,
                      shard=parse_shard(args.shard), stage_isolated=args.stage_isolated, tolerances=args.tolerances,
-                     progress=progress, names=args.names)
-    path = Path(args.summary) if args.summary else Path(args.outputs) / f"verify-summary-{args.profile}.json"
+                     progress=progress, names=args.names, manifest_sha256=args.fixtures_sha256)
     summary.write(path)
-    if args.junit:
+    if junit_path:
         from gdncheck.reports.junit import JUnit, add_verify_summary
 
         junit = JUnit("gdncheck verify")
         add_verify_summary(junit, summary)
-        junit.write(args.junit)
+        junit.write(junit_path)
     t = summary.totals()
     for note in summary.notes:
-        print(f"note: {note}")
-    print(f"{summary.verdict()}: {t['passed']}/{t['cases']} cases pass, {t['failed']} fail, {t['errors']} unusable, "
-          f"{t['not_applicable']} not applicable; "
-          f"{t['records']} tensors judged, {t['records_failed']} failed, {t['records_missing']} not provided "
-          f"[{summary.implementation.get('name')}, profile {args.profile}, {summary.mode}]; summary: {path}")
+        say(f"note: {safe_text(note)}")
+    say(summary.coverage_line())
+    say(f"{summary.verdict()}: {t['passed']}/{t['cases']} cases pass, {t['failed']} fail, {t['errors']} unusable, "
+        f"{t['not_applicable']} not applicable; "
+        f"{t['records'] - t['records_missing']} tensors judged, {t['records_failed']} failed, "
+        f"{t['records_missing']} not provided "
+        f"[{safe_text(summary.implementation.get('name'))}, profile {args.profile}, {summary.mode}]; summary: {path}")
     if args.report:
         from gdncheck.reports import write_report
 
         index = write_report(summary.to_json(), args.report, fixtures_dir=args.fixtures, outputs_dir=args.outputs)
-        print(f"report: {index}")
+        say(f"report: {index}")
     return summary.exit_code

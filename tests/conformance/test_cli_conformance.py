@@ -31,6 +31,9 @@ def test_run_then_verify_exit_codes(fixtures_dir, tmp_path, capsys):
     assert "gdncheck run gdncheck.conformance.meta.mutants:gate_before_norm" in repro and "&& gdncheck verify" in repro
 
     assert main(["verify", "--outputs", str(tmp_path / "nothing"), "--profile", "f32", "--case", "decode_T12"]) == 2
+    assert "expected the port's outputs folder, found nothing" in capsys.readouterr().err  # before any case
+    (tmp_path / "empty").mkdir()
+    assert main(["verify", "--outputs", str(tmp_path / "empty"), "--profile", "f32", "--case", "decode_T12"]) == 2
     assert "ERROR decode_T12" in capsys.readouterr().out
 
 
