@@ -14,7 +14,14 @@ Golden fixtures for ports of the GDN layer (fixtures/FORMAT.md).
           --from-checkpoint DIR --layer N builds cases from a real checkpoint's weights instead
   check   rebuild in memory and compare every checksum with the manifest and the files (drift
           detection; exit 1 when something changed)
-  list    print the cases of a fixture folder"""
+  list    print the cases of a fixture folder
+  path    print the folder of the committed default suite that verify and gate use by default (it
+          ships inside the package), after checking every file against its sha256
+  export  copy the committed default suite into a new or empty folder (to vendor it, or to run a port
+          from a copy), checksums verified
+
+gdncheck never writes into an installed package (site-packages): build and export refuse a folder
+there; rebuilding the committed suite is done in a source checkout."""
 
 
 def configure(p: argparse.ArgumentParser) -> None:
@@ -36,13 +43,17 @@ def configure(p: argparse.ArgumentParser) -> None:
     c.add_argument("--quiet", action="store_true", help="print only problems and the summary line")
     ls = sub.add_parser("list", help="list the cases of a fixture folder")
     ls.add_argument("--fixtures", default=str(DEFAULT_DIR))
+    sub.add_parser("path", help="print the committed default suite's folder (checksums verified)")
+    ex = sub.add_parser("export", help="copy the committed default suite into DIR (checksums verified)")
+    ex.add_argument("dest", metavar="DIR", help="a new or empty folder")
+    ex.add_argument("-q", "--quiet", action="store_true", help="print nothing but errors")
 
 
 def run(args: argparse.Namespace) -> int:
     from gdncheck.env import limit_blas_threads
 
     limit_blas_threads()
-    return {"build": _build, "check": _check, "list": _list}[args.action](args)
+    return {"build": _build, "check": _check, "list": _list, "path": _path, "export": _export}[args.action](args)
 
 
 def _build(args) -> int:
@@ -88,4 +99,22 @@ def _list(args) -> int:
     for c in m["cases"]:
         extra = f" expects {c['expected_error']['code']}" if c["expected_error"] else ""
         print(f"{c['id']:<52} {c['bytes'] / 1e6:6.2f} MB  {','.join(c['tags'])}{extra}")
+    return 0
+
+
+def _path(args) -> int:
+    from gdncheck.fixtures.packaged import default_suite
+
+    print(default_suite())
+    return 0
+
+
+def _export(args) -> int:
+    from gdncheck.fixtures.packaged import export_suite
+
+    doc = export_suite(args.dest)
+    if not args.quiet:
+        size = sum(c["bytes"] for c in doc["cases"])
+        print(f"exported the {doc['suite']} suite ({len(doc['cases'])} cases, {size / 1e6:.1f} MB, checksums verified) "
+              f"to {args.dest}")
     return 0
