@@ -6,6 +6,8 @@ and the ``--option KEY=VALUE`` pairs passed to its factory.
 from __future__ import annotations
 
 import importlib
+import os
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -25,6 +27,11 @@ def load_factory(spec: str) -> Callable[..., Implementation]:
             f"'MODULE:CALLABLE', found {spec!r}"
         )
     module_name, attr = spec.split(":", 1)
+    # as `python -m` does: a port's module in the working directory is found (the `gdncheck` console
+    # script, unlike `python -m gdncheck`, does not put the working directory on sys.path)
+    cwd = os.getcwd()
+    if cwd not in sys.path and "" not in sys.path:
+        sys.path.append(cwd)
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:
