@@ -37,10 +37,11 @@ def configure(p: argparse.ArgumentParser) -> None:
     b.add_argument("--case", action="append", help="only this case (id or recipe name; repeatable)")
     b.add_argument("--from-checkpoint", metavar="DIR", help="a Hugging Face checkpoint folder to take weights from")
     b.add_argument("--layer", type=int, help="the GDN layer index of --from-checkpoint")
+    b.add_argument("-q", "--quiet", action="store_true", help="no line per case: the summary line only")
     c = sub.add_parser("check", help="rebuild in memory and compare checksums")
     c.add_argument("--fixtures", default=str(DEFAULT_DIR), help=f"fixture folder (default {DEFAULT_DIR})")
     c.add_argument("--jobs", type=int, default=1)
-    c.add_argument("--quiet", action="store_true", help="print only problems and the summary line")
+    c.add_argument("-q", "--quiet", action="store_true", help="print only problems and the summary line")
     ls = sub.add_parser("list", help="list the cases of a fixture folder")
     ls.add_argument("--fixtures", default=str(DEFAULT_DIR))
     sub.add_parser("path", help="print the committed default suite's folder (checksums verified)")
@@ -60,15 +61,19 @@ def _build(args) -> int:
     from gdncheck.errors import GDNError
     from gdncheck.fixtures.build import build_checkpoint_suite, build_suite
     from gdncheck.fixtures.manifest import DEFAULT_DIR
+    from gdncheck.installed import refuse_write_into_package
 
+    progress = None if args.quiet else print
     if args.from_checkpoint:
         if args.layer is None:
             raise GDNError("--from-checkpoint needs --layer N (the GDN layer to take)")
         out = args.out or f"fixtures-checkpoint-l{args.layer}"
-        doc = build_checkpoint_suite(args.from_checkpoint, args.layer, out, progress=print)
+        refuse_write_into_package(out, "--out")  # before the build, not after it
+        doc = build_checkpoint_suite(args.from_checkpoint, args.layer, out, progress=progress)
     else:
         out = args.out or (str(DEFAULT_DIR) if args.suite == "default" else f"fixtures-{args.suite}")
-        doc = build_suite(args.suite, out, jobs=args.jobs, names=args.case, progress=print)
+        refuse_write_into_package(out, "--out")
+        doc = build_suite(args.suite, out, jobs=args.jobs, names=args.case, progress=progress)
     size = sum(c["bytes"] for c in doc["cases"])
     print(f"wrote {len(doc['cases'])} cases ({size / 1e6:.1f} MB) and manifest.json to {out}")
     return 0

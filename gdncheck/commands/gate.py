@@ -7,6 +7,8 @@ import sys
 
 from gdncheck.profiles import VERIFY_PROFILES
 
+from .console import Console
+
 DESCRIPTION = """\
 The CI conformance gate: does an implementation conform? With no arguments: the committed
 fixtures, the Triton path, the device found here (Triton's interpreter without a GPU), every profile.
@@ -62,9 +64,11 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--option", action="append", metavar="KEY=VALUE", help="passed to the implementation's factory")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress, no per-case lines: the table, "
                                                               "failures and the verdict (for CI logs)")
+    p.add_argument("--json", action="store_true",
+                   help="write gate-summary.json's document to stdout too (human lines go to stderr)")
 
 
-def _progress(quiet: bool):
+def _progress(quiet: bool, stream=sys.stdout):
     """A tqdm bar on a terminal; one line per unit elsewhere; nothing when quiet."""
     if quiet:
         return None, lambda: None
@@ -89,7 +93,7 @@ def _progress(quiet: bool):
             return  # quick units (the expected-error cases) would flood a CI log
         el = time.perf_counter() - start
         eta = el * (total - done) / done if done else 0.0
-        print(f"[{100 * done / total:5.1f}% {el:5.0f}s eta {eta:4.0f}s] {_label(res)}", flush=True)
+        print(f"[{100 * done / total:5.1f}% {el:5.0f}s eta {eta:4.0f}s] {_label(res)}", file=stream, flush=True)
 
     return line, lambda: None
 
@@ -115,16 +119,18 @@ def run(args: argparse.Namespace) -> int:
         max_examples=args.max_examples, hypothesis_profile=args.hypothesis_profile, shrink=args.shrink,
         jobs=args.jobs, all_cases=args.all_cases, rebuild_check=False if args.no_rebuild_check else None,
         xfails=args.xfails, options=parse_options(args.option))
+    con = Console(args)
     if not args.quiet:
-        print(f"gdncheck gate: {opts.impl} ({args.device}), profiles {','.join(opts.profiles)}, suite {opts.suite}"
-              + (f", shard {args.shard}" if args.shard else "") + f"; outputs in {opts.out}", flush=True)
-    progress, close = _progress(args.quiet)
+        con.say(f"gdncheck gate: {opts.impl} ({args.device}), profiles {','.join(opts.profiles)}, suite {opts.suite}"
+              + (f", shard {args.shard}" if args.shard else "") + f"; outputs in {opts.out}")
+    progress, close = _progress(args.quiet, con.stream)
     try:
         result = run_gate(opts, progress)
     finally:
         close()
     text = format_result(result.doc, verbose=True)
     if text:
-        print(text)
-    print(verdict_line(result.doc))
+        con.say(text)
+    con.say(verdict_line(result.doc))
+    con.emit_json(result.doc)
     return result.exit_code

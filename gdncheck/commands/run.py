@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import argparse
 import shlex
-import sys
 
 from gdncheck.profiles import RUN_PROFILES
+
+from .console import Console, add_output_arguments
 
 DESCRIPTION = """\
 Run an implementation over the fixture cases and write its outputs in the port format
@@ -33,6 +34,7 @@ def configure(p: argparse.ArgumentParser) -> None:
                    help="passed to the factory (reference: placement=hf|fla|fp32_once|metrale, chunk_size=N)")
     p.add_argument("--stage-isolated", action="store_true",
                    help="run each stage alone from golden inputs (needs run_stage; FORMAT.md §8)")
+    add_output_arguments(p)
 
 
 def parse_shard(text):
@@ -49,6 +51,19 @@ def parse_shard(text):
     return i, n
 
 
+def existing_folder(path, flag: str, what: str):
+    """``path`` as a folder that must already exist (an input): a typo is one error naming it, and
+    nothing is created."""
+    from pathlib import Path
+
+    from gdncheck.errors import GDNError
+
+    p = Path(path)
+    if not p.is_dir():
+        raise GDNError(f"{flag} {path}: expected {what}, found {'a file' if p.exists() else 'nothing'} there")
+    return p
+
+
 def run(args: argparse.Namespace) -> int:
     import logging
 
@@ -61,18 +76,22 @@ def run(args: argparse.Namespace) -> int:
     options = parse_options(args.option)
     command = default_command(args.impl, args.fixtures, args.out, args.profile, options, args.stage_isolated)
 
+    con = Console(args)
+    existing_folder(args.fixtures, "--fixtures", "a fixture folder")
+
     def progress(c):
-        print(f"{c.status:<8} {c.id}" + (f": {c.detail}" if c.detail else ""))
+        line = f"{c.status:<8} {c.id}" + (f": {c.detail}" if c.detail else "")
+        (con.say if c.status == "skipped" else con.progress)(line)
 
     rep = run_impl(args.impl, args.fixtures, args.out, args.profile, cases=args.case, tags=args.tag,
                    shard=parse_shard(args.shard), options=options, stage_isolated=args.stage_isolated,
                    command=command, progress=progress)
     skipped = rep.skipped
     na = sum(c.status == "not_applicable" for c in rep.cases)
-    print(f"ran {len(rep.cases) - len(skipped)} case(s) with {rep.implementation} ({args.profile}) into {args.out}"
+    con.say(f"ran {len(rep.cases) - len(skipped)} case(s) with {rep.implementation} ({args.profile}) into {args.out}"
           + (f"; {na} not applicable" if na else "")
           + (f"; {len(skipped)} skipped (fixture unusable)" if skipped else ""))
-    print(f"next: gdncheck verify --fixtures {shlex.quote(args.fixtures)} --outputs {shlex.quote(args.out)} "
+    con.progress(f"next: gdncheck verify --fixtures {shlex.quote(args.fixtures)} --outputs {shlex.quote(args.out)} "
           f"--profile {args.profile if args.profile != 'f64' else 'f32'}"
-          + (" --stage-isolated" if args.stage_isolated else ""), file=sys.stdout)
+          + (" --stage-isolated" if args.stage_isolated else ""))
     return 2 if skipped else 0
