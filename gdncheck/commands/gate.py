@@ -21,6 +21,10 @@ a table and the first divergences.
 On Triton's interpreter the cases tagged `long` (the 2048-token decode) are skipped, and listed as
 skipped with the reason (--all-cases runs them); on a GPU everything runs.
 
+--merge DIR [DIR ...] runs nothing: it merges the gate folders (--out) of the shards of a CI matrix
+(--shard I/N) into one verdict, one OUT/gate-summary.json, one verify summary per profile, one JUnit
+file and, with --report, one report; a set that is not one complete matrix is refused.
+
 Exit status: 0 conforms, 1 does not conform, 2 could not run (the reason is printed)."""
 
 
@@ -64,6 +68,8 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--option", action="append", metavar="KEY=VALUE", help="passed to the implementation's factory")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress, no per-case lines: the table, "
                                                               "failures and the verdict (for CI logs)")
+    p.add_argument("--merge", nargs="+", metavar="DIR",
+                   help="merge the gate folders of a matrix's shards (each one's --out) into --out; runs nothing")
     p.add_argument("--json", action="store_true",
                    help="write gate-summary.json's document to stdout too (human lines go to stderr)")
 
@@ -112,6 +118,8 @@ def run(args: argparse.Namespace) -> int:
     from gdncheck.gate.report import format_result, verdict_line
 
     limit_blas_threads()
+    if args.merge:
+        return _merge(args)
     opts = GateOptions(
         impl=args.impl, device=args.device, profiles=args.profiles, suite=args.suite, fixtures=args.fixtures,
         cases=args.case, tags=args.tag, shard=parse_shard(args.shard), out=args.out, junit=args.junit,
@@ -134,3 +142,19 @@ def run(args: argparse.Namespace) -> int:
     con.say(verdict_line(result.doc))
     con.emit_json(result.doc)
     return result.exit_code
+
+
+def _merge(args: argparse.Namespace) -> int:
+    from gdncheck.gate.merge import merge_gates
+    from gdncheck.gate.report import format_result, verdict_line
+
+    con = Console(args)
+    doc = merge_gates(args.merge, args.out, junit=args.junit, report=args.report)
+    con.progress(f"gdncheck gate: merged {len(doc['merged'])} shard(s): "
+                 + ", ".join(f"{m['shard']} {m['verdict']}" for m in doc["merged"]))
+    text = format_result(doc, verbose=True)
+    if text:
+        con.say(text)
+    con.say(verdict_line(doc))
+    con.emit_json(doc)
+    return doc["exit_code"]
