@@ -12,6 +12,10 @@ Without a GPU (docs/gpu.md): :mod:`.interpreter` makes interpreted launches comp
 (tf32 dots, program order), :mod:`.compile_check` builds every launch for sm_90 as the JIT does,
 :mod:`.memory` models a call's device memory; on a GPU, :mod:`.bench` and :mod:`.gpu_check`
 (scripts/gpu_check.sh) measure.
+
+The serving patterns of docs/serving.md (packed calls over a pool of state slots, speculative
+verify and commit, prefix snapshots) are :mod:`.serving`, with the API of
+``gdncheck.reference.serving``; the packed kernels' layout is :mod:`.packed`.
 """
 
 from .conv1d import conv1d, conv1d_qk_norm, conv1d_update
@@ -28,6 +32,7 @@ from .out_proj import out_proj
 from .post_norm import post_norm
 from .qk_norm import qk_norm
 from .residual import output, residual, residual_post_norm
+from .serving import SpecVerify, StatePool, commit, forward_packed, prefix_snapshots, verify_spec
 from .state import DeviceSnapshot, State
 from .target import fill_allocations, resolve_device
 
@@ -36,6 +41,8 @@ __all__ = [
     "delta_rule_chunked", "delta_rule_recurrent", "fill_allocations", "gated_norm", "gates", "in_proj",
     "input_norm", "mlp", "out_proj", "output", "post_norm", "qk_norm", "residual", "residual_post_norm",
     "resolve_device", "swiglu",
+    # the serving patterns (docs/serving.md): the API of reference/serving.py
+    "SpecVerify", "StatePool", "commit", "forward_packed", "prefix_snapshots", "verify_spec",
     # the sparse mixture-of-experts block (stage 11's variant, gpu_impl/moe.py)
     "experts", "mlp_moe", "moe_block", "moe_sum", "router", "routing", "shared_expert",
 ]

@@ -45,8 +45,9 @@ import torch
 
 from gdncheck.config import GDNConfig
 
-from .delta_rule import delta_rule_recurrent
-from .delta_rule_chunked import delta_rule_chunked
+from .delta_rule import delta_rule_recurrent, delta_rule_recurrent_packed
+from .delta_rule_chunked import delta_rule_chunked, delta_rule_chunked_packed
+from .packed import host_layout
 from .target import resolve_device
 
 
@@ -73,6 +74,21 @@ DRY = Sizes(Hk=2, Hv_decode=(4,), Hv_prefill=4, dk=16, batches=(1, 2), layer_bat
             copy_bytes=1 << 22, gemm=128,
             layer=GDNConfig(hidden_size=32, intermediate_size=48, num_k_heads=2, num_v_heads=4, head_k_dim=16,
                             head_v_dim=8, conv_kernel=4))
+
+
+@dataclass(frozen=True)
+class ServingSizes:
+    """The serving rows (gpu_impl/serving.py): a packed prefill of sequences of ``lengths``, and decode
+    of ``batch`` sequences on slots drawn at random among the ``pool`` slots of a pool."""
+
+    lengths: tuple[int, ...]
+    batch: int
+    pool: int
+
+
+#: 8 mixed lengths, 8192 tokens: the T of the prefill rows (and the compile plan's packed prefill)
+SERVING_GPU = ServingSizes(lengths=(2048, 1536, 1200, 1024, 900, 800, 600, 84), batch=64, pool=256)
+SERVING_DRY = ServingSizes(lengths=(17, 5, 1, 1), batch=2, pool=4)
 
 
 def flops_per_token_head(C: int, dk: int, dv: int) -> float:
@@ -218,6 +234,75 @@ def bench_prefill(s: Sizes, device, measure, ceil: dict) -> list[dict]:
     return rows
 
 
+def bench_serving(s: Sizes, sv: ServingSizes, device, measure) -> list[dict]:
+    """The serving patterns against their plain counterparts (issue 14's goals: a packed prefill of
+    mixed lengths within 1.2x of one prefill of the same total length; decode with slot indices at
+    B = 64 within 1.1x of contiguous states), for the delta rule alone and for the whole layer.
+
+    Packed prefill: the chunked form over the packed stream (states in pool slots, in place) against
+    ``delta_rule_chunked`` at B = 1, T = the total; the layer's ``forward_packed`` (host layout: checked
+    and copied each call) against ``Layer.forward`` on [1, T]. Decode: the fused recurrent kernel
+    reading and writing B permuted slots of a larger pool against contiguous [B] states; the layer
+    step from a layout on the device (positions gathered from the pool's seq_len, as an engine keeps
+    them) against ``Layer.forward`` with the state's own seq_len, plainly and replayed from a CUDA graph."""
+    from gdncheck.synthetic import make_weights
+
+    from .layer import Layer
+    from .serving import StatePool, forward_packed
+
+    rows = []
+    lengths, N, total = sv.lengths, len(sv.lengths), sum(sv.lengths)
+    q, k, v, g, beta = delta_inputs(1, total, s.Hk, s.Hv_prefill, s.dk, device)
+    pool = torch.zeros(N, s.Hv_prefill, s.dk, s.dk, device=device)
+    layout = host_layout(lengths, list(range(N)), device, s.chunk)
+    t_packed = measure(partial(delta_rule_chunked_packed, q, k, v, g, beta, pool, None, layout))
+    t_one = measure(partial(delta_rule_chunked, q, k, v, g, beta, None, None, s.chunk))
+    shape = f"{N} seqs ({'+'.join(map(str, lengths))}) vs T={total}, Hv={s.Hv_prefill}"
+    rows.append({"pattern": "packed prefill", "what": "delta rule", "shape": shape, "us": t_packed * 1e6,
+                 "baseline_us": t_one * 1e6, "goal": 1.2})
+    profile = "bf16" if device.type == "cuda" else "f32"
+    layer = Layer(s.layer, make_weights(s.layer, seed=0), profile=profile, device=device, chunk_size=s.chunk)
+    x = torch.randn(total, s.layer.hidden_size, device=device).to(layer.dtype)
+    cu = [0, *torch.tensor(lengths).cumsum(0).tolist()]
+    layer_pool, state = StatePool.for_layer(layer, N), layer.new_state(1)
+    t_packed = measure(partial(forward_packed, layer, layer_pool, x, cu, 0, list(range(N))))
+    t_one = measure(partial(layer.forward, x[None], state, 0))
+    rows.append({"pattern": "packed prefill", "what": f"layer ({profile})", "shape": f"{N} seqs vs T={total}",
+                 "us": t_packed * 1e6, "baseline_us": t_one * 1e6, "goal": 1.2})
+
+    B, Hv = sv.batch, s.Hv_prefill
+    gen = torch.Generator().manual_seed(0)
+    slots = torch.randperm(sv.pool, generator=gen)[:B]
+    q, k, v, g, beta, S = decode_inputs(s, Hv, B, device)
+    pool = torch.randn(sv.pool, Hv, s.dk, s.dk, generator=gen).to(device) * 0.1
+    layout = host_layout([1] * B, slots.tolist(), device)
+    flat = [t.reshape(1, B, *t.shape[2:]) for t in (q, k, v, g, beta)]  # the batch as one stream of B tokens
+    t_slots = measure(partial(delta_rule_recurrent_packed, *flat, pool, None, layout))
+    t_contig = measure(partial(delta_rule_recurrent, q, k, v, g, beta, S, None, out_state=S))
+    rows.append({"pattern": "decode with slots", "what": "delta rule", "shape": f"B={B} of {sv.pool} slots, Hv={Hv}",
+                 "us": t_slots * 1e6, "baseline_us": t_contig * 1e6, "goal": 1.1})
+    layer_pool, state = StatePool.for_layer(layer, sv.pool), layer.new_state(B)
+    x = torch.randn(B, 1, s.layer.hidden_size, device=device).to(layer.dtype)
+    d_slots, d_cu = slots.to(device), torch.arange(B + 1, device=device)
+    d_pos = torch.empty(B, dtype=torch.int64, device=device)
+
+    def packed_step():
+        torch.index_select(layer_pool.seq_len, 0, d_slots, out=d_pos)
+        return forward_packed(layer, layer_pool, x.view(B, -1), d_cu, d_pos, d_slots)
+
+    plain_step = partial(layer.forward, x, state, state.seq_len)
+    row = {"pattern": "decode with slots", "what": f"layer ({profile})", "shape": f"B={B} of {sv.pool} slots",
+           "us": measure(packed_step) * 1e6, "baseline_us": measure(plain_step) * 1e6, "goal": 1.1}
+    rows.append(row)
+    if device.type == "cuda":
+        rows.append({**row, "what": f"layer ({profile}), CUDA graph",
+                     "us": measure(_captured(packed_step).replay) * 1e6,
+                     "baseline_us": measure(_captured(plain_step).replay) * 1e6})
+    for row in rows:
+        row["ratio"] = row["us"] / row["baseline_us"]
+    return rows
+
+
 def fla_heads(q: torch.Tensor, k: torch.Tensor, Hv: int):
     """q, k [B, T, Hk, d] repeated to Hv heads, value head h reading key head h // (Hv/Hk)."""
     r = Hv // q.shape[2]
@@ -305,6 +390,14 @@ def markdown(result: dict) -> str:
         lines.append(f"| {r['T']} | {r['Hv']} | {r['ms']:.3f} | {r['Mtok_s']:.2f} | {r['TFLOPs']:.1f} | "
                      f"{r['floor_ms']:.4f} | {r['x_floor']:.1f} | {r['x_floor_min']:.1f} | "
                      + " | ".join(_fla_cells(r, fla)) + " |")
+    if result.get("serving"):
+        lines += ["", "Serving patterns (gpu_impl/serving.py) against their plain counterparts: a packed prefill "
+                  "of mixed lengths against one prefill of the same total length, decode with slot indices "
+                  "against contiguous states (ratio = ours / baseline; goal: at most):", "",
+                  "| pattern | what | shape | µs | baseline µs | ratio | goal |", "|---|---|---|---:|---:|---:|---:|"]
+        for r in result["serving"]:
+            lines.append(f"| {r['pattern']} | {r['what']} | {r['shape']} | {r['us']:.1f} | {r['baseline_us']:.1f} | "
+                         f"{r['ratio']:.2f} | {r['goal']:.1f} |")
     return "\n".join(lines)
 
 
@@ -332,6 +425,9 @@ def run(dry_run: bool = False, json_path: str | None = None, markdown_path: str 
         "decode": bench_decode(s, dev, measure, ceil),
         "layer_decode": bench_layer_decode(s, dev, measure),
         "prefill": bench_prefill(s, dev, measure, ceil),
+        # on the CPU, one timed run per case: the interpreter's times say nothing of a GPU's
+        "serving": bench_serving(s, SERVING_DRY if dry_run else SERVING_GPU, dev,
+                                 measure if dev.type == "cuda" else timer(dev, repeat=1)),
     }
     _emit(result, json_path, markdown_path)
     if fla is not None:

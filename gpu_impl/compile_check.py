@@ -164,7 +164,7 @@ class Compiler:
             names = k.params
             consts = [names[i[0]] for i in compiled.src.constants if i[0] < len(names)
                       and names[i[0]] in kwargs and not _is_constexpr(k, names[i[0]])]
-            params = {n: kwargs[n] for n in names if _is_constexpr(k, n)}
+            params = {n: kwargs[n] for n in names if n in kwargs and _is_constexpr(k, n)}
             params.update({n: kwargs[n] for n in Kernel.OPTIONS if n in kwargs})
             warps = compiled.metadata.num_warps
             build = self.builds[key] = Build(
@@ -245,6 +245,32 @@ def delta_rule_call(form: str, B: int, T: int, Hk: int, Hv: int, d: int, dtype=t
         delta_rule_chunked(q, k, v, g, beta, None, None, chunk)
 
 
+def serving_call(cfg: GDNConfig, profile: str, lengths, pattern: str = "forward", chunk: int = 64) -> None:
+    """One packed call of gpu_impl/serving.py on meta tensors: N sequences of the given lengths on
+    slots 2N-2, ..., 2, 0 of a pool of 2N (permuted, half of them unused). ``pattern``: ``forward``,
+    ``verify`` (every token's state kept), ``snapshots`` (prefix snapshots of the first sequence
+    after one and two chunks, to odd slots), ``snapshots-inside`` (after one chunk and inside the
+    second)."""
+    import numpy as np
+
+    from .layer import Layer
+    from .serving import StatePool, forward_packed, prefix_snapshots, verify_spec
+
+    layer = Layer.shaped(cfg, profile=profile, chunk_size=chunk)
+    n = len(lengths)
+    pool = StatePool.for_layer(layer, 2 * n)
+    cu = np.concatenate([[0], np.cumsum(lengths)])
+    slots = 2 * np.arange(n)[::-1]
+    x = torch.empty((int(cu[-1]), cfg.hidden_size), dtype=layer.dtype, device="meta")
+    if pattern == "forward":
+        forward_packed(layer, pool, x, cu, 0, slots)
+    elif pattern == "verify":
+        verify_spec(layer, pool, x, cu, 0, slots)
+    else:
+        second = chunk + (chunk // 2 if pattern == "snapshots-inside" else chunk)
+        prefix_snapshots(layer, pool, x, cu, 0, slots, [0, 0], [chunk, second], [1, 3])
+
+
 def moe_plan(profiles: tuple[str, ...] = ("bf16", "f32", "f16")) -> list[tuple[str, bool, Callable[[], None]]]:
     """The sparse layer at :data:`REAL_MOE` sizes in each profile: decode at B = 1 and 64 (the
     decode path: no spill allowed), a prefill of T = 4096 (B = 1); and a bf16 prefill with capture
@@ -266,13 +292,23 @@ def plan(quick: bool = False, tiny: bool = False, moe: bool = False) -> list[tup
     (16 tokens), chunked prefills at T = 8192 (B = 1 and 64) and with capture; the benchmark's
     delta-rule calls (decode Hv 32/48/64 × B 1/64/256, prefill T 8192/32768); the sparse layer
     (:func:`moe_plan`). ``quick``: decode in every profile and the bf16 prefill at T = 8192, B = 1.
-    ``tiny``: a tiny layer in bf16, dense and sparse, decode and a chunked prefill (seconds; the GPU
-    check's dry run). ``moe``: the sparse layer's steps alone."""
-    from .bench import GPU
+    ``tiny``: a tiny layer in bf16, dense and sparse, decode and a chunked prefill, and tiny serving
+    calls (seconds; the GPU check's dry run). ``moe``: the sparse layer's steps alone.
 
+    The serving calls (gpu_impl/serving.py): decode at B = 64 with slot indices (a decode path:
+    no spill allowed) and the packed prefill of the benchmark (8 mixed lengths, 8192 tokens:
+    ``bench.SERVING_GPU``), in bf16 (quick) or every
+    profile; the full plan adds a bf16 speculative verify (64 sequences of 4 tokens, every step
+    kept) and bf16 prefix snapshots (at chunk ends; inside a chunk)."""
+    from .bench import GPU, SERVING_GPU
+
+    packed = SERVING_GPU.lengths  # 8 mixed lengths, 8192 tokens
     if tiny:
         return [("tiny layer bf16 decode B=2", True, lambda: layer_call(TINY, "bf16", 2, 1)),
                 ("tiny layer bf16 prefill B=2 T=40", False, lambda: layer_call(TINY, "bf16", 2, 40, chunk=16)),
+                ("tiny serving bf16 decode B=3 slots", True, lambda: serving_call(TINY, "bf16", [1, 1, 1])),
+                ("tiny serving bf16 packed prefill 1+5+17+18", False,
+                 lambda: serving_call(TINY, "bf16", [1, 5, 17, 18], chunk=16)),
                 ("tiny moe layer bf16 decode B=2", True, lambda: layer_call(TINY_MOE, "bf16", 2, 1)),
                 ("tiny moe layer bf16 prefill B=2 T=40", False,
                  lambda: layer_call(TINY_MOE, "bf16", 2, 40, chunk=16))]
@@ -293,6 +329,16 @@ def plan(quick: bool = False, tiny: bool = False, moe: bool = False) -> list[tup
         steps.append((f"layer {p} prefill B=64 T=8192", False, lambda p=p: layer_call(REAL, p, 64, 8192)))
         steps.append((f"layer {p} prefill capture B=2 T=100", False,
                       lambda p=p: layer_call(REAL, p, 2, 100, capture=True)))
+    for p in profiles[:1] if quick else profiles:
+        steps.append((f"serving {p} decode B=64 slots", True, lambda p=p: serving_call(REAL, p, [1] * 64)))
+        steps.append((f"serving {p} packed prefill 8 seqs T={sum(packed)}", False,
+                      lambda p=p: serving_call(REAL, p, packed)))
+    if not quick:
+        steps.append(("serving bf16 verify B=64 k=4", True, lambda: serving_call(REAL, "bf16", [4] * 64, "verify")))
+        steps.append(("serving bf16 prefix snapshots at chunk ends", False,
+                      lambda: serving_call(REAL, "bf16", packed, "snapshots")))
+        steps.append(("serving bf16 prefix snapshots inside a chunk", False,
+                      lambda: serving_call(REAL, "bf16", packed, "snapshots-inside")))
     if not quick:
         for Hv in GPU.Hv_decode:
             for B in GPU.batches:

@@ -12,6 +12,7 @@ import torch
 import triton
 import triton.language as tl
 
+from .packed import Packed, Snapshots, find_segment
 from .target import empty, interpreting, kernel, next_pow2, reset_flags
 
 
@@ -93,10 +94,64 @@ def conv1d_kernel(p_x, p_s, p_w, p_out, p_s_out, p_reset, T, NT, C, stride_xb, s
         _next_conv_state(p_x, p_s, p_s_out, i_b, keep, o_c, m_c, T, C, stride_xb, stride_xt, K, KP, INPLACE)
 
 
+@triton.jit
+def _causal_conv_silu_packed(p_x, p_s, p_w, p_cu, p_slots, p_reset, o_t, o_c, m_c, T, N, n_steps, C, stride_xt,
+                             K: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr, HAS_RESET: tl.constexpr,
+                             PER_TOKEN: tl.constexpr):
+    """:func:`_causal_conv_silu` over a packed stream (gpu_impl/packed.py): each token's window
+    restarts at its own sequence's first token, before which it reads that sequence's slot (0 for
+    padding and reset sequences), never the previous sequence's tokens. PER_TOKEN: every sequence
+    is one token (token t is sequence t), else a token's sequence is searched in cu."""
+    if PER_TOKEN:
+        i_seq = o_t
+    else:
+        i_seq = find_segment(p_cu, tl.minimum(o_t, T - 1), N, n_steps)
+    bos = tl.load(p_cu + i_seq)
+    slot = tl.load(p_slots + i_seq, mask=o_t < T, other=-1)
+    keep = slot >= 0
+    if HAS_RESET:
+        keep = keep & (tl.load(p_reset + i_seq, mask=o_t < T, other=1) == 0)
+    o_sb = tl.maximum(slot, 0).to(tl.int64) * C * K
+    b_y = tl.zeros([BT, BC], dtype=tl.float32)
+    for j in tl.static_range(K):
+        o_src = o_t - (K - 1) + j
+        o_rel = o_src - bos  # < 0: before the sequence, column K + o_rel of its state
+        m_x = ((o_rel >= 0) & (o_src < T))[:, None] & m_c[None, :]
+        m_s = ((o_rel < 0) & keep)[:, None] & m_c[None, :]
+        b_xj = tl.load(p_x + o_src[:, None].to(tl.int64) * stride_xt + o_c[None, :], mask=m_x, other=0.0)
+        b_sj = tl.load(p_s + o_sb[:, None] + o_c[None, :] * K + (K + o_rel)[:, None], mask=m_s, other=0.0)
+        b_wj = tl.load(p_w + o_c * K + j, mask=m_c, other=0.0).to(tl.float32)
+        b_y += (b_xj.to(tl.float32) + b_sj.to(tl.float32)) * b_wj[None, :]
+    return b_y / (1.0 + tl.exp(-b_y))
+
+
+@triton.jit
+def _conv_window(p_x, p_s, p_dst, bos, n, o_src_state, keep, o_dst, store, o_c, m_c, C, stride_xt,
+                 K: tl.constexpr, KP: tl.constexpr, INPLACE: tl.constexpr):
+    """The conv state after the first n tokens of a sequence whose first token is packed row bos:
+    column j is its token n + j - K where that is >= 0, else column n + j of its entering state
+    (at o_src_state; 0 unless keep), written at o_dst of p_dst when ``store`` (int 0 or 1: flags
+    enter the masks as bounds, since the interpreter turns a scalar ``&`` into int32)."""
+    o_j = tl.arange(0, KP)
+    m_j = o_j < K
+    o_rel = n + o_j - K
+    m_x = ((o_rel >= 0) & m_j)[None, :] & m_c[:, None]
+    m_s = ((o_rel < 0) & (o_rel >= -K * keep) & m_j)[None, :] & m_c[:, None]
+    b_x = tl.load(p_x + (bos + o_rel)[None, :].to(tl.int64) * stride_xt + o_c[:, None], mask=m_x, other=0.0)
+    b_s = tl.load(p_s + o_src_state + o_c[:, None] * K + (n + o_j)[None, :], mask=m_s, other=0.0)
+    b_new = b_x.to(tl.float32) + b_s.to(tl.float32)
+    if INPLACE:
+        tl.debug_barrier()  # every thread of this program has read the old state
+    tl.store(p_dst + o_dst + o_c[:, None] * K + o_j[None, :], b_new.to(p_dst.dtype.element_ty),
+             mask=(o_j < K * store)[None, :] & m_c[:, None])
+
+
 @kernel
 def conv1d_qk_norm_kernel(p_x, p_s, p_w, p_out, p_conv, p_s_out, p_reset, T, NT, C, Hk, DK, DV, stride_xb,
                           stride_xt, K: tl.constexpr, KP: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr,
-                          INPLACE: tl.constexpr, STORE_CONV: tl.constexpr, HAS_RESET: tl.constexpr):
+                          INPLACE: tl.constexpr, STORE_CONV: tl.constexpr, HAS_RESET: tl.constexpr,
+                          p_cu=None, p_slots=None, N=1, n_steps=1, VARLEN: tl.constexpr = False,
+                          PER_TOKEN: tl.constexpr = False):
     """conv1d + SiLU, then the L2 norm of each q and k head (stage 4) — reference/conv1d.py,
     reference/qk_norm.py.
 
@@ -106,11 +161,17 @@ def conv1d_qk_norm_kernel(p_x, p_s, p_w, p_out, p_conv, p_s_out, p_reset, T, NT,
     the pre-norm qkv_conv to conv (capture mode; the math is unchanged); HAS_RESET: rows with a
     nonzero reset [B] start from a zero state. Grid:
     (B · NT, 2·Hk + Hv), NT = cdiv(T, BT); BD = next_pow2(max(dk, dv)).
+
+    VARLEN (packed sequences, gpu_impl/packed.py): B = 1, the T tokens are N sequences (cu [N + 1])
+    whose states are rows slots[n] of the pool ``state`` [S, C, K] (reset[n] per sequence); token
+    blocks may hold several sequences. The new states are written by :func:`conv_window_kernel`,
+    except with PER_TOKEN (N = T, BT = 1: a decode batch), where each program writes its own
+    sequence's state to its slot in ``state_out`` (the pool itself: INPLACE), padding never.
     """
     i_bt, i_s = tl.program_id(0), tl.program_id(1)
     i_b = i_bt // NT
     i_t = i_bt % NT
-    keep = _row_kept(p_reset, i_b, HAS_RESET)
+    keep = _row_kept(p_reset, i_b, HAS_RESET)  # the plain path's (unused with VARLEN)
     is_qk = i_s < 2 * Hk
     c0 = tl.where(is_qk, i_s * DK, 2 * Hk * DK + (i_s - 2 * Hk) * DV)
     width = tl.where(is_qk, DK, DV)
@@ -118,7 +179,11 @@ def conv1d_qk_norm_kernel(p_x, p_s, p_w, p_out, p_conv, p_s_out, p_reset, T, NT,
     o_c = c0 + o_d
     m_c = o_d < width
     o_t = i_t * BT + tl.arange(0, BT)
-    b_y = _causal_conv_silu(p_x, p_s, p_w, i_b, keep, o_t, o_c, m_c, T, C, stride_xb, stride_xt, K, BT, BD)
+    if VARLEN:
+        b_y = _causal_conv_silu_packed(p_x, p_s, p_w, p_cu, p_slots, p_reset, o_t, o_c, m_c, T, N, n_steps, C,
+                                       stride_xt, K, BT, BD, HAS_RESET, PER_TOKEN)
+    else:
+        b_y = _causal_conv_silu(p_x, p_s, p_w, i_b, keep, o_t, o_c, m_c, T, C, stride_xb, stride_xt, K, BT, BD)
     m_out = (o_t < T)[:, None] & m_c[None, :]
     o_out = (i_b.to(tl.int64) * T + o_t[:, None]) * C + o_c[None, :]
     if STORE_CONV:
@@ -126,8 +191,47 @@ def conv1d_qk_norm_kernel(p_x, p_s, p_w, p_out, p_conv, p_s_out, p_reset, T, NT,
     b_rn = 1.0 / tl.sqrt(tl.sum(b_y * b_y, axis=1) + 1e-6)
     b_scale = tl.where(is_qk, b_rn, 1.0)
     tl.store(p_out + o_out, (b_y * b_scale[:, None]).to(p_out.dtype.element_ty), mask=m_out)
-    if i_t == NT - 1:
+    if VARLEN:
+        if PER_TOKEN:  # token i_t is sequence i_t: its window after its one token, to its slot
+            slot = tl.load(p_slots + i_t).to(tl.int64)
+            keep = _row_kept(p_reset, i_t, HAS_RESET) * (slot >= 0).to(tl.int32)
+            o_slot = tl.maximum(slot, 0) * C * K
+            _conv_window(p_x, p_s, p_s_out, i_t, 1, o_slot, keep, o_slot, (slot >= 0).to(tl.int32), o_c, m_c, C,
+                         stride_xt, K, KP, INPLACE)
+    elif i_t == NT - 1:
         _next_conv_state(p_x, p_s, p_s_out, i_b, keep, o_c, m_c, T, C, stride_xb, stride_xt, K, KP, INPLACE)
+
+
+@kernel
+def conv_window_kernel(p_x, p_s, p_dst, p_cu, p_slots, p_reset, T, N, C, stride_xt, K: tl.constexpr,
+                       KP: tl.constexpr, BC: tl.constexpr, HAS_RESET: tl.constexpr, FINAL: tl.constexpr,
+                       p_req_seq=None, p_req_n=None, p_req_dst=None):
+    """Conv states of a packed call (gpu_impl/packed.py) — the window of reference/conv1d.py.
+
+    x (qkv): [1, T, C] (token stride stride_xt); state: the pool [S, C, K], row slots[n] entering
+    sequence n (zeros for padding and reset[n]); dst: [R, C, K]. FINAL: request i is sequence i
+    after all its tokens, to its own slot in the pool (dst is the pool: in place; padding is not
+    written). Otherwise request i is sequence req_seq[i] after req_n[i] tokens, to row
+    req_dst[i] of dst (prefix snapshots, a verify's steps). Grid: (requests, cdiv(C, BC)).
+    """
+    i_r, i_c = tl.program_id(0), tl.program_id(1)
+    o_c = i_c * BC + tl.arange(0, BC)
+    m_c = o_c < C
+    if FINAL:
+        i_seq = i_r
+    else:
+        i_seq = tl.load(p_req_seq + i_r)
+    bos = tl.load(p_cu + i_seq)
+    slot = tl.load(p_slots + i_seq).to(tl.int64)
+    keep = _row_kept(p_reset, i_seq, HAS_RESET) * (slot >= 0).to(tl.int32)
+    o_src = tl.maximum(slot, 0) * C * K
+    if FINAL:
+        _conv_window(p_x, p_s, p_dst, bos, tl.load(p_cu + i_seq + 1) - bos, o_src, keep, o_src,
+                     (slot >= 0).to(tl.int32), o_c, m_c, C, stride_xt, K, KP, True)
+    else:
+        o_dst = tl.load(p_req_dst + i_r).to(tl.int64) * C * K
+        _conv_window(p_x, p_s, p_dst, bos, tl.load(p_req_n + i_r), o_src, keep, o_dst, 1, o_c, m_c, C, stride_xt,
+                     K, KP, False)
 
 
 def _check(qkv: torch.Tensor, conv_state: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
@@ -143,12 +247,13 @@ def _check(qkv: torch.Tensor, conv_state: torch.Tensor, weight: torch.Tensor) ->
     return w.contiguous()
 
 
-def _token_block(qkv: torch.Tensor, T: int, width: int) -> int:
+def _token_block(qkv: torch.Tensor, T: int, width: int, packed: bool = False) -> int:
     if interpreting(qkv):
         return min(next_pow2(T), max(1, 8192 // width))
     # 32 tokens × 128 channels for 16-bit inputs, 16 for fp32: larger tiles spill (compile table,
-    # docs/gpu.md)
-    wide = 32 if qkv.element_size() <= 2 else 16
+    # docs/gpu.md). A packed call's tokens carry their own sequence start, slot and flags: half as
+    # many (at 32, bf16 took 255 registers and spilled)
+    wide = (32 if qkv.element_size() <= 2 else 16) // (2 if packed else 1)
     return min(next_pow2(T), wide if width <= 128 else wide // 2)
 
 
@@ -229,3 +334,72 @@ def conv1d_qk_norm(
     k = out[..., key_dim:2 * key_dim].unflatten(-1, (Hk, dk))
     v = out[..., 2 * key_dim:].unflatten(-1, (Hv, dv))
     return q, k, v, (conv if capture else None), new_state
+
+
+def conv1d_qk_norm_packed(
+    qkv: torch.Tensor, pool: torch.Tensor, weight: torch.Tensor, num_k_heads: int, head_k_dim: int,
+    num_v_heads: int, head_v_dim: int, packed: Packed, *, capture: bool = False, store_final: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """Stages 3 and 4 over a packed stream (docs/serving.md): each sequence's conv window starts
+    from its slot of ``pool`` [S, conv_dim, K] (zeros for padding and reset sequences) and sees
+    only its own tokens. ``store_final``: each real sequence's new conv state is written to its
+    slot (in place; padding never) — by the conv kernel itself for a decode batch (one token per
+    sequence), else by :func:`conv_windows` after it. qkv: [1, total, conv_dim].
+    Returns q, k, v (views of one [1, total, conv_dim] tensor) and qkv_conv (``capture``, else None).
+    """
+    w = _check_packed(qkv, pool, weight, packed)
+    _, T, C = qkv.shape
+    K = w.shape[1]
+    Hk, dk, Hv, dv = num_k_heads, head_k_dim, num_v_heads, head_v_dim
+    out = empty((1, T, C), qkv.dtype, qkv.device)
+    conv = empty((1, T, C), qkv.dtype, qkv.device) if capture else out
+    BD = next_pow2(max(dk, dv))
+    per_token = packed.per_token and store_final
+    BT = 1 if per_token else _token_block(qkv, T, BD, packed=True)
+    NT = triton.cdiv(T, BT)
+    conv1d_qk_norm_kernel[(NT, 2 * Hk + Hv)](
+        p_x=qkv, p_s=pool, p_w=w, p_out=out, p_conv=conv, p_s_out=pool,
+        p_reset=pool if packed.reset is None else packed.reset, T=T, NT=NT, C=C, Hk=Hk, DK=dk, DV=dv,
+        stride_xb=qkv.stride(0), stride_xt=qkv.stride(1), K=K, KP=next_pow2(K), BT=BT, BD=BD, INPLACE=per_token,
+        STORE_CONV=capture, HAS_RESET=packed.reset is not None, p_cu=packed.cu, p_slots=packed.slots, N=packed.n,
+        n_steps=packed.search_steps, VARLEN=True, PER_TOKEN=per_token, num_warps=4)
+    if store_final and not per_token:
+        conv_windows(qkv, pool, packed, pool)
+    key_dim = Hk * dk
+    q = out[..., :key_dim].unflatten(-1, (Hk, dk))
+    k = out[..., key_dim:2 * key_dim].unflatten(-1, (Hk, dk))
+    v = out[..., 2 * key_dim:].unflatten(-1, (Hv, dv))
+    return q, k, v, (conv if capture else None)
+
+
+def conv_windows(qkv: torch.Tensor, pool: torch.Tensor, packed: Packed, dst: torch.Tensor,
+                 requests: Snapshots | None = None) -> None:
+    """Conv states of a packed call from its pre-conv ``qkv`` [1, total, conv_dim] and the entering
+    states in ``pool``: without ``requests``, each real sequence's state after all its tokens, to
+    its slot (``dst`` is the pool; padding is not written); with them, sequence ``seq[m]`` after
+    ``off[m]`` tokens to row ``dst[m]`` of ``dst`` [R, conv_dim, K]. Requests read the entering
+    states, so they run before the final states are written."""
+    _, T, C = qkv.shape
+    K = pool.shape[2]
+    BC = next_pow2(C) if interpreting(qkv) else min(128, next_pow2(C))
+    rows = packed.n if requests is None else requests.count
+    if rows == 0:
+        return
+    req = {} if requests is None else dict(p_req_seq=requests.seq, p_req_n=requests.off, p_req_dst=requests.dst)
+    conv_window_kernel[(rows, triton.cdiv(C, BC))](
+        p_x=qkv, p_s=pool, p_dst=dst, p_cu=packed.cu, p_slots=packed.slots,
+        p_reset=pool if packed.reset is None else packed.reset, **req, T=T, N=packed.n, C=C,
+        stride_xt=qkv.stride(1), K=K, KP=next_pow2(K), BC=BC, HAS_RESET=packed.reset is not None,
+        FINAL=requests is None, num_warps=4)
+
+
+def _check_packed(qkv: torch.Tensor, pool: torch.Tensor, weight: torch.Tensor, packed: Packed) -> torch.Tensor:
+    w = weight.reshape(weight.shape[0], weight.shape[-1])
+    C = w.shape[0]
+    if qkv.dim() != 3 or qkv.shape[0] != 1 or qkv.shape[1] != packed.total or qkv.shape[2] != C or \
+            pool.dim() != 3 or tuple(pool.shape[1:]) != (C, w.shape[1]):
+        raise ValueError(f"conv1d (packed): expected qkv [1, {packed.total}, C], a pool [S, C, K] and weight "
+                         f"[C, 1, K]; found {list(qkv.shape)}, {list(pool.shape)}, {list(weight.shape)}")
+    if qkv.stride(-1) != 1 or not pool.is_contiguous():
+        raise ValueError("conv1d (packed): expected unit channel stride for qkv and a contiguous pool")
+    return w.contiguous()

@@ -10,6 +10,7 @@ import torch
 import triton
 import triton.language as tl
 
+from .packed import Packed, Snapshots
 from .target import empty, interpreting, kernel, next_pow2, num_sms, reset_flags
 
 
@@ -18,6 +19,8 @@ def delta_rule_recurrent_kernel(
     p_q, p_k, p_v, p_g, p_beta, p_h0, p_ht, p_o, p_reset, T, Hv, r, scale,
     sq_b, sq_t, sq_h, sv_b, sv_t, sv_h, DK, DV,
     BK: tl.constexpr, BV: tl.constexpr, HAS_H0: tl.constexpr, INPLACE: tl.constexpr, HAS_RESET: tl.constexpr,
+    p_cu=None, p_slots=None, p_snap=None, p_snap_cu=None, p_snap_off=None, p_snap_dst=None,
+    VARLEN: tl.constexpr = False, STORE_FINAL: tl.constexpr = True, SNAPSHOTS: tl.constexpr = False,
 ):
     """The gated delta rule token by token — the formula: reference/delta_rule.py.
 
@@ -27,6 +30,14 @@ def delta_rule_recurrent_kernel(
     rows b with reset[b] nonzero start from zeros instead of h0.
     Grid: (B·Hv, cdiv(dv, BV)): the batch on the x axis, which has no 65535 limit. Each program
     keeps its [BK, BV] slice of the state in fp32 registers and loops over the T tokens.
+
+    VARLEN (packed sequences, docs/serving.md): B = 1 and the T tokens are N sequences, sequence n
+    being rows cu[n] .. cu[n+1] - 1; "rows" b of the grid are sequences. h0 and ht are a pool
+    [S, Hv, dk, dv]: sequence n reads and writes row slots[n], and a slot < 0 (padding) is read as
+    zeros and never written; reset[n] is per sequence. STORE_FINAL False: the final state is not
+    written (a speculative verify). SNAPSHOTS: the state after token snap_off[m] of sequence n,
+    for m in snap_cu[n] .. snap_cu[n+1] - 1 (offsets increasing), goes to row snap_dst[m] of
+    snap [R, Hv, dk, dv].
     """
     i_bh, i_v = tl.program_id(0), tl.program_id(1)
     i_b = i_bh // Hv
@@ -37,16 +48,37 @@ def delta_rule_recurrent_kernel(
     m_k = o_k < DK
     m_v = o_v < DV
     m_h = m_k[:, None] & m_v[None, :]
-    o_h = i_bh.to(tl.int64) * DK * DV + o_k[:, None] * DV + o_v[None, :]
-    b_h = load_state(p_h0, o_h, m_h, p_reset, i_b, BK, BV, HAS_H0, HAS_RESET)
-    # pointers of token 0, advanced by one token per step
-    p_qt = p_q + i_b.to(tl.int64) * sq_b + i_hk * sq_h + o_k
-    p_kt = p_k + i_b.to(tl.int64) * sq_b + i_hk * sq_h + o_k
-    p_vt = p_v + i_b.to(tl.int64) * sv_b + i_h * sv_h + o_v
-    p_gt = p_g + i_b.to(tl.int64) * T * Hv + i_h
-    p_bt = p_beta + i_b.to(tl.int64) * T * Hv + i_h
-    p_ot = p_o + (i_b.to(tl.int64) * T * Hv + i_h) * DV + o_v
-    for _ in range(T):
+    if VARLEN:
+        bos = tl.load(p_cu + i_b).to(tl.int64)
+        n_tok = tl.load(p_cu + i_b + 1).to(tl.int64) - bos
+        slot = tl.load(p_slots + i_b).to(tl.int64)
+        # padding: never read, never written (a bound, not a scalar `&`: the interpreter makes that int32)
+        m_slot = m_k[:, None] & (o_v < DV * (slot >= 0).to(tl.int32))[None, :]
+        o_h = (tl.maximum(slot, 0) * Hv + i_h) * DK * DV + o_k[:, None] * DV + o_v[None, :]
+        b_h = load_state(p_h0, o_h, m_slot, p_reset, i_b, BK, BV, HAS_H0, HAS_RESET)
+        p_qt = p_q + bos * sq_t + i_hk * sq_h + o_k
+        p_kt = p_k + bos * sq_t + i_hk * sq_h + o_k
+        p_vt = p_v + bos * sv_t + i_h * sv_h + o_v
+        p_gt = p_g + bos * Hv + i_h
+        p_bt = p_beta + bos * Hv + i_h
+        p_ot = p_o + (bos * Hv + i_h) * DV + o_v
+    else:
+        n_tok = T
+        m_slot = m_h
+        o_h = i_bh.to(tl.int64) * DK * DV + o_k[:, None] * DV + o_v[None, :]
+        b_h = load_state(p_h0, o_h, m_h, p_reset, i_b, BK, BV, HAS_H0, HAS_RESET)
+        # pointers of token 0, advanced by one token per step
+        p_qt = p_q + i_b.to(tl.int64) * sq_b + i_hk * sq_h + o_k
+        p_kt = p_k + i_b.to(tl.int64) * sq_b + i_hk * sq_h + o_k
+        p_vt = p_v + i_b.to(tl.int64) * sv_b + i_h * sv_h + o_v
+        p_gt = p_g + i_b.to(tl.int64) * T * Hv + i_h
+        p_bt = p_beta + i_b.to(tl.int64) * T * Hv + i_h
+        p_ot = p_o + (i_b.to(tl.int64) * T * Hv + i_h) * DV + o_v
+    if SNAPSHOTS:  # the next requested offset of this sequence (-1: none left)
+        i_snap = tl.load(p_snap_cu + i_b)
+        snap_end = tl.load(p_snap_cu + i_b + 1)
+        snap_next = tl.load(p_snap_off + i_snap, mask=i_snap < snap_end, other=-1)
+    for t in range(n_tok):
         b_q = tl.load(p_qt, mask=m_k, other=0.0).to(tl.float32)
         b_k = tl.load(p_kt, mask=m_k, other=0.0).to(tl.float32)
         b_v = tl.load(p_vt, mask=m_v, other=0.0).to(tl.float32)
@@ -63,9 +95,16 @@ def delta_rule_recurrent_kernel(
         p_gt += Hv
         p_bt += Hv
         p_ot += Hv * DV
-    if INPLACE:
-        tl.debug_barrier()  # every thread of this program has read its slice of h0
-    tl.store(p_ht + o_h, b_h, mask=m_h)
+        if SNAPSHOTS:
+            if t + 1 == snap_next:
+                dst = tl.load(p_snap_dst + i_snap).to(tl.int64)
+                tl.store(p_snap + (dst * Hv + i_h) * DK * DV + o_k[:, None] * DV + o_v[None, :], b_h, mask=m_h)
+                i_snap += 1
+                snap_next = tl.load(p_snap_off + i_snap, mask=i_snap < snap_end, other=-1)
+    if STORE_FINAL:
+        if INPLACE:
+            tl.debug_barrier()  # every thread of this program has read its slice of h0
+        tl.store(p_ht + o_h, b_h, mask=m_slot)
 
 
 @triton.jit
@@ -162,3 +201,55 @@ def delta_rule_recurrent(
         INPLACE=inplace, HAS_RESET=reset is not None, num_warps=max(1, min(8, BK * BV // 1024)),
     )
     return core, ht
+
+
+def delta_rule_recurrent_packed(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    pool: torch.Tensor,
+    scale: float | None,
+    packed: Packed,
+    *,
+    store_final: bool = True,
+    snapshots: Snapshots | None = None,
+    snap_out: torch.Tensor | None = None,
+    block_v: int | None = None,
+) -> torch.Tensor:
+    """The recurrent form over a packed stream of N sequences (docs/serving.md), states in pool slots.
+
+    q, k: [1, total, Hk, dk]; v: [1, total, Hv, dv]; g, beta: [1, total, Hv]; pool: the recurrent
+    states [S, Hv, dk, dv] fp32 contiguous, read at ``packed.slots`` (zeros for padding and reset
+    sequences) and, with ``store_final``, written there in place (padding never). ``snapshots``:
+    states after given tokens, to rows of ``snap_out`` [R, Hv, dk, dv] fp32. Returns core
+    [1, total, Hv, dv] in v's dtype.
+    """
+    B, total, Hk, Hv, dk, dv = check_delta_inputs(q, k, v, g, beta, None)
+    if B != 1 or total != packed.total:
+        raise ValueError(f"delta_rule (packed): expected one stream of {packed.total} tokens, found {list(q.shape)}")
+    check_pool(pool, Hv, dk, dv)
+    scale = dk ** -0.5 if scale is None else float(scale)
+    core = empty((1, total, Hv, dv), v.dtype, v.device)
+    N = packed.n
+    BK = next_pow2(dk)
+    BV = block_v or recurrent_block_v(v, N, Hv, dv)
+    g, beta = g.to(torch.float32).contiguous(), beta.to(torch.float32).contiguous()
+    snap = {} if snapshots is None else dict(
+        p_snap=snap_out, p_snap_cu=snapshots.cu, p_snap_off=snapshots.off, p_snap_dst=snapshots.dst, SNAPSHOTS=True)
+    delta_rule_recurrent_kernel[(N * Hv, triton.cdiv(dv, BV))](
+        p_q=q, p_k=k, p_v=v, p_g=g, p_beta=beta, p_h0=pool, p_ht=pool, p_o=core,
+        p_reset=pool if packed.reset is None else packed.reset, T=total, Hv=Hv, r=Hv // Hk, scale=scale,
+        **head_strides(q, "sq"), **head_strides(v, "sv"), DK=dk, DV=dv, BK=BK, BV=BV, HAS_H0=True,
+        INPLACE=store_final, HAS_RESET=packed.reset is not None, p_cu=packed.cu, p_slots=packed.slots,
+        VARLEN=True, STORE_FINAL=store_final, **snap, num_warps=max(1, min(8, BK * BV // 1024)),
+    )
+    return core
+
+
+def check_pool(pool: torch.Tensor, Hv: int, dk: int, dv: int) -> None:
+    if pool.dim() != 4 or tuple(pool.shape[1:]) != (Hv, dk, dv) or pool.dtype != torch.float32 or \
+            not pool.is_contiguous():
+        raise ValueError(f"delta_rule (packed): expected a contiguous fp32 pool [S, {Hv}, {dk}, {dv}], found "
+                         f"{pool.dtype} {list(pool.shape)}")

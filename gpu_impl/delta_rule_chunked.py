@@ -37,7 +37,8 @@ import torch
 import triton
 import triton.language as tl
 
-from .delta_rule import check_delta_inputs, head_strides, load_state, prepare_state
+from .delta_rule import check_delta_inputs, check_pool, head_strides, load_state, prepare_state
+from .packed import Packed, Snapshots, find_segment
 from .target import dot_precision, empty, interpreting, kernel, next_pow2, num_sms, reset_flags
 
 CHUNK_SIZES = (16, 32, 64)
@@ -48,6 +49,7 @@ def chunk_wu_kernel(
     p_q, p_k, p_v, p_g, p_beta, p_gc, p_gt, p_w, p_u, p_aqk, T, NT, Hv, r, BH0,
     sq_b, sq_t, sq_h, sv_b, sv_t, sv_h, DK, DV,
     BT: tl.constexpr, LOG2_BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, PREC: tl.constexpr,
+    p_cu=None, p_cuc=None, N=1, n_steps=1, VARLEN: tl.constexpr = False,
 ):
     """Per chunk: γ, the UT transform (I + A)⁻¹, W, U and Q Kᵀ ⊙ e^D — reference/delta_rule_chunked.py.
 
@@ -57,17 +59,34 @@ def chunk_wu_kernel(
     (Σ_{u>t} g_u) [n, T]; w [n, T, dk]; u [n, T, dv]; aqk [n, T, BT] (row t holds its chunk's
     columns). Grid: (n · NT,), NT = cdiv(T, BT), chunks of one row adjacent.
     BK = next_pow2(dk), BV = next_pow2(dv), both ≥ 16 (tl.dot).
+
+    VARLEN (packed sequences, gpu_impl/packed.py): B = 1, rows are value heads, and the T tokens
+    are N sequences (offsets cu [N + 1]) cut into chunks from each sequence's first token; chunk
+    i_n of the stream is found in cuc [N + 1] (chunks before each sequence), NT is the number of
+    chunks or a bound of it, and a program past the last chunk stores nothing.
     """
     i_p = tl.program_id(0)
     i_row = i_p // NT
     i_n = i_p % NT
-    i_bh = BH0 + i_row
-    i_b = i_bh // Hv
-    i_h = i_bh % Hv
+    if VARLEN:
+        i_seq = find_segment(p_cuc, i_n, N, n_steps)
+        t_start = tl.load(p_cu + i_seq) + (i_n - tl.load(p_cuc + i_seq)) * BT
+        # past the last chunk (the grid may be a bound): no token
+        t_end = tl.where(i_n < tl.load(p_cuc + N), tl.load(p_cu + i_seq + 1), t_start)
+        i_b = i_p * 0
+        i_h = BH0 + i_row
+    else:
+        i_bh = BH0 + i_row
+        i_b = i_bh // Hv
+        i_h = i_bh % Hv
     i_hk = i_h // r
     o_i = tl.arange(0, BT)
-    o_t = i_n * BT + o_i
-    m_t = o_t < T
+    if VARLEN:
+        o_t = t_start + o_i
+        m_t = o_t < t_end
+    else:
+        o_t = i_n * BT + o_i
+        m_t = o_t < T
     o_k = tl.arange(0, BK)
     o_v = tl.arange(0, BV)
     m_tk = m_t[:, None] & (o_k < DK)[None, :]
@@ -125,6 +144,9 @@ def chunk_state_kernel(
     sq_b, sq_t, sq_h, DK, DV,
     BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, PREC: tl.constexpr,
     HAS_H0: tl.constexpr, INPLACE: tl.constexpr, HAS_RESET: tl.constexpr,
+    p_cu=None, p_slots=None, p_order=None, NH=1, p_snap=None, p_snap_cu=None, p_snap_off=None, p_snap_dst=None,
+    VARLEN: tl.constexpr = False, STORE_FINAL: tl.constexpr = True, SNAPSHOTS: tl.constexpr = False,
+    INSIDE: tl.constexpr = False,
 ):
     """The chunk-state recurrence and the output — reference/delta_rule_chunked.py.
 
@@ -133,32 +155,74 @@ def chunk_state_kernel(
     rows b with reset[b] nonzero start from zeros. Grid:
     (n, cdiv(dv, BV)) for the launch's n rows; each program carries a [BK, BV] slice of the state
     through the cdiv(T, BT) chunks.
+
+    VARLEN (packed sequences): the launch's rows are its NH value heads BH0 .. BH0 + NH - 1 of each
+    of the N sequences (cu [N + 1]), taken in the order ``order`` (longest first); grid
+    (N · NH, cdiv(dv, BV)). h0 and ht are a pool [S, Hv, dk, dv]: sequence n reads and writes
+    row slots[n] (a slot < 0 is zeros and never written); reset[n] per sequence. STORE_FINAL
+    False: the final state is not written. SNAPSHOTS: the state after token snap_off[m] of
+    sequence n (m in snap_cu[n] .. snap_cu[n+1] - 1, increasing) goes to row snap_dst[m] of snap
+    [R, Hv, dk, dv]: at a chunk's end it is the carried state; inside a chunk (only with INSIDE:
+    some offset is not a chunk's end), of its first j tokens, e^{γ_j} S + Σ_{s≤j} e^{γ_j − γ_s}
+    k_s v'_sᵀ (the chunk's update cut at j).
     """
     i_row, i_v = tl.program_id(0), tl.program_id(1)
-    i_bh = BH0 + i_row
-    i_b = i_bh // Hv
-    i_h = i_bh % Hv
-    i_hk = i_h // r
+    if VARLEN:
+        i_b = tl.load(p_order + i_row // NH)  # the sequence (its reset flag is reset[i_b])
+        i_h = BH0 + i_row % NH
+    else:
+        i_bh = BH0 + i_row
+        i_b = i_bh // Hv
+        i_h = i_bh % Hv
+        i_hk = i_h // r
     o_i = tl.arange(0, BT)
     o_k = tl.arange(0, BK)
     o_v = i_v * BV + tl.arange(0, BV)
     m_k = o_k < DK
     m_v = o_v < DV
     m_h = m_k[:, None] & m_v[None, :]
-    o_h = i_bh.to(tl.int64) * DK * DV + o_k[:, None] * DV + o_v[None, :]
-    b_h = load_state(p_h0, o_h, m_h, p_reset, i_b, BK, BV, HAS_H0, HAS_RESET)
+    if VARLEN:
+        t_start = tl.load(p_cu + i_b)
+        t_end = tl.load(p_cu + i_b + 1)
+        n_chunks = (t_end - t_start + BT - 1) // BT
+        slot = tl.load(p_slots + i_b).to(tl.int64)
+        # padding: never read, never written (a bound, not a scalar `&`: the interpreter makes that int32)
+        m_slot = m_k[:, None] & (o_v < DV * (slot >= 0).to(tl.int32))[None, :]
+        o_h = (tl.maximum(slot, 0) * Hv + i_h) * DK * DV + o_k[:, None] * DV + o_v[None, :]
+        b_h = load_state(p_h0, o_h, m_slot, p_reset, i_b, BK, BV, HAS_H0, HAS_RESET)
+        o_row = (i_row % NH).to(tl.int64) * T
+        p_qk = p_q + i_h // r * sq_h + o_k[None, :]
+        p_kk = p_k + i_h // r * sq_h + o_k[None, :]
+        p_o = p_o + i_h * DV + o_v[None, :]
+    else:
+        t_start, t_end = 0, T
+        m_slot = m_h
+        o_h = i_bh.to(tl.int64) * DK * DV + o_k[:, None] * DV + o_v[None, :]
+        b_h = load_state(p_h0, o_h, m_h, p_reset, i_b, BK, BV, HAS_H0, HAS_RESET)
 
-    o_row = i_row.to(tl.int64) * T
-    p_qk = p_q + i_b.to(tl.int64) * sq_b + i_hk * sq_h + o_k[None, :]
-    p_kk = p_k + i_b.to(tl.int64) * sq_b + i_hk * sq_h + o_k[None, :]
-    p_o = p_o + (i_b.to(tl.int64) * T * Hv + i_h) * DV + o_v[None, :]
-    for i_n in range((T + BT - 1) // BT):
-        o_t = i_n * BT + o_i
-        m_t = o_t < T
+        o_row = i_row.to(tl.int64) * T
+        p_qk = p_q + i_b.to(tl.int64) * sq_b + i_hk * sq_h + o_k[None, :]
+        p_kk = p_k + i_b.to(tl.int64) * sq_b + i_hk * sq_h + o_k[None, :]
+        p_o = p_o + (i_b.to(tl.int64) * T * Hv + i_h) * DV + o_v[None, :]
+        n_chunks = (T + BT - 1) // BT
+    if SNAPSHOTS:  # the next requested offset of this sequence (-1: none left)
+        i_snap = tl.load(p_snap_cu + i_b)
+        snap_end = tl.load(p_snap_cu + i_b + 1)
+        snap_next = tl.load(p_snap_off + i_snap, mask=i_snap < snap_end, other=-1)
+    for i_n in range(n_chunks):
+        if VARLEN:
+            o_t = t_start + i_n * BT + o_i
+            m_t = o_t < t_end
+        else:
+            o_t = i_n * BT + o_i
+            m_t = o_t < T
         m_tk = m_t[:, None] & m_k[None, :]
         m_tv = m_t[:, None] & m_v[None, :]
         b_gc = tl.load(p_gc + o_row + o_t, mask=m_t, other=0.0)
-        b_glast = tl.load(p_gc + o_row + tl.minimum(i_n * BT + BT, T) - 1)
+        if VARLEN:
+            b_glast = tl.load(p_gc + o_row + tl.minimum(t_start + i_n * BT + BT, t_end) - 1)
+        else:
+            b_glast = tl.load(p_gc + o_row + tl.minimum(i_n * BT + BT, T) - 1)
         b_w = tl.load(p_w + (o_row + o_t[:, None]) * DK + o_k[None, :], mask=m_tk, other=0.0)
         b_u = tl.load(p_u + (o_row + o_t[:, None]) * DV + o_v[None, :], mask=m_tv, other=0.0)
         b_vn = b_u - tl.dot(b_w, b_h, input_precision=PREC)
@@ -169,11 +233,31 @@ def chunk_state_kernel(
         b_o += tl.dot(b_aqk, b_vn, input_precision=PREC)
         tl.store(p_o + o_t[:, None].to(tl.int64) * Hv * DV, (b_o * scale).to(p_o.dtype.element_ty), mask=m_tv)
         b_k = tl.load(p_kk + o_tq, mask=m_tk, other=0.0).to(tl.float32)
+        if SNAPSHOTS:
+            c_end = tl.minimum(i_n * BT + BT, t_end - t_start)  # this chunk's end, as an offset
+        if INSIDE:  # offsets inside this chunk (before its end): the update cut at the offset
+            while (snap_next >= 0) & (snap_next < c_end):
+                j = snap_next - i_n * BT  # tokens of this chunk the snapshot includes
+                b_gj = tl.load(p_gc + o_row + t_start + snap_next - 1)
+                # the decays scale the rows of V' ([BT, BV]), not of K ([BT, BK]): fewer live registers
+                b_wj = tl.where(o_i < j, tl.exp(tl.minimum(b_gj - b_gc, 0.0)), 0.0)
+                b_sj = b_h * tl.exp(b_gj) + tl.dot(tl.trans(b_k), b_vn * b_wj[:, None], input_precision=PREC)
+                dst = tl.load(p_snap_dst + i_snap).to(tl.int64)
+                tl.store(p_snap + (dst * Hv + i_h) * DK * DV + o_k[:, None] * DV + o_v[None, :], b_sj, mask=m_h)
+                i_snap += 1
+                snap_next = tl.load(p_snap_off + i_snap, mask=i_snap < snap_end, other=-1)
         b_kd = b_k * tl.exp(tl.load(p_gt + o_row + o_t, mask=m_t, other=0.0))[:, None]
         b_h = b_h * tl.exp(b_glast) + tl.dot(tl.trans(b_kd), b_vn, input_precision=PREC)
-    if INPLACE:
-        tl.debug_barrier()  # every thread of this program has read its slice of h0
-    tl.store(p_ht + o_h, b_h, mask=m_h)
+        if SNAPSHOTS:
+            if snap_next == c_end:  # at the chunk's end: the state carried on
+                dst = tl.load(p_snap_dst + i_snap).to(tl.int64)
+                tl.store(p_snap + (dst * Hv + i_h) * DK * DV + o_k[:, None] * DV + o_v[None, :], b_h, mask=m_h)
+                i_snap += 1
+                snap_next = tl.load(p_snap_off + i_snap, mask=i_snap < snap_end, other=-1)
+    if STORE_FINAL:
+        if INPLACE:
+            tl.debug_barrier()  # every thread of this program has read its slice of h0
+        tl.store(p_ht + o_h, b_h, mask=m_slot)
 
 
 #: Upper bound (bytes) on the fp32 temporaries of one pass of the pipeline. Rows (sequence, value
@@ -282,3 +366,71 @@ def delta_rule_chunked(
             num_warps=STATE_WARPS, num_stages=STATE_STAGES,
         )
     return core, ht
+
+
+def delta_rule_chunked_packed(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    pool: torch.Tensor,
+    scale: float | None,
+    packed: Packed,
+    *,
+    store_final: bool = True,
+    snapshots: Snapshots | None = None,
+    snap_out: torch.Tensor | None = None,
+    precision: str | None = None,
+    block_v: int | None = None,
+    temp_budget: int | None = None,
+) -> torch.Tensor:
+    """The chunked form over a packed stream of N sequences (docs/serving.md), states in pool slots.
+
+    Arguments as :func:`.delta_rule.delta_rule_recurrent_packed`; the chunk size is
+    ``packed.chunk`` (its chunk map). Chunks start at each sequence's first token, so none
+    straddles two sequences. The fp32 temporaries are those of :func:`delta_rule_chunked` for one
+    row of ``total`` tokens per value head, processed in slices of heads within ``temp_budget``.
+    Returns core [1, total, Hv, dv] in v's dtype.
+    """
+    BT = packed.chunk
+    if BT not in CHUNK_SIZES or packed.cu_chunks is None:
+        raise ValueError(f"delta_rule_chunked (packed): expected a chunk map of a chunk size in {CHUNK_SIZES}, "
+                         f"found chunk {BT}")
+    B, total, Hk, Hv, dk, dv = check_delta_inputs(q, k, v, g, beta, None)
+    if B != 1 or total != packed.total:
+        raise ValueError(f"delta_rule (packed): expected one stream of {packed.total} tokens, found {list(q.shape)}")
+    check_pool(pool, Hv, dk, dv)
+    scale = dk ** -0.5 if scale is None else float(scale)
+    prec = precision or dot_precision(v.dtype)
+    dev, N = v.device, packed.n
+    BK, BV = next_pow2(dk, 16), next_pow2(dv, 16)
+    BVS = block_v or state_block_v(v, N, Hv, dv)
+    NV = triton.cdiv(dv, BVS)
+    g, beta = g.to(torch.float32).contiguous(), beta.to(torch.float32).contiguous()
+    core = empty((1, total, Hv, dv), v.dtype, dev)
+    n = slice_rows(Hv, total * temp_bytes_per_token(dk, dv, BT), TEMP_BUDGET if temp_budget is None else temp_budget,
+                   max(1, num_sms(v) * STATE_CTAS_PER_SM // (NV * N)))
+    gc, gt = empty((n, total), torch.float32, dev), empty((n, total), torch.float32, dev)
+    w, u = empty((n, total, dk), torch.float32, dev), empty((n, total, dv), torch.float32, dev)
+    aqk = empty((n, total, BT), torch.float32, dev)
+    shared = dict(p_q=q, p_k=k, p_gc=gc, p_gt=gt, p_w=w, p_u=u, p_aqk=aqk, T=total, Hv=Hv, r=Hv // Hk,
+                  **head_strides(q, "sq"), DK=dk, DV=dv, BT=BT, PREC=prec, p_cu=packed.cu, VARLEN=True)
+    snap = {} if snapshots is None else dict(
+        p_snap=snap_out, p_snap_cu=snapshots.cu, p_snap_off=snapshots.off, p_snap_dst=snapshots.dst, SNAPSHOTS=True,
+        INSIDE=snapshots.inside)
+    big = BT * max(BK, BV) >= 4096
+    for h0 in range(0, Hv, n):
+        m = min(n, Hv - h0)
+        chunk_wu_kernel[(m * packed.n_chunks,)](
+            **shared, p_v=v, p_g=g, p_beta=beta, NT=packed.n_chunks, BH0=h0, **head_strides(v, "sv"),
+            LOG2_BT=BT.bit_length() - 1, BK=BK, BV=BV, p_cuc=packed.cu_chunks, N=N, n_steps=packed.search_steps,
+            num_warps=8 if big else 4,
+        )
+        chunk_state_kernel[(N * m, NV)](
+            **shared, p_h0=pool, p_ht=pool, p_o=core, p_reset=pool if packed.reset is None else packed.reset,
+            BH0=h0, scale=scale, BK=BK, BV=BVS, HAS_H0=True, INPLACE=store_final, HAS_RESET=packed.reset is not None,
+            p_slots=packed.slots, p_order=packed.order, NH=m, STORE_FINAL=store_final, **snap,
+            num_warps=STATE_WARPS, num_stages=STATE_STAGES,
+        )
+    return core

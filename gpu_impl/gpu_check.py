@@ -5,9 +5,9 @@ as ``gpu-check.json`` and ``gpu-check.md`` (scripts/gpu_check.sh runs it).
 
 Each step runs in its own process with a time limit, so that one that hangs or crashes still
 leaves the others' results in the file. ``--dry-run`` takes the same steps on the CPU at tiny
-sizes (CI runs it): one layer test in the interpreter, the compile table of a tiny layer, the
-benchmark's dry run. The result's ``status`` is ``pass`` when the tests pass, the compile table
-has no problem and the benchmark ran.
+sizes (CI runs it): one layer test and one serving test in the interpreter, the compile table of a
+tiny layer (and its serving calls), the benchmark's dry run. The result's ``status`` is ``pass``
+when the tests pass, the compile table has no problem and the benchmark ran.
 """
 
 from __future__ import annotations
@@ -25,9 +25,11 @@ from pathlib import Path
 
 #: time limits (s) of the steps on a GPU; the dry run has its own
 LIMITS = {"tests": 300, "compile": 420, "bench": 240}
-DRY_LIMITS = {"tests": 240, "compile": 240, "bench": 180}
+DRY_LIMITS = {"tests": 240, "compile": 240, "bench": 300}
 
-DRY_TESTS = ["tests/gpu_impl/test_layer.py", "-k", "test_segments_against_reference and Hk2_Hv4_dk16_dv8-f32",
+DRY_TESTS = ["tests/gpu_impl/test_layer.py", "tests/gpu_impl/test_serving.py", "-k",
+             "(test_segments_against_reference and Hk2_Hv4_dk16_dv8-f32) or "
+             "(test_decode_batch_with_slot_indices and f32)",
              "-p", "no:xdist"]
 
 _VERSIONS = """

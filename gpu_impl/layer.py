@@ -233,35 +233,26 @@ class Layer:
             host = host.pin_memory()
         return host.to(state.device, non_blocking=True)
 
-    def _run(self, x: torch.Tensor, state: State, reset: torch.Tensor, form: str, chunk_size: int, capture: bool):
+    def _run(self, x: torch.Tensor, state: State, reset: torch.Tensor, form: str, chunk_size: int, capture: bool,
+             mixer=None):
         """The stages of one call. Without ``capture`` each activation is dropped (``del``) once the
-        next stage has read it, so the peak holds the fewest at once (docs/gpu.md, "Memory")."""
+        next stage has read it, so the peak holds the fewest at once (docs/gpu.md, "Memory").
+
+        ``mixer(qkv, a, b) -> (q, k, v, qkv_conv, g, beta, core)`` replaces the sequence-wise stages
+        (conv1d, gates, delta rule: :meth:`_mix`); the packed calls of :mod:`.serving` pass theirs,
+        so every token-wise stage is this method's own."""
         cfg, eps = self.cfg, self.cfg.rms_norm_eps
-        T = x.shape[1]
-        decode = T == 1
         trace = {"x": x} if capture else None
         x_norm = input_norm(x, self.w_in_norm, eps)
         qkv, z, a, b = in_proj_stacked(x_norm, self.w_in, cfg.conv_dim, cfg.num_v_heads)
         if capture:
             trace.update(x_norm=x_norm, qkv=qkv, z=z, a=a, b=b)
         del x_norm
-        q, k, v, qkv_conv, conv_state = conv1d_qk_norm(
-            qkv, state.conv_state, self.w_conv, cfg.num_k_heads, cfg.head_k_dim, cfg.num_v_heads, cfg.head_v_dim,
-            inplace=decode, capture=capture, reset=reset,
-        )
-        del qkv
-        if not decode:
-            state.conv_state.copy_(conv_state)
-        del conv_state
-        g, beta = gates(a, b, self.A_log, self.dt_bias)
-        del a, b
-        if form == "auto":
-            form = "recurrent" if T <= RECURRENT_MAX_TOKENS else "chunked"
-        S = state.recurrent_state
-        if form == "recurrent":
-            core, _ = delta_rule_recurrent(q, k, v, g, beta, S, cfg.scale, out_state=S, reset=reset)
+        if mixer is None:
+            q, k, v, qkv_conv, g, beta, core = self._mix(qkv, a, b, state, reset, form, chunk_size, capture)
         else:
-            core, _ = delta_rule_chunked(q, k, v, g, beta, S, cfg.scale, chunk_size, out_state=S, reset=reset)
+            q, k, v, qkv_conv, g, beta, core = mixer(qkv, a, b)
+        del qkv, a, b
         if capture:
             trace.update(qkv_conv=qkv_conv, q=q, k=k, v=v, g=g, beta=beta, core=core)
         del q, k, v, qkv_conv, g, beta
@@ -285,6 +276,29 @@ class Layer:
             return out, {}
         trace["out"] = out
         return out, {name: trace[name].contiguous() for name in TRACE_ORDER[self.mlp_kind]}
+
+    def _mix(self, qkv, a, b, state: State, reset: torch.Tensor, form: str, chunk_size: int, capture: bool):
+        """The sequence-wise stages of a plain call: conv1d + q/k norm (decode: the conv state in
+        place), gates, the delta rule (the recurrent state in place)."""
+        cfg = self.cfg
+        T = qkv.shape[1]
+        decode = T == 1
+        q, k, v, qkv_conv, conv_state = conv1d_qk_norm(
+            qkv, state.conv_state, self.w_conv, cfg.num_k_heads, cfg.head_k_dim, cfg.num_v_heads, cfg.head_v_dim,
+            inplace=decode, capture=capture, reset=reset,
+        )
+        if not decode:
+            state.conv_state.copy_(conv_state)
+        del conv_state
+        g, beta = gates(a, b, self.A_log, self.dt_bias)
+        if form == "auto":
+            form = "recurrent" if T <= RECURRENT_MAX_TOKENS else "chunked"
+        S = state.recurrent_state
+        if form == "recurrent":
+            core, _ = delta_rule_recurrent(q, k, v, g, beta, S, cfg.scale, out_state=S, reset=reset)
+        else:
+            core, _ = delta_rule_chunked(q, k, v, g, beta, S, cfg.scale, chunk_size, out_state=S, reset=reset)
+        return q, k, v, qkv_conv, g, beta, core
 
     # --- input checks -----------------------------------------------------------------------------
     def _check_input(self, x, state: State) -> torch.Tensor:

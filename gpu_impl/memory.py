@@ -44,6 +44,11 @@ T = 32K if all rows were processed at once. They are processed in slices of rows
 :data:`.delta_rule_chunked.TEMP_BUDGET` (2 GiB). The state (fp32 recurrent, conv in the profile
 dtype) and the weights are resident; a headroom of 2 GiB covers the CUDA context, cuBLAS and
 allocator slack.
+
+A packed call (gpu_impl/serving.py, :func:`packed_peak`) is one call over [1, total] tokens with
+the pool as its state: the same phases, no new conv state (each sequence's is written to its slot
+in place), and the chunked temporaries of one row of ``total`` tokens per value head. A
+speculative verify also keeps every token's state until its commit (:func:`verify_steps_bytes`).
 """
 
 from __future__ import annotations
@@ -120,10 +125,38 @@ def call_peak(cfg: GDNConfig, B: int, T: int, profile: str = "bf16", chunk: int 
               budget: int = TEMP_BUDGET, mlp_kind: str | None = None, moe_budget: int = MOE_BUDGET) -> Peak:
     """The live bytes of each phase of one call (not counting x, the state and the weights).
     ``mlp_kind``: the layer's (default: the config's, for a config whose layers agree)."""
-    kind = mlp_kind or cfg.mlp_kind()
-    t = {name: b * B * T for name, b in per_token(cfg, profile).items()}
     conv_state = B * cfg.conv_dim * cfg.conv_kernel * ELEMENT_BYTES[profile] if T > 1 else 0
-    temps = temporaries(cfg, B, T, chunk, budget)
+    return _peak(cfg, B * T, profile, conv_state, temporaries(cfg, B, T, chunk, budget), mlp_kind, moe_budget)
+
+
+def packed_peak(cfg: GDNConfig, total: int, n: int, profile: str = "bf16", chunk: int = 64,
+                budget: int = TEMP_BUDGET, chunked: bool = True, mlp_kind: str | None = None,
+                moe_budget: int = MOE_BUDGET) -> Peak:
+    """A packed call (gpu_impl/serving.py) of ``n`` sequences, ``total`` tokens: the phases of one
+    call over [1, total], without a new conv state (each slot's is written in place), the chunked
+    form's temporaries those of one row of ``total`` tokens per value head, sliced by heads (0 for
+    the recurrent form: ``chunked`` False). The sparse block is token-wise: its phases are those of
+    one call of ``total`` tokens."""
+    temps = 0
+    if chunked:
+        dk, dv, Hv = cfg.head_k_dim, cfg.head_v_dim, cfg.num_v_heads
+        per_row = total * temp_bytes_per_token(dk, dv, chunk)
+        nv = -(-dv // gpu_block_v(n, Hv, dv, SMS))
+        temps = slice_rows(Hv, per_row, budget, max(1, SMS * STATE_CTAS_PER_SM // (nv * n))) * per_row
+    return _peak(cfg, total, profile, 0, temps, mlp_kind, moe_budget)
+
+
+def verify_steps_bytes(cfg: GDNConfig, total: int, profile: str = "bf16") -> int:
+    """What a speculative verify keeps on the device until its commit: every token's conv state
+    (profile dtype) and recurrent state (fp32): 2.16 MB per token at Qwen3.5 sizes in bf16."""
+    return total * (cfg.conv_dim * cfg.conv_kernel * ELEMENT_BYTES[profile]
+                    + 4 * cfg.num_v_heads * cfg.head_k_dim * cfg.head_v_dim)
+
+
+def _peak(cfg: GDNConfig, tokens: int, profile: str, conv_state: int, temps: int, mlp_kind: str | None,
+          moe_budget: int) -> Peak:
+    kind = mlp_kind or cfg.mlp_kind()
+    t = {name: b * tokens for name, b in per_token(cfg, profile).items()}
     phases = {
         "in_proj": t["x_norm"] + t["in_proj"],
         "conv": t["in_proj"] + t["qkv_conv"] + conv_state,
@@ -136,7 +169,7 @@ def call_peak(cfg: GDNConfig, B: int, T: int, profile: str = "bf16", chunk: int 
     }
     if kind == "moe":
         del phases["mlp"]
-        phases.update(moe_phases(cfg, B, T, profile, moe_budget))
+        phases.update(moe_phases(cfg, 1, tokens, profile, moe_budget))
         phases["output"] = phases.pop("output")  # keep the pipeline's order
     phase = max(phases, key=phases.get)
     return Peak(phase, phases[phase], phases, temps)

@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from gdncheck.calls import rows_to_reset
+from gdncheck.calls import PAD_SLOT_ID, rows_to_reset, slots_to_reset
 from gdncheck.config import GDNConfig
 from gdncheck.snapshot import SNAPSHOT_SCHEMA_VERSION, Snapshot
 
@@ -153,11 +153,34 @@ class State:
         event.record()
         self._reports.append(_MismatchReport(host[0], host[1], event))
 
+    def queue_slot_report(self, report: torch.Tensor) -> None:
+        """The packed calls' form of :meth:`queue_mismatch_report` (docs/serving.md): ``report``
+        [3, N] int64 on the device holds, per sequence, its slot's seq_len where the call resets
+        it (-1 elsewhere), its seq_pos, and its slot; the warning then names sequences and slots."""
+        dev = self.device
+        if self.warned or dev.type == "meta" or (dev.type == "cuda" and torch.cuda.is_current_stream_capturing()):
+            return
+        if dev.type != "cuda":
+            self._reports.append(_MismatchReport(report[0], report[1], None, report[2]))
+            return
+        host = torch.empty(report.shape, dtype=torch.int64, pin_memory=True)
+        host.copy_(report, non_blocking=True)
+        event = torch.cuda.Event()
+        event.record()
+        self._reports.append(_MismatchReport(host[0], host[1], event, host[2]))
+
     def flush_warnings(self, logger: logging.Logger, layer: int | None) -> None:
         """Log the first completed report that shows a reset row (once per state); drop the others."""
         while self._reports and self._reports[0].ready():
             report = self._reports.pop(0)
-            if not self.warned:
+            if not self.warned and report.slots is not None:
+                old, pos, slots = report.old.numpy(), report.pos.numpy(), report.slots.numpy()
+                seen = np.zeros(self.batch, dtype=np.int64)
+                real = slots != PAD_SLOT_ID
+                seen[slots[real]] = np.where(old >= 0, old, pos)[real]
+                _, self.warned = slots_to_reset(pos, slots, seen, strict=False, warned=False, layer=layer,
+                                                logger=logger)
+            elif not self.warned:
                 old, pos = report.old.numpy(), report.pos.numpy()
                 _, self.warned = rows_to_reset(pos, np.where(old >= 0, old, pos), strict=False, warned=False,
                                                layer=layer, logger=logger)
@@ -171,11 +194,12 @@ class State:
 @dataclass
 class _MismatchReport:
     """Rows reset by one call: ``old`` seq_len (-1 where kept) and the call's ``pos``, host tensors
-    once ``event`` (None on the CPU) has completed."""
+    once ``event`` (None on the CPU) has completed; for a packed call, per sequence, with its ``slots``."""
 
     old: torch.Tensor
     pos: torch.Tensor
     event: object | None
+    slots: torch.Tensor | None = None
 
     def ready(self) -> bool:
         return self.event is None or self.event.query()

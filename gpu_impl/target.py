@@ -202,7 +202,9 @@ class Kernel:
     CUDA tensors: the compiled ``JITFunction``. CPU tensors: the ``InterpretedFunction``. Launch
     options (``num_warps``, ``num_stages``) are dropped by the interpreter. A launch that passes
     an argument by position, misses one or names an unknown one is refused with a ``TypeError``
-    (the interpreter would silently drop an unknown keyword).
+    (the interpreter would silently drop an unknown keyword). Parameters with a default (the
+    packed-call variants' pointers and flags, which default to the plain path) may be left out:
+    the plain launches then bind, specialise and compile exactly as before those were added.
     """
 
     OPTIONS = ("num_warps", "num_stages")
@@ -211,7 +213,9 @@ class Kernel:
         self.fn = fn
         self.__name__ = fn.__name__
         self.__doc__ = fn.__doc__
-        self.params = tuple(inspect.signature(fn).parameters)
+        signature = inspect.signature(fn).parameters
+        self.params = tuple(signature)
+        self.optional = frozenset(n for n, p in signature.items() if p.default is not inspect.Parameter.empty)
         self._jit: JITFunction | None = None
         self._interp = None
 
@@ -239,7 +243,7 @@ class Kernel:
         return launch
 
     def check_arguments(self, kwargs: dict) -> None:
-        missing = [p for p in self.params if p not in kwargs]
+        missing = [p for p in self.params if p not in kwargs and p not in self.optional]
         unknown = [k for k in kwargs if k not in self.params and k not in self.OPTIONS]
         if missing or unknown:
             raise TypeError(f"{self.__name__}: expected the arguments {', '.join(self.params)}; "

@@ -41,6 +41,11 @@ def test_bench_dry_run_writes_json_and_markdown(tmp_path, capsys):
     assert result["fla"] == "not run on the CPU (dry run)"
     row = result["prefill"][0]
     assert row["x_floor_min"] > row["x_floor"] > 0  # F_design > F(C): the design floor is the higher one
+    serving = [(r["pattern"], r["what"], r["goal"]) for r in result["serving"]]
+    assert serving == [("packed prefill", "delta rule", 1.2), ("packed prefill", "layer (f32)", 1.2),
+                       ("decode with slots", "delta rule", 1.1), ("decode with slots", "layer (f32)", 1.1)]
+    assert all(r["ratio"] == r["us"] / r["baseline_us"] > 0 for r in result["serving"])
+    assert "Serving patterns (gpu_impl/serving.py)" in text and "| decode with slots | delta rule |" in text
     assert (tmp_path / "b.md").read_text().startswith("**gdncheck.gpu_impl.bench**")
 
 
@@ -107,7 +112,7 @@ def test_gpu_check_script_dry_run_writes_one_json_and_one_markdown(tmp_path):
     result = json.loads((tmp_path / "gpu-check.json").read_text())
     assert result["status"] == "pass" and result["mode"] == "dry run on the CPU"
     assert result["versions"]["torch"] and result["versions"]["triton"] and result["versions"]["python"]
-    assert result["tests"]["passed"] == 1 and result["tests"]["failures"] == 0
+    assert result["tests"]["passed"] == 2 and result["tests"]["failures"] == 0  # a layer test, a serving test
     assert result["compile"]["scope"] == "tiny" and result["compile"]["builds"] and not result["compile"]["problems"]
     assert result["bench"]["mode"] == "dry run, tiny sizes"
     md = (tmp_path / "gpu-check.md").read_text()
