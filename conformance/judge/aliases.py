@@ -1,6 +1,6 @@
 """Name tables: let a port write the tensor names it already dumps (``verify --names hf|doppler|metrale``).
 
-A table (``conformance/judge/names/<port>.json``, format ``gdncheck-names`` v1; fixtures/FORMAT.md §13) maps
+A table (``conformance/judge/names/<port>.json``, format ``gdncheck-names`` v1; docs/names.md) maps
 a port's tensor name to the stage vocabulary:
 
 - ``{"as": "x_norm"}``: the same tensor under another name; when its shape differs from the golden's
@@ -76,7 +76,7 @@ def load_names(spec: str | None) -> NameTable | None:
     path = NAMES_DIR / f"{spec}.json" if spec in builtin_tables() else Path(spec)
     if not path.is_file():
         raise FixtureError(f"unknown name table {spec!r}: expected one of {', '.join(builtin_tables())} or the path "
-                           f"of a {NAMES_FORMAT} JSON file (fixtures/FORMAT.md §13)")
+                           f"of a {NAMES_FORMAT} JSON file (docs/names.md)")
     try:
         doc = json.loads(path.read_text())
     except (OSError, ValueError) as exc:

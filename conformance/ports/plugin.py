@@ -1,5 +1,5 @@
 """Loading an implementation by name: a built-in (``reference``, ``triton``, ``hf``) or a plug-in
-``MODULE:CALLABLE`` (the port contract, :mod:`gdncheck.harness.contract`; fixtures/FORMAT.md §9),
+``MODULE:CALLABLE`` (the port contract, :mod:`gdncheck.harness.contract`; docs/plugins.md),
 and the ``--option KEY=VALUE`` pairs passed to its factory.
 """
 

@@ -90,7 +90,7 @@ def _check(args) -> int:
     near = sum(r["status"] == "numerically-equal" for r in report)
     print(f"{len(report) - len(bad)}/{len(report)} cases reproduce"
           + (f" ({near} numerically equal but not bit-identical: this platform broke the fixture guarantee, "
-             "FORMAT.md §11)" if near else "")
+             "FORMAT.md §10)" if near else "")
           + ("" if not bad else f"; {len(bad)} changed: rebuild with gdncheck fixtures build and review the diff"),
           file=sys.stdout)
     return 1 if bad else 0

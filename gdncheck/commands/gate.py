@@ -33,7 +33,7 @@ def _profiles(text: str) -> tuple[str, ...]:
 
 
 def configure(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--impl", default="triton", help="triton (default) | reference | MODULE:CALLABLE (FORMAT.md §9)")
+    p.add_argument("--impl", default="triton", help="triton (default) | reference | MODULE:CALLABLE (docs/plugins.md)")
     p.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"),
                    help="auto (default): cuda when torch sees a GPU, else cpu (the Triton interpreter)")
     p.add_argument("--profiles", type=_profiles, default=VERIFY_PROFILES, metavar="P[,P...]",

@@ -17,7 +17,7 @@ IMPL is `reference` (the float64 reference in profile f64; its precision emulati
 f16), `triton` (gdncheck.gpu_impl, on GDN_DEVICE), `hf` (Hugging Face transformers' own layer and
 cache, the hf extra; what it cannot express is reported not applicable), or MODULE:CALLABLE, a
 factory of the plug-in contract: CALLABLE(cfg, weights, *, profile, strict, **options) ->
-implementation (FORMAT.md §9)."""
+implementation (docs/plugins.md)."""
 
 
 def configure(p: argparse.ArgumentParser) -> None:

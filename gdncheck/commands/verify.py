@@ -36,7 +36,7 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--verbose", action="store_true", help="print every failing record, not only the first per case")
     p.add_argument("--names", metavar="TABLE",
                    help="read the port's own tensor names through a name table: hf, doppler, metrale or a JSON path "
-                        "(FORMAT.md §13)")
+                        "(docs/names.md)")
     p.add_argument("--report", metavar="DIR", help="also write the HTML diff report there (docs/report.md)")
     add_output_arguments(p, json_what="the summary (also written to --summary's file unless that is '-')")
 

@@ -30,7 +30,7 @@ from gdncheck.profiles import VERIFY_PROFILES
 def pytest_addoption(parser: pytest.Parser) -> None:
     g = parser.getgroup("gdncheck", "gdncheck conformance suite (pip install gdncheck)")
     g.addoption("--gdncheck-impl", metavar="MODULE:CALLABLE",
-                help="run gdncheck's conformance cases against this implementation factory (FORMAT.md §9; the "
+                help="run gdncheck's conformance cases against this implementation factory (docs/plugins.md; the "
                      "module is looked for in the working directory too)")
     g.addoption("--gdncheck-profile", default="f32", choices=VERIFY_PROFILES, help="precision profile (default f32)")
     g.addoption("--gdncheck-fixtures", metavar="DIR",
