@@ -26,6 +26,11 @@ MUTANT = "gdncheck.conformance.meta.mutants:norm_weight_plain"  # x_norm wrong f
 
 @pytest.fixture
 def port(pytester):
+    from importlib.metadata import entry_points
+
+    if not any(ep.value == "gdncheck.testing.plugin" for ep in entry_points(group="pytest11")):
+        pytest.fail("gdncheck's pytest11 entry point is not installed in this environment (an install older than "
+                    "the plugin): pip install --no-deps -e .")
     pytester.makepyfile(myport=PORT)
     return pytester
 
