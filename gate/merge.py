@@ -97,14 +97,21 @@ def check_matrix(shards: list[tuple[Path, dict]]) -> int:
     return n
 
 
-def _profile(sections: list[dict], summary_path: Path) -> dict:
+def _profile(sections: list[dict], summary_path: Path, merged: Summary | None) -> dict:
+    """One profile's section over the shards: counts summed, lists joined, and the verdict judged again
+    on the merged cases (a shard that got no case of a profile is no verdict on the others')."""
     code = max(s["exit_code"] for s in sections)
+    verdict = gs.VERDICTS[code] if code != 2 else "inputs unusable"
+    if merged is not None:
+        known = {k["case"] for s in sections for k in s.get("known_failures", [])}
+        code = gs.profile_code(merged, known)
+        verdict = gs.VERDICTS[code] if code != 2 else merged.verdict()
     totals: dict[str, int] = {}
     for s in sections:
         for k, v in (s.get("totals") or {}).items():
             totals[k] = totals.get(k, 0) + v
     return {
-        "verdict": gs.VERDICTS[code] if code != 2 else "inputs unusable", "exit_code": code, "totals": totals,
+        "verdict": verdict, "exit_code": code, "totals": totals,
         "summary": str(summary_path),
         "implementation": next((s["implementation"] for s in sections if s.get("implementation")), None),
         "seconds": round(sum(s.get("seconds", 0.0) for s in sections), 2),
@@ -147,6 +154,7 @@ def merge_gates(folders: list[str | Path], out: str | Path, *, junit: str | Path
         parts = [summary_from_json(_read_json(folder / p / f"verify-summary-{p}.json", f"the {p} verify summary"))
                  for folder, d in shards if p in (d.get("profiles") or {}) and d["profiles"][p].get("totals")]
         path = out / p / f"verify-summary-{p}.json"
+        merged = None
         if parts:
             merged = parts[0]
             for more in parts[1:]:
@@ -154,7 +162,7 @@ def merge_gates(folders: list[str | Path], out: str | Path, *, junit: str | Path
                 merged.notes.extend(n for n in more.notes if n not in merged.notes)
             merged.write(path)
             summaries[p] = merged
-        doc["profiles"][p] = _profile(sections, path)
+        doc["profiles"][p] = _profile(sections, path, merged)
     doc["xfails"] = {"file": (first.get("xfails") or {}).get("file"),
                      "stale": [x for _, d in shards for x in (d.get("xfails") or {}).get("stale", [])]}
     doc["environment"] = first.get("environment", {})
@@ -163,7 +171,10 @@ def merge_gates(folders: list[str | Path], out: str | Path, *, junit: str | Path
     doc["merged"] = [{"dir": str(folder), "shard": f"{i}/{n}", "exit_code": d["exit_code"], "verdict": d["verdict"],
                       "reason": d.get("reason")}
                      for i, (folder, d) in enumerate(shards)]
-    code = max(d["exit_code"] for _, d in shards)
+    # the verdict as the gate reaches it (gate/run.py's summarise), over the merged profiles and
+    # properties; a shard that could not run at all (no profiles) makes the whole result so
+    code = max([v["exit_code"] for v in doc["profiles"].values()] + [int(doc["properties"]["totals"]["fail"] > 0)]
+               + [d["exit_code"] for _, d in shards if not d.get("profiles")])
     doc["exit_code"], doc["verdict"] = code, gs.VERDICTS[code]
     doc["reason"] = "; ".join(f"shard {m['shard']}: {m['reason']}" for m in doc["merged"] if m["reason"]) or None
     junit_paths = [out / "gate-junit.xml"] + ([Path(junit)] if junit else [])
