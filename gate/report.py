@@ -17,7 +17,9 @@ from gdncheck.conformance.judge.records import FirstDivergence
 from gdncheck.reports import write_report as html
 from gdncheck.reports.junit import JUnit, add_verify_summary
 from gdncheck.safetensors_io import write_bytes_atomic
+from gdncheck.untrusted import safe_text
 
+from .folders import REPORT_MARKER, fresh
 from .plan import Skip
 
 MAX_DIVERGENCES = 5  # per profile, on the console
@@ -49,11 +51,25 @@ def format_table(doc: dict) -> str:
 
 
 def format_result(doc: dict, *, verbose: bool = True) -> str:
-    lines = []
+    """The console text: every string that came from a port or a file is one line of visible
+    characters (:func:`gdncheck.untrusted.safe_text`), so none can forge or hide a verdict line."""
+    return "\n".join(safe_text(line) for line in _result_lines(doc, verbose))
+
+
+def _result_lines(doc: dict, verbose: bool) -> list[str]:
+    lines: list[str] = []
     if doc.get("reason") and doc["exit_code"] == 2 and not doc.get("profiles"):
-        return f"gdncheck gate: could not run: {doc['reason']}"
+        return [f"gdncheck gate: could not run: {doc['reason']}"]
     if doc.get("profiles"):
-        lines.append(format_table(doc))
+        lines.extend(format_table(doc).splitlines())
+        for p, v in doc["profiles"].items():
+            cov = v.get("coverage")
+            if cov:
+                lines.append(f"coverage {p}: {cov['judged']} of {cov['cases']} case(s) judged, {cov['not_applicable']} "
+                             f"not applicable, {cov['tensors_judged']} tensor(s) judged"
+                             + ("" if cov["ok"] else "; " + "; ".join(cov["problems"])))
+    for note in doc.get("notes") or []:
+        lines.append(f"note: {note}")
     for s in (doc.get("selection") or {}).get("skipped", []):
         lines.append(f"skipped {s['case']} ({', '.join(s['profiles'])}): {s['reason']}")
     for p, v in (doc.get("profiles") or {}).items():
@@ -63,7 +79,7 @@ def format_result(doc: dict, *, verbose: bool = True) -> str:
                 continue
             lines.append(f"FAIL {p} {f['case']}: first divergence {FirstDivergence.from_json(f['first_divergence'])}")
             if verbose:
-                lines.append(f"     {f['message']}\n     repro: {f['repro']}")
+                lines += [f"     {f['message']}", f"     repro: {f['repro']}"]
         if len(v["failures"]) > MAX_DIVERGENCES:
             lines.append(f"... and {len(v['failures']) - MAX_DIVERGENCES} more failing case(s) in {p}: {v['summary']}")
     for p, v in (doc.get("profiles") or {}).items():
@@ -80,10 +96,10 @@ def format_result(doc: dict, *, verbose: bool = True) -> str:
             lines.append(f"FAIL property {r['name']} ({r['profile']}): {first}")
             if verbose:
                 lines.extend(f"     {n}" for n in [*r["message"].splitlines()[1:], *r["notes"]])
-                lines.append(f"     blob: {r['blob']}\n     replay: {r['replay']}")
+                lines += [f"     blob: {r['blob']}", f"     replay: {r['replay']}"]
         elif r["status"] == "skip" and verbose:
             lines.append(f"skipped property {r['name']} ({r['profile']}): {r['message']}")
-    return "\n".join(lines)
+    return lines
 
 
 def verdict_line(doc: dict) -> str:
@@ -104,13 +120,13 @@ def verdict_line(doc: dict) -> str:
                      f"({props['hypothesis_profile']}, {props['max_examples']} examples)")
     if timing.get("total_s") is not None:
         parts.append(f"{timing['total_s']:.0f} s")
-    line = "; ".join(parts)
+    lines = ["; ".join(parts)]
     if doc.get("reason"):
-        line += f"\nreason: {doc['reason']}"
+        lines.append(f"reason: {doc['reason']}")
     outs = doc.get("outputs") or {}
-    line += f"\nsummary: {outs.get('summary')}; junit: {', '.join(outs.get('junit') or [])}" + \
-        (f"; report: {outs['report']}" if outs.get("report") else "")
-    return line
+    lines.append(f"summary: {outs.get('summary')}; junit: {', '.join(outs.get('junit') or [])}"
+                 + (f"; report: {outs['report']}" if outs.get("report") else ""))
+    return "\n".join(safe_text(line) for line in lines)
 
 
 def html_report(summary_path: Path, out_dir: Path) -> list[Path]:
@@ -197,7 +213,7 @@ def index_page(doc: dict, text: str, pages: dict[str, Path], report_dir: Path) -
 def write_report(report_dir: Path, doc: dict, summaries: dict) -> list[Path]:
     """``summary.txt`` (the console text), each profile's HTML report in ``PROFILE/`` and an
     ``index.html`` that links them. A report that fails is a warning, never a lost verdict."""
-    report_dir.mkdir(parents=True, exist_ok=True)
+    fresh(report_dir, REPORT_MARKER, "--report")  # the gate's own folder, replaced whole; anything else refused
     files, pages, problems = [], {}, []
     for p in summaries:
         try:
@@ -230,6 +246,11 @@ def gate_junit(doc: dict, summaries: dict, known: dict, case_seconds: dict) -> J
     skipped = [Skip(**s) for s in (doc.get("selection") or {}).get("skipped", [])]
     for p, summary in summaries.items():
         add_verify_summary(junit, summary, skipped=skipped, known=known.get(p), case_seconds=case_seconds.get(p))
+    for p, v in (doc.get("profiles") or {}).items():
+        if p not in summaries and v.get("verdict") == "nothing judged":
+            junit.case(f"conformance.{p}", f"conformance.{p}", "coverage",
+                       error=("nothing judged: every selected case was skipped", "nothing judged: every selected "
+                              "case was skipped (a run that judged nothing never conforms)"))
     for r in (doc.get("properties") or {}).get("results", []):
         suite, cls = f"properties.{r['profile']}", f"properties.{r['profile']}.{r['chapter']}"
         if r["status"] == "fail":

@@ -29,6 +29,7 @@ from gdncheck.conformance.judge.records import (
 )
 from gdncheck.errors import GDNError
 from gdncheck.stages import STAGE_NAMES, TENSOR_BY_NAME, tensor_rank
+from gdncheck.untrusted import UnsafePathError, read_bounded
 
 
 class ReportInputError(GDNError):
@@ -41,6 +42,8 @@ class ReportInputError(GDNError):
 #: bookkeeping (``seq_len``, stage ``state``).
 GRID_STAGES: tuple[str, ...] = tuple(STAGE_NAMES[1:]) + ("state",)
 VERDICT_ORDER = {"fail": 0, "missing": 1, "pass": 2}
+#: a summary larger than this is refused unread (the default suite's is a few MB)
+MAX_SUMMARY_BYTES = 1 << 30
 
 
 class CheckedSummary(dict):
@@ -56,10 +59,14 @@ def load_summary(summary: str | Path | dict) -> CheckedSummary:
     else:
         path = Path(summary)
         try:
-            doc = json.loads(path.read_text(encoding="utf-8"))
+            doc = json.loads(read_bounded(path, MAX_SUMMARY_BYTES, "summary").decode("utf-8"))
         except FileNotFoundError:
             raise ReportInputError(f"no summary file {path}: write one with `gdncheck verify ... --summary {path}`") \
                 from None
+        except UnsafePathError as exc:
+            raise ReportInputError(str(exc)) from None
+        except RecursionError:
+            raise ReportInputError(f"{path}: expected a JSON verify summary, found JSON nested too deep") from None
         except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
             raise ReportInputError(f"{path}: expected a JSON verify summary, found unreadable content ({exc})") \
                 from None

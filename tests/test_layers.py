@@ -22,7 +22,7 @@ FLOORS: tuple[tuple[int, str, tuple[str, ...]], ...] = (
     (0, "core", ("gdncheck", "gdncheck._version", "gdncheck.errors", "gdncheck.config", "gdncheck.stages",
                  "gdncheck.profiles", "gdncheck.dtypes", "gdncheck.safetensors_io", "gdncheck.weights",
                  "gdncheck.checkpoint", "gdncheck.snapshot", "gdncheck.calls", "gdncheck.env", "gdncheck.synthetic",
-                 "gdncheck.portable", "gdncheck.experts", "gdncheck.installed")),
+                 "gdncheck.portable", "gdncheck.experts", "gdncheck.installed", "gdncheck.untrusted")),
     (1, "reference", ("gdncheck.reference",)),
     (1, "gpu_impl", ("gdncheck.gpu_impl",)),
     (1, "harness", ("gdncheck.harness",)),

@@ -25,6 +25,14 @@ skipped with the reason (--all-cases runs them); on a GPU everything runs.
 (--shard I/N) into one verdict, one OUT/gate-summary.json, one verify summary per profile, one JUnit
 file and, with --report, one report; a set that is not one complete matrix is refused.
 
+The outputs go to OUT/PROFILE/, folders the gate owns and replaces whole on each run (a folder there
+that holds anything else is refused, as is an OUT that is, lies in or contains a fixture suite);
+an earlier gate-summary.json is removed first. A suite other than the committed one is pinned with
+--fixtures-sha256 (its manifest's sha256; the summary prints it).
+
+Coverage: a run that judged nothing (every case skipped or not applicable), a case every port must
+run declared not applicable, or a case that judged no tensor, never conforms.
+
 Exit status: 0 conforms, 1 does not conform, 2 could not run (the reason is printed)."""
 
 
@@ -42,6 +50,9 @@ def configure(p: argparse.ArgumentParser) -> None:
                    help="default: the committed fixtures; full: adds real Qwen3.5 sizes (built with "
                         "gdncheck fixtures build --suite full; looked for in ./fixtures-full)")
     p.add_argument("--fixtures", help="fixture folder (overrides --suite's)")
+    p.add_argument("--fixtures-sha256", metavar="SHA256",
+                   help="the sha256 of the suite's manifest.json: refuse any other (pin a suite other than the "
+                        "committed one, whose integrity the gate cannot otherwise know)")
     p.add_argument("--case", action="append", help="only this case (id or id prefix; repeatable)")
     p.add_argument("--tag", action="append", help="only cases with this tag (repeatable)")
     p.add_argument("--shard", help="I/N: this runner's share (every N-th case and property unit from the I-th, "
@@ -105,9 +116,11 @@ def _progress(quiet: bool, stream=sys.stdout):
 
 
 def _label(res: dict) -> str:
+    from gdncheck.untrusted import safe_text
+
     if res["kind"] == "case":
-        return f"{res['profile']} {res['case']}: {res['status']} ({res['seconds']:.1f} s)"
-    return f"{res['profile']} property {res['name']}: {res['status']} ({res['seconds']:.1f} s)"
+        return safe_text(f"{res['profile']} {res['case']}: {res['status']} ({res['seconds']:.1f} s)")
+    return safe_text(f"{res['profile']} property {res['name']}: {res['status']} ({res['seconds']:.1f} s)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -116,6 +129,7 @@ def run(args: argparse.Namespace) -> int:
     from gdncheck.env import limit_blas_threads
     from gdncheck.gate import GateOptions, run_gate
     from gdncheck.gate.report import format_result, verdict_line
+    from gdncheck.untrusted import safe_text
 
     limit_blas_threads()
     if args.merge:
@@ -126,17 +140,18 @@ def run(args: argparse.Namespace) -> int:
         report=args.report, properties=not args.no_properties, property_names=args.property,
         max_examples=args.max_examples, hypothesis_profile=args.hypothesis_profile, shrink=args.shrink,
         jobs=args.jobs, all_cases=args.all_cases, rebuild_check=False if args.no_rebuild_check else None,
-        xfails=args.xfails, options=parse_options(args.option))
+        xfails=args.xfails, options=parse_options(args.option), fixtures_sha256=args.fixtures_sha256)
     con = Console(args)
     if not args.quiet:
-        con.say(f"gdncheck gate: {opts.impl} ({args.device}), profiles {','.join(opts.profiles)}, suite {opts.suite}"
-              + (f", shard {args.shard}" if args.shard else "") + f"; outputs in {opts.out}")
+        con.say(safe_text(f"gdncheck gate: {opts.impl} ({args.device}), profiles {','.join(opts.profiles)}, "
+                          f"suite {opts.suite}" + (f", shard {args.shard}" if args.shard else "")
+                          + f"; outputs in {opts.out}"))
     progress, close = _progress(args.quiet, con.stream)
     try:
         result = run_gate(opts, progress)
     finally:
         close()
-    text = format_result(result.doc, verbose=True)
+    text = format_result(result.doc, verbose=True)  # port strings made visible text, line by line
     if text:
         con.say(text)
     con.say(verdict_line(result.doc))

@@ -25,7 +25,8 @@ def configure(p: argparse.ArgumentParser) -> None:
 
     p.add_argument("impl", metavar="IMPL", help="reference | triton | hf | MODULE:CALLABLE")
     p.add_argument("--fixtures", default=str(DEFAULT_DIR), help=f"fixture folder (default {DEFAULT_DIR})")
-    p.add_argument("--out", required=True, help="folder for the outputs (created)")
+    p.add_argument("--out", required=True, help="folder for the outputs (created; never a fixture suite, inside one "
+                                                "or around the one in use)")
     p.add_argument("--profile", required=True, choices=RUN_PROFILES, help="precision profile")
     p.add_argument("--case", action="append", help="only this case (id or id prefix; repeatable)")
     p.add_argument("--tag", action="append", help="only cases with this tag (repeatable)")
@@ -64,12 +65,30 @@ def existing_folder(path, flag: str, what: str):
     return p
 
 
+def output_file(path, flag: str):
+    """A file a command will write (``--summary``, ``--junit``), checked before anything runs: not a
+    folder, not a special file, and its folder is not a file."""
+    from pathlib import Path
+
+    from gdncheck.errors import GDNError
+
+    p = Path(path)
+    if p.is_dir():
+        raise GDNError(f"{flag} {p} is a folder; expected the name of a file to write")
+    if p.exists() and not p.is_file():
+        raise GDNError(f"{flag} {p} is not a regular file (a device or a pipe); expected the name of a file to write")
+    if any(parent.exists() and not parent.is_dir() for parent in p.parents):
+        raise GDNError(f"{flag} {p}: a parent of it is a file; expected a path whose folders are folders")
+    return p
+
+
 def run(args: argparse.Namespace) -> int:
     import logging
 
     from gdncheck.conformance.ports.plugin import parse_options
     from gdncheck.conformance.ports.run import default_command, run_impl
     from gdncheck.env import limit_blas_threads
+    from gdncheck.untrusted import safe_text
 
     limit_blas_threads()
     logging.getLogger("gdncheck").setLevel(logging.ERROR)  # the seq-len reset warning is part of the programs
@@ -80,7 +99,7 @@ def run(args: argparse.Namespace) -> int:
     existing_folder(args.fixtures, "--fixtures", "a fixture folder")
 
     def progress(c):
-        line = f"{c.status:<8} {c.id}" + (f": {c.detail}" if c.detail else "")
+        line = safe_text(f"{c.status:<8} {c.id}") + (f": {safe_text(c.detail)}" if c.detail else "")
         (con.say if c.status == "skipped" else con.progress)(line)
 
     rep = run_impl(args.impl, args.fixtures, args.out, args.profile, cases=args.case, tags=args.tag,
@@ -88,10 +107,10 @@ def run(args: argparse.Namespace) -> int:
                    command=command, progress=progress)
     skipped = rep.skipped
     na = sum(c.status == "not_applicable" for c in rep.cases)
-    con.say(f"ran {len(rep.cases) - len(skipped)} case(s) with {rep.implementation} ({args.profile}) into {args.out}"
-          + (f"; {na} not applicable" if na else "")
-          + (f"; {len(skipped)} skipped (fixture unusable)" if skipped else ""))
-    con.progress(f"next: gdncheck verify --fixtures {shlex.quote(args.fixtures)} --outputs {shlex.quote(args.out)} "
-          f"--profile {args.profile if args.profile != 'f64' else 'f32'}"
-          + (" --stage-isolated" if args.stage_isolated else ""))
+    con.say(safe_text(f"ran {len(rep.cases) - len(skipped)} case(s) with {rep.implementation} ({args.profile}) into "
+                      f"{args.out}" + (f"; {na} not applicable" if na else "")
+                      + (f"; {len(skipped)} skipped (fixture unusable)" if skipped else "")))
+    con.progress(safe_text(f"next: gdncheck verify --fixtures {shlex.quote(args.fixtures)} --outputs "
+                           f"{shlex.quote(args.out)} --profile {args.profile if args.profile != 'f64' else 'f32'}"
+                           + (" --stage-isolated" if args.stage_isolated else "")))
     return 2 if skipped else 0

@@ -20,6 +20,7 @@ from gdncheck.conformance.judge.records import CaseReport, Summary
 from gdncheck.conformance.judge.verify import verify
 from gdncheck.conformance.ports.run import run_impl
 from gdncheck.fixtures.packaged import default_suite
+from gdncheck.untrusted import one_line, safe_text
 
 __all__ = ["NonConformance", "assert_conforms", "case_text", "check_conformance"]
 
@@ -36,14 +37,16 @@ class NonConformance(AssertionError):
 
 
 def case_text(c: CaseReport) -> str:
-    """verify's console text of one case (``gdncheck verify`` prints the same lines)."""
+    """verify's console text of one case (``gdncheck verify`` prints the same lines): each piece a port
+    wrote on one line, its control characters made visible (:mod:`gdncheck.untrusted`)."""
     if c.status == "pass":
         return f"pass  {c.id}"
     if c.status == "error":
-        return f"ERROR {c.id}: {c.problem}"
+        return f"ERROR {one_line(c.id)}: {one_line(c.problem)}"
     if c.status == "not_applicable":
-        return f"n/a   {c.id}: {c.message}"
-    return f"FAIL  {c.id}: first divergence {c.first_divergence}\n      {c.message}\n      repro: {c.repro}"
+        return f"n/a   {one_line(c.id)}: {one_line(c.message)}"
+    return (f"FAIL  {c.id}: first divergence {c.first_divergence}\n      {one_line(c.message)}\n"
+            f"      repro: {safe_text(c.repro)}")
 
 
 def check_conformance(impl: str | Callable, profile: str = "f32", *, fixtures: str | Path | None = None,

@@ -34,7 +34,11 @@ def test_run_then_verify_exit_codes(fixtures_dir, tmp_path, capsys):
     assert main(["verify", "--outputs", str(tmp_path / "nothing"), "--profile", "f32", "--case", "decode_T12"]) == 2
     cap = capsys.readouterr()
     assert cap.out == "" and cap.err.count("\n") == 1 and str(tmp_path / "nothing") in cap.err
+    assert "expected the port's outputs folder, found nothing" in cap.err  # before any case
     assert not (tmp_path / "nothing").exists()
+    (tmp_path / "empty").mkdir()
+    assert main(["verify", "--outputs", str(tmp_path / "empty"), "--profile", "f32", "--case", "decode_T12"]) == 2
+    assert "ERROR decode_T12" in capsys.readouterr().out
 
 
 def test_errors_are_one_line_without_traceback(tmp_path):
