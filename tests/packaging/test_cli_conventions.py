@@ -67,7 +67,9 @@ def test_verify_json_on_stdout_human_lines_on_stderr(outputs, capsys, flag):
 def test_verify_quiet_keeps_the_verdict_only(outputs, capsys):
     assert main(["verify", "--outputs", str(outputs), "--profile", "f32", "--case", CASE, "-q"]) == 0
     lines = capsys.readouterr().out.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("conforms: 1/1 cases pass")
+    # no line per case: the coverage line and the verdict
+    assert len(lines) == 2 and lines[0].startswith("coverage: 1 of 1 case(s) judged")
+    assert lines[1].startswith("conforms: 1/1 cases pass")
 
 
 def test_a_mistyped_outputs_folder_is_one_error_and_creates_nothing(tmp_path, capsys):
