@@ -1,6 +1,6 @@
 """Name tables: let a port write the tensor names it already dumps (``verify --names hf|doppler|metrale``).
 
-A table (``conformance/judge/names/<port>.json``, format ``gdncheck-names`` v1; fixtures/FORMAT.md §13) maps
+A table (``conformance/judge/names/<port>.json``, format ``gdncheck-names`` v1; docs/names.md) maps
 a port's tensor name to the stage vocabulary:
 
 - ``{"as": "x_norm"}``: the same tensor under another name; when its shape differs from the golden's
@@ -47,7 +47,7 @@ def builtin_tables() -> list[str]:
 
 class NameTable:
     """A name table, checked whole when it is read (:func:`check_table`): every entry one of the forms
-    of fixtures/FORMAT.md §13, every target a stage tensor, every prefix a regular expression."""
+    of docs/names.md, every target a stage tensor, every prefix a regular expression."""
 
     def __init__(self, doc: dict, source: str):
         check_table(doc, source)
@@ -112,7 +112,7 @@ def _check_target(t: dict, where: str, *, split: bool) -> None:
         if not isinstance(t["not_comparable"], str):
             raise FixtureError(f"{where}: expected 'not_comparable' a reason (a string)")
     elif "as" not in t:
-        raise FixtureError(f"{where}: expected 'as', 'split' or 'not_comparable' (FORMAT.md §13)")
+        raise FixtureError(f"{where}: expected 'as', 'split' or 'not_comparable' (docs/names.md)")
     elif not isinstance(t["as"], str) or (t["as"] not in TENSOR_ORDER and t["as"] not in KNOWN_TENSORS
                                                 and t["as"] not in KNOWN_EXTRA):
         raise FixtureError(f"{where}: maps to {_brief(t['as'])}, which is not a stage tensor")
@@ -135,7 +135,7 @@ def load_names(spec: str | None) -> NameTable | None:
     path = NAMES_DIR / f"{spec}.json" if spec in builtin_tables() else Path(spec)
     if not path.is_file():
         raise FixtureError(f"unknown name table {spec!r}: expected one of {', '.join(builtin_tables())} or the path "
-                           f"of a {NAMES_FORMAT} JSON file (fixtures/FORMAT.md §13)")
+                           f"of a {NAMES_FORMAT} JSON file (docs/names.md)")
     try:
         if path.stat().st_size > MAX_TABLE_BYTES:
             raise FixtureError(f"name table {path}: more than {MAX_TABLE_BYTES} bytes")

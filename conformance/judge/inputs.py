@@ -55,7 +55,7 @@ def check_outputs_meta(entry: dict, meta: dict, stage_isolated: bool) -> None:
                            f"{meta.get('format')!r} (FORMAT.md §7)")
     if meta.get("format_version") != OUTPUTS_FORMAT_VERSION:
         raise FixtureError(f"expected metadata format_version={OUTPUTS_FORMAT_VERSION!r} in the outputs file, found "
-                           f"{meta.get('format_version')!r} (FORMAT.md §7: required; §11: a reader refuses versions "
+                           f"{meta.get('format_version')!r} (FORMAT.md §7: required; §10: a reader refuses versions "
                            f"it does not know)")
     if meta.get("case") != entry["id"]:
         raise FixtureError(f"the outputs file is for case {meta.get('case')!r}, expected {entry['id']!r}")

@@ -1,5 +1,5 @@
 """Loading an implementation by name: a built-in (``reference``, ``triton``, ``hf``) or a plug-in
-``MODULE:CALLABLE`` (the port contract, :mod:`gdncheck.harness.contract`; fixtures/FORMAT.md §9),
+``MODULE:CALLABLE`` (the port contract, :mod:`gdncheck.harness.contract`; docs/plugins.md),
 and the ``--option KEY=VALUE`` pairs passed to its factory, checked before anything runs
 (:func:`check_options`): an option the factory does not take is a usage error, not one raised case
 per fixture.
@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import os
+import sys
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -28,6 +30,11 @@ def load_factory(spec: str) -> Callable[..., Implementation]:
             f"'MODULE:CALLABLE', found {spec!r}"
         )
     module_name, attr = spec.split(":", 1)
+    # as `python -m` does: a port's module in the working directory is found (the `gdncheck` console
+    # script, unlike `python -m gdncheck`, does not put the working directory on sys.path)
+    cwd = os.getcwd()
+    if cwd not in sys.path and "" not in sys.path:
+        sys.path.append(cwd)
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:
@@ -92,7 +99,7 @@ def accepted_options(factory: Callable, spec: str | None = None) -> tuple[str, .
 
 def check_options(factory: Callable, options: Mapping[str, Any], spec: str | None = None) -> None:
     """Refuse (:class:`GDNError`, a usage error) an option ``factory`` does not take, or a callable that
-    cannot be called as a factory at all (FORMAT.md §9), before any case runs."""
+    cannot be called as a factory at all (docs/plugins.md), before any case runs."""
     name = spec or getattr(factory, "__qualname__", repr(factory))
     try:
         sig = inspect.signature(factory)
@@ -103,7 +110,7 @@ def check_options(factory: Callable, options: Mapping[str, Any], spec: str | Non
             sig.bind(None, None, profile="f32", strict=False, **{k: None for k in options})
         except TypeError as exc:
             raise GDNError(f"implementation {name!r} cannot be called as a factory "
-                           f"CALLABLE(cfg, weights, *, profile, strict, **options) (FORMAT.md §9): {exc}") from None
+                           f"CALLABLE(cfg, weights, *, profile, strict, **options) (docs/plugins.md): {exc}") from None
     known = accepted_options(factory, spec)
     if known is None:
         return

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import argparse
 import shlex
-import sys
 
 from gdncheck.profiles import RUN_PROFILES
+
+from .console import Console, add_output_arguments
 
 DESCRIPTION = """\
 Run an implementation over the fixture cases and write its outputs in the port format
@@ -16,7 +17,7 @@ IMPL is `reference` (the float64 reference in profile f64; its precision emulati
 f16), `triton` (gdncheck.gpu_impl, on GDN_DEVICE), `hf` (Hugging Face transformers' own layer and
 cache, the hf extra; what it cannot express is reported not applicable), or MODULE:CALLABLE, a
 factory of the plug-in contract: CALLABLE(cfg, weights, *, profile, strict, **options) ->
-implementation (FORMAT.md §9)."""
+implementation (docs/plugins.md)."""
 
 
 def configure(p: argparse.ArgumentParser) -> None:
@@ -34,6 +35,7 @@ def configure(p: argparse.ArgumentParser) -> None:
                    help="passed to the factory (reference: placement=hf|fla|fp32_once|metrale, chunk_size=N)")
     p.add_argument("--stage-isolated", action="store_true",
                    help="run each stage alone from golden inputs (needs run_stage; FORMAT.md §8)")
+    add_output_arguments(p)
 
 
 def parse_shard(text):
@@ -48,6 +50,19 @@ def parse_shard(text):
     if not 0 <= i < n:
         raise GDNError(f"expected --shard I/N with 0 <= I < N, found {text!r}")
     return i, n
+
+
+def existing_folder(path, flag: str, what: str):
+    """``path`` as a folder that must already exist (an input): a typo is one error naming it, and
+    nothing is created."""
+    from pathlib import Path
+
+    from gdncheck.errors import GDNError
+
+    p = Path(path)
+    if not p.is_dir():
+        raise GDNError(f"{flag} {path}: expected {what}, found {'a file' if p.exists() else 'nothing'} there")
+    return p
 
 
 def output_file(path, flag: str):
@@ -80,18 +95,22 @@ def run(args: argparse.Namespace) -> int:
     options = parse_options(args.option)
     command = default_command(args.impl, args.fixtures, args.out, args.profile, options, args.stage_isolated)
 
+    con = Console(args)
+    existing_folder(args.fixtures, "--fixtures", "a fixture folder")
+
     def progress(c):
-        print(safe_text(f"{c.status:<8} {c.id}") + (f": {safe_text(c.detail)}" if c.detail else ""))
+        line = safe_text(f"{c.status:<8} {c.id}") + (f": {safe_text(c.detail)}" if c.detail else "")
+        (con.say if c.status == "skipped" else con.progress)(line)
 
     rep = run_impl(args.impl, args.fixtures, args.out, args.profile, cases=args.case, tags=args.tag,
                    shard=parse_shard(args.shard), options=options, stage_isolated=args.stage_isolated,
                    command=command, progress=progress)
     skipped = rep.skipped
     na = sum(c.status == "not_applicable" for c in rep.cases)
-    print(safe_text(f"ran {len(rep.cases) - len(skipped)} case(s) with {rep.implementation} ({args.profile}) into "
-                    f"{args.out}" + (f"; {na} not applicable" if na else "")
-                    + (f"; {len(skipped)} skipped (fixture unusable)" if skipped else "")))
-    print(safe_text(f"next: gdncheck verify --fixtures {shlex.quote(args.fixtures)} --outputs {shlex.quote(args.out)} "
-                    f"--profile {args.profile if args.profile != 'f64' else 'f32'}"
-                    + (" --stage-isolated" if args.stage_isolated else "")), file=sys.stdout)
+    con.say(safe_text(f"ran {len(rep.cases) - len(skipped)} case(s) with {rep.implementation} ({args.profile}) into "
+                      f"{args.out}" + (f"; {na} not applicable" if na else "")
+                      + (f"; {len(skipped)} skipped (fixture unusable)" if skipped else "")))
+    con.progress(safe_text(f"next: gdncheck verify --fixtures {shlex.quote(args.fixtures)} --outputs "
+                           f"{shlex.quote(args.out)} --profile {args.profile if args.profile != 'f64' else 'f32'}"
+                           + (" --stage-isolated" if args.stage_isolated else "")))
     return 2 if skipped else 0

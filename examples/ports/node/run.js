@@ -1,6 +1,6 @@
 #!/usr/bin/env node
 // Runs every case of a gdncheck fixture folder through the float32 layer of layer.js and writes the
-// outputs `gdncheck verify --profile f32` judges (fixtures/FORMAT.md §2, §4, §7, §12).
+// outputs `gdncheck verify --profile f32` judges (fixtures/FORMAT.md §2, §4, §7, §11).
 //
 //   node run.js --fixtures ../../../fixtures/default --out out [--case ID_OR_PREFIX ...]
 //
