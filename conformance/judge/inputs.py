@@ -11,7 +11,7 @@ from gdncheck.config import GDNConfig
 from gdncheck.fixtures.manifest import FixtureError
 from gdncheck.harness import END_TO_END, MODES, OUTPUTS_FORMAT, OUTPUTS_FORMAT_VERSION, call_key, call_steps, mode_name
 from gdncheck.safetensors_io import SafetensorsFile
-from gdncheck.stages import STATE_TENSORS, TENSOR_BY_NAME
+from gdncheck.stages import KNOWN_TENSORS, STATE_TENSORS
 from gdncheck.untrusted import safe_text
 
 
@@ -41,8 +41,15 @@ def check_golden(entry: dict, gold: SafetensorsFile) -> None:
 
 def expected_shape(name: str, batch: int, T: int, shapes: dict[str, int]) -> tuple[int, ...]:
     """A call's tensor ``name`` as the case's dimensions shape it: [B, T, ...] for a stage tensor,
-    [B, ...] for a state (docs/spec.md §2, §4)."""
-    spec = TENSOR_BY_NAME.get(name) or next(t for t in STATE_TENSORS if t.name == name)
+    [B, ...] for a state (docs/spec.md §2, §4). Either layer kind's tensors (the sparse block's
+    router_logits, ... are expected on a sparse case); a name of neither is a damaged manifest."""
+    spec = KNOWN_TENSORS.get(name) or next((t for t in STATE_TENSORS if t.name == name), None)
+    if spec is None:
+        raise FixtureError(f"the manifest expects a tensor {safe_text(name)!r}, which is no stage tensor or state "
+                           f"of either layer kind (docs/spec.md §2, §4)")
+    if shapes is None or any(sym != "T" and sym not in shapes for sym in spec.shape):
+        raise FixtureError(f"tensor {safe_text(name)!r} has shape symbols {list(spec.shape)}, but the case's config "
+                           f"gives only {sorted(shapes or ())} (a sparse tensor on a dense case?)")
     return (batch, *(T if sym == "T" else shapes[sym] for sym in spec.shape))
 
 
