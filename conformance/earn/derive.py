@@ -203,6 +203,32 @@ def table_document(env: Envelope, seeds, cases: list[str]) -> dict:
     }
 
 
+def merge_recipes(table: dict, part: dict) -> dict:
+    """``table`` with ``part``'s recipes (a derivation over some recipes only, same method and seeds)
+    put in: their rows replace any of the same recipe, and each global row becomes the envelope of
+    both (a global bound only widens). What a full derive over both would write, without rerunning
+    the other recipes; the derivation record lists part's cases too."""
+    for key in ("method", "margin_elem", "margin_nmse", "placements", "orders", "seeds"):
+        if table["derivation"][key] != part["derivation"][key]:
+            raise ValueError(f"cannot merge derivations that differ in {key}: {table['derivation'][key]!r} "
+                             f"vs {part['derivation'][key]!r}")
+    out = json.loads(json.dumps(table))
+    for mode, profiles in part["modes"].items():
+        for profile, rows in profiles.items():
+            mine = out["modes"].setdefault(mode, {}).setdefault(profile, {"global": {}, "cases": {}})
+            mine["cases"].update(rows["cases"])
+            for tensor, row in rows["global"].items():
+                old = mine["global"].get(tensor, {"observed_elem": 0.0, "observed_nmse": 0.0})
+                if row["observed_elem"] <= old["observed_elem"] and row["observed_nmse"] <= old["observed_nmse"]:
+                    continue  # the row as written (re-rounding it could move its last digit)
+                mine["global"][tensor] = _row(max(old["observed_elem"], row["observed_elem"]),
+                                              max(old["observed_nmse"], row["observed_nmse"]), PROFILES[profile].eps)
+            mine["global"] = dict(sorted(mine["global"].items()))
+            mine["cases"] = dict(sorted(mine["cases"].items()))
+    out["derivation"]["cases"] = list(dict.fromkeys(out["derivation"]["cases"] + part["derivation"]["cases"]))
+    return out
+
+
 def _row(elem: float, nmse: float, floor: float) -> dict:
     return {"elem": _round_up(max(MARGIN_ELEM * elem, floor)),
             "nmse": _round_up(max(MARGIN_NMSE * nmse, floor * floor)),
