@@ -69,7 +69,7 @@ def test_mutant_is_killed_at_its_first_stage_by_the_documented_margin(mutant, pr
         real = REALISTIC_MARGIN.search(cell)
         assert real, cell
         documented_real = float(real["margin"])
-        assert r.realistic_margin <= documented_real * 1.01, (r.realistic_margin, cell)
+        assert r.realistic_margin <= _upper_of_printed(documented_real) * 1.01, (r.realistic_margin, cell)
         if documented_real < 1:
             assert r.realistic_margin < 1, f"{mutant.name} fails a realistic case in {profile}"
     assert r.repro.startswith(f"gdncheck run gdncheck.conformance.meta.mutants:{mutant.name} ")
@@ -81,6 +81,14 @@ def test_mutant_is_killed_at_its_first_stage_by_the_documented_margin(mutant, pr
             edge_case = next(c for c in r.summary.cases if c.id.startswith(_recipe_of_edge(mutant.edge)))
             assert edge_case.status == "fail" and edge_case.message.endswith(f"({EDGES[mutant.edge]})"), \
                 edge_case.message
+
+
+def _upper_of_printed(value: float) -> float:
+    """The largest number the kill matrix prints as ``value`` (two significant digits, ``:.2g``): 0.4548
+    is printed 0.45, and is no more than documented."""
+    if value <= 0:
+        return value
+    return value + 0.5 * 10.0 ** (math.floor(math.log10(value)) - 1)
 
 
 def _recipe_of_edge(edge: str) -> str:
