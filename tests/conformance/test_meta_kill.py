@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from gdncheck.conformance.meta.kill_matrix import GOAL, documented_block, kill
+from gdncheck.conformance.meta.kill_matrix import GOAL, documented_block, kill, record_margin
 from gdncheck.conformance.meta.mutants import MUTANTS
 from gdncheck.fixtures.cases import EDGES
 
@@ -98,15 +98,18 @@ def _recipe_of_edge(edge: str) -> str:
 
 
 def test_a_bf16_state_is_caught_in_bf16_within_256_tokens_of_a_realistic_decode(fixtures_dir):
-    """The long decode's first decode step is 256 tokens long and judged with its state."""
+    """The long decode's first decode step is 256 tokens long and judged with its state: it fails there,
+    at delta_rule, by the goal (the 500-token prefill before it may already show the bf16 state: with
+    long memories it does, and is then the first divergence)."""
     bf16_state = next(m for m in MUTANTS if m.name == "bf16_recurrent_state")
     r = kill(bf16_state, "bf16", fixtures_dir, cases=["long-decode"])
     fd = next(iter(r.first_by_case.values()))
     rec = next(c for c in r.summary.cases).records
     first_decode = next(x for x in rec if x.op == "decode")
-    assert fd.stage == "delta_rule" and fd.op == "decode" and fd.call == first_decode.call, fd
+    assert fd.stage == "delta_rule" and fd.call <= first_decode.call, fd
     assert first_decode.seq_pos and all(p == 500 for p in first_decode.seq_pos)
-    assert r.stage_margin >= GOAL, r.stage_margin
+    decode_margin = max(record_margin(x) for x in rec if x.call == first_decode.call and x.stage == "delta_rule")
+    assert decode_margin >= GOAL, decode_margin
 
 
 def test_the_command_writes_the_matrix_with_margins_and_diagnosis_into_the_docs(tmp_path, capsys):
