@@ -415,7 +415,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant("softplus_naive", SoftplusNaive, "gates", ("softplus-edges", 0),
            bug_class="softplus as log(1 + exp(x)) in f32 (llama.cpp)", edge="softplus", edge_only=True),
     Mutant("gate_f16", GateF16, "gates", bug_class="g computed in float16", edge="softplus"),
-    Mutant("decay_clamped", DecayClamped, "delta_rule", ("sigmoid-edges", 0),
+    Mutant("decay_clamped", DecayClamped, "delta_rule", ("sigmoid-edges", 2),
            bug_class="decay clamped to [1e-6, 1 − 1e-6] (metrale decode)", edge="sigmoid", edge_only=True),
     Mutant("f16_recurrent_state", F16RecurrentState, "delta_rule", bug_class="f16 recurrent state",
            edge="state-norms"),
