@@ -327,10 +327,11 @@ class EmulatedLayer(MoEStages):
 # --- the emulated layer as an implementation of the port contract ---------------------------------
 def emulated_adapter(layer: EmulatedLayer, name: str) -> LayerAdapter:
     """``layer`` (an :class:`EmulatedLayer` or a mutant of it) as an implementation of the port
-    contract, with stage-isolated mode through its stage methods."""
+    contract, with stage-isolated mode through its stage methods, and the serving ops as plain calls
+    (their definition: what it earns bounds with on serving cases)."""
     keep = layer.moe_keep_f32() if layer.mlp_kind == "moe" else ()
     return LayerAdapter(layer, name, load_snapshot=Snapshot.load,
-                        stage_runner=method_stage_runner(layer, layer.store, keep_f32=keep))
+                        stage_runner=method_stage_runner(layer, layer.store, keep_f32=keep), serving="plain-calls")
 
 
 def emulated(cfg: GDNConfig, weights, *, profile: str = "bf16", strict: bool = False, placement: str = "hf",

@@ -14,11 +14,11 @@ import numpy as np
 from gdncheck.config import GDNConfig
 from gdncheck.errors import SafetensorsFormatError
 from gdncheck.fixtures.manifest import FixtureError, case_file, safe_file
-from gdncheck.harness import CALL_OPS, END_TO_END, call_key, call_steps, mode_name
+from gdncheck.harness import CALL_OPS, END_TO_END, call_key, call_steps, is_packed, mode_name
 from gdncheck.safetensors_io import SafetensorsFile
-from gdncheck.stages import REQUIRED_OUTPUTS, STATE_STAGE, STATE_STAGE_INDEX, STATE_TENSORS, tensor_rank
+from gdncheck.stages import REQUIRED_OUTPUTS, STATE_NAMES, STATE_STAGE, STATE_STAGE_INDEX, STATE_TENSORS, tensor_rank
 
-from . import inputs, messages
+from . import inputs, messages, packed
 from .aliases import NamedOutputs, NameTable
 from .metrics import CaseStats
 from .records import CaseReport, FirstDivergence, Record
@@ -159,7 +159,8 @@ class CaseJudge:
         arrays: dict[str, list[np.ndarray]] = {}
         for step in call_steps(self.entry["program"]):
             for name in step["expected"]:
-                arrays.setdefault(name, []).append(np.asarray(self.gold[call_key(step["call"], name)]))
+                arr = np.asarray(self.gold[call_key(step["call"], name)])
+                arrays.setdefault(name, []).append(_row(arr, step, name))
         return {name: CaseStats(name, arrs) for name, arrs in arrays.items()}
 
     def judge_call(self, i: int, step: dict) -> None:
@@ -172,9 +173,16 @@ class CaseJudge:
             rec = base_record(self.case, i, step["op"], k, name, seq_pos=list(step["seq_pos"]),
                               expected_ref=self._golden_ref(key),
                               actual_ref=self.outs.ref(self.report.outputs_file, key))
-            judge(rec, actual, dtype, self.gold.read(key), self.table.bound(name, self.profile, self.mode, self.case),
-                  required=name in required, subject=messages.subject(name, rec.stage, k), loc=loc,
-                  stats=self.stats.get(name))
+            expected, bound = self.gold.read(key), self.table.bound(name, self.profile, self.mode, self.case)
+            if actual is not None:
+                actual = _row(actual, step, name)
+            judge(rec, actual, dtype, _row(expected, step, name), bound, required=name in required,
+                  subject=messages.subject(name, rec.stage, k), loc=loc, stats=self.stats.get(name))
+            if is_packed(step):
+                if name in STATE_NAMES:
+                    packed.slot_note(rec, step, actual, expected, bound, self.stats.get(name))
+                else:
+                    packed.locate_token(rec, step)
             self.report.records.append(rec)
         if not self.stage_isolated:
             self.judge_seq_len(i, step, loc)
@@ -237,6 +245,11 @@ class CaseJudge:
         """A state of the case's dimensions before any call: what a snapshot of no call holds."""
         dims = GDNConfig.from_hf(self.entry["config"]).dims()
         return np.zeros((self.entry["batch"], *(dims[s] for s in spec.shape)))
+
+
+def _row(arr: np.ndarray, step: dict, name: str) -> np.ndarray:
+    """A packed step's stage tensor [total_tokens, ...] as one row [1, total_tokens, ...] (packed.py)."""
+    return arr[None] if is_packed(step) and name not in STATE_NAMES else arr
 
 
 def _read(outs: NamedOutputs, key: str, shape=None) -> tuple[np.ndarray | None, str | None]:

@@ -9,17 +9,18 @@ import numpy as np
 
 from gdncheck.config import GDNConfig
 from gdncheck.fixtures.manifest import FixtureError
-from gdncheck.harness import END_TO_END, OUTPUTS_FORMAT, call_key, call_steps, mode_name
+from gdncheck.harness import END_TO_END, OUTPUTS_FORMAT, call_key, call_steps, has_input, is_packed, mode_name
 from gdncheck.safetensors_io import SafetensorsFile
 from gdncheck.stages import STATE_NAMES
 
 
 def check_golden(entry: dict, gold: SafetensorsFile) -> None:
-    """Every expected tensor the manifest promises is in the file, float64, finite, [B, T, ...]."""
+    """Every expected tensor the manifest promises is in the file, float64, finite, [B, T, ...] (a
+    serving step's: [total_tokens, ...], its states the pool's [S, ...] with S = batch)."""
     B = entry["batch"]
     for step in call_steps(entry["program"]):
         k = step["call"]
-        if call_key(k, "x") not in gold:
+        if has_input(step) and call_key(k, "x") not in gold:
             raise FixtureError(f"{entry['file']}: input {call_key(k, 'x')} is missing (fixture damaged)")
         if entry["kind"] == "error":
             continue
@@ -30,7 +31,12 @@ def check_golden(entry: dict, gold: SafetensorsFile) -> None:
             if gold.dtype_of(key) != "F64":
                 raise FixtureError(f"{entry['file']}: {key} is {gold.dtype_of(key)}, expected F64 (fixture damaged)")
             shape = gold.shape_of(key)
-            if shape[0] != B or (name not in STATE_NAMES and shape[1] != step["T"]):
+            if is_packed(step):
+                lead, want = shape[0], (B if name in STATE_NAMES else step["T"])
+                if lead != want:
+                    raise FixtureError(f"{entry['file']}: {key} has shape {list(shape)}, expected "
+                                       f"[{want}, ...] (fixture damaged)")
+            elif shape[0] != B or (name not in STATE_NAMES and shape[1] != step["T"]):
                 raise FixtureError(f"{entry['file']}: {key} has shape {list(shape)}, expected [B={B}, T={step['T']}, "
                                    f"...] (fixture damaged)")
             if not np.isfinite(gold.read(key)).all():

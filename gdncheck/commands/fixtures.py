@@ -22,8 +22,9 @@ def configure(p: argparse.ArgumentParser) -> None:
 
     sub = p.add_subparsers(dest="action", metavar="ACTION", required=True)
     b = sub.add_parser("build", help="build a suite (or cases from a checkpoint)")
-    b.add_argument("--suite", choices=("default", "full"), default="default",
-                   help="default: the committed suite; full: adds real Qwen3.5 sizes (large, slow)")
+    b.add_argument("--suite", choices=("default", "full", "serving"), default="default",
+                   help="default: the committed suite; full: adds real Qwen3.5 sizes (large, slow); serving: "
+                        "the serving patterns' cases (packed calls, slots, spec decode, prefix cache)")
     b.add_argument("--out", default=None, help=f"output folder (default: {DEFAULT_DIR} for default, "
                                                "./fixtures-<suite> otherwise)")
     b.add_argument("--jobs", type=int, default=1, help="worker processes (default 1)")
