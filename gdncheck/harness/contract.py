@@ -96,10 +96,10 @@ class LayerAdapter:
 
     ``serving``: how it runs the serving ops (docs/serving.md, FORMAT.md §4.1), the state being the
     pool: a module with ``forward_packed``, ``prefix_snapshots``, ``verify_spec`` and ``commit`` taking
-    the layer first (``gdncheck.reference.serving``, ``gdncheck.gpu_impl.serving``), the string
-    ``"plain-calls"`` (:mod:`.plain_serving`: each sequence as a plain call on a one-row state, the
-    definition; for layers that only need to *earn* bounds, never to claim a packed path), or None
-    (the serving ops are not applicable). ``serving_options``: keyword arguments of its calls.
+    the layer first (``gdncheck.reference.serving``, ``gdncheck.gpu_impl.serving``; or
+    :mod:`.plain_serving`, each sequence as a plain call on a one-row state, the definition: for layers
+    that only *earn* bounds, never to claim a packed path), or None (the serving ops are not
+    applicable). ``serving_options``: keyword arguments of its calls.
     """
 
     def __init__(self, layer: Any, name: str, *, load_snapshot: Callable[[str], Any],
@@ -109,8 +109,6 @@ class LayerAdapter:
         self.name = name
         self._load = load_snapshot
         self._prepare = prepare_input or (lambda x: x)
-        if serving == "plain-calls":
-            from . import plain_serving as serving
         self._serving = serving
         self._serving_options = dict(serving_options or {})
         if stage_runner is not None:
