@@ -160,7 +160,7 @@ class CaseJudge:
         for step in call_steps(self.entry["program"]):
             for name in step["expected"]:
                 arr = np.asarray(self.gold[call_key(step["call"], name)])
-                arrays.setdefault(name, []).append(_row(arr, step, name))
+                arrays.setdefault(name, []).append(packed.as_judged(arr, step, name))
         return {name: CaseStats(name, arrs) for name, arrs in arrays.items()}
 
     def judge_call(self, i: int, step: dict) -> None:
@@ -175,8 +175,8 @@ class CaseJudge:
                               actual_ref=self.outs.ref(self.report.outputs_file, key))
             expected, bound = self.gold.read(key), self.table.bound(name, self.profile, self.mode, self.case)
             if actual is not None:
-                actual = _row(actual, step, name)
-            judge(rec, actual, dtype, _row(expected, step, name), bound, required=name in required,
+                actual = packed.as_judged(actual, step, name)
+            judge(rec, actual, dtype, packed.as_judged(expected, step, name), bound, required=name in required,
                   subject=messages.subject(name, rec.stage, k), loc=loc, stats=self.stats.get(name))
             if is_packed(step):
                 if name in STATE_NAMES:
@@ -245,11 +245,6 @@ class CaseJudge:
         """A state of the case's dimensions before any call: what a snapshot of no call holds."""
         dims = GDNConfig.from_hf(self.entry["config"]).dims()
         return np.zeros((self.entry["batch"], *(dims[s] for s in spec.shape)))
-
-
-def _row(arr: np.ndarray, step: dict, name: str) -> np.ndarray:
-    """A packed step's stage tensor [total_tokens, ...] as one row [1, total_tokens, ...] (packed.py)."""
-    return arr[None] if is_packed(step) and name not in STATE_NAMES else arr
 
 
 def _read(outs: NamedOutputs, key: str, shape=None) -> tuple[np.ndarray | None, str | None]:

@@ -15,10 +15,19 @@ from __future__ import annotations
 import numpy as np
 
 from gdncheck.calls import PAD_SLOT_ID
+from gdncheck.harness import is_packed
+from gdncheck.stages import STATE_NAMES
 
 from .metrics import CaseStats, scaled_error
 from .records import Record
 from .tolerances import Bound
+
+
+def as_judged(arr: np.ndarray, step: dict, name: str) -> np.ndarray:
+    """A tensor of a call as the judge sees it: a packed step's stage tensor [total_tokens, ...] as one
+    row [1, total_tokens, ...]; anything else (a pool state too) unchanged. The judge and the tolerance
+    derivation both go through this, so bounds are earned on what is judged."""
+    return arr[None] if is_packed(step) and name not in STATE_NAMES else arr
 
 
 def written_slots(step: dict) -> set[int]:
