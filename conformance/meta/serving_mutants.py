@@ -23,7 +23,7 @@ gdncheck.conformance.meta.serving_mutants:NAME``).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import SimpleNamespace
 
 import numpy as np
@@ -123,7 +123,7 @@ class ServingMutant(Mutant):
     """A :class:`~.mutants.Mutant` of the serving bookkeeping: the correct emulated layer with a buggy
     ``serving`` module, shown only by cases with ``case_tags``."""
 
-    serving: SimpleNamespace | None = None
+    serving: SimpleNamespace | None = field(default=None, compare=False)  # not hashed: a namespace of functions
     case_tags: tuple[str, ...] = ("packed",)
     module: str = MODULE
 
