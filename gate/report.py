@@ -17,7 +17,9 @@ from gdncheck.conformance.judge.records import FirstDivergence
 from gdncheck.reports import write_report as html
 from gdncheck.reports.junit import JUnit, add_verify_summary
 from gdncheck.safetensors_io import write_bytes_atomic
+from gdncheck.untrusted import safe_text
 
+from .folders import REPORT_MARKER, fresh
 from .plan import Skip
 
 MAX_DIVERGENCES = 5  # per profile, on the console
@@ -49,11 +51,25 @@ def format_table(doc: dict) -> str:
 
 
 def format_result(doc: dict, *, verbose: bool = True) -> str:
-    lines = []
+    """The console text: every string that came from a port or a file is one line of visible
+    characters (:func:`gdncheck.untrusted.safe_text`), so none can forge or hide a verdict line."""
+    return "\n".join(safe_text(line) for line in _result_lines(doc, verbose))
+
+
+def _result_lines(doc: dict, verbose: bool) -> list[str]:
+    lines: list[str] = []
     if doc.get("reason") and doc["exit_code"] == 2 and not doc.get("profiles"):
-        return f"gdncheck gate: could not run: {doc['reason']}"
+        return [f"gdncheck gate: could not run: {doc['reason']}"]
     if doc.get("profiles"):
-        lines.append(format_table(doc))
+        lines.extend(format_table(doc).splitlines())
+        for p, v in doc["profiles"].items():
+            cov = v.get("coverage")
+            if cov:
+                lines.append(f"coverage {p}: {cov['judged']} of {cov['cases']} case(s) judged, {cov['not_applicable']} "
+                             f"not applicable, {cov['tensors_judged']} tensor(s) judged"
+                             + ("" if cov["ok"] else "; " + "; ".join(cov["problems"])))
+    for note in doc.get("notes") or []:
+        lines.append(f"note: {note}")
     for s in (doc.get("selection") or {}).get("skipped", []):
         lines.append(f"skipped {s['case']} ({', '.join(s['profiles'])}): {s['reason']}")
     for p, v in (doc.get("profiles") or {}).items():
@@ -63,7 +79,7 @@ def format_result(doc: dict, *, verbose: bool = True) -> str:
                 continue
             lines.append(f"FAIL {p} {f['case']}: first divergence {FirstDivergence.from_json(f['first_divergence'])}")
             if verbose:
-                lines.append(f"     {f['message']}\n     repro: {f['repro']}")
+                lines += [f"     {f['message']}", f"     repro: {f['repro']}"]
         if len(v["failures"]) > MAX_DIVERGENCES:
             lines.append(f"... and {len(v['failures']) - MAX_DIVERGENCES} more failing case(s) in {p}: {v['summary']}")
     for p, v in (doc.get("profiles") or {}).items():
@@ -80,10 +96,10 @@ def format_result(doc: dict, *, verbose: bool = True) -> str:
             lines.append(f"FAIL property {r['name']} ({r['profile']}): {first}")
             if verbose:
                 lines.extend(f"     {n}" for n in [*r["message"].splitlines()[1:], *r["notes"]])
-                lines.append(f"     blob: {r['blob']}\n     replay: {r['replay']}")
+                lines += [f"     blob: {r['blob']}", f"     replay: {r['replay']}"]
         elif r["status"] == "skip" and verbose:
             lines.append(f"skipped property {r['name']} ({r['profile']}): {r['message']}")
-    return "\n".join(lines)
+    return lines
 
 
 def verdict_line(doc: dict) -> str:
@@ -104,13 +120,13 @@ def verdict_line(doc: dict) -> str:
                      f"({props['hypothesis_profile']}, {props['max_examples']} examples)")
     if timing.get("total_s") is not None:
         parts.append(f"{timing['total_s']:.0f} s")
-    line = "; ".join(parts)
+    lines = ["; ".join(parts)]
     if doc.get("reason"):
-        line += f"\nreason: {doc['reason']}"
+        lines.append(f"reason: {doc['reason']}")
     outs = doc.get("outputs") or {}
-    line += f"\nsummary: {outs.get('summary')}; junit: {', '.join(outs.get('junit') or [])}" + \
-        (f"; report: {outs['report']}" if outs.get("report") else "")
-    return line
+    lines.append(f"summary: {outs.get('summary')}; junit: {', '.join(outs.get('junit') or [])}"
+                 + (f"; report: {outs['report']}" if outs.get("report") else ""))
+    return "\n".join(safe_text(line) for line in lines)
 
 
 def html_report(summary_path: Path, out_dir: Path) -> list[Path]:
@@ -118,19 +134,86 @@ def html_report(summary_path: Path, out_dir: Path) -> list[Path]:
     return [Path(html(str(summary_path), out_dir))]
 
 
+_STYLE = """
+body{font:14px/1.45 system-ui,-apple-system,"Segoe UI",sans-serif;margin:2rem auto;max-width:72rem;padding:0 1rem;
+color:#1d2330;background:#fff}
+h1{font-size:1.5rem;margin:0 0 .3rem}h2{font-size:1.1rem;margin:1.6rem 0 .5rem}
+.meta{color:#5a6272;margin:0 0 1rem}
+.badge{display:inline-block;padding:.15rem .6rem;border-radius:1rem;font-weight:600;color:#fff}
+.conforms{background:#1f883d}.fail{background:#cf222e}.unusable{background:#9a6700}.none{background:#6e7781}
+table{border-collapse:collapse;width:100%;margin:.3rem 0 1rem}
+th,td{border:1px solid #d0d7de;padding:.35rem .6rem;text-align:right}
+th{background:#f6f8fa}td:first-child,th:first-child,td.text{text-align:left}
+td.verdict{color:#fff;font-weight:600;text-align:center}
+ul.fail li{margin:.3rem 0}code{font-size:12px;background:#f6f8fa;padding:.1rem .3rem;border-radius:4px;
+word-break:break-all}
+details{margin-top:1.5rem}pre{background:#f6f8fa;padding:1rem;overflow:auto;font-size:12px}
+"""
+
+
+def _verdict_class(code: int | None) -> str:
+    return {0: "conforms", 1: "fail", 2: "unusable"}.get(code, "none")
+
+
 def index_page(doc: dict, text: str, pages: dict[str, Path], report_dir: Path) -> str:
-    """REPORT/index.html: the verdict, links to each profile's report, the console text."""
-    links = "".join(f'<li><a href="{escape(str(p.relative_to(report_dir)))}">{escape(name)}</a>: '
-                    f'{escape(doc["profiles"][name]["verdict"])}</li>' for name, p in pages.items())
-    return (f'<!doctype html><html><head><meta charset="utf-8"><title>gdncheck gate: {escape(doc["verdict"])}'
-            f'</title></head><body><h1>gdncheck gate: {escape(doc["verdict"])}</h1><ul>{links}</ul>'
-            f"<pre>{escape(text)}</pre></body></html>\n")
+    """REPORT/index.html: the verdict, a grid of profiles (cases, tensors, properties, verdict) linking
+    each profile's report, the first divergences, failing properties, and the console text."""
+    e = escape
+    impl = doc.get("implementation") or {}
+    sel = doc.get("selection") or {}
+    props = (doc.get("properties") or {}).get("results", [])
+    cols = ["profile", "cases", "pass", "fail", "unusable", "n/a", "tensors", "failed", "properties", "verdict"]
+    rows = []
+    for name, v in (doc.get("profiles") or {}).items():
+        t = v.get("totals") or {}
+        pr = [r for r in props if r["profile"] == name]
+        pfail = sum(r["status"] == "fail" for r in pr)
+        pcell = f"{sum(r['status'] == 'pass' for r in pr)}/{len(pr)}" + (f" ({pfail} fail)" if pfail else "") \
+            if pr else "-"
+        code = max(v.get("exit_code", 0), 1 if pfail else 0)
+        label = e(name)
+        if name in pages:
+            label = f'<a href="{e(pages[name].relative_to(report_dir).as_posix())}">{label}</a>'
+        cells = [str(t.get(k, 0)) for k in ("cases", "passed", "failed", "errors", "not_applicable", "records",
+                                            "records_failed")]
+        verdict = v["verdict"] if not pfail else "does not conform"
+        rows.append(f"<tr><td>{label}</td>" + "".join(f"<td>{c}</td>" for c in cells) + f"<td>{e(pcell)}</td>"
+                    f'<td class="verdict {_verdict_class(code)}">{e(verdict)}</td></tr>')
+    failures = []
+    for name, v in (doc.get("profiles") or {}).items():
+        for f in v.get("failures", []):
+            where = (str(FirstDivergence.from_json(f["first_divergence"])) if f.get("first_divergence")
+                     else "inputs unusable")
+            failures.append(f"<li><b>{e(name)}</b> {e(f['case'])}: {e(where)}<br>{e(f.get('message') or '')}"
+                            + (f"<br><code>{e(f['repro'])}</code>" if f.get("repro") else "") + "</li>")
+    for r in props:
+        if r["status"] == "fail":
+            first = r["message"].splitlines()[0] if r.get("message") else ""
+            failures.append(f"<li><b>{e(r['profile'])}</b> property {e(r['name'])}: {e(first)}"
+                            + (f"<br><code>{e(r['replay'])}</code>" if r.get("replay") else "") + "</li>")
+    skipped = "".join(f"<li>{e(s['case'])} ({e(', '.join(s['profiles']))}): {e(s['reason'])}</li>"
+                      for s in sel.get("skipped", []))
+    merged = "".join(f"<li>shard {e(m['shard'])}: {e(m['verdict'])}</li>" for m in doc.get("merged", []))
+    where = f"{impl.get('spec')} on {impl.get('device', '?')}" + (" (Triton interpreter)" if impl.get("interpreter")
+                                                                  else "")
+    return (
+        f'<!doctype html><html lang="en"><head><meta charset="utf-8"><title>gdncheck gate: {e(doc["verdict"])}'
+        f'</title><style>{_STYLE}</style></head><body>'
+        f'<h1>gdncheck gate <span class="badge {_verdict_class(doc.get("exit_code"))}">{e(doc["verdict"])}</span></h1>'
+        f'<p class="meta">{e(where)}; {e(str(sel.get("run", 0)))} case(s) run'
+        + (f"; reason: {e(doc['reason'])}" if doc.get("reason") else "") + "</p>"
+        + (f"<h2>Shards merged</h2><ul>{merged}</ul>" if merged else "")
+        + '<h2>Verdict per profile</h2><table class="grid"><thead><tr>' + "".join(f"<th>{c}</th>" for c in cols)
+        + f'</tr></thead><tbody>{"".join(rows)}</tbody></table>'
+        + (f'<h2>First divergences</h2><ul class="fail">{"".join(failures)}</ul>' if failures else "")
+        + (f"<h2>Not run</h2><ul>{skipped}</ul>" if skipped else "")
+        + f"<details><summary>Console text</summary><pre>{e(text)}</pre></details></body></html>\n")
 
 
 def write_report(report_dir: Path, doc: dict, summaries: dict) -> list[Path]:
     """``summary.txt`` (the console text), each profile's HTML report in ``PROFILE/`` and an
     ``index.html`` that links them. A report that fails is a warning, never a lost verdict."""
-    report_dir.mkdir(parents=True, exist_ok=True)
+    fresh(report_dir, REPORT_MARKER, "--report")  # the gate's own folder, replaced whole; anything else refused
     files, pages, problems = [], {}, []
     for p in summaries:
         try:
@@ -163,6 +246,11 @@ def gate_junit(doc: dict, summaries: dict, known: dict, case_seconds: dict) -> J
     skipped = [Skip(**s) for s in (doc.get("selection") or {}).get("skipped", [])]
     for p, summary in summaries.items():
         add_verify_summary(junit, summary, skipped=skipped, known=known.get(p), case_seconds=case_seconds.get(p))
+    for p, v in (doc.get("profiles") or {}).items():
+        if p not in summaries and v.get("verdict") == "nothing judged":
+            junit.case(f"conformance.{p}", f"conformance.{p}", "coverage",
+                       error=("nothing judged: every selected case was skipped", "nothing judged: every selected "
+                              "case was skipped (a run that judged nothing never conforms)"))
     for r in (doc.get("properties") or {}).get("results", []):
         suite, cls = f"properties.{r['profile']}", f"properties.{r['profile']}.{r['chapter']}"
         if r["status"] == "fail":

@@ -32,7 +32,7 @@ from pathlib import Path
 
 from gdncheck.conformance.judge.records import Summary
 from gdncheck.conformance.judge.verify import verify
-from gdncheck.conformance.ports.plugin import load_factory
+from gdncheck.conformance.ports.plugin import check_options, load_factory
 from gdncheck.conformance.ports.run import default_command
 from gdncheck.conformance.properties import PROPERTIES
 from gdncheck.errors import GDNError
@@ -43,12 +43,16 @@ from gdncheck.fixtures.manifest import (
     CaseProblem,
     FixtureError,
     case_file,
+    check_manifest_sha256,
     load_manifest,
+    refuse_output_in_suite,
     sha256_file,
 )
 from gdncheck.profiles import VERIFY_PROFILES
+from gdncheck.untrusted import safe_text
 
 from . import summary as gs
+from .folders import OUTPUTS_MARKER, REPORT_MARKER, FolderError, check_owned, fresh, remove_stale
 from .plan import Plan, plan_cases, plan_properties
 from .report import gate_junit, write_report
 from .summary import SCHEMA_PATH, VERDICTS, validate_gate_summary
@@ -89,6 +93,7 @@ class GateOptions:
     rebuild_check: bool | None = None  # None: for the default suite only
     xfails: str | None = None  # known-failures file; None: the packaged one; "none": no known failures
     options: dict = field(default_factory=dict)
+    fixtures_sha256: str | None = None  # the pinned sha256 of the suite's manifest.json
 
 
 @dataclass
@@ -114,6 +119,7 @@ class Setup:
     hypothesis_profile: str
     max_examples: int
     jobs: int
+    xfails: list = field(default_factory=list)  # the known failures, read before anything runs
 
 
 @dataclass
@@ -127,11 +133,15 @@ class Outcome:
         return {case: r["seconds"] for (p, case), r in self.runs.items() if p == profile}
 
 
-def resolve_fixtures(opts: GateOptions) -> Path:
+def fixtures_path(opts: GateOptions) -> Path:
+    """The fixture folder the options name (``--fixtures``, else the suite's), whether or not it is there."""
     if opts.fixtures:
-        path = Path(opts.fixtures)
-    else:
-        path = DEFAULT_DIR if opts.suite == "default" else Path(f"fixtures-{opts.suite}")
+        return Path(opts.fixtures)
+    return DEFAULT_DIR if opts.suite == "default" else Path(f"fixtures-{opts.suite}")
+
+
+def resolve_fixtures(opts: GateOptions) -> Path:
+    path = fixtures_path(opts)
     if not (path / MANIFEST_NAME).is_file():
         hint = (f"build it first: gdncheck fixtures build --suite {opts.suite} --out {path} --jobs 2"
                 if opts.suite != "default" else "give --fixtures DIR")
@@ -158,11 +168,14 @@ def resolve_device(opts: GateOptions) -> tuple[str, bool]:
     return device, opts.impl == "triton" and device == "cpu"
 
 
-def check_fixtures(fixtures: Path, suite_check: bool) -> tuple[dict, dict]:
-    """Schema, checksums and (``suite_check``) a rebuild; raises :class:`CouldNotRun` on drift.
-    Returns (what was checked, the manifest)."""
+def check_fixtures(fixtures: Path, suite_check: bool, pinned: str | None = None) -> tuple[dict, dict]:
+    """The manifest against ``pinned`` (its sha256, when given), schema and consistency, checksums and
+    (``suite_check``) a rebuild; raises :class:`CouldNotRun` on drift. Returns (what was checked, the
+    manifest)."""
     problems: list[CaseProblem] = []
     try:
+        if pinned is not None:
+            check_manifest_sha256(fixtures, pinned)
         manifest = load_manifest(fixtures, problems)
     except FixtureError as exc:
         raise CouldNotRun(f"fixtures unusable: {exc}") from None
@@ -176,7 +189,8 @@ def check_fixtures(fixtures: Path, suite_check: bool) -> tuple[dict, dict]:
         raise CouldNotRun("fixtures drifted (refusing to judge against them): " + "; ".join(bad[:5])
                           + (f"; and {len(bad) - 5} more" if len(bad) > 5 else ""))
     info = {"dir": str(fixtures), "suite": manifest["suite"], "cases": len(manifest["cases"]),
-            "manifest_sha256": sha256_file(fixtures / "manifest.json"), "checksums": "ok", "rebuild": "not checked"}
+            "manifest_sha256": sha256_file(fixtures / "manifest.json"), "checksums": "ok", "rebuild": "not checked",
+            "manifest_pinned": pinned is not None}
     if suite_check:
         report = check_suite(fixtures)
         changed = [r for r in report if r["status"] in ("changed", "missing")]
@@ -194,13 +208,21 @@ def run_gate(opts: GateOptions, progress: Callable[[float, float, dict], None] |
     start = time.perf_counter()
     out = Path(opts.out)
     result = GateResult(2, VERDICTS[2], None, gs.head(opts.impl, opts.options, out))
+    # before anything is written: OUT is no fixture suite, inside none and around none (this one raises:
+    # not even the gate's summary may be written there), and no earlier verdict survives this run
+    refuse_output_in_suite(out, fixtures_path(opts))
+    if opts.junit:
+        if Path(opts.junit).is_dir():
+            raise CouldNotRun(f"--junit {opts.junit} is a folder; expected the name of a file to write")
+        refuse_output_in_suite(Path(opts.junit).parent, None, "--junit")
+    remove_stale(out / "gate-summary.json", out / "gate-junit.xml", *([Path(opts.junit)] if opts.junit else []))
     try:
         setup = plan(opts, result)
         outcome = execute(opts, out, setup, result.doc, progress)
         judge(opts, out, setup, outcome, result)
         summarise(opts, setup, outcome, result)
-    except CouldNotRun as exc:
-        result.reason = result.doc["reason"] = str(exc)
+    except (CouldNotRun, FolderError) as exc:
+        result.reason = result.doc["reason"] = safe_text(exc)
         result.exit_code = 2
     doc = result.doc
     doc["exit_code"], doc["verdict"] = result.exit_code, VERDICTS[result.exit_code]
@@ -218,19 +240,41 @@ def plan(opts: GateOptions, result: GateResult) -> Setup:
         raise CouldNotRun(f"expected profiles from {', '.join(VERIFY_PROFILES)}, found "
                           f"{', '.join(opts.profiles) or 'none'}")
     fixtures = resolve_fixtures(opts)
+    out = Path(opts.out)
+    for p in opts.profiles:  # checked now, emptied when the work starts: nothing of someone else's is lost
+        check_owned(out / p, OUTPUTS_MARKER, f"the outputs folder of profile {p}")
+    if opts.report:
+        try:
+            refuse_output_in_suite(opts.report, fixtures, "--report")
+        except FixtureError as exc:
+            raise CouldNotRun(str(exc)) from None
+        check_owned(Path(opts.report), REPORT_MARKER, "--report")
     device, interpreter = resolve_device(opts)
     doc["implementation"].update(device=device, interpreter=interpreter)
     try:
-        load_factory(opts.impl)
+        factory = load_factory(opts.impl)
     except GDNError as exc:
         raise CouldNotRun(f"implementation {opts.impl!r} cannot be loaded: {exc}") from None
-    rebuild = opts.rebuild_check if opts.rebuild_check is not None else opts.suite == "default" and not opts.fixtures
-    doc["fixtures"], manifest = check_fixtures(fixtures, rebuild)
+    try:
+        check_options(factory, opts.options, opts.impl)
+    except GDNError as exc:
+        raise CouldNotRun(str(exc)) from None
+    try:  # read now: an unusable file must not cost a whole run first
+        xfails = [] if (opts.xfails or "").lower() == "none" else load_xfails(opts.xfails)
+    except GDNError as exc:
+        raise CouldNotRun(str(exc)) from None
+    default_suite = opts.suite == "default" and not opts.fixtures
+    rebuild = opts.rebuild_check if opts.rebuild_check is not None else default_suite
+    doc["fixtures"], manifest = check_fixtures(fixtures, rebuild, opts.fixtures_sha256)
+    if not default_suite and opts.fixtures_sha256 is None:
+        doc.setdefault("notes", []).append(
+            f"the manifest of {fixtures} is not pinned: its case files match it, but nothing says it is the suite you "
+            f"meant; pin it with --fixtures-sha256 {doc['fixtures']['manifest_sha256']}")
     result.plan = _units(opts, manifest, interpreter)
     setup = Setup(fixtures, device, interpreter, result.plan,
                   hypothesis_profile=opts.hypothesis_profile or os.environ.get("GDN_HYPOTHESIS_PROFILE") or "ci",
                   max_examples=opts.max_examples or (INTERPRETER_MAX_EXAMPLES if interpreter else DEFAULT_MAX_EXAMPLES),
-                  jobs=opts.jobs or (min(2, os.cpu_count() or 1) if device == "cpu" else 1))
+                  jobs=opts.jobs or (min(2, os.cpu_count() or 1) if device == "cpu" else 1), xfails=xfails)
     p = result.plan
     doc["selection"] = {"profiles": list(opts.profiles), "shard": list(opts.shard) if opts.shard else None,
                         "cases": opts.cases, "tags": opts.tags, "selected": p.selected, "run": len(p.entries),
@@ -247,7 +291,7 @@ def _units(opts: GateOptions, manifest: dict, interpreter: bool) -> Plan:
         entries, case_units, skipped, selected = plan_cases(manifest, profiles, cases=opts.cases, tags=opts.tags,
                                                             shard=opts.shard, interpreter=interpreter,
                                                             all_cases=opts.all_cases)
-    except GDNError as exc:
+    except GDNError as exc:  # a selection of no case (a usage error: nothing would be judged)
         raise CouldNotRun(str(exc)) from None
     names = [n for n in PROPERTIES if not opts.property_names or any(k in n for k in opts.property_names)]
     prop_units = plan_properties(names, profiles, opts.shard, {n for n in names if PROPERTIES[n].once}) \
@@ -257,6 +301,8 @@ def _units(opts: GateOptions, manifest: dict, interpreter: bool) -> Plan:
 
 def execute(opts: GateOptions, out: Path, setup: Setup, doc: dict, progress) -> Outcome:
     """Run every unit in the workers (cases write their outputs under ``OUT/PROFILE/``)."""
+    for p in opts.profiles:  # no outputs file of an earlier run is ever judged as this run's
+        fresh(out / p, OUTPUTS_MARKER, f"the outputs folder of profile {p}")
     commands = {p: default_command(opts.impl, setup.fixtures, out / p, p, opts.options, False) for p in opts.profiles}
     tasks: list[Task] = [(run_case_unit, (opts.impl, str(setup.fixtures), str(out), u, opts.options,
                                           commands[u.profile]), u.cost) for u in setup.plan.case_units]
@@ -285,14 +331,17 @@ def judge(opts: GateOptions, out: Path, setup: Setup, outcome: Outcome, result: 
     doc = result.doc
     ids = setup.plan.case_ids
     no_xfails = (opts.xfails or "").lower() == "none"
-    xfails = [] if no_xfails else load_xfails(opts.xfails)
+    xfails = setup.xfails
     doc["profiles"] = {}
     doc["xfails"] = {"file": "none" if no_xfails else str(opts.xfails or DEFAULT_XFAILS), "stale": []}
     for p in opts.profiles:
         if not ids:
             doc["profiles"][p] = gs.nothing_to_verify()
             continue
-        summary = verify(setup.fixtures, out / p, p, cases=ids)
+        try:
+            summary = verify(setup.fixtures, out / p, p, cases=ids)
+        except GDNError as exc:
+            raise CouldNotRun(f"verify of profile {p} could not run: {exc}") from None
         path = summary.write(out / p / f"verify-summary-{p}.json")
         known, stale = classify(xfails, opts.impl, p, summary.cases)
         result.summaries[p] = summary
@@ -313,9 +362,14 @@ def summarise(opts: GateOptions, setup: Setup, outcome: Outcome, result: GateRes
     doc["environment"] = gs.environment(setup.device)
     worst = max([v["exit_code"] for v in doc["profiles"].values()] + [int(doc["properties"]["totals"]["fail"] > 0)])
     if worst == 2:  # counted per profile, as the rows of the table are
-        unusable = [f["case"] for v in doc["profiles"].values() for f in v["failures"] if f["status"] == "error"]
-        result.reason = doc["reason"] = (f"inputs unusable for {len(unusable)} case(s): "
-                                         f"{', '.join(sorted(set(unusable)))}")
+        unusable = sorted({f["case"] for v in doc["profiles"].values() for f in v["failures"]
+                           if f["status"] == "error"})
+        nothing = [p for p, v in doc["profiles"].items() if v["verdict"] == "nothing judged"]
+        reasons = ([f"inputs unusable for {len(unusable)} case(s): {', '.join(unusable)}"] if unusable else []) + \
+                  ([f"nothing judged in profile(s) {', '.join(nothing)}: "
+                    + "; ".join(doc["profiles"][nothing[0]].get("coverage", {}).get("problems", [])
+                                or ["every selected case was skipped (listed above)"])] if nothing else [])
+        result.reason = doc["reason"] = safe_text("; ".join(reasons) or "a profile could not be judged")
     result.exit_code = worst
 
 
@@ -330,7 +384,10 @@ def _write(opts: GateOptions, out: Path, result: GateResult) -> None:
     for p in junit_paths:
         xml.write(p)
     if opts.report:
-        doc["outputs"]["report_files"] = [str(p) for p in write_report(Path(opts.report), doc, result.summaries)]
+        try:
+            doc["outputs"]["report_files"] = [str(p) for p in write_report(Path(opts.report), doc, result.summaries)]
+        except FolderError as exc:  # refused before the work; the reason says so already
+            doc.setdefault("notes", []).append(f"no report written: {safe_text(exc)}")
     gs.write_summary(out, doc)
 
 

@@ -15,6 +15,7 @@ from pathlib import Path
 from gdncheck._version import __version__
 from gdncheck.conformance.judge.records import Summary
 from gdncheck.safetensors_io import write_bytes_atomic
+from gdncheck.untrusted import safe_text
 
 from .xfails import XFail
 
@@ -42,8 +43,9 @@ def head(impl: str, options: dict, out: Path) -> dict:
 
 
 def profile_code(summary: Summary, known: dict[str, XFail]) -> int:
-    """A profile's exit code: 2 a case's inputs were unusable, 1 a case fails (known failures aside), 0."""
-    if any(c.status == "error" for c in summary.cases):
+    """A profile's exit code: 2 a case's inputs were unusable or nothing was judged (the coverage rule,
+    as ``verify``), 1 a case fails (known failures aside), 0."""
+    if summary.exit_code == 2:
         return 2
     return int(any(c.status == "fail" and c.id not in known for c in summary.cases))
 
@@ -54,8 +56,8 @@ def profile_section(summary: Summary, path: Path, known: dict[str, XFail], secon
     cases = summary.cases
     return {
         "verdict": VERDICTS[code] if code != 2 else summary.verdict(), "exit_code": code,
-        "totals": summary.totals(), "summary": str(path), "implementation": summary.implementation.get("name"),
-        "seconds": round(seconds, 2),
+        "totals": summary.totals(), "coverage": summary.coverage(), "summary": str(path),
+        "implementation": safe_text(summary.implementation.get("name")), "seconds": round(seconds, 2),
         "failures": [{"case": c.id, "status": c.status,
                       "first_divergence": c.first_divergence and c.first_divergence.to_json(),
                       "message": c.message or c.problem, "repro": c.repro}
@@ -69,8 +71,9 @@ def profile_section(summary: Summary, path: Path, known: dict[str, XFail], secon
 
 
 def nothing_to_verify() -> dict:
-    """A profile's section when no case was run (every selected case was skipped)."""
-    return {"verdict": "nothing to verify", "exit_code": 0, "totals": {}, "failures": [], "known_failures": []}
+    """A profile's section when no case was run (every selected case was skipped): nothing was judged,
+    which is never a pass (exit 2)."""
+    return {"verdict": "nothing judged", "exit_code": 2, "totals": {}, "failures": [], "known_failures": []}
 
 
 def property_totals(results: list[dict]) -> dict:

@@ -20,6 +20,7 @@ from gdncheck.conformance.ports.run import run_impl
 from gdncheck.conformance.properties.registry import subject_from_env
 from gdncheck.conformance.properties.runner import run_property
 from gdncheck.env import limit_blas_threads
+from gdncheck.untrusted import safe_text
 
 from .plan import CaseUnit, PropertyUnit
 
@@ -37,11 +38,19 @@ def init_worker(env: dict[str, str]) -> None:
 
 
 def run_case_unit(impl: str, fixtures: str, out: str, unit: CaseUnit, options: dict, command: str) -> dict:
+    """One case in one profile. Whatever happens here is this case's result: a run that cannot finish
+    (an exception outside the implementation's calls, which ``run_impl`` records itself) writes no
+    outputs file, so verify reports the case unusable; the other units run on."""
     start = time.perf_counter()
-    rep = run_impl(impl, fixtures, Path(out) / unit.profile, unit.profile, cases=[unit.case], options=options,
-                   command=command)
-    runs = [c for c in rep.cases if c.id == unit.case]
-    status, detail = (runs[0].status, runs[0].detail) if runs else ("skipped", "not selected by run_impl")
+    try:
+        rep = run_impl(impl, fixtures, Path(out) / unit.profile, unit.profile, cases=[unit.case], options=options,
+                       command=command)
+        runs = [c for c in rep.cases if c.id == unit.case]
+        status, detail = (runs[0].status, runs[0].detail) if runs else ("skipped", "not selected by run_impl")
+    except Exception as exc:  # noqa: BLE001 - one case never stops the others
+        if os.environ.get("GDN_DEBUG"):
+            raise
+        status, detail = "crashed", safe_text(f"{type(exc).__name__}: {exc}")
     return {"kind": "case", "case": unit.case, "profile": unit.profile, "status": status, "detail": detail,
             "seconds": time.perf_counter() - start}
 

@@ -18,8 +18,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gdncheck.errors import GDNError
+from gdncheck.untrusted import UnsafePathError, read_bounded
 
 DEFAULT_PATH = Path(__file__).with_name("xfails.txt")
+#: a known-failures file larger than this is refused unread
+MAX_XFAILS_BYTES = 4 * 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -45,8 +48,10 @@ class XFail:
 def load_xfails(path: str | Path | None = None) -> list[XFail]:
     path = Path(path) if path else DEFAULT_PATH
     try:
-        text = path.read_text()
-    except OSError as exc:
+        text = read_bounded(path, MAX_XFAILS_BYTES, "known-failures file").decode("utf-8")
+    except UnsafePathError as exc:
+        raise GDNError(str(exc)) from None
+    except (OSError, UnicodeDecodeError) as exc:
         raise GDNError(f"cannot read the known-failures file {path}: {exc}") from None
     out = []
     for n, raw in enumerate(text.splitlines(), 1):

@@ -19,40 +19,58 @@ from pathlib import Path
 import numpy as np
 
 from .config import GDNConfig
-from .errors import CheckpointError, ProjectionSizeError
+from .errors import CheckpointError, LayerIndexError, ProjectionSizeError
 from .experts import PER_EXPERT, stack_experts
 from .safetensors_io import SafetensorsFile
+from .untrusted import UnsafePathError, safe_path
 from .weights import LayerWeights, layer_weight_names, validate_weights
 
 PREFIXES = ("model.language_model.layers.{i}.", "model.layers.{i}.")
 FUSED_QKVZ = "linear_attn.in_proj_qkvz.weight"
 FUSED_BA = "linear_attn.in_proj_ba.weight"
+#: Largest config.json or index gdncheck reads (real ones are a few kB to a few MB).
+MAX_JSON_BYTES = 64 * 1024 * 1024
+
+
+def _read_json(path: Path, what: str):
+    """A JSON document of the checkpoint, or a :class:`CheckpointError` naming the file and why not."""
+    try:
+        if not path.is_file():
+            raise CheckpointError(f"expected {what} {path}, found " + ("a folder" if path.is_dir() else "nothing"))
+        if path.stat().st_size > MAX_JSON_BYTES:
+            raise CheckpointError(f"{path}: {path.stat().st_size} bytes, more than the {MAX_JSON_BYTES} a {what} may "
+                                  f"have")
+        return json.loads(path.read_text(encoding="utf-8"))
+    except RecursionError:
+        raise CheckpointError(f"{path} is not usable JSON: nested too deep") from None
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise CheckpointError(f"{path} is not valid JSON: {exc}") from None
+    except OSError as exc:
+        raise CheckpointError(f"cannot read {path}: {exc.strerror or exc}") from None
 
 
 def read_config(checkpoint_dir: str | os.PathLike) -> GDNConfig:
     path = Path(checkpoint_dir) / "config.json"
-    try:
-        data = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise CheckpointError(f"expected a Hugging Face config.json in {Path(checkpoint_dir)}, found none") from None
-    except json.JSONDecodeError as exc:
-        raise CheckpointError(f"{path} is not valid JSON: {exc}") from None
-    return GDNConfig.from_hf(data)
+    if not path.exists():
+        raise CheckpointError(f"expected a Hugging Face config.json in {Path(checkpoint_dir)}, found none")
+    return GDNConfig.from_hf(_read_json(path, "a Hugging Face config.json"))
 
 
 def _weight_map(root: Path) -> dict[str, Path]:
     index = root / "model.safetensors.index.json"
     if index.exists():
-        try:
-            wm = json.loads(index.read_text())["weight_map"]
-        except (json.JSONDecodeError, KeyError, TypeError) as exc:
-            raise CheckpointError(f"{index}: expected a JSON object with 'weight_map', found {exc!r}") from None
+        doc = _read_json(index, "a checkpoint index")
+        wm = doc.get("weight_map") if isinstance(doc, dict) else None
+        if not isinstance(wm, dict) or not all(isinstance(v, str) for v in wm.values()):
+            found = type(wm).__name__ if isinstance(doc, dict) else type(doc).__name__
+            raise CheckpointError(f"{index}: expected a JSON object whose 'weight_map' maps tensor names to shard "
+                                  f"file names, found {found}")
         out = {}
         for name, file in wm.items():
-            target = (root / file).resolve()
-            if root.resolve() not in target.parents:
-                raise CheckpointError(f"{index}: shard {file!r} for {name!r} points outside {root}")
-            out[name] = target
+            try:
+                out[name] = safe_path(root, file, f"shard of {name!r}")
+            except UnsafePathError as exc:
+                raise CheckpointError(f"{index}: {exc}") from None
         return out
     single = root / "model.safetensors"
     files = [single] if single.exists() else sorted(root.glob("*.safetensors"))
@@ -62,6 +80,10 @@ def _weight_map(root: Path) -> dict[str, Path]:
         )
     out = {}
     for f in files:
+        try:
+            f = safe_path(root, f.name, "checkpoint file")
+        except UnsafePathError as exc:
+            raise CheckpointError(str(exc)) from None
         for name in SafetensorsFile(f):
             out[name] = f
     return out
@@ -76,6 +98,8 @@ def load_layer(
     returned :class:`LayerWeights` carries the config it was validated against (``.config``).
     """
     root = Path(checkpoint_dir)
+    if isinstance(layer, bool) or not isinstance(layer, int) or layer < 0:
+        raise LayerIndexError(f"expected a layer index (a non-negative integer), found {layer!r}")
     if not root.is_dir():
         raise CheckpointError(f"expected a checkpoint directory, found nothing at {root}")
     cfg = config or read_config(root)

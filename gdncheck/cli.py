@@ -2,17 +2,20 @@
 
 Each subcommand lives in its own module under :mod:`gdncheck.commands` with two functions:
 ``configure(parser)`` adds its arguments and ``run(args) -> int`` returns the exit status.
-Errors of gdncheck (bad input, bad files) print one line and exit 2; no raw traceback.
+Errors of gdncheck (bad input, bad files) print one line and exit 2; no raw traceback, and an
+unexpected exception is one line and exit 2 too (``GDN_DEBUG=1`` shows its traceback).
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 
 from ._version import __version__
 from .errors import GDNError
+from .untrusted import one_line, safe_text
 
 #: name -> (module, one-line help). Order is the order of ``--help``.
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -49,19 +52,35 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run one command; its exit status. Every failure to run is exit 2 and one line on stderr: a
+    gdncheck error (bad input: what was expected, what was found, where), a file that cannot be
+    read or written, and, as a last resort, an unexpected exception, reported as the gdncheck bug it
+    is (``GDN_DEBUG=1`` raises it with its traceback instead). Exit 1 only ever means "does not
+    conform"."""
     parser = build_parser()
     args = parser.parse_args(argv)
     if not getattr(args, "_run", None):
         parser.print_help()
         return 2
+    where = f"gdncheck {args.command}"
     try:
         return int(args._run(args) or 0)
     except GDNError as exc:
-        print(f"gdncheck {args.command}: error: {exc}", file=sys.stderr)
+        print(f"{where}: error: {one_line(exc)}", file=sys.stderr)
+        return 2
+    except OSError as exc:
+        name = f" {exc.filename}" if exc.filename else ""
+        print(f"{where}: error: cannot use{safe_text(name)}: {safe_text(exc.strerror or exc)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("gdncheck: interrupted", file=sys.stderr)
         return 130
+    except Exception as exc:  # noqa: BLE001 - the last resort: one line and exit 2, never a traceback and exit 1
+        if os.environ.get("GDN_DEBUG"):
+            raise
+        print(f"{where}: internal error: {type(exc).__name__}: {one_line(exc)} (a gdncheck bug: please report it; "
+              f"rerun with GDN_DEBUG=1 for the traceback)", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -33,6 +33,24 @@ NORM_MODE_ALIASES = {"shared": "shared", "per_head": "per_head", "per-head": "pe
 HEAD_KEYS = ("linear_num_key_heads", "linear_num_value_heads", "linear_key_head_dim", "linear_value_head_dim")
 LINEAR_LAYER_TYPES = ("linear_attention",)
 
+#: The largest value gdncheck accepts per size (attribute name -> bound): far above every Qwen3.5 and
+#: Qwen3-Next layer (D 2048-8192, heads <= 64, head dims 128-256, K 4, I <= 32K, 512 experts), far
+#: below what would ask for absurd memory. A config past one is refused with the bound it broke.
+SIZE_BOUNDS: dict[str, int] = {
+    "hidden_size": 1 << 17, "intermediate_size": 1 << 20, "num_k_heads": 1 << 12, "num_v_heads": 1 << 12,
+    "head_k_dim": 1 << 12, "head_v_dim": 1 << 12, "conv_kernel": 1 << 8, "num_experts": 1 << 16,
+    "moe_intermediate_size": 1 << 20, "shared_expert_intermediate_size": 1 << 20, "decoder_sparse_step": 1 << 16,
+}
+#: Layers a config may list (``layer_types``, ``num_hidden_layers``).
+MAX_LAYERS = 1 << 16
+#: Elements of one sequence's state (``Hv·dk·dv + conv_dim·K``; Qwen3.5: about 1.1 M).
+MAX_STATE_ELEMENTS = 1 << 28
+#: Elements of the largest weight matrix (``D·conv_dim``, ``D·I``, the stacked experts ``E·I_moe·D``).
+MAX_MATRIX_ELEMENTS = 1 << 34
+_HF_KEY = {"num_k_heads": "linear_num_key_heads", "num_v_heads": "linear_num_value_heads",
+           "head_k_dim": "linear_key_head_dim", "head_v_dim": "linear_value_head_dim",
+           "conv_kernel": "linear_conv_kernel_dim"}
+
 #: The MLP block of a layer: the dense SwiGLU MLP, or the sparse mixture of experts.
 MLP_KINDS = ("dense", "moe")
 #: Model types whose every layer has the sparse block, always renormalising the top-k weights
@@ -59,7 +77,7 @@ def _positive_int(d: dict, key: str, error=MissingConfigKeyError, why: str = "")
         raise error(f"config key {key!r} is required{why}, found it missing")
     value = d[key]
     if not _is_int(value) or value <= 0:
-        raise ConfigError(f"config key {key!r} must be a positive integer, found {value!r}")
+        raise ConfigError(f"config key {key!r} must be a positive integer, found {_brief(value)}")
     return int(value)
 
 
@@ -165,6 +183,7 @@ class GDNConfig:
             if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
                 raise ConfigError(f"{key} must be a positive integer, found {value!r}")
         self._check_moe()
+        self._check_bounds()
         eps = self.rms_norm_eps
         if not isinstance(eps, int | float) or isinstance(eps, bool) or not math.isfinite(eps) or eps <= 0:
             raise InvalidEpsError(f"rms_norm_eps must be a positive finite number, found {eps!r}")
@@ -174,6 +193,25 @@ class GDNConfig:
                 f"{self.num_v_heads} value heads and {self.num_k_heads} key heads"
             )
         object.__setattr__(self, "norm_mode", normalize_norm_mode(self.norm_mode))
+
+    def _check_bounds(self) -> None:
+        """Every size within :data:`SIZE_BOUNDS`, the state and the largest matrix within theirs."""
+        for key, bound in SIZE_BOUNDS.items():
+            value = getattr(self, key)
+            if value is not None and value > bound:
+                raise ConfigError(f"{_HF_KEY.get(key, key)} must be at most {bound} (gdncheck's bound on a layer's "
+                                  f"sizes), found {_brief(value)}")
+        state = self.num_v_heads * self.head_k_dim * self.head_v_dim + self.conv_dim * self.conv_kernel
+        if state > MAX_STATE_ELEMENTS:
+            raise ConfigError(f"one sequence's state would hold {state} elements (Hv·dk·dv + conv_dim·K), more than "
+                              f"gdncheck's bound {MAX_STATE_ELEMENTS}; check the head settings")
+        D = self.hidden_size
+        matrices = {"D·conv_dim (in_proj_qkv)": D * self.conv_dim, "D·I (the MLP)": D * (self.intermediate_size or 0),
+                    "E·I_moe·D (the experts)": (self.num_experts or 0) * (self.moe_intermediate_size or 0) * D}
+        name, size = max(matrices.items(), key=lambda kv: kv[1])
+        if size > MAX_MATRIX_ELEMENTS:
+            raise ConfigError(f"the weights {name} would hold {size} elements, more than gdncheck's bound "
+                              f"{MAX_MATRIX_ELEMENTS}; check hidden_size and the projection sizes")
 
     def _check_moe(self) -> None:
         E, k = self.num_experts, self.num_experts_per_tok
@@ -245,9 +283,7 @@ class GDNConfig:
 
     def state_fingerprint(self) -> str:
         """A short stable hash of the dimensions that shape the state (snapshot compatibility)."""
-        dims = {k: v for k, v in self.dims().items() if k in ("Hk", "Hv", "dk", "dv", "K", "conv_dim")}
-        blob = json.dumps(dims, sort_keys=True).encode()
-        return "gdn-state:" + hashlib.sha256(blob).hexdigest()[:16]
+        return state_fingerprint(self.dims())
 
     def summary(self) -> str:
         moe = ""
@@ -356,13 +392,7 @@ class GDNConfig:
                 f"a GDN layer needs {', '.join(HEAD_KEYS)}; missing: {', '.join(missing)}"
             )
         heads = {k: _positive_int(d, k, MissingHeadSettingError) for k in HEAD_KEYS}
-        layer_types = d.get("layer_types")
-        if layer_types is None and d.get("full_attention_interval") and d.get("num_hidden_layers"):
-            interval = int(d["full_attention_interval"])
-            layer_types = [
-                "full_attention" if (i + 1) % interval == 0 else "linear_attention"
-                for i in range(int(d["num_hidden_layers"]))
-            ]
+        layer_types = _layer_types(d)
         eps = d.get("rms_norm_eps", 1e-6)
         moe = _moe_from_hf(d)
         dense_optional = bool(moe) and d.get("intermediate_size") is None
@@ -417,6 +447,39 @@ class GDNConfig:
         fields = asdict(self)
         fields.update(changes)
         return GDNConfig(**fields)
+
+
+def state_fingerprint(dims: dict[str, int]) -> str:
+    """The state fingerprint of the shape symbols ``Hk, Hv, dk, dv, K, conv_dim`` (other keys ignored):
+    what :meth:`GDNConfig.state_fingerprint` gives, and what a snapshot's own shapes give
+    (:mod:`gdncheck.snapshot` recomputes it from them)."""
+    picked = {k: int(v) for k, v in dims.items() if k in ("Hk", "Hv", "dk", "dv", "K", "conv_dim")}
+    blob = json.dumps(picked, sort_keys=True).encode()
+    return "gdn-state:" + hashlib.sha256(blob).hexdigest()[:16]
+
+
+def _layer_types(d: dict) -> list[str] | None:
+    """``layer_types`` as given (a list of strings), or made from ``full_attention_interval`` and
+    ``num_hidden_layers`` (every interval-th layer full attention); None when neither says."""
+    layer_types = d.get("layer_types")
+    if layer_types is not None:
+        if not isinstance(layer_types, list) or not all(isinstance(t, str) for t in layer_types):
+            raise ConfigError(f"config key 'layer_types' must be a list of strings, found {_brief(layer_types)}")
+        if len(layer_types) > MAX_LAYERS:
+            raise ConfigError(f"config key 'layer_types' lists {len(layer_types)} layers, more than gdncheck's bound "
+                              f"{MAX_LAYERS}")
+        return layer_types
+    if d.get("full_attention_interval") is None or d.get("num_hidden_layers") is None:
+        return None
+    interval, layers = _positive_int(d, "full_attention_interval"), _positive_int(d, "num_hidden_layers")
+    if layers > MAX_LAYERS:
+        raise ConfigError(f"config key 'num_hidden_layers' must be at most {MAX_LAYERS}, found {layers}")
+    return ["full_attention" if (i + 1) % interval == 0 else "linear_attention" for i in range(layers)]
+
+
+def _brief(value: Any, limit: int = 60) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def _ranges(indices: list[int]) -> str:

@@ -33,6 +33,7 @@ from .errors import GDNError
 
 KNOWN = {
     "GDN_BLAS_THREADS": "BLAS threads for the float64 reference (default 1)",
+    "GDN_DEBUG": "1: an unexpected exception in a command raises with its traceback instead of one line and exit 2",
     "GDN_HYPOTHESIS_PROFILE": "Hypothesis profile: dev, ci, nightly",
     "GDN_DEVICE": "device for the Triton path: auto, cpu, cuda",
     "GDN_IMPL": "implementation the property suite tests: reference, triton, MODULE:CALLABLE",

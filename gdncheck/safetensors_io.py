@@ -11,7 +11,9 @@ Format: 8-byte little-endian header length N, N bytes of JSON header, then the d
 from __future__ import annotations
 
 import json
+import math
 import os
+import stat
 import struct
 import tempfile
 from collections.abc import Iterator, Mapping
@@ -20,7 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from .dtypes import bf16_bits_to_f32, f32_to_bf16_bits
-from .errors import SafetensorsFormatError
+from .errors import CheckpointError, GDNError, SafetensorsFormatError
 
 _NUMPY_OF = {
     "F64": np.dtype("<f8"),
@@ -51,23 +53,75 @@ _NAME_OF = {
     np.dtype("uint64"): "U64",
     np.dtype("bool"): "BOOL",
 }
+#: Largest header accepted (the format's own limit): a longer one is refused before it is read.
 MAX_HEADER = 100 * 1024 * 1024
+#: Largest nesting of the header's JSON: a valid header nests three deep (entry, its fields, a list).
+MAX_HEADER_DEPTH = 8
+#: Largest rank and axis length of a tensor; anything larger is no tensor of a GDN layer.
+MAX_RANK = 16
+MAX_AXIS = 1 << 40
+
+
+class TensorNotFoundError(SafetensorsFormatError, KeyError):
+    """A tensor name the file does not hold (a ``KeyError`` too, as a mapping's lookup must raise)."""
+
+    code = "tensor_not_found"
+
+    def __str__(self) -> str:  # KeyError would quote the whole message
+        return str(self.args[0]) if self.args else ""
+
+
+class SafetensorsEncodeError(CheckpointError, ValueError):
+    """Arrays that cannot be written as asked (a dtype with no safetensors name, values not exact in
+    the requested dtype); a ``ValueError`` too."""
+
+    code = "safetensors_encode"
+
+
+def _no_duplicates(pairs: list) -> dict:
+    keys = [k for k, _ in pairs]
+    if len(set(keys)) != len(keys):
+        dup = sorted({k for k in keys if keys.count(k) > 1})
+        raise ValueError(f"expected every name once, found {', '.join(repr(k) for k in dup[:3])} more than once")
+    return dict(pairs)
+
+
+def _depth(value, limit: int) -> int:
+    """Nesting depth of a parsed JSON value (stops counting past ``limit``)."""
+    if limit < 0 or not isinstance(value, dict | list):
+        return 0
+    items = value.values() if isinstance(value, dict) else value
+    return 1 + max((_depth(v, limit - 1) for v in items), default=0)
+
+
+def _nonneg_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
 class SafetensorsFile(Mapping):
     """Read-only view of one safetensors file; tensors are read on access.
 
-    ``file[name]`` returns a NumPy array; BF16 tensors come back as exact float32 values.
+    ``file[name]`` returns a NumPy array; BF16 tensors come back as exact float32 values. The header
+    is checked whole before anything else is read: its length against the file, its JSON (no
+    duplicate keys, bounded nesting), every entry's dtype, shape and offsets (inside the data, no
+    overlap, exactly the bytes the shape needs, computed without overflow), so that a size a header
+    declares is never allocated before it is known to be there. Every problem is a
+    :class:`~gdncheck.errors.SafetensorsFormatError` that names the file and the entry.
     """
 
     def __init__(self, path: str | os.PathLike):
         self.path = Path(path)
         try:
-            self._data = np.memmap(self.path, dtype=np.uint8, mode="r") if self.path.stat().st_size else None
+            st = self.path.stat()
+            size = st.st_size
+            if not stat.S_ISREG(st.st_mode):
+                raise SafetensorsFormatError(f"expected a safetensors file at {self.path}, found no regular file "
+                                             f"(a folder, a device or a pipe)")
+            self._data = np.memmap(self.path, dtype=np.uint8, mode="r") if size else None
         except FileNotFoundError:
             raise SafetensorsFormatError(f"expected a safetensors file at {self.path}, found no file") from None
         except OSError as exc:
-            raise SafetensorsFormatError(f"cannot read {self.path}: {exc}") from None
+            raise SafetensorsFormatError(f"cannot read {self.path}: {exc.strerror or exc}") from None
         size = 0 if self._data is None else self._data.size
         if size < 8:
             raise SafetensorsFormatError(f"{self.path}: expected at least 8 bytes, found {size}")
@@ -77,11 +131,17 @@ class SafetensorsFile(Mapping):
                 f"{self.path}: header length {n} does not fit in a file of {size} bytes (truncated or not safetensors)"
             )
         try:
-            header = json.loads(bytes(self._data[8 : 8 + n]).decode("utf-8"))
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            header = json.loads(bytes(self._data[8 : 8 + n]).decode("utf-8"), object_pairs_hook=_no_duplicates)
+        except RecursionError:
+            raise SafetensorsFormatError(f"{self.path}: expected a header JSON nested at most {MAX_HEADER_DEPTH} "
+                                         f"levels, found one nested deeper") from None
+        except (UnicodeDecodeError, ValueError) as exc:
             raise SafetensorsFormatError(f"{self.path}: header is not valid JSON ({exc})") from None
         if not isinstance(header, dict):
             raise SafetensorsFormatError(f"{self.path}: header must be a JSON object, found {type(header).__name__}")
+        if _depth(header, MAX_HEADER_DEPTH) > MAX_HEADER_DEPTH:
+            raise SafetensorsFormatError(f"{self.path}: expected a header JSON nested at most {MAX_HEADER_DEPTH} "
+                                         f"levels, found one nested deeper")
         meta = header.pop("__metadata__", None) or {}
         if not isinstance(meta, dict) or not all(isinstance(v, str) for v in meta.values()):
             raise SafetensorsFormatError(f"{self.path}: __metadata__ must map strings to strings")
@@ -91,36 +151,50 @@ class SafetensorsFile(Mapping):
         self._entries: dict[str, tuple[str, tuple[int, ...], int, int]] = {}
         spans = []
         for name, info in header.items():
-            try:
-                dtype = info["dtype"]
-                shape = tuple(int(s) for s in info["shape"])
-                begin, end = (int(o) for o in info["data_offsets"])
-            except (KeyError, TypeError, ValueError):
-                raise SafetensorsFormatError(f"{self.path}: entry {name!r} lacks dtype/shape/data_offsets") from None
-            if dtype not in _NUMPY_OF:
-                raise SafetensorsFormatError(
-                    f"{self.path}: tensor {name!r} has dtype {dtype!r}, expected one of {', '.join(_NUMPY_OF)}"
-                )
-            if any(s < 0 for s in shape) or not 0 <= begin <= end <= data_size:
-                raise SafetensorsFormatError(
-                    f"{self.path}: tensor {name!r} spans bytes [{begin}, {end}) of a {data_size}-byte buffer "
-                    f"(file truncated?)"
-                )
-            expected = int(np.prod(shape, dtype=np.int64)) * _NUMPY_OF[dtype].itemsize
-            if end - begin != expected:
-                raise SafetensorsFormatError(
-                    f"{self.path}: tensor {name!r} of shape {list(shape)} {dtype} needs {expected} bytes, "
-                    f"found {end - begin}"
-                )
+            dtype, shape, begin, end = self._entry(name, info, data_size)
             self._entries[name] = (dtype, shape, begin, end)
             spans.append((begin, end, name))
         spans.sort()
         for (_b0, e0, n0), (b1, _e1, n1) in zip(spans, spans[1:]):
             if b1 < e0:
-                raise SafetensorsFormatError(f"{self.path}: tensors {n0!r} and {n1!r} overlap")
+                raise SafetensorsFormatError(f"{self.path}: expected tensors in separate bytes, found {n0!r} and "
+                                             f"{n1!r} overlapping")
+
+    def _entry(self, name: str, info, data_size: int) -> tuple[str, tuple[int, ...], int, int]:
+        """One header entry, checked: (dtype, shape, begin, end)."""
+        where = f"{self.path}: tensor {name!r}"
+        if not isinstance(info, dict) or not {"dtype", "shape", "data_offsets"} <= set(info):
+            raise SafetensorsFormatError(f"{where}: expected an object with dtype, shape and data_offsets, found "
+                                         f"{_brief(info)}")
+        dtype, shape, offsets = info["dtype"], info["shape"], info["data_offsets"]
+        if not isinstance(dtype, str) or dtype not in _NUMPY_OF:
+            raise SafetensorsFormatError(f"{where}: expected dtype one of {', '.join(_NUMPY_OF)}, found "
+                                         f"{_brief(dtype)}")
+        if not isinstance(shape, list) or len(shape) > MAX_RANK or not all(_nonneg_int(s) for s in shape):
+            raise SafetensorsFormatError(f"{where}: expected shape a list of at most {MAX_RANK} non-negative integers, "
+                                         f"found {_brief(shape)}")
+        if any(s > MAX_AXIS for s in shape):
+            raise SafetensorsFormatError(f"{where}: expected axes of at most {MAX_AXIS} elements, found shape "
+                                         f"{_brief(shape)}")
+        if not isinstance(offsets, list) or len(offsets) != 2 or not all(_nonneg_int(o) for o in offsets):
+            raise SafetensorsFormatError(f"{where}: expected data_offsets [begin, end] of non-negative integers, found "
+                                         f"{_brief(offsets)}")
+        begin, end = offsets
+        if not begin <= end <= data_size:
+            raise SafetensorsFormatError(f"{where}: expected data_offsets inside the {data_size}-byte data buffer, "
+                                         f"found [{begin}, {end}) (file truncated?)")
+        needed = math.prod(shape) * _NUMPY_OF[dtype].itemsize  # Python integers: no overflow
+        if end - begin != needed:
+            raise SafetensorsFormatError(f"{where}: expected {needed} bytes for shape {list(shape)} {dtype}, found "
+                                         f"{end - begin}")
+        return dtype, tuple(shape), begin, end
 
     def __getitem__(self, name: str) -> np.ndarray:
         return self.read(name)
+
+    def __contains__(self, name: object) -> bool:
+        # Mapping's own test would read the whole tensor (it calls __getitem__): the header says it all
+        return isinstance(name, str) and name in self._entries
 
     def __iter__(self) -> Iterator[str]:
         return iter(self._entries)
@@ -128,19 +202,29 @@ class SafetensorsFile(Mapping):
     def __len__(self) -> int:
         return len(self._entries)
 
+    def _get(self, name: str) -> tuple[str, tuple[int, ...], int, int]:
+        try:
+            return self._entries[name]
+        except (KeyError, TypeError):
+            raise TensorNotFoundError(f"{self.path}: no tensor {name!r}") from None
+
     def dtype_of(self, name: str) -> str:
-        return self._entries[name][0]
+        return self._get(name)[0]
 
     def shape_of(self, name: str) -> tuple[int, ...]:
-        return self._entries[name][1]
+        return self._get(name)[1]
+
+    def nbytes_of(self, name: str) -> int:
+        _dtype, _shape, begin, end = self._get(name)
+        return end - begin
 
     def raw(self, name: str) -> np.ndarray:
         """The stored values in their stored dtype (BF16 as uint16 bits), copied."""
-        if name not in self._entries:
-            raise KeyError(name)
-        dtype, shape, begin, end = self._entries[name]
-        buf = self._data[self._base + begin : self._base + end] if end > begin else np.zeros(0, np.uint8)
-        return np.frombuffer(buf.tobytes(), dtype=_NUMPY_OF[dtype]).reshape(shape).copy()
+        dtype, shape, begin, end = self._get(name)
+        out = np.empty(shape, dtype=_NUMPY_OF[dtype])
+        if end > begin:
+            out.reshape(-1).view(np.uint8)[:] = self._data[self._base + begin : self._base + end]
+        return out
 
     def read(self, name: str) -> np.ndarray:
         """Values as a native NumPy array; BF16 becomes float32 exactly."""
@@ -148,6 +232,12 @@ class SafetensorsFile(Mapping):
         if self._entries[name][0] == "BF16":
             return bf16_bits_to_f32(arr)
         return arr.astype(arr.dtype.newbyteorder("="), copy=False)
+
+
+def _brief(value, limit: int = 60) -> str:
+    """A short repr of a header value for a message."""
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def read_safetensors(path: str | os.PathLike) -> tuple[dict[str, np.ndarray], dict[str, str]]:
@@ -170,21 +260,21 @@ def encode_safetensors(
     for name in sorted(tensors):
         arr = np.asarray(tensors[name])
         kind = dtypes.get(name) or _NAME_OF.get(arr.dtype)
-        if kind is None:
-            raise TypeError(f"tensor {name!r}: dtype {arr.dtype} has no safetensors name")
+        if kind is None or kind not in _NUMPY_OF:
+            raise SafetensorsEncodeError(f"tensor {name!r}: dtype {arr.dtype} has no safetensors name")
         if kind == "BF16":
             f32 = np.asarray(arr, dtype=np.float32)
             bits = f32_to_bf16_bits(f32)
             if not np.array_equal(bf16_bits_to_f32(bits), f32, equal_nan=True) or not np.array_equal(
                 f32.astype(arr.dtype), arr, equal_nan=True
             ):
-                raise ValueError(f"tensor {name!r} is not exactly representable in bf16")
+                raise SafetensorsEncodeError(f"tensor {name!r} is not exactly representable in bf16")
             data = bits.astype("<u2").tobytes()
         else:
             target = _NUMPY_OF[kind]
             cast = np.ascontiguousarray(arr, dtype=target)
             if kind.startswith("F") and not np.array_equal(cast.astype(arr.dtype), arr, equal_nan=True):
-                raise ValueError(f"tensor {name!r} is not exactly representable as {kind}")
+                raise SafetensorsEncodeError(f"tensor {name!r} is not exactly representable as {kind}")
             data = cast.tobytes()
         header[name] = {"dtype": kind, "shape": list(arr.shape), "data_offsets": [offset, offset + len(data)]}
         chunks.append(data)
@@ -204,18 +294,35 @@ def write_safetensors(
     return write_bytes_atomic(path, encode_safetensors(tensors, metadata, dtypes))
 
 
+class WriteError(GDNError):
+    """A file gdncheck was asked to write that cannot be written there (a folder in its place, a
+    parent that is a file, no permission)."""
+
+    code = "write"
+
+
 def write_bytes_atomic(path: str | os.PathLike, data: bytes) -> Path:
+    """Write ``data`` to ``path`` whole or not at all: a temporary file beside it, then a rename (a
+    link at ``path`` is replaced, never followed). Refuses a folder or a special file at ``path``."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".part", dir=path.parent)
+    if path.is_dir() or (path.exists() and not path.is_file()):
+        raise WriteError(f"cannot write {path}: it is {'a folder' if path.is_dir() else 'not a regular file'}; "
+                         f"expected a file name")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".part", dir=path.parent)
+    except OSError as exc:
+        raise WriteError(f"cannot write {path}: {exc.strerror or exc}") from None
     try:
         with os.fdopen(fd, "wb") as fh:
             fh.write(data)
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as exc:
         try:
             os.unlink(tmp)
         except FileNotFoundError:
             pass
+        if isinstance(exc, OSError):
+            raise WriteError(f"cannot write {path}: {exc.strerror or exc}") from None
         raise
     return path

@@ -3,6 +3,7 @@
     python -m gdncheck.gpu_impl.compile_check            # the full plan: real sizes, every profile
     python -m gdncheck.gpu_impl.compile_check --quick    # decode (every profile) and bf16 prefill
     python -m gdncheck.gpu_impl.compile_check --tiny     # a tiny layer (the GPU check's dry run)
+    ... --only REGEX --kernel REGEX                      # some scenarios, some kernels
     python -m gdncheck.gpu_impl.compile_check --moe      # the sparse (MoE) layer alone, real sizes
     ... --json PATH --markdown PATH                      # the table, as docs/gpu.md shows it
 
@@ -22,7 +23,12 @@ its grid on 132 SMs. Read from the cubin with the bundled ``cuobjdump -res-usage
 memory from Triton's metadata.
 
 It fails (exit 1, and :meth:`Compiler.problems` in tests) on shared memory over 227 KB per block,
-which would only fail at launch on a GPU, and on spills in the decode path.
+which would only fail at launch on a GPU, on spills in the decode path, and on spills in the
+prefill path over :data:`PREFILL_SPILLS` (none but the chunked prefill's, bounded per variant).
+
+``--only REGEX`` builds the plan's scenarios whose name matches, ``--kernel REGEX`` only the
+kernels whose name matches (e.g. ``--only 'f32 prefill B=1 T=8192' --kernel chunk_state``: one
+variant in seconds).
 """
 
 from __future__ import annotations
@@ -62,6 +68,23 @@ def ctas_per_sm(regs: int, num_warps: int, shared: int) -> int:
     return max(0, min(warps_by_regs // num_warps, by_smem, SM90["max_warps"] // num_warps, SM90["max_ctas"]))
 
 
+#: Spill bytes per thread allowed in the prefill path (the decode path allows none, and neither
+#: does any other kernel or precision): the chunked prefill's kernels with tf32x3 dots (the f32
+#: and f16 profiles) at dk = dv = 128, C = 64 — the WU kernel, and the state kernel at its one
+#: block BV = 16, any variant. What Triton 3.9 builds (WU 256-384 B, state 312-408 B: docs/gpu.md
+#: §3) rounded up to 64 B. Why they remain: tf32x3 splits both operands of every product into a
+#: tf32 pair, and the split [C, dk/2] and [C, C] operands stay in registers in every arrangement
+#: measured (8 warps: each warp group holds them whole, 880 B; four parts of dk, pipelining and
+#: decays on the results' rows: each spills more). bf16 (tf32 dots) builds without spills.
+PREFILL_SPILLS = {("chunk_wu_kernel", "tf32x3"): 384, ("chunk_state_kernel", "tf32x3", 16): 448}
+
+
+def spill_allowance(kernel: str, params: dict) -> int:
+    """Spill bytes per thread a prefill build of ``kernel`` with ``params`` may have (:data:`PREFILL_SPILLS`)."""
+    key = (kernel, params.get("PREC")) + ((params.get("BV"),) if kernel == "chunk_state_kernel" else ())
+    return PREFILL_SPILLS.get(key, 0)
+
+
 @dataclass
 class Build:
     """One compiled variant of a kernel and the launches that use it."""
@@ -88,6 +111,9 @@ class Build:
                          f"{SM90['smem_per_cta']} B (227 KB)")
         if self.local_bytes and self.decode:
             found.append(f"{self.kernel} {self.params}: {self.local_bytes} B of spills per thread in the decode path")
+        elif self.local_bytes > spill_allowance(self.kernel, self.params):
+            found.append(f"{self.kernel} {self.params}: {self.local_bytes} B of spills per thread in the prefill "
+                         f"path, over the {spill_allowance(self.kernel, self.params)} B allowed (PREFILL_SPILLS)")
         if self.ctas_per_sm == 0:
             found.append(f"{self.kernel} {self.params}: not one block fits on an SM")
         return found
@@ -141,10 +167,11 @@ def _resources(cubin: bytes) -> tuple[int, int]:
 class Compiler:
     """The launch hook of :func:`compile_only`: builds each launch, records resources and uses."""
 
-    def __init__(self, arch: int = 90):
+    def __init__(self, arch: int = 90, kernels: str | None = None):
         from triton.runtime.jit import JITFunction
 
         self.arch = arch
+        self.kernels = re.compile(kernels) if kernels else None  # only kernels whose name matches
         self.scenario = ""
         self.decode = False
         self.builds: dict[tuple[str, str], Build] = {}
@@ -152,6 +179,8 @@ class Compiler:
         self._jit_type = JITFunction
 
     def launch(self, k: Kernel, grid: tuple[int, ...], kwargs: dict) -> None:
+        if self.kernels and not self.kernels.search(k.__name__):
+            return
         # a JITFunction of our own: its binder caches the sm_90 target for "device 0"
         jit = self._jits.setdefault(k, self._jit_type(k.fn))
         t0 = time.perf_counter()
@@ -187,9 +216,10 @@ def _is_constexpr(k: Kernel, name: str) -> bool:
 
 
 @contextlib.contextmanager
-def compile_only(arch: int = 90) -> Iterator[Compiler]:
-    """Inside this block launches compile for ``cuda:sm_{arch}`` as the JIT would, and run nothing."""
-    with launch_hook(Compiler(arch)) as compiler:
+def compile_only(arch: int = 90, kernels: str | None = None) -> Iterator[Compiler]:
+    """Inside this block launches compile for ``cuda:sm_{arch}`` as the JIT would, and run nothing
+    (``kernels``: a regular expression; launches of other kernels are skipped)."""
+    with launch_hook(Compiler(arch, kernels)) as compiler:
         yield compiler
 
 
@@ -352,8 +382,13 @@ def plan(quick: bool = False, tiny: bool = False, moe: bool = False) -> list[tup
     return steps
 
 
-def run_plan(steps, arch: int = 90, progress=None) -> Compiler:
-    with compile_only(arch) as compiler:
+def only(steps, pattern: str | None):
+    """The steps whose scenario name matches the regular expression ``pattern`` (all if None)."""
+    return steps if not pattern else [s for s in steps if re.search(pattern, s[0])]
+
+
+def run_plan(steps, arch: int = 90, progress=None, kernels: str | None = None) -> Compiler:
+    with compile_only(arch, kernels) as compiler:
         for name, decode, call in steps:
             with scenario(compiler, name, decode):
                 call()
@@ -425,11 +460,18 @@ def main(argv: list[str] | None = None) -> int:
     scope.add_argument("--quick", action="store_true", help="decode in every profile and the bf16 prefill only")
     scope.add_argument("--tiny", action="store_true", help="a tiny layer in bf16, dense and sparse (seconds)")
     scope.add_argument("--moe", action="store_true", help="the sparse (MoE) layer alone: real sizes, every profile")
+    p.add_argument("--only", metavar="REGEX", help="only the plan's scenarios whose name matches (e.g. "
+                   "'layer f32 prefill B=1 T=8192'); the table then covers those")
+    p.add_argument("--kernel", metavar="REGEX", help="only build the kernels whose name matches (e.g. chunk_state)")
     p.add_argument("--json", metavar="PATH", help="write the table as JSON")
     p.add_argument("--markdown", metavar="PATH", help="write the table as Markdown")
     args = p.parse_args(argv)
     t0 = time.perf_counter()
-    compiler = run_plan(plan(args.quick, args.tiny, args.moe), progress=lambda name: print(f"  built: {name} "
+    steps = only(plan(args.quick, args.tiny, args.moe), args.only)
+    if not steps:
+        print(f"compile_check: no scenario of the plan matches --only {args.only!r}", file=sys.stderr)
+        return 2
+    compiler = run_plan(steps, kernels=args.kernel, progress=lambda name: print(f"  built: {name} "
                                                                      f"({time.perf_counter() - t0:.0f} s)",
                                                                      file=sys.stderr, flush=True))
     result = table(compiler)

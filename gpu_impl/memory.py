@@ -60,9 +60,10 @@ from dataclasses import dataclass
 from gdncheck.config import GDNConfig
 
 from .delta_rule_chunked import STATE_CTAS_PER_SM, TEMP_BUDGET, gpu_block_v, slice_rows, temp_bytes_per_token
-from .layer import FP32_PARAMS, RECURRENT_MAX_TOKENS
+from .layer import FP32_PARAMS, PROFILES, RECURRENT_MAX_TOKENS
 from .moe import MOE_BUDGET, slot_bytes_per_token, token_slice
 from .moe_gemm import max_blocks
+from .target import dot_precision
 
 ELEMENT_BYTES = {"f32": 4, "bf16": 2, "f16": 2}
 H200_BYTES = 141e9  # an H200's HBM, as sold (141 GB)
@@ -96,13 +97,14 @@ def per_token(cfg: GDNConfig, profile: str) -> dict[str, int]:
     return out
 
 
-def temporaries(cfg: GDNConfig, B: int, T: int, chunk: int = 64, budget: int = TEMP_BUDGET) -> int:
+def temporaries(cfg: GDNConfig, B: int, T: int, chunk: int = 64, budget: int = TEMP_BUDGET,
+                profile: str = "bf16") -> int:
     """Bytes of the chunked form's temporaries in one call (0 for the recurrent form)."""
     if T <= RECURRENT_MAX_TOKENS:
         return 0
     dk, dv, Hv = cfg.head_k_dim, cfg.head_v_dim, cfg.num_v_heads
     per_row = T * temp_bytes_per_token(dk, dv, chunk)
-    nv = -(-dv // gpu_block_v(B, Hv, dv, SMS))
+    nv = -(-dv // gpu_block_v(B, Hv, dv, SMS, dot_precision(PROFILES[profile])))
     return slice_rows(B * Hv, per_row, budget, max(1, SMS * STATE_CTAS_PER_SM // nv)) * per_row
 
 
@@ -126,7 +128,7 @@ def call_peak(cfg: GDNConfig, B: int, T: int, profile: str = "bf16", chunk: int 
     """The live bytes of each phase of one call (not counting x, the state and the weights).
     ``mlp_kind``: the layer's (default: the config's, for a config whose layers agree)."""
     conv_state = B * cfg.conv_dim * cfg.conv_kernel * ELEMENT_BYTES[profile] if T > 1 else 0
-    return _peak(cfg, B * T, profile, conv_state, temporaries(cfg, B, T, chunk, budget), mlp_kind, moe_budget)
+    return _peak(cfg, B * T, profile, conv_state, temporaries(cfg, B, T, chunk, budget, profile), mlp_kind, moe_budget)
 
 
 def packed_peak(cfg: GDNConfig, total: int, n: int, profile: str = "bf16", chunk: int = 64,
@@ -141,7 +143,7 @@ def packed_peak(cfg: GDNConfig, total: int, n: int, profile: str = "bf16", chunk
     if chunked:
         dk, dv, Hv = cfg.head_k_dim, cfg.head_v_dim, cfg.num_v_heads
         per_row = total * temp_bytes_per_token(dk, dv, chunk)
-        nv = -(-dv // gpu_block_v(n, Hv, dv, SMS))
+        nv = -(-dv // gpu_block_v(n, Hv, dv, SMS, dot_precision(PROFILES[profile]), varlen=True))
         temps = slice_rows(Hv, per_row, budget, max(1, SMS * STATE_CTAS_PER_SM // (nv * n))) * per_row
     return _peak(cfg, total, profile, 0, temps, mlp_kind, moe_budget)
 

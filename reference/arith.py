@@ -13,7 +13,7 @@ the same way on every CPU.
     The kernels of :mod:`.portable`: fixed summation trees and ``exp``/``log1p`` built from basic
     operations. Every bit is the same on every CPU (x86-64 with or without AVX-512, arm64), at about
     1.7 times the cost of a decode call and 5 times that of large projections (measured on the dev
-    VM). The fixture builder uses it (fixtures/FORMAT.md §11).
+    VM). The fixture builder uses it (fixtures/FORMAT.md §10).
 
 The mode is a context variable, so it holds for the code inside ``with arithmetic("golden"):`` only
 (per thread and per asyncio task)::

@@ -8,7 +8,8 @@ from .functions import f64, pieces, silu
 
 
 def conv1d(qkv: np.ndarray, conv_state: np.ndarray, weight: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """qkv_conv[t, c] = silu(Σ_{j<K} w[c, j] · X̃[c, t - (K-1) + j]).
+    """qkv_conv[t, c] = silu(Σ_{j<K} w[c, j] · u[c, t - (K-1) + j]), u[c, t] = qkv[t, c] for t >= 0 and
+    u[c, -i] = conv_state[c, K - i] (the history, newest at -1): X̃[K + t] = u[t] below.
 
     X̃ is the conv history followed by the new columns: the state holds the last K **pre-conv**
     columns, oldest first (zeros before the sequence start); ``w[:, K-1]`` multiplies the newest

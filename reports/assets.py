@@ -21,12 +21,14 @@ def plotted(case: CaseView) -> list[RecordView]:
     return [r for r in case.failing if r.metrics is not None and r.reason not in NO_VALUES]
 
 
-def render_case(case: CaseView, cases_dir: Path, profile: str, fixtures_dir, outputs_dir, top_k: int) -> None:
-    """Plots and worst elements of each failing record (notes where the files do not allow them)."""
+def render_case(case: CaseView, cases_dir: Path, profile: str, fixtures_dir, outputs_dir, top_k: int,
+                roots: dict | None = None) -> None:
+    """Plots and worst elements of each failing record (notes where the files do not allow them);
+    ``roots``: the folders the summary records, the only places its file names are read in."""
     failing = plotted(case)
     if not failing:
         return
-    files = tensors.CaseFiles(fixtures_dir, outputs_dir)
+    files = tensors.CaseFiles(fixtures_dir, outputs_dir, roots)
     raw_records = case.raw["records"]
     split = tensors.qkv_split(raw_records)
     folder = Path(cases_dir) / case.page

@@ -19,12 +19,15 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from gdncheck.safetensors_io import write_bytes_atomic
+from gdncheck.untrusted import safe_text
 
 MAX_TEXT = 20000  # characters of failure text per testcase (CI pages choke on megabytes)
 
 
 def _clip(text: str) -> str:
-    text = "".join(ch if ch in "\t\n\r" or ord(ch) >= 32 else "?" for ch in text)
+    """Text XML can hold and a CI page can show: control characters escaped (the one function every
+    console and file output uses, :func:`gdncheck.untrusted.safe_text`), line breaks kept, clipped."""
+    text = safe_text(text, keep_newlines=True)
     return text if len(text) <= MAX_TEXT else text[:MAX_TEXT] + f"\n... ({len(text) - MAX_TEXT} characters more)"
 
 
@@ -148,3 +151,10 @@ def add_verify_summary(junit: JUnit, summary, *, suite: str | None = None, case_
     for s in skipped:
         if profile in s.profiles:
             junit.case(suite, f"conformance.{profile}.{s.case}", "case", skipped=s.reason)
+    cov = summary.coverage()
+    text = summary.coverage_line()
+    if cov["ok"]:
+        junit.case(suite, f"conformance.{profile}", "coverage", output=text)
+    else:
+        junit.case(suite, f"conformance.{profile}", "coverage",
+                   failure=("coverage: " + "; ".join(cov["problems"]), "coverage", text))

@@ -28,7 +28,8 @@ from gdncheck.conformance.judge.records import (
     validate_summary,
 )
 from gdncheck.errors import GDNError
-from gdncheck.stages import STAGE_NAMES, TENSOR_BY_NAME, tensor_rank
+from gdncheck.stages import PIPELINE_ORDER, STAGE_NAMES, TENSOR_BY_NAME, tensor_rank
+from gdncheck.untrusted import UnsafePathError, read_bounded
 
 
 class ReportInputError(GDNError):
@@ -40,7 +41,11 @@ class ReportInputError(GDNError):
 #: Grid columns: every stage verify judges (``input`` is given, never compared), then the state
 #: bookkeeping (``seq_len``, stage ``state``).
 GRID_STAGES: tuple[str, ...] = tuple(STAGE_NAMES[1:]) + ("state",)
+#: A sparse layer's block stages, placed in pipeline order where a summary holds them.
+MOE_GRID_STAGES: tuple[str, ...] = tuple(s for s in PIPELINE_ORDER if s not in STAGE_NAMES)
 VERDICT_ORDER = {"fail": 0, "missing": 1, "pass": 2}
+#: a summary larger than this is refused unread (the default suite's is a few MB)
+MAX_SUMMARY_BYTES = 1 << 30
 
 
 class CheckedSummary(dict):
@@ -56,10 +61,14 @@ def load_summary(summary: str | Path | dict) -> CheckedSummary:
     else:
         path = Path(summary)
         try:
-            doc = json.loads(path.read_text(encoding="utf-8"))
+            doc = json.loads(read_bounded(path, MAX_SUMMARY_BYTES, "summary").decode("utf-8"))
         except FileNotFoundError:
             raise ReportInputError(f"no summary file {path}: write one with `gdncheck verify ... --summary {path}`") \
                 from None
+        except UnsafePathError as exc:
+            raise ReportInputError(str(exc)) from None
+        except RecursionError:
+            raise ReportInputError(f"{path}: expected a JSON verify summary, found JSON nested too deep") from None
         except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
             raise ReportInputError(f"{path}: expected a JSON verify summary, found unreadable content ({exc})") \
                 from None
@@ -249,6 +258,10 @@ class ReportView:
 def build(summary: dict) -> ReportView:
     """The view of a summary checked by :func:`load_summary`."""
     columns = list(GRID_STAGES)
+    present = {str(r["stage"]) for case in summary["cases"] for r in case.get("records", [])}
+    if present & set(MOE_GRID_STAGES):  # the block's stages between post_norm and mlp
+        at = columns.index("mlp")
+        columns[at:at] = [s for s in MOE_GRID_STAGES if s in present]
     for case in summary["cases"]:
         for r in case.get("records", []):
             if r["stage"] not in columns:

@@ -36,6 +36,16 @@ def environment() -> Environment:
     return env
 
 
+def check_report_folder(out_dir: str | Path) -> Path:
+    """``out_dir`` as a Path if a report may replace it (new, empty, or an earlier report), else
+    :class:`ReportInputError`: the report replaces its folder whole, and someone's files are not its."""
+    out = Path(out_dir)
+    if out.exists() and (not out.is_dir() or (any(out.iterdir()) and not (out / MARKER).is_file())):
+        raise ReportInputError(f"{out} exists and is not an earlier gdncheck report: choose another folder "
+                               f"(the report replaces its folder as a whole)")
+    return out
+
+
 def write_report(summary: str | Path | dict, out_dir: str | Path, *, fixtures_dir: str | Path | None = None,
                  outputs_dir: str | Path | None = None, top_k: int = TOP_K, progress=None) -> Path:
     """Write the report of ``summary`` (a verify summary: path or parsed dict) into ``out_dir``.
@@ -47,11 +57,11 @@ def write_report(summary: str | Path | dict, out_dir: str | Path, *, fixtures_di
     after each case page.
     """
     doc = load_summary(summary)
-    out = Path(out_dir)
-    if out.exists() and (not out.is_dir() or (any(out.iterdir()) and not (out / MARKER).is_file())):
-        raise ReportInputError(f"{out} exists and is not an earlier gdncheck report: choose another folder "
-                               f"(the report replaces its folder as a whole)")
+    out = check_report_folder(out_dir)
     view = build(doc)
+    # files are read only inside the folders the summary records (or those given): never where a
+    # record's file name alone would lead
+    roots = {"expected": doc["fixtures"].get("dir"), "actual": doc["outputs"].get("dir")}
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     try:
@@ -61,7 +71,7 @@ def write_report(summary: str | Path | dict, out_dir: str | Path, *, fixtures_di
         (tmp / "colorbar.png").write_bytes(plots.colorbar())
         case_tpl = env.get_template("case.html.j2")
         for case in view.cases:
-            render_case(case, cases_dir, doc["profile"], fixtures_dir, outputs_dir, top_k)
+            render_case(case, cases_dir, doc["profile"], fixtures_dir, outputs_dir, top_k, roots)
             (cases_dir / f"{case.page}.html").write_text(case_tpl.render(view=view, s=doc, case=case), encoding="utf-8")
             if progress:
                 progress(case)

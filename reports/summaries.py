@@ -2,9 +2,9 @@
 (``$GITHUB_STEP_SUMMARY``).
 
 Strings from a port's files are made harmless for each: control characters (ANSI escapes, line
-breaks) become spaces in the text; in Markdown every value is HTML-escaped and its Markdown
-punctuation backslash-escaped (:func:`md_escape`), through the template's ``finalize`` hook, so
-no value can open a tag, a link or a table cell.
+breaks, carriage returns) are shown as escapes in the text (``\x1b``, ``\n``); in Markdown every
+value is HTML-escaped and its Markdown punctuation backslash-escaped (:func:`md_escape`), through
+the template's ``finalize`` hook, so no value can open a tag, a link or a table cell.
 """
 
 from __future__ import annotations
@@ -15,15 +15,17 @@ from pathlib import Path
 
 from jinja2 import Environment, FileSystemLoader, StrictUndefined
 
+from gdncheck.untrusted import safe_text
+
 from .model import build, fmt_num, load_summary
 
-_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")
 _MD_SPECIAL = re.compile(r"([\\`*_{}\[\]|~!<>])")  # not '#': it only counts at a line's start, and in &#x27;
 
 
 def plain(value) -> str:
-    """One line of text: control characters (escape sequences, line breaks) as spaces."""
-    return _CONTROL.sub(" ", str(value))
+    """One line of visible text: control characters (escape sequences, line breaks, carriage returns)
+    shown as escapes (:func:`gdncheck.untrusted.safe_text`, the one function every output uses)."""
+    return safe_text(value)
 
 
 class Md(str):
@@ -76,11 +78,16 @@ def text_summary(summary: str | Path | dict, *, report: str | Path | None = None
         if c.status == "error":
             lines.append(plain(f"ERROR {c.id}: {c.raw.get('problem')}"))
             continue
+        if c.status == "not_applicable":
+            lines.append(plain(f"n/a   {c.id}: {c.raw.get('message')}"))
+            continue
         r = firsts.get(c.id)
         extra = f"; {_ratio(r)}" if r is not None and _ratio(r) else ""
         lines.append(plain(f"FAIL  {c.id}: {c.first_text or c.raw.get('message')}{extra}"))
     if len(bad) > max_cases:
-        lines.append(f"... and {len(bad) - max_cases} more failing or unusable cases")
+        lines.append(f"... and {len(bad) - max_cases} more failing, unusable or not applicable cases")
+    if doc.get("coverage") and not doc["coverage"]["ok"]:
+        lines.append(plain("coverage: " + "; ".join(doc["coverage"]["problems"])))
     if report is not None:
         lines.append(plain(f"report: {report}"))
     return "\n".join(lines) + "\n"
@@ -106,7 +113,8 @@ def markdown_summary(summary: str | Path | dict, *, report: str | None = None, m
     rows = []
     for c in bad[:max_cases]:
         r = firsts.get(c.id)
-        rows.append({"case": c, "where": c.first_text if c.status == "fail" else c.raw.get("problem"),
+        rows.append({"case": c, "where": c.first_text if c.status == "fail" else
+                     c.raw.get("problem") or c.raw.get("message"),
                      "ratio": _ratio(r) if r is not None else "",
                      "message": c.raw.get("message") or c.raw.get("problem"), "repro": c.raw.get("repro")})
     text = markdown_environment().get_template("summary.md.j2").render(

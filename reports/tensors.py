@@ -20,6 +20,7 @@ from gdncheck.errors import GDNError
 from gdncheck.harness import CALL_OPS
 from gdncheck.safetensors_io import SafetensorsFile
 from gdncheck.stages import TENSOR_BY_NAME
+from gdncheck.untrusted import UnsafePathError, is_within, safe_path
 
 HEAT_ROWS = 64
 HEAT_COLS = 160
@@ -61,37 +62,53 @@ class Loaded:
 
 
 class CaseFiles:
-    """Opens each of a case's files once; resolves recorded paths against override folders."""
+    """Opens each of a case's files once. A file a summary names is read only inside its folder
+    (through :func:`gdncheck.untrusted.safe_path`): with ``fixtures_dir`` / ``outputs_dir`` given (the
+    files moved), the file of the same name there; else, or failing that, the recorded file if it
+    lies inside the folder the summary records for its side (``roots``). A name that would lead
+    anywhere else gives a note, never a read."""
 
-    def __init__(self, fixtures_dir: str | Path | None, outputs_dir: str | Path | None):
+    def __init__(self, fixtures_dir: str | Path | None, outputs_dir: str | Path | None,
+                 roots: dict[str, str | None] | None = None):
         self.dirs = {"expected": fixtures_dir, "actual": outputs_dir}
+        self.roots = roots or {}
         self._open: dict[str, SafetensorsFile | str] = {}
         self.stats: dict[str, tuple[CaseStats | None, str | None]] = {}
 
     def resolve(self, side: str, recorded: str | None) -> tuple[Path | None, list[str]]:
         if not recorded:
             return None, []
-        tried = []
-        override = self.dirs[side]
-        if override is not None:
-            p = Path(override) / os.path.basename(recorded)
+        tried: list[str] = []
+        candidates = []
+        if self.dirs[side] is not None:
+            candidates.append((Path(self.dirs[side]), os.path.basename(recorded)))
+        root = self.roots.get(side)
+        if root is not None and is_within(recorded, root) and Path(recorded).resolve() != Path(root).resolve():
+            candidates.append((Path(root), os.path.relpath(Path(recorded).resolve(), Path(root).resolve())))
+        elif root is not None:
+            tried.append(f"{recorded} (refused: outside the summary's folder {root})")
+        for folder, name in candidates:
+            try:
+                p = safe_path(folder, name.replace(os.sep, "/"), "file")
+            except UnsafePathError as exc:
+                tried.append(str(exc))
+                continue
             tried.append(str(p))
             if p.is_file():
                 return p, tried
-        p = Path(recorded)
-        tried.append(str(p))
-        return (p if p.is_file() else None), tried
+        return None, tried
 
-    def read(self, side: str, ref: dict | None) -> tuple[np.ndarray | None, str | None]:
-        """(array, None) or (None, a note saying why not)."""
+    def read(self, side: str, ref: dict | None, shape: list | None = None) -> tuple[np.ndarray | None, str | None]:
+        """(array, None) or (None, a note saying why not). ``shape``: what the summary recorded; a
+        tensor of another shape (the file changed since) is not read."""
         what = "fixture" if side == "expected" else "outputs"
         if not ref or not ref.get("file"):
             return None, f"the summary names no {what} file for this tensor"
         path, tried = self.resolve(side, ref["file"])
         if path is None:
             flag = "--fixtures" if side == "expected" else "--outputs"
-            return None, (f"{what} file not found (tried {', '.join(tried)}): pass {flag} DIR to the report to "
-                          f"show plots and worst elements")
+            return None, (f"{what} file not found (tried {', '.join(tried) or 'nothing: no folder'}): pass {flag} DIR "
+                          f"to the report to show plots and worst elements")
         key = str(path)
         if key not in self._open:
             try:
@@ -103,6 +120,9 @@ class CaseFiles:
             return None, f
         if ref.get("key") not in f:
             return None, f"{what} file {path} has no tensor {ref.get('key')}"
+        if shape is not None and list(f.shape_of(ref["key"])) != list(shape):
+            return None, (f"{what} tensor {ref['key']} in {path} has shape {list(f.shape_of(ref['key']))}, not the "
+                          f"{list(shape)} verify judged (the file changed since): not read")
         try:
             return np.asarray(f.read(ref["key"]), dtype=np.float64), None
         except (GDNError, OSError, ValueError) as exc:
@@ -120,7 +140,7 @@ def _case_stats(files: CaseFiles, records: list[dict], tensor: str) -> tuple[Cas
     arrays = []
     for r in records:
         if r["tensor"] == tensor and r["op"] in CALL_OPS:
-            arr, note = files.read("expected", r.get("expected_ref"))
+            arr, note = files.read("expected", r.get("expected_ref"), r.get("expected_shape"))
             if arr is None:
                 return None, note
             arrays.append(arr)
@@ -129,7 +149,7 @@ def _case_stats(files: CaseFiles, records: list[dict], tensor: str) -> tuple[Cas
 
 def load(files: CaseFiles, rec: dict, case_records: list[dict], profile: str) -> Loaded:
     out = Loaded()
-    actual, note = files.read("actual", rec.get("actual_ref"))
+    actual, note = files.read("actual", rec.get("actual_ref"), rec.get("shape"))
     if note:
         out.notes.append(note)
         return out
@@ -137,7 +157,7 @@ def load(files: CaseFiles, rec: dict, case_records: list[dict], profile: str) ->
     if exp_ref.get("key") is None and rec["op"] == "save":
         expected = np.zeros_like(actual)  # the snapshot of the zero state
     else:
-        expected, note = files.read("expected", exp_ref)
+        expected, note = files.read("expected", exp_ref, rec.get("expected_shape"))
         if note:
             out.notes.append(note)
             return out

@@ -22,7 +22,7 @@ FLOORS: tuple[tuple[int, str, tuple[str, ...]], ...] = (
     (0, "core", ("gdncheck", "gdncheck._version", "gdncheck.errors", "gdncheck.config", "gdncheck.stages",
                  "gdncheck.profiles", "gdncheck.dtypes", "gdncheck.safetensors_io", "gdncheck.weights",
                  "gdncheck.checkpoint", "gdncheck.snapshot", "gdncheck.calls", "gdncheck.env", "gdncheck.synthetic",
-                 "gdncheck.portable", "gdncheck.experts")),
+                 "gdncheck.portable", "gdncheck.experts", "gdncheck.installed", "gdncheck.untrusted")),
     (1, "reference", ("gdncheck.reference",)),
     (1, "gpu_impl", ("gdncheck.gpu_impl",)),
     (1, "harness", ("gdncheck.harness",)),
@@ -34,7 +34,7 @@ FLOORS: tuple[tuple[int, str, tuple[str, ...]], ...] = (
     (6, "meta", ("gdncheck.conformance.meta",)),
     (7, "reports", ("gdncheck.reports",)),
     (8, "gate", ("gdncheck.gate",)),
-    (9, "apps", ("gdncheck.cli", "gdncheck.commands", "gdncheck.bench", "gdncheck.__main__")),
+    (9, "apps", ("gdncheck.cli", "gdncheck.commands", "gdncheck.bench", "gdncheck.__main__", "gdncheck.testing")),
 )
 #: Never imported by the float64 reference, at any depth of its own modules.
 NOT_IN_REFERENCE = ("torch", "triton", "gdncheck.gpu_impl", "gdncheck.harness")

@@ -1,6 +1,6 @@
 """Name tables: let a port write the tensor names it already dumps (``verify --names hf|doppler|metrale``).
 
-A table (``conformance/judge/names/<port>.json``, format ``gdncheck-names`` v1; fixtures/FORMAT.md §13) maps
+A table (``conformance/judge/names/<port>.json``, format ``gdncheck-names`` v1; docs/names.md) maps
 a port's tensor name to the stage vocabulary:
 
 - ``{"as": "x_norm"}``: the same tensor under another name; when its shape differs from the golden's
@@ -22,6 +22,7 @@ are always reported.
 from __future__ import annotations
 
 import json
+import math
 import re
 from pathlib import Path
 from typing import Any
@@ -29,13 +30,15 @@ from typing import Any
 import numpy as np
 
 from gdncheck.fixtures.manifest import FixtureError
-from gdncheck.stages import TENSOR_ORDER
+from gdncheck.stages import KNOWN_TENSORS, TENSOR_ORDER
 
 NAMES_DIR = Path(__file__).with_name("names")
 NAMES_FORMAT = "gdncheck-names"
 NAMES_VERSION = 1
 #: names an outputs file may hold besides the vocabulary (the input, the seq_len bookkeeping)
 KNOWN_EXTRA = ("x", "seq_len")
+#: Largest name table read (the packaged ones are a few kB).
+MAX_TABLE_BYTES = 4 * 1024 * 1024
 
 
 def builtin_tables() -> list[str]:
@@ -43,20 +46,16 @@ def builtin_tables() -> list[str]:
 
 
 class NameTable:
+    """A name table, checked whole when it is read (:func:`check_table`): every entry one of the forms
+    of docs/names.md, every target a stage tensor, every prefix a regular expression."""
+
     def __init__(self, doc: dict, source: str):
-        if doc.get("format") != NAMES_FORMAT or doc.get("version") != NAMES_VERSION:
-            raise FixtureError(f"{source}: expected a name table of format {NAMES_FORMAT!r} version {NAMES_VERSION}, "
-                               f"found format {doc.get('format')!r} version {doc.get('version')!r}")
-        self.port = doc.get("port", Path(source).stem)
+        check_table(doc, source)
+        self.port = str(doc.get("port", Path(source).stem))
         self.source = source
         self.tensors: dict[str, dict] = doc["tensors"]
         self.not_exposed: dict[str, str] = doc.get("not_exposed", {})
         self._prefixes = [re.compile(p) for p in doc.get("prefixes", [])]
-        for name, entry in self.tensors.items():
-            targets = [entry] if "split" not in entry else entry["split"]
-            for t in targets:
-                if "as" in t and t["as"] not in TENSOR_ORDER and t["as"] not in KNOWN_EXTRA:
-                    raise FixtureError(f"{source}: {name!r} maps to {t['as']!r}, which is not a stage tensor")
 
     def lookup(self, name: str) -> tuple[str, dict] | None:
         """(the table's key, its entry) for a port's name, layer prefixes removed; None if unknown."""
@@ -69,6 +68,66 @@ class NameTable:
         return None
 
 
+def check_table(doc, source: str) -> None:
+    """Refuse (:class:`FixtureError`, naming the table and the entry) a table that is not of the format:
+    the wrong format or version, an entry neither ``as``, ``split`` nor ``not_comparable``, a target that
+    is no stage tensor, a ``transpose`` that is no permutation, a ``width`` neither a positive integer nor
+    a shape symbol, a prefix that is no regular expression."""
+    if not isinstance(doc, dict):
+        raise FixtureError(f"{source}: expected a JSON object, found {type(doc).__name__}")
+    if doc.get("format") != NAMES_FORMAT or doc.get("version") != NAMES_VERSION:
+        raise FixtureError(f"{source}: expected a name table of format {NAMES_FORMAT!r} version {NAMES_VERSION}, "
+                           f"found format {doc.get('format')!r} version {doc.get('version')!r}")
+    tensors, prefixes = doc.get("tensors"), doc.get("prefixes", [])
+    if not isinstance(tensors, dict) or not all(isinstance(e, dict) for e in tensors.values()):
+        raise FixtureError(f"{source}: expected 'tensors' an object of entries (objects), found {_brief(tensors)}")
+    if not isinstance(doc.get("not_exposed", {}), dict):
+        raise FixtureError(f"{source}: expected 'not_exposed' an object, found {_brief(doc.get('not_exposed'))}")
+    if not isinstance(prefixes, list) or not all(isinstance(p, str) for p in prefixes):
+        raise FixtureError(f"{source}: expected 'prefixes' a list of regular expressions, found {_brief(prefixes)}")
+    for p in prefixes:
+        try:
+            re.compile(p)
+        except re.error as exc:
+            raise FixtureError(f"{source}: prefix {p!r} is not a regular expression ({exc})") from None
+    for name, entry in tensors.items():
+        where = f"{source}: entry {name!r}"
+        if "split" in entry:
+            parts = entry["split"]
+            if not isinstance(parts, list) or not parts or not all(isinstance(t, dict) for t in parts):
+                raise FixtureError(f"{where}: expected 'split' a list of parts, found {_brief(parts)}")
+            for t in parts:
+                _check_target(t, where, split=True)
+        else:
+            _check_target(entry, where, split=False)
+        tr = entry.get("transpose")
+        if tr is not None and (not isinstance(tr, list) or sorted(tr) != list(range(len(tr)))
+                               or not all(isinstance(a, int) and not isinstance(a, bool) for a in tr)):
+            raise FixtureError(f"{where}: expected 'transpose' a permutation of the axes [0, 1, ...], found "
+                               f"{_brief(tr)}")
+
+
+def _check_target(t: dict, where: str, *, split: bool) -> None:
+    if "not_comparable" in t:
+        if not isinstance(t["not_comparable"], str):
+            raise FixtureError(f"{where}: expected 'not_comparable' a reason (a string)")
+    elif "as" not in t:
+        raise FixtureError(f"{where}: expected 'as', 'split' or 'not_comparable' (docs/names.md)")
+    elif not isinstance(t["as"], str) or (t["as"] not in TENSOR_ORDER and t["as"] not in KNOWN_TENSORS
+                                                and t["as"] not in KNOWN_EXTRA):
+        raise FixtureError(f"{where}: maps to {_brief(t['as'])}, which is not a stage tensor")
+    if split:
+        w = t.get("width")
+        if not (isinstance(w, str) or (isinstance(w, int) and not isinstance(w, bool) and w > 0)):
+            raise FixtureError(f"{where}: expected each split part's 'width' a positive integer or a shape symbol, "
+                               f"found {_brief(w)}")
+
+
+def _brief(value, limit: int = 60) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
 def load_names(spec: str | None) -> NameTable | None:
     """``hf``, ``doppler``, ``metrale`` (the packaged tables) or a path to a table; None for none."""
     if not spec:
@@ -76,9 +135,13 @@ def load_names(spec: str | None) -> NameTable | None:
     path = NAMES_DIR / f"{spec}.json" if spec in builtin_tables() else Path(spec)
     if not path.is_file():
         raise FixtureError(f"unknown name table {spec!r}: expected one of {', '.join(builtin_tables())} or the path "
-                           f"of a {NAMES_FORMAT} JSON file (fixtures/FORMAT.md §13)")
+                           f"of a {NAMES_FORMAT} JSON file (docs/names.md)")
     try:
-        doc = json.loads(path.read_text())
+        if path.stat().st_size > MAX_TABLE_BYTES:
+            raise FixtureError(f"name table {path}: more than {MAX_TABLE_BYTES} bytes")
+        doc = json.loads(path.read_text(encoding="utf-8"))
+    except RecursionError:
+        raise FixtureError(f"name table {path}: not usable JSON (nested too deep)") from None
     except (OSError, ValueError) as exc:
         raise FixtureError(f"name table {path}: not readable JSON ({exc})") from None
     return NameTable(doc, str(path))
@@ -105,7 +168,7 @@ class NamedOutputs:
         direct = set(keys)
         for key in keys:
             prefix, name = _split_key(key)
-            if name in TENSOR_ORDER or name in KNOWN_EXTRA:
+            if name in TENSOR_ORDER or name in KNOWN_TENSORS or name in KNOWN_EXTRA:  # both layer kinds
                 continue
             hit = table.lookup(name) if table else None
             if hit is None:
@@ -116,9 +179,11 @@ class NamedOutputs:
                 self.not_comparable[name] = entry["not_comparable"]
                 continue
             offset = 0
+            total = sum(self._width(p, key) for p in entry["split"]) if "split" in entry else None
             for part in entry.get("split", [entry]):
                 width = self._width(part, key) if "split" in entry else None
-                conv = {"transpose": entry.get("transpose"), "slice": (offset, offset + width) if width else None}
+                conv = {"transpose": entry.get("transpose"), "slice": (offset, offset + width) if width else None,
+                        "total": total}
                 offset += width or 0
                 if "not_comparable" in part:
                     self.not_comparable[name] = part["not_comparable"]
@@ -154,6 +219,24 @@ class NamedOutputs:
     def dtype_of(self, key: str) -> str:
         return self.file.dtype_of(self.source_of(key))
 
+    def shape_of(self, key: str, shape: tuple[int, ...] | None = None) -> tuple[int, ...]:
+        """The shape :meth:`read` would return for canonical ``key``, from the file's header alone (so a
+        size can be checked before anything is read)."""
+        if key in self.file:
+            return tuple(self.file.shape_of(key))
+        port_key, conv = self._alias[key]
+        s = list(self.file.shape_of(port_key))
+        if conv["transpose"] is not None and len(s) == len(conv["transpose"]):
+            s = [s[a] for a in conv["transpose"]]
+        if conv["slice"] is not None:
+            lo, hi = conv["slice"]
+            if not s or s[-1] != conv["total"]:
+                return tuple(s)  # a split describes its whole tensor; anything else is another shape
+            s[-1] = hi - lo
+        if shape is not None and tuple(s) != tuple(shape) and math.prod(s) == math.prod(shape):
+            s = list(shape)
+        return tuple(s)
+
     def read(self, key: str, shape: tuple[int, ...] | None = None) -> np.ndarray:
         """The array for canonical ``key``, converted (transpose, slice, then reshape to ``shape`` when only
         the layout differs)."""
@@ -163,10 +246,10 @@ class NamedOutputs:
         arr: Any = self.file.read(port_key)
         if conv["transpose"] is not None and arr.ndim == len(conv["transpose"]):
             arr = np.transpose(arr, conv["transpose"])
-        if conv["slice"] is not None:
+        if conv["slice"] is not None and arr.ndim >= 1 and arr.shape[-1] == conv["total"]:
             arr = arr[..., conv["slice"][0]:conv["slice"][1]]
         arr = np.ascontiguousarray(arr)
-        if shape is not None and tuple(arr.shape) != tuple(shape) and arr.size == int(np.prod(shape)):
+        if shape is not None and tuple(arr.shape) != tuple(shape) and arr.size == math.prod(shape):
             arr = arr.reshape(shape)
         return arr
 

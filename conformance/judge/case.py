@@ -6,24 +6,28 @@ seq_len, the saved snapshot files, the expected error, and the verdict on the wh
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
 from gdncheck.config import GDNConfig
-from gdncheck.errors import SafetensorsFormatError
-from gdncheck.fixtures.manifest import FixtureError, case_file, safe_file
+from gdncheck.errors import GDNError
+from gdncheck.fixtures.coverage import coverage_of
+from gdncheck.fixtures.manifest import case_file, safe_file
 from gdncheck.harness import CALL_OPS, END_TO_END, call_key, call_steps, is_packed, mode_name
 from gdncheck.safetensors_io import SafetensorsFile
-from gdncheck.stages import REQUIRED_OUTPUTS, STATE_NAMES, STATE_STAGE, STATE_STAGE_INDEX, STATE_TENSORS, tensor_rank
+from gdncheck.stages import STATE_NAMES, STATE_STAGE, STATE_STAGE_INDEX, STATE_TENSORS, tensor_rank
+from gdncheck.untrusted import safe_text
 
 from . import inputs, messages, packed
 from .aliases import NamedOutputs, NameTable
 from .metrics import CaseStats
 from .records import CaseReport, FirstDivergence, Record
+from .routing import RoutingCheck, judge_routing
 from .tolerances import ToleranceTable
-from .verdicts import base_record, judge
+from .verdicts import allowed_dtypes, base_record, judge
 
 
 @dataclass
@@ -45,7 +49,8 @@ class CaseJudge:
 
     def __post_init__(self) -> None:
         e = self.entry
-        self.report = CaseReport(e["id"], e["kind"], list(e.get("tags", [])), "pass", file=e["file"])
+        self.report = CaseReport(e["id"], e["kind"], list(e.get("tags", [])), "pass", file=e["file"],
+                                 features=list(coverage_of(e)["features"]))
         self.report.repro = self._repro()
 
     @property
@@ -58,7 +63,21 @@ class CaseJudge:
 
     # --- the whole case ------------------------------------------------------------------------------
     def run(self) -> CaseReport:
-        """The case's report: unusable inputs, the expected error, a raise, or every call judged."""
+        """The case's report: unusable inputs, the expected error, a raise, or every call judged. An
+        unexpected exception (a gdncheck bug) makes this case unusable, never the whole run
+        (``GDN_DEBUG=1`` raises it instead)."""
+        try:
+            return self._run()
+        except Exception as exc:  # noqa: BLE001 - one case never stops the others
+            if os.environ.get("GDN_DEBUG"):
+                raise
+            rep = self.report
+            rep.status, rep.records, rep.first_divergence, rep.message = "error", [], None, None
+            rep.problem = safe_text(f"gdncheck could not judge this case: {type(exc).__name__}: {exc} (a gdncheck "
+                                    f"bug: please report it; GDN_DEBUG=1 shows the traceback)")
+            return rep
+
+    def _run(self) -> CaseReport:
         problem = self._open_golden() or self._open_outputs()
         if problem:
             self.report.status, self.report.problem = "error", problem
@@ -87,8 +106,8 @@ class CaseJudge:
         try:
             self.gold = SafetensorsFile(case_file(self.fixtures, self.entry))
             inputs.check_golden(self.entry, self.gold)
-        except (FixtureError, SafetensorsFormatError) as exc:
-            return f"fixture unusable: {exc}"
+        except GDNError as exc:
+            return safe_text(f"fixture unusable: {exc}")
         return None
 
     def _open_outputs(self) -> str | None:
@@ -96,28 +115,42 @@ class CaseJudge:
         try:
             path = safe_file(self.outputs, name, "outputs file")
             self.report.outputs_file = str(path)
-            if not path.is_file():
+            if not path.exists():
                 return (f"no outputs file {name} in {self.outputs}: run the implementation on this case first "
                         f"(gdncheck run ... --case {self.case})")
             self.outs = NamedOutputs(SafetensorsFile(path), self.names, inputs.dims(self.entry))
             inputs.check_outputs_meta(self.entry, self.outs.metadata, self.stage_isolated)
-            self.report.notes.extend(self.outs.notes())
-        except (FixtureError, SafetensorsFormatError) as exc:
-            return f"outputs unusable: {exc}"
+            self.report.notes.extend(safe_text(n) for n in self.outs.notes())
+        except GDNError as exc:
+            return safe_text(f"outputs unusable: {exc}")
         self.meta = self.outs.metadata
         self.report.repro = self._repro()  # now with the command that made the outputs, if it says
         return None
 
     def _finish(self) -> CaseReport:
+        """The case's status from its records, then the coverage rule (fixtures/coverage.py): a case
+        every port must run is never not applicable, and a case that judged nothing is no pass."""
         rep = self.report
         for r in rep.records:
             rep.counts[r.verdict] = rep.counts.get(r.verdict, 0) + 1
         failed = [r for r in rep.records if r.verdict == "fail"]
+        judged = sum(r.verdict != "missing" for r in rep.records)
+        na = rep.not_applicable
         if failed and rep.status == "pass":
             rep.status = "fail"
-        elif rep.not_applicable is not None and rep.status == "pass":
-            rep.status = "not_applicable"
-            rep.message = messages.not_applicable(na=rep.not_applicable, passed=len(rep.records))
+        elif na is not None and rep.status == "pass":
+            if rep.features:
+                rep.status = "not_applicable"
+                rep.message = messages.not_applicable(na=na, passed=len(rep.records))
+            else:  # a case with no optional feature: every conforming port runs it
+                rep.status, rep.message = "fail", messages.not_applicable_required(case=self.case, na=na)
+                rep.first_divergence = FirstDivergence.at_step(na["step"], na["op"], "not_applicable")
+        elif rep.status == "pass" and self.entry["kind"] != "error" and judged == 0:
+            first_call = next((i for i, s in enumerate(self.entry["program"]) if s["op"] in CALL_OPS), 0)
+            op = self.entry["program"][first_call]["op"]
+            rep.status, rep.message = "fail", messages.nothing_judged(case=self.case, missing=rep.counts["missing"],
+                                                                      mode=self.mode)
+            rep.first_divergence = FirstDivergence.at_step(first_call, op, "nothing_judged")
         if failed:
             first = min(failed, key=lambda r: (r.step, r.stage_index, tensor_rank(r.tensor)))
             rep.first_divergence = FirstDivergence.of_record(first)
@@ -166,19 +199,25 @@ class CaseJudge:
     def judge_call(self, i: int, step: dict) -> None:
         """Every tensor the golden keeps for this call, then (end to end) its seq_len."""
         k, loc = step["call"], messages.where(self.case, i, step["op"], step["seq_pos"])
-        required = () if self.stage_isolated else REQUIRED_OUTPUTS
+        required = () if self.stage_isolated else tuple(coverage_of(self.entry)["required"])
+        routing = self.judge_routing(i, step, loc) if "selected_experts" in step["expected"] else None
         for name in step["expected"]:
+            if routing is not None and name == "selected_experts":
+                self.report.records.append(routing.record)
+                continue
             key = call_key(k, name)
-            actual, dtype = _read(self.outs, key, self.gold.shape_of(key))
+            actual, dtype = _read(self.outs, key, self.gold.shape_of(key), allowed_dtypes(name, self.profile)[0])
             rec = base_record(self.case, i, step["op"], k, name, seq_pos=list(step["seq_pos"]),
                               expected_ref=self._golden_ref(key),
                               actual_ref=self.outs.ref(self.report.outputs_file, key))
             expected, bound = self.gold.read(key), self.table.bound(name, self.profile, self.mode, self.case)
+            if name == "routing_weights" and routing is not None:
+                actual, expected = routing.weights(actual, expected)
             if actual is not None:
                 actual = packed.as_judged(actual, step, name)
             judge(rec, actual, dtype, packed.as_judged(expected, step, name), bound, required=name in required,
                   subject=messages.subject(name, rec.stage, k), loc=loc, stats=self.stats.get(name))
-            if is_packed(step):
+            if is_packed(step):  # a serving step: the failure located by sequence and token, or by slot
                 if name in STATE_NAMES:
                     packed.slot_note(rec, step, actual, expected, bound, self.stats.get(name))
                 else:
@@ -187,23 +226,34 @@ class CaseJudge:
         if not self.stage_isolated:
             self.judge_seq_len(i, step, loc)
 
+    def judge_routing(self, i: int, step: dict, loc: str) -> RoutingCheck:
+        """A sparse call's selected experts, as sets per token, before any number (routing.py)."""
+        k, name = step["call"], "selected_experts"
+        key = call_key(k, name)
+        actual, dtype = _read(self.outs, key, self.gold.shape_of(key))
+        rec = base_record(self.case, i, step["op"], k, name, seq_pos=list(step["seq_pos"]),
+                          expected_ref=self._golden_ref(key), actual_ref=self.outs.ref(self.report.outputs_file, key))
+        return judge_routing(rec, actual, dtype, self.gold.read(key), self.gold.read(call_key(k, "router_logits")),
+                             subject=messages.subject(name, rec.stage, k), loc=loc)
+
     def _golden_ref(self, key: str | None) -> dict:
         return {"file": str(Path(self.fixtures) / self.entry["file"]), "key": key}
 
     def judge_seq_len(self, i: int, step: dict, loc: str) -> None:
         key = call_key(step["call"], "seq_len")
-        actual, dtype = _read(self.outs, key)
+        actual, dtype = _read(self.outs, key, (len(step["seq_len_after"]),), SEQ_LEN_DTYPES)
         if actual is None:
             return
         rec = Record(case=self.case, step=i, op=step["op"], call=step["call"], tensor="seq_len", stage=STATE_STAGE,
                      stage_index=STATE_STAGE_INDEX, verdict="pass", dtype=dtype, shape=list(actual.shape),
                      expected_shape=[len(step["seq_len_after"])],
                      actual_ref={"file": self.report.outputs_file, "key": key})
-        found = np.asarray(actual).ravel()
-        if dtype is None or not dtype.startswith(("I", "U")) or not np.array_equal(found, step["seq_len_after"]):
+        usable = dtype in SEQ_LEN_DTYPES and tuple(actual.shape) == (len(step["seq_len_after"]),)
+        found = np.asarray(actual).ravel().tolist() if usable else f"of dtype {dtype} and shape {list(actual.shape)}"
+        if not usable or found != list(step["seq_len_after"]):
             rec.verdict, rec.reason = "fail", "seq_len"
             rec.message = messages.seq_len_failure(subject=f"seq_len after call {step['call']}",
-                                                   actual=found.tolist(), expected=step["seq_len_after"], loc=loc)
+                                                   actual=found, expected=step["seq_len_after"], loc=loc)
         self.report.records.append(rec)
 
     # --- a saved snapshot file -----------------------------------------------------------------------
@@ -226,7 +276,7 @@ class CaseJudge:
                 rec.verdict, rec.reason = "fail", "missing_required"
                 rec.message = messages.snapshot_missing(subject=subject, problem=problem, loc=loc)
             else:
-                actual, dtype = _read(snap, name, expected.shape)
+                actual, dtype = _read(snap, name, expected.shape, allowed_dtypes(name, self.profile)[0])
                 judge(rec, actual, dtype, expected, self.table.bound(name, self.profile, END_TO_END, self.case),
                       required=True, subject=subject, loc=loc, stats=self.stats.get(name))
             self.report.records.append(rec)
@@ -235,11 +285,11 @@ class CaseJudge:
         """(the snapshot file through the name table, its path, why it cannot be read)."""
         try:
             path = safe_file(self.outputs, file, "snapshot file")
-            if not path.is_file():
+            if not path.exists():
                 return None, path, f"file {file} is not in {self.outputs}"
             return NamedOutputs(SafetensorsFile(path), self.outs.table, inputs.dims(self.entry)), path, None
-        except (FixtureError, SafetensorsFormatError) as exc:
-            return None, None, str(exc)
+        except GDNError as exc:
+            return None, None, safe_text(str(exc))
 
     def _zero_state(self, spec) -> np.ndarray:
         """A state of the case's dimensions before any call: what a snapshot of no call holds."""
@@ -247,8 +297,30 @@ class CaseJudge:
         return np.zeros((self.entry["batch"], *(dims[s] for s in spec.shape)))
 
 
-def _read(outs: NamedOutputs, key: str, shape=None) -> tuple[np.ndarray | None, str | None]:
+#: The dtypes a seq_len output may have (FORMAT.md §7: I32 or I64).
+SEQ_LEN_DTYPES = ("I64", "I32")
+
+
+def _read(outs: NamedOutputs, key: str, shape: tuple[int, ...], allowed: tuple[str, ...]
+          ) -> tuple[np.ndarray | None, str | None]:
+    """(the array, its stored dtype), (None, None) when absent. Its dtype and shape are checked against
+    what the golden expects *before* anything is read: a tensor of another dtype or shape comes back as
+    a zero-cost stand-in of its declared shape (a broadcast view of nothing), which the verdict fails on
+    its dtype or shape without a byte of it being read or allocated."""
     if key not in outs:
         return None, None
-    return outs.read(key, shape), outs.dtype_of(key)
+    dtype, declared = outs.dtype_of(key), outs.shape_of(key, shape)
+    if dtype in allowed and tuple(declared) == tuple(shape):
+        return outs.read(key, shape), dtype
+    try:
+        return np.broadcast_to(np.zeros((), np.float32), declared), dtype
+    except ValueError:  # a declared size beyond the address space: only its shape is ever looked at
+        return _Declared(tuple(declared)), dtype
+
+
+@dataclass(frozen=True)
+class _Declared:
+    """A tensor known by its declared shape only."""
+
+    shape: tuple[int, ...]
 

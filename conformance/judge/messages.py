@@ -79,7 +79,10 @@ def snapshot_missing(*, subject: str, problem: str, loc: str) -> str:
 
 
 def seq_len_failure(*, subject: str, actual, expected, loc: str) -> str:
-    return f"{subject}: seq_len {list(actual)}, but should be {list(expected)} (seq_pos + T; docs/spec.md §4) {loc}"
+    """``actual``: the counts found, or (a tensor of the wrong dtype or shape) a description of it."""
+    found = actual if isinstance(actual, str) else list(actual)
+    return (f"{subject}: seq_len {found}, but should be {list(expected)} (integers, seq_pos + T; docs/spec.md §4) "
+            f"{loc}")
 
 
 def raised(*, case: str, err: dict, op: str) -> str:
@@ -97,6 +100,20 @@ def error_expected(*, case: str, expected: dict, op: str) -> str:
 def wrong_error(*, case: str, err: dict, expected: dict, op: str) -> str:
     return (f"the implementation raised {err.get('code')} at step {err.get('step')}: {err.get('message')}, but should "
             f"raise {expected['code']} at step {expected['step']} ({op}) [case {case}]")
+
+
+def not_applicable_required(*, case: str, na: dict) -> str:
+    """A port declared not applicable a case that needs no optional feature (the coverage rule)."""
+    return (f"the implementation declared the case not applicable from step {na['step']} ({na['op']}): {na['reason']}, "
+            f"but should run it: it needs no optional feature, and every conforming port is judged on it "
+            f"(FORMAT.md §2, coverage) [case {case}]")
+
+
+def nothing_judged(*, case: str, missing: int, mode: str) -> str:
+    """A case in which no tensor was judged: nothing it wrote is a tensor the goldens expect."""
+    return (f"no tensor of the case was judged ({missing} expected tensor(s) not provided, in mode {mode}), but "
+            f"should be: a case that judged nothing is no pass (write the expected tensors under their names, or "
+            f"verify with --names TABLE) [case {case}]")
 
 
 def not_applicable(*, na: dict, passed: int) -> str:

@@ -23,7 +23,7 @@ SUMMARY_SCHEMA_PATH = Path(__file__).with_name("summary.schema.json")
 
 VERDICTS = ("pass", "fail", "missing")
 REASONS = ("missing_required", "dtype", "shape", "nan", "inf", "elem_bound", "nmse_bound", "seq_len", "raised",
-           "error_expected", "wrong_error")
+           "error_expected", "wrong_error", "routing")
 
 
 def _clean(value: Any) -> Any:
@@ -76,6 +76,7 @@ class Record:
     token_profile: dict | None = None
     expected_ref: dict | None = None
     actual_ref: dict | None = None
+    routing: dict | None = None  # a sparse layer's selected_experts routed otherwise (routing.py)
 
     def to_json(self) -> dict:
         return _clean(asdict(self))
@@ -156,10 +157,17 @@ class CaseReport:
     not_applicable: dict | None = None  # {step, op, reason}: the implementation cannot express the case from there
     notes: list[str] = field(default_factory=list)
     records: list[Record] = field(default_factory=list)
+    features: list[str] = field(default_factory=list)  # the case's optional features (coverage; [] = must be judged)
+
+    @property
+    def judged(self) -> int:
+        """Tensors judged (passed or failed; not ``missing``)."""
+        return sum(r.verdict != "missing" for r in self.records)
 
     def to_json(self) -> dict:
         d = {k: v for k, v in asdict(self).items() if k != "records"}
         d["records"] = [r.to_json() for r in self.records]
+        d["judged"] = self.judged
         return _clean(d)
 
 
@@ -178,10 +186,47 @@ class Summary:
 
     @property
     def exit_code(self) -> int:
-        """2 inputs unusable, 1 a case fails, else 0 (not_applicable cases count neither way)."""
-        if any(c.status == "error" for c in self.cases):
+        """2 inputs unusable, or nothing judged at all; 1 a case fails; else 0. A not_applicable case
+        counts neither way, but a run of nothing else judged nothing (the coverage rule)."""
+        if any(c.status == "error" for c in self.cases) or not any(c.status in ("pass", "fail") for c in self.cases):
             return 2
         return 1 if any(c.status == "fail" for c in self.cases) else 0
+
+    def coverage(self) -> dict:
+        """What the run judged against what the coverage rule asks (fixtures/FORMAT.md §2): every case
+        with no optional feature judged, every judged case judging at least one tensor, something judged."""
+        judged = [c for c in self.cases if c.status in ("pass", "fail")]
+        required = [c for c in self.cases if not c.features]
+        na = [c for c in self.cases if c.not_applicable is not None]
+        problems = []
+        if not judged:
+            problems.append("nothing was judged: " + ("no case selected" if not self.cases else
+                                                      "every selected case is not applicable or unusable"))
+        bad_na = sorted(c.id for c in na if not c.features)
+        if bad_na:
+            problems.append(f"{len(bad_na)} case(s) every port must run declared not applicable: {', '.join(bad_na)}")
+        empty = sorted(c.id for c in self.cases if c.first_divergence is not None
+                       and c.first_divergence.reason == "nothing_judged")
+        if empty:
+            problems.append(f"{len(empty)} case(s) judged no tensor: {', '.join(empty)}")
+        features: dict[str, int] = {}
+        for c in na:
+            for f in c.features:
+                features[f] = features.get(f, 0) + 1
+        return {"cases": len(self.cases), "judged": len(judged),
+                "required": len(required), "required_judged": sum(c in judged for c in required),
+                "not_applicable": len([c for c in na if c.status == "not_applicable"]),
+                "not_applicable_features": features, "tensors_judged": sum(c.judged for c in self.cases),
+                "ok": not problems, "problems": problems}
+
+    def coverage_line(self) -> str:
+        """One line for a console: what was judged, what was not applicable, and what breaks the rule."""
+        cov = self.coverage()
+        na = "".join(f", {k} {v}" for k, v in sorted(cov["not_applicable_features"].items()))
+        line = (f"coverage: {cov['judged']} of {cov['cases']} case(s) judged ({cov['required_judged']} of "
+                f"{cov['required']} every port must run), {cov['not_applicable']} not applicable"
+                + (f" (optional features: {na[2:]})" if na else "") + f", {cov['tensors_judged']} tensor(s) judged")
+        return line + ("" if cov["ok"] else "; " + "; ".join(cov["problems"]))
 
     def totals(self) -> dict:
         recs = [r for c in self.cases for r in c.records]
@@ -197,6 +242,8 @@ class Summary:
         }
 
     def verdict(self) -> str:
+        if self.exit_code == 2 and not any(c.status == "error" for c in self.cases):
+            return "nothing judged"
         return {0: "conforms", 1: "does not conform", 2: "inputs unusable"}[self.exit_code]
 
     def to_json(self) -> dict:
@@ -214,6 +261,7 @@ class Summary:
             "outputs": self.outputs,
             "environment": self.environment,
             "totals": self.totals(),
+            "coverage": self.coverage(),
             "notes": self.notes,
             "cases": [c.to_json() for c in self.cases],
         })

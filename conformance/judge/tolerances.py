@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import re
 from dataclasses import dataclass
 from functools import lru_cache
@@ -25,9 +26,12 @@ from pathlib import Path
 from gdncheck.errors import GDNError
 from gdncheck.harness import END_TO_END
 from gdncheck.profiles import VERIFY_PROFILES
+from gdncheck.untrusted import UnsafePathError, read_bounded
 
 TABLE_PATH = Path(__file__).with_name("tolerances.json")
 TABLE_FORMAT = "gdncheck-tolerances"
+#: a table larger than this is refused unread (the packaged one is about 0.3 MB)
+MAX_TABLE_BYTES = 64 * 1024 * 1024
 
 
 class ToleranceError(GDNError):
@@ -71,14 +75,20 @@ class ToleranceTable:
                                  f"profiles: {', '.join(VERIFY_PROFILES)}") from None
         recipe = recipe_of(case_id) if case_id else None
         row, source = None, "global"
-        if recipe and tensor in table.get("cases", {}).get(recipe, {}):
-            row, source = table["cases"][recipe][tensor], f"case {recipe}"
+        per_case = table.get("cases", {}).get(recipe, {}) if recipe else {}
+        if isinstance(per_case, dict) and tensor in per_case:
+            row, source = per_case[tensor], f"case {recipe}"
         elif tensor in table.get("global", {}):
             row = table["global"][tensor]
         if row is None:
             raise ToleranceError(f"the tolerance table {self.source} has no bound for {tensor!r} ({profile}, {mode}); "
                                  f"regenerate it with gdncheck tolerances derive")
-        return Bound(tensor, profile, mode, float(row["elem"]), float(row["nmse"]), source)
+        values = [row.get(k) if isinstance(row, dict) else None for k in ("elem", "nmse")]
+        if not all(isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v) and v >= 0
+                   for v in values):
+            raise ToleranceError(f"the tolerance table {self.source}: the bound of {tensor!r} ({profile}, {mode}, "
+                                 f"{source}) must be {{elem, nmse}} of finite non-negative numbers, found {row!r}")
+        return Bound(tensor, profile, mode, float(values[0]), float(values[1]), source)
 
     def describe(self) -> dict:
         return {"format": TABLE_FORMAT, "version": self.version, "sha256": self.sha256, "path": self.source,
@@ -88,14 +98,25 @@ class ToleranceTable:
 @lru_cache(maxsize=4)
 def _load(path: str) -> ToleranceTable:
     try:
-        raw = Path(path).read_bytes()
+        raw = read_bounded(path, MAX_TABLE_BYTES, "tolerance table")
         data = json.loads(raw)
     except FileNotFoundError:
         raise ToleranceError(f"expected a tolerance table at {path}, found none") from None
-    except (OSError, json.JSONDecodeError) as exc:
+    except UnsafePathError as exc:
+        raise ToleranceError(str(exc)) from None
+    except RecursionError:
+        raise ToleranceError(f"{path}: not a usable tolerance table (JSON nested too deep)") from None
+    except (OSError, ValueError) as exc:
         raise ToleranceError(f"{path}: not a readable tolerance table ({exc})") from None
     if not isinstance(data, dict) or data.get("format") != TABLE_FORMAT or "modes" not in data:
         raise ToleranceError(f"{path}: expected a JSON table of format {TABLE_FORMAT!r}")
+    version, modes = data.get("version"), data["modes"]
+    if not isinstance(version, int) or isinstance(version, bool):
+        raise ToleranceError(f"{path}: expected 'version' an integer, found {version!r}")
+    if not isinstance(modes, dict) or not all(isinstance(m, dict) and all(
+            isinstance(p, dict) and isinstance(p.get("global", {}), dict) and isinstance(p.get("cases", {}), dict)
+            for p in m.values()) for m in modes.values()):
+        raise ToleranceError(f"{path}: expected 'modes' as {{mode: {{profile: {{global, cases}}}}}} objects")
     return ToleranceTable(data, hashlib.sha256(raw).hexdigest(), str(path))
 
 

@@ -16,7 +16,14 @@ from pathlib import Path
 import numpy as np
 
 from gdncheck._version import __version__
-from gdncheck.fixtures.manifest import CaseProblem, FixtureError, load_manifest, select_cases, sha256_file
+from gdncheck.fixtures.manifest import (
+    CaseProblem,
+    FixtureError,
+    check_manifest_sha256,
+    load_manifest,
+    select_cases,
+    sha256_file,
+)
 from gdncheck.harness import mode_name
 from gdncheck.profiles import VERIFY_PROFILES, choices
 
@@ -29,19 +36,24 @@ from .tolerances import ToleranceTable, load_table
 def verify(fixtures_dir: str | Path, outputs_dir: str | Path, profile: str, *, cases: list[str] | None = None,
            tags: list[str] | None = None, shard: tuple[int, int] | None = None, stage_isolated: bool = False,
            tolerances: str | Path | ToleranceTable | None = None,
-           progress: Callable[[CaseReport], None] | None = None, names: str | None = None) -> Summary:
+           progress: Callable[[CaseReport], None] | None = None, names: str | None = None,
+           manifest_sha256: str | None = None) -> Summary:
     """Verify the outputs in ``outputs_dir`` against the fixtures in ``fixtures_dir`` at ``profile``.
 
     ``cases`` (ids or id prefixes), ``tags`` and ``shard=(i, n)`` select cases; ``names`` reads the
-    outputs through a name table (:mod:`.aliases`: ``hf``, ``doppler``, ``metrale`` or a path). Raises
-    :class:`FixtureError` only when the fixture folder itself is unusable (no readable manifest) or
-    the name table is unknown.
+    outputs through a name table (:mod:`.aliases`: ``hf``, ``doppler``, ``metrale`` or a path);
+    ``manifest_sha256`` pins the fixture manifest. Raises :class:`FixtureError` only when the run
+    cannot start: the fixture folder unusable (no readable manifest, another manifest than the pinned
+    one), a selection of no case (:class:`~gdncheck.fixtures.manifest.SelectionError`), an unknown
+    name table or profile.
     """
     table = tolerances if isinstance(tolerances, ToleranceTable) else load_table(tolerances)
     name_table = load_names(names)
     mode = mode_name(stage_isolated)
     if profile not in VERIFY_PROFILES:
         raise FixtureError(f"expected --profile {choices(VERIFY_PROFILES)}, found {profile!r}")
+    if manifest_sha256 is not None:
+        check_manifest_sha256(fixtures_dir, manifest_sha256)
     problems: list[CaseProblem] = []
     manifest = load_manifest(fixtures_dir, problems)
     entries = select_cases(manifest, cases, tags, shard, also_known=[p.case for p in problems])
@@ -62,6 +74,8 @@ def verify(fixtures_dir: str | Path, outputs_dir: str | Path, profile: str, *, c
     for p in problems:
         if not cases or any(p.case.startswith(c) for c in cases):
             summary.cases.append(CaseReport(p.case, "unknown", [], "error", problem=p.message))
+            if progress:
+                progress(summary.cases[-1])
     impls: dict[str, dict] = {}  # case -> the metadata of its usable outputs file
     for entry in entries:
         judge = CaseJudge(Path(fixtures_dir), Path(outputs_dir), entry, profile, table, stage_isolated, name_table)

@@ -44,7 +44,6 @@ import numpy as np
 from gdncheck.config import GDNConfig
 from gdncheck.env import blas_threads
 from gdncheck.errors import GDNError
-from gdncheck.experts import mlp_kind_of
 from gdncheck.harness import SERVING_CALL_OPS, NotApplicable
 from gdncheck.profiles import PROFILES, VERIFY_PROFILES
 
@@ -108,7 +107,7 @@ hf.check_case = check_case
 
 
 def _check_expressible(cfg: GDNConfig, weights) -> None:
-    if mlp_kind_of(weights) == "moe" and not cfg.norm_topk_prob:
+    if cfg.mlp_kind(0) == "moe" and not cfg.norm_topk_prob:
         raise NotApplicable("norm_topk_prob=false (routing weights not renormalised): transformers' "
                             "Qwen3_5MoeSparseMoeBlock always renormalises, and Qwen3NextSparseMoeBlock, which need "
                             "not, sits in a decoder layer whose linear attention holds another weight layout "
@@ -173,7 +172,7 @@ class HFLayer:
         if torch.get_num_threads() != blas_threads():
             torch.set_num_threads(blas_threads())
         self.cfg, self.profile, self.dtype = cfg, profile, _torch_dtype(profile)
-        self.sparse = mlp_kind_of(weights) == "moe"
+        self.sparse = cfg.mlp_kind(0) == "moe"  # the config says, not the weights (a router may be missing)
         modeling, config_class, layer_class, sizes = self._classes(cfg)
         self.hf_config = config_class(
             hidden_size=cfg.hidden_size, rms_norm_eps=cfg.rms_norm_eps,

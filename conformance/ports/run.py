@@ -21,7 +21,15 @@ from gdncheck._version import __version__
 from gdncheck.config import GDNConfig
 from gdncheck.errors import GDNError, SafetensorsFormatError
 from gdncheck.experts import mlp_kind_of
-from gdncheck.fixtures.manifest import FixtureError, case_file, load_manifest, select_cases
+from gdncheck.fixtures.manifest import (
+    CaseProblem,
+    FixtureError,
+    SelectionError,
+    case_file,
+    load_manifest,
+    refuse_output_in_suite,
+    select_cases,
+)
 from gdncheck.harness import (
     OUTPUTS_FORMAT,
     OUTPUTS_FORMAT_VERSION,
@@ -37,12 +45,14 @@ from gdncheck.harness import (
     mode_name,
     to_numpy,
 )
+from gdncheck.harness.program import ProgramError
 from gdncheck.profiles import RUN_PROFILES
 from gdncheck.safetensors_io import SafetensorsFile, write_safetensors
 from gdncheck.stages import layer_stage_names, stage_outputs
+from gdncheck.untrusted import safe_path, safe_text
 from gdncheck.weights import LayerWeights
 
-from .plugin import load_factory, parse_options
+from .plugin import check_options, load_factory, parse_options
 
 
 @dataclass
@@ -66,9 +76,11 @@ class RunReport:
 
 
 def load_case_input(fixtures_dir: Path, entry: dict) -> tuple[CaseInput, SafetensorsFile]:
-    """The executor's input from a case file: config, weights, inputs (checksum verified)."""
+    """The executor's input from a case file: config, weights, inputs (checksum verified; a forward
+    case's inputs [B, T, D] as the manifest says before they are read)."""
     f = SafetensorsFile(case_file(fixtures_dir, entry))
     weights = {k[len("weights."):]: f.read(k) for k in f if k.startswith("weights.")}
+    width = GDNConfig.from_hf(dict(entry["config"])).hidden_size if entry["kind"] == "forward" else None
     inputs = {}
     for step in call_steps(entry["program"]):
         if not has_input(step):
@@ -76,6 +88,10 @@ def load_case_input(fixtures_dir: Path, entry: dict) -> tuple[CaseInput, Safeten
         key = call_key(step["call"], "x")
         if key not in f:
             raise FixtureError(f"{entry['file']}: input {key} is missing (fixture damaged)")
+        want = (entry["batch"], step["T"], width)
+        if width is not None and f.shape_of(key) != want:
+            raise FixtureError(f"{entry['file']}: input {key} has shape {list(f.shape_of(key))}, expected "
+                               f"[B, T, D] = {list(want)} (fixture damaged)")
         inputs[step["call"]] = f.read(key)
     return CaseInput(entry["id"], entry["config"], weights, entry["batch"], entry["program"], inputs), f
 
@@ -98,28 +114,39 @@ def run_impl(impl: str | Callable, fixtures_dir: str | Path, out_dir: str | Path
     options = parse_options(options) if isinstance(options, list) else dict(options or {})
     factory = load_factory(impl) if isinstance(impl, str) else impl
     name = impl if isinstance(impl, str) else getattr(impl, "__qualname__", repr(impl))
+    check_options(factory, options, impl if isinstance(impl, str) else None)
     fixtures_dir, out_dir = Path(fixtures_dir), Path(out_dir)
-    manifest = load_manifest(fixtures_dir, [])
-    entries = select_cases(manifest, cases, tags, shard)
+    refuse_output_in_suite(out_dir, fixtures_dir)
+    problems: list[CaseProblem] = []
+    manifest = load_manifest(fixtures_dir, problems)
+    entries = select_cases(manifest, cases, tags, shard, also_known=[p.case for p in problems])
     if stage_isolated:
         entries = [e for e in entries if e["kind"] != "error"]
+        if not entries:
+            raise SelectionError("stage-isolated mode runs no expected-error case, and the selection holds only "
+                                 "those")
     out_dir.mkdir(parents=True, exist_ok=True)
     command = command or default_command(name, fixtures_dir, out_dir, profile, options, stage_isolated)
     report = RunReport(name, profile, str(out_dir))
+    for p in problems:
+        if not cases or any(p.case.startswith(c) for c in cases):
+            report.cases.append(CaseRun(p.case, "skipped", f"manifest entry unusable: {p.message}"))
+            if progress:
+                progress(report.cases[-1])
     for entry in entries:
         try:
             inp, gold = load_case_input(fixtures_dir, entry)
-        except (FixtureError, SafetensorsFormatError) as exc:
+            na = None
+            if stage_isolated:
+                outputs, error, impl_name, na = _run_isolated(factory, inp, gold, profile, options)
+            else:
+                res = execute(factory, inp, profile=profile, options=options, snapshot_dir=out_dir)
+                outputs, error, impl_name, na = res.outputs, res.error, res.implementation, res.not_applicable
+        except (FixtureError, SafetensorsFormatError, ProgramError) as exc:
             report.cases.append(CaseRun(entry["id"], "skipped", str(exc)))
             if progress:
                 progress(report.cases[-1])
             continue
-        na = None
-        if stage_isolated:
-            outputs, error, impl_name, na = _run_isolated(factory, inp, gold, profile, options)
-        else:
-            res = execute(factory, inp, profile=profile, options=options, snapshot_dir=out_dir)
-            outputs, error, impl_name, na = res.outputs, res.error, res.implementation, res.not_applicable
         meta = {"format": OUTPUTS_FORMAT, "format_version": OUTPUTS_FORMAT_VERSION, "case": entry["id"],
                 "implementation": impl_name or name, "profile": profile, "mode": mode_name(stage_isolated),
                 "fixture_sha256": entry["sha256"], "generator": f"gdncheck {__version__}", "command": command}
@@ -128,13 +155,13 @@ def run_impl(impl: str | Callable, fixtures_dir: str | Path, out_dir: str | Path
                          "error_step": str(error["step"])})
         if na:
             meta.update({"not_applicable": na["reason"], "not_applicable_step": str(na["step"])})
-        path = out_dir / f"{entry['id']}.safetensors"
+        path = safe_path(out_dir, f"{entry['id']}.safetensors", "outputs file")
         write_safetensors(path, {k: np.ascontiguousarray(v) for k, v in outputs.items()}, meta)
         status, detail = "ran", ""
-        if error:
-            status, detail = "raised", f"{error['code']} at step {error['step']}: {error['message']}"
+        if error:  # the implementation's own words, one line of visible characters
+            status, detail = "raised", safe_text(f"{error['code']} at step {error['step']}: {error['message']}")
         elif na:
-            status, detail = "not_applicable", f"at step {na['step']}: {na['reason']}"
+            status, detail = "not_applicable", safe_text(f"at step {na['step']}: {na['reason']}")
         report.cases.append(CaseRun(entry["id"], status, detail, str(path)))
         if progress:
             progress(report.cases[-1])

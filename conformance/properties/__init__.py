@@ -3,7 +3,7 @@ gdncheck is installed.
 
 The implementation under test is chosen the array-api-tests way, by environment variables:
 ``GDN_IMPL`` (``reference`` (default), ``triton`` or ``MODULE:CALLABLE``, the plug-in contract of
-fixtures/FORMAT.md §9) and ``GDN_PROFILE`` (``f32`` (default), ``bf16``, ``f16``). Every property
+docs/plugins.md) and ``GDN_PROFILE`` (``f32`` (default), ``bf16``, ``f16``). Every property
 compares the implementation with the float64 reference, or checks an exact identity; none compares
 an implementation with itself, except the bit-exact snapshot round trip (an identity).
 

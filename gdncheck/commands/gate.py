@@ -7,6 +7,8 @@ import sys
 
 from gdncheck.profiles import VERIFY_PROFILES
 
+from .console import Console
+
 DESCRIPTION = """\
 The CI conformance gate: does an implementation conform? With no arguments: the committed
 fixtures, the Triton path, the device found here (Triton's interpreter without a GPU), every profile.
@@ -19,6 +21,18 @@ a table and the first divergences.
 On Triton's interpreter the cases tagged `long` (the 2048-token decode) are skipped, and listed as
 skipped with the reason (--all-cases runs them); on a GPU everything runs.
 
+--merge DIR [DIR ...] runs nothing: it merges the gate folders (--out) of the shards of a CI matrix
+(--shard I/N) into one verdict, one OUT/gate-summary.json, one verify summary per profile, one JUnit
+file and, with --report, one report; a set that is not one complete matrix is refused.
+
+The outputs go to OUT/PROFILE/, folders the gate owns and replaces whole on each run (a folder there
+that holds anything else is refused, as is an OUT that is, lies in or contains a fixture suite);
+an earlier gate-summary.json is removed first. A suite other than the committed one is pinned with
+--fixtures-sha256 (its manifest's sha256; the summary prints it).
+
+Coverage: a run that judged nothing (every case skipped or not applicable), a case every port must
+run declared not applicable, or a case that judged no tensor, never conforms.
+
 Exit status: 0 conforms, 1 does not conform, 2 could not run (the reason is printed)."""
 
 
@@ -27,7 +41,7 @@ def _profiles(text: str) -> tuple[str, ...]:
 
 
 def configure(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--impl", default="triton", help="triton (default) | reference | MODULE:CALLABLE (FORMAT.md §9)")
+    p.add_argument("--impl", default="triton", help="triton (default) | reference | MODULE:CALLABLE (docs/plugins.md)")
     p.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"),
                    help="auto (default): cuda when torch sees a GPU, else cpu (the Triton interpreter)")
     p.add_argument("--profiles", type=_profiles, default=VERIFY_PROFILES, metavar="P[,P...]",
@@ -36,6 +50,9 @@ def configure(p: argparse.ArgumentParser) -> None:
                    help="default: the committed fixtures; full: adds real Qwen3.5 sizes (built with "
                         "gdncheck fixtures build --suite full; looked for in ./fixtures-full)")
     p.add_argument("--fixtures", help="fixture folder (overrides --suite's)")
+    p.add_argument("--fixtures-sha256", metavar="SHA256",
+                   help="the sha256 of the suite's manifest.json: refuse any other (pin a suite other than the "
+                        "committed one, whose integrity the gate cannot otherwise know)")
     p.add_argument("--case", action="append", help="only this case (id or id prefix; repeatable)")
     p.add_argument("--tag", action="append", help="only cases with this tag (repeatable)")
     p.add_argument("--shard", help="I/N: this runner's share (every N-th case and property unit from the I-th, "
@@ -62,9 +79,13 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--option", action="append", metavar="KEY=VALUE", help="passed to the implementation's factory")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress, no per-case lines: the table, "
                                                               "failures and the verdict (for CI logs)")
+    p.add_argument("--merge", nargs="+", metavar="DIR",
+                   help="merge the gate folders of a matrix's shards (each one's --out) into --out; runs nothing")
+    p.add_argument("--json", action="store_true",
+                   help="write gate-summary.json's document to stdout too (human lines go to stderr)")
 
 
-def _progress(quiet: bool):
+def _progress(quiet: bool, stream=sys.stdout):
     """A tqdm bar on a terminal; one line per unit elsewhere; nothing when quiet."""
     if quiet:
         return None, lambda: None
@@ -89,15 +110,17 @@ def _progress(quiet: bool):
             return  # quick units (the expected-error cases) would flood a CI log
         el = time.perf_counter() - start
         eta = el * (total - done) / done if done else 0.0
-        print(f"[{100 * done / total:5.1f}% {el:5.0f}s eta {eta:4.0f}s] {_label(res)}", flush=True)
+        print(f"[{100 * done / total:5.1f}% {el:5.0f}s eta {eta:4.0f}s] {_label(res)}", file=stream, flush=True)
 
     return line, lambda: None
 
 
 def _label(res: dict) -> str:
+    from gdncheck.untrusted import safe_text
+
     if res["kind"] == "case":
-        return f"{res['profile']} {res['case']}: {res['status']} ({res['seconds']:.1f} s)"
-    return f"{res['profile']} property {res['name']}: {res['status']} ({res['seconds']:.1f} s)"
+        return safe_text(f"{res['profile']} {res['case']}: {res['status']} ({res['seconds']:.1f} s)")
+    return safe_text(f"{res['profile']} property {res['name']}: {res['status']} ({res['seconds']:.1f} s)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -106,25 +129,47 @@ def run(args: argparse.Namespace) -> int:
     from gdncheck.env import limit_blas_threads
     from gdncheck.gate import GateOptions, run_gate
     from gdncheck.gate.report import format_result, verdict_line
+    from gdncheck.untrusted import safe_text
 
     limit_blas_threads()
+    if args.merge:
+        return _merge(args)
     opts = GateOptions(
         impl=args.impl, device=args.device, profiles=args.profiles, suite=args.suite, fixtures=args.fixtures,
         cases=args.case, tags=args.tag, shard=parse_shard(args.shard), out=args.out, junit=args.junit,
         report=args.report, properties=not args.no_properties, property_names=args.property,
         max_examples=args.max_examples, hypothesis_profile=args.hypothesis_profile, shrink=args.shrink,
         jobs=args.jobs, all_cases=args.all_cases, rebuild_check=False if args.no_rebuild_check else None,
-        xfails=args.xfails, options=parse_options(args.option))
+        xfails=args.xfails, options=parse_options(args.option), fixtures_sha256=args.fixtures_sha256)
+    con = Console(args)
     if not args.quiet:
-        print(f"gdncheck gate: {opts.impl} ({args.device}), profiles {','.join(opts.profiles)}, suite {opts.suite}"
-              + (f", shard {args.shard}" if args.shard else "") + f"; outputs in {opts.out}", flush=True)
-    progress, close = _progress(args.quiet)
+        con.say(safe_text(f"gdncheck gate: {opts.impl} ({args.device}), profiles {','.join(opts.profiles)}, "
+                          f"suite {opts.suite}" + (f", shard {args.shard}" if args.shard else "")
+                          + f"; outputs in {opts.out}"))
+    progress, close = _progress(args.quiet, con.stream)
     try:
         result = run_gate(opts, progress)
     finally:
         close()
-    text = format_result(result.doc, verbose=True)
+    text = format_result(result.doc, verbose=True)  # port strings made visible text, line by line
     if text:
-        print(text)
-    print(verdict_line(result.doc))
+        con.say(text)
+    con.say(verdict_line(result.doc))
+    con.emit_json(result.doc)
     return result.exit_code
+
+
+def _merge(args: argparse.Namespace) -> int:
+    from gdncheck.gate.merge import merge_gates
+    from gdncheck.gate.report import format_result, verdict_line
+
+    con = Console(args)
+    doc = merge_gates(args.merge, args.out, junit=args.junit, report=args.report)
+    con.progress(f"gdncheck gate: merged {len(doc['merged'])} shard(s): "
+                 + ", ".join(f"{m['shard']} {m['verdict']}" for m in doc["merged"]))
+    text = format_result(doc, verbose=True)
+    if text:
+        con.say(text)
+    con.say(verdict_line(doc))
+    con.emit_json(doc)
+    return doc["exit_code"]

@@ -24,7 +24,7 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--outputs", help="the port's outputs folder, if it moved since verify ran")
     p.add_argument("--markdown", metavar="PATH", help="append a Markdown summary to PATH ('-': print it)")
     p.add_argument("--top-k", type=int, default=10, help="worst elements listed per failing tensor (default 10)")
-    p.add_argument("--quiet", action="store_true", help="no text summary")
+    p.add_argument("-q", "--quiet", action="store_true", help="no text summary")
 
 
 def run(args: argparse.Namespace) -> int:

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import argparse
 import shlex
-import sys
 
 from gdncheck.profiles import RUN_PROFILES
+
+from .console import Console, add_output_arguments
 
 DESCRIPTION = """\
 Run an implementation over the fixture cases and write its outputs in the port format
@@ -16,7 +17,7 @@ IMPL is `reference` (the float64 reference in profile f64; its precision emulati
 f16), `triton` (gdncheck.gpu_impl, on GDN_DEVICE), `hf` (Hugging Face transformers' own layer and
 cache, the hf extra; what it cannot express is reported not applicable), or MODULE:CALLABLE, a
 factory of the plug-in contract: CALLABLE(cfg, weights, *, profile, strict, **options) ->
-implementation (FORMAT.md §9)."""
+implementation (docs/plugins.md)."""
 
 
 def configure(p: argparse.ArgumentParser) -> None:
@@ -24,7 +25,8 @@ def configure(p: argparse.ArgumentParser) -> None:
 
     p.add_argument("impl", metavar="IMPL", help="reference | triton | hf | MODULE:CALLABLE")
     p.add_argument("--fixtures", default=str(DEFAULT_DIR), help=f"fixture folder (default {DEFAULT_DIR})")
-    p.add_argument("--out", required=True, help="folder for the outputs (created)")
+    p.add_argument("--out", required=True, help="folder for the outputs (created; never a fixture suite, inside one "
+                                                "or around the one in use)")
     p.add_argument("--profile", required=True, choices=RUN_PROFILES, help="precision profile")
     p.add_argument("--case", action="append", help="only this case (id or id prefix; repeatable)")
     p.add_argument("--tag", action="append", help="only cases with this tag (repeatable)")
@@ -33,6 +35,7 @@ def configure(p: argparse.ArgumentParser) -> None:
                    help="passed to the factory (reference: placement=hf|fla|fp32_once|metrale, chunk_size=N)")
     p.add_argument("--stage-isolated", action="store_true",
                    help="run each stage alone from golden inputs (needs run_stage; FORMAT.md §8)")
+    add_output_arguments(p)
 
 
 def parse_shard(text):
@@ -49,30 +52,65 @@ def parse_shard(text):
     return i, n
 
 
+def existing_folder(path, flag: str, what: str):
+    """``path`` as a folder that must already exist (an input): a typo is one error naming it, and
+    nothing is created."""
+    from pathlib import Path
+
+    from gdncheck.errors import GDNError
+
+    p = Path(path)
+    if not p.is_dir():
+        raise GDNError(f"{flag} {path}: expected {what}, found {'a file' if p.exists() else 'nothing'} there")
+    return p
+
+
+def output_file(path, flag: str):
+    """A file a command will write (``--summary``, ``--junit``), checked before anything runs: not a
+    folder, not a special file, and its folder is not a file."""
+    from pathlib import Path
+
+    from gdncheck.errors import GDNError
+
+    p = Path(path)
+    if p.is_dir():
+        raise GDNError(f"{flag} {p} is a folder; expected the name of a file to write")
+    if p.exists() and not p.is_file():
+        raise GDNError(f"{flag} {p} is not a regular file (a device or a pipe); expected the name of a file to write")
+    if any(parent.exists() and not parent.is_dir() for parent in p.parents):
+        raise GDNError(f"{flag} {p}: a parent of it is a file; expected a path whose folders are folders")
+    return p
+
+
 def run(args: argparse.Namespace) -> int:
     import logging
 
     from gdncheck.conformance.ports.plugin import parse_options
     from gdncheck.conformance.ports.run import default_command, run_impl
     from gdncheck.env import limit_blas_threads
+    from gdncheck.untrusted import safe_text
 
     limit_blas_threads()
     logging.getLogger("gdncheck").setLevel(logging.ERROR)  # the seq-len reset warning is part of the programs
     options = parse_options(args.option)
     command = default_command(args.impl, args.fixtures, args.out, args.profile, options, args.stage_isolated)
 
+    con = Console(args)
+    existing_folder(args.fixtures, "--fixtures", "a fixture folder")
+
     def progress(c):
-        print(f"{c.status:<8} {c.id}" + (f": {c.detail}" if c.detail else ""))
+        line = safe_text(f"{c.status:<8} {c.id}") + (f": {safe_text(c.detail)}" if c.detail else "")
+        (con.say if c.status == "skipped" else con.progress)(line)
 
     rep = run_impl(args.impl, args.fixtures, args.out, args.profile, cases=args.case, tags=args.tag,
                    shard=parse_shard(args.shard), options=options, stage_isolated=args.stage_isolated,
                    command=command, progress=progress)
     skipped = rep.skipped
     na = sum(c.status == "not_applicable" for c in rep.cases)
-    print(f"ran {len(rep.cases) - len(skipped)} case(s) with {rep.implementation} ({args.profile}) into {args.out}"
-          + (f"; {na} not applicable" if na else "")
-          + (f"; {len(skipped)} skipped (fixture unusable)" if skipped else ""))
-    print(f"next: gdncheck verify --fixtures {shlex.quote(args.fixtures)} --outputs {shlex.quote(args.out)} "
-          f"--profile {args.profile if args.profile != 'f64' else 'f32'}"
-          + (" --stage-isolated" if args.stage_isolated else ""), file=sys.stdout)
+    con.say(safe_text(f"ran {len(rep.cases) - len(skipped)} case(s) with {rep.implementation} ({args.profile}) into "
+                      f"{args.out}" + (f"; {na} not applicable" if na else "")
+                      + (f"; {len(skipped)} skipped (fixture unusable)" if skipped else "")))
+    con.progress(safe_text(f"next: gdncheck verify --fixtures {shlex.quote(args.fixtures)} --outputs "
+                           f"{shlex.quote(args.out)} --profile {args.profile if args.profile != 'f64' else 'f32'}"
+                           + (" --stage-isolated" if args.stage_isolated else "")))
     return 2 if skipped else 0

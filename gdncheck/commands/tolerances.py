@@ -22,8 +22,10 @@ def configure(p: argparse.ArgumentParser) -> None:
     s.add_argument("--case", help="a case id or recipe (default: the global bounds)")
     s.add_argument("--table", help="table file (default: the packaged one)")
     d = sub.add_parser("derive", help="re-derive the table")
-    d.add_argument("--out", help="where to write it (default: the packaged conformance/judge/tolerances.json)")
+    d.add_argument("--out", help="where to write it (default: conformance/judge/tolerances.json of a source "
+                        "checkout; an installed gdncheck needs --out)")
     d.add_argument("--jobs", type=int, default=1)
+    d.add_argument("-q", "--quiet", action="store_true", help="no line per observation: the file written only")
     d.add_argument("--seeds", default="1,2,3,4", help="comma-separated seeds (default 1,2,3,4; never 0)")
     d.add_argument("--suite", choices=("default", "full"), default="full",
                    help="recipes to derive from (default full: the default suite plus real Qwen3.5 sizes; "
@@ -33,12 +35,14 @@ def configure(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from gdncheck.conformance.earn import derive
     from gdncheck.conformance.judge import tolerances
+    from gdncheck.installed import refuse_write_into_package
     from gdncheck.safetensors_io import write_bytes_atomic
 
     if args.action == "derive":
+        refuse_write_into_package(args.out or tolerances.TABLE_PATH, "--out")  # before the minute of work
         seeds = tuple(int(s) for s in args.seeds.split(","))
         doc = derive.derive(seeds=seeds, jobs=args.jobs, suite_name=args.suite,
-                            progress=lambda m: print(f"observed {m}", flush=True))
+                            progress=None if args.quiet else lambda m: print(f"observed {m}", flush=True))
         path = args.out or tolerances.TABLE_PATH
         write_bytes_atomic(path, derive.encode_table(doc))
         print(f"wrote {path}")

@@ -35,7 +35,7 @@ import numpy as np
 
 
 class NotApplicable(Exception):  # noqa: N818 - a verdict, not an error
-    """The implementation cannot express this case or call; the message says why (FORMAT.md §9).
+    """The implementation cannot express this case or call; the message says why (docs/plugins.md).
 
     Not a failure: ``run`` records the reason and the step in the outputs' metadata
     (``not_applicable``, ``not_applicable_step``) and ``verify`` reports the case ``not_applicable``."""

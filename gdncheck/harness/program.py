@@ -26,7 +26,9 @@ from typing import Any
 import numpy as np
 
 from gdncheck.config import GDNConfig
+from gdncheck.errors import GDNError
 from gdncheck.stages import KNOWN_TENSORS, STATE_NAMES, stage_inputs
+from gdncheck.untrusted import UnsafePathError, safe_path
 from gdncheck.weights import LayerWeights
 
 from .contract import Implementation, NotApplicable, error_code, to_numpy
@@ -152,15 +154,17 @@ def _execute(factory, case: CaseInput, profile: str, options, snapshot_dir, capt
             elif op == "restore":
                 impl.restore(state, slots[step["slot"]])
             elif op == "save":
-                path = Path(snapshot_dir) / step["file"]
+                path = snapshot_file(snapshot_dir, step["file"])
                 impl.save_snapshot(slots[step["slot"]], str(path))
                 res.files.append(step["file"])
             elif op == "load":
-                slots[step["slot"]] = impl.load_snapshot(str(Path(snapshot_dir) / step["file"]))
+                slots[step["slot"]] = impl.load_snapshot(str(snapshot_file(snapshot_dir, step["file"])))
             else:
                 raise ValueError(f"expected a program op of {', '.join(PROGRAM_OPS)}, found {op!r}")
     except NotApplicable as exc:
         res.not_applicable = {"reason": str(exc) or "not applicable", "step": step_index}
+    except ProgramError:
+        raise  # the case's fault: never recorded as the implementation's error
     except Exception as exc:  # noqa: BLE001 - any failure of the implementation is a result, not a crash
         res.error = {"code": error_code(exc), "message": str(exc) or type(exc).__name__, "step": step_index}
     return res
@@ -200,6 +204,22 @@ def _serving(impl: Implementation, op: str, step: Mapping[str, Any], x: np.ndarr
     else:
         out, trace, specs[int(step["call"])] = _method(impl, op)(x, pool, *layout)
     return _trace_arrays(out, trace)
+
+
+class ProgramError(GDNError):
+    """A program the executor cannot run as written (a snapshot file name that would leave its folder):
+    the case's fault, not the implementation's."""
+
+    code = "program"
+
+
+def snapshot_file(snapshot_dir: str | os.PathLike, name: str) -> Path:
+    """Where a ``save``/``load`` step's file lives: ``name`` inside ``snapshot_dir``, never outside
+    (:func:`gdncheck.untrusted.safe_path`; the manifest reader refuses such a name first)."""
+    try:
+        return safe_path(snapshot_dir, name, "snapshot file")
+    except UnsafePathError as exc:
+        raise ProgramError(str(exc)) from None
 
 
 def _trace_arrays(out: Any, trace: Mapping[str, Any]) -> dict[str, np.ndarray]:

@@ -30,7 +30,14 @@ def test_run_then_verify_exit_codes(fixtures_dir, tmp_path, capsys):
     repro = next(line for line in text.splitlines() if line.strip().startswith("repro: "))
     assert "gdncheck run gdncheck.conformance.meta.mutants:gate_before_norm" in repro and "&& gdncheck verify" in repro
 
+    # a mistyped outputs folder: one error naming it (not one per case), and nothing created
     assert main(["verify", "--outputs", str(tmp_path / "nothing"), "--profile", "f32", "--case", "decode_T12"]) == 2
+    cap = capsys.readouterr()
+    assert cap.out == "" and cap.err.count("\n") == 1 and str(tmp_path / "nothing") in cap.err
+    assert "expected the port's outputs folder, found nothing" in cap.err  # before any case
+    assert not (tmp_path / "nothing").exists()
+    (tmp_path / "empty").mkdir()
+    assert main(["verify", "--outputs", str(tmp_path / "empty"), "--profile", "f32", "--case", "decode_T12"]) == 2
     assert "ERROR decode_T12" in capsys.readouterr().out
 
 

@@ -13,7 +13,7 @@ import pytest
 from gdncheck.config import GDNConfig
 from gdncheck.dtypes import is_representable
 from gdncheck.fixtures.build import build_suite, check_suite
-from gdncheck.fixtures.manifest import SCHEMA_PATH, sha256_file
+from gdncheck.fixtures.manifest import SCHEMA_PATH, FixtureError, sha256_file
 from gdncheck.safetensors_io import SafetensorsFile
 from tests.reference.naive_layer import naive_layer
 
@@ -31,7 +31,7 @@ def test_manifest_matches_its_schema_and_files(fixtures_dir, manifest):
         assert (fixtures_dir / c["file"]).stat().st_size == c["bytes"]
         assert c["generator"]["numpy"] and c["config_summary"].startswith("D=")
         total += c["bytes"]
-    assert total <= 25e6, f"default suite is {total / 1e6:.1f} MB, budget 25 MB"
+    assert total <= 40e6, f"default suite is {total / 1e6:.1f} MB, budget 40 MB"
     stored = {p.name for p in fixtures_dir.glob("*.safetensors")}
     assert stored == {c["file"] for c in manifest["cases"]}, "files on disk and manifest differ"
 
@@ -156,7 +156,9 @@ def test_fixtures_check_reproduces_the_committed_suite(fixtures_dir):
 def test_fixtures_check_detects_drift(fixture_copy):
     path = fixture_copy / "manifest.json"
     doc = json.loads(path.read_text())
-    doc["cases"][0]["program"][1]["T"] += 1  # the recipe in the manifest no longer matches the suite's
+    step = doc["cases"][0]["program"][1]  # the recipe in the manifest no longer matches the suite's
+    step["T"] += 1
+    step["seq_len_after"] = [n + 1 for n in step["seq_len_after"]]  # (consistent with itself, FORMAT.md §2)
     path.write_text(json.dumps(doc))
     target = next(c for c in doc["cases"] if c["id"].startswith("decode_T12"))
     data = bytearray((fixture_copy / target["file"]).read_bytes())
@@ -197,4 +199,6 @@ def test_fixtures_from_a_checkpoint(tmp_path):
     s = verify(tmp_path / "fx", tmp_path / "out", "bf16")
     assert s.exit_code == 0
     assert {r.bound["source"] for c in s.cases for r in c.records if r.bound} == {"global"}
-    assert {r["status"] for r in check_suite(tmp_path / "fx")} == {"identical"}
+    assert {r["status"] for r in check_suite(tmp_path / "fx", checkpoint=ckpt)} == {"identical"}
+    with pytest.raises(FixtureError, match="--checkpoint DIR"):  # never the folder the manifest names
+        check_suite(tmp_path / "fx")

@@ -1,4 +1,4 @@
-"""The fixture guarantee (fixtures/FORMAT.md §11): goldens are bit-identical on every CPU.
+"""The fixture guarantee (fixtures/FORMAT.md §10): goldens are bit-identical on every CPU.
 
 They are built in the reference's golden arithmetic (reference/arith.py), which uses no BLAS and no
 SIMD-dispatched transcendental function. Here: every default case rebuilt in subprocesses under other

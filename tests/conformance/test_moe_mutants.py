@@ -12,6 +12,9 @@ and the bound is a rounding bound.
 
 from __future__ import annotations
 
+import json
+import shutil
+
 import numpy as np
 import pytest
 
@@ -160,9 +163,18 @@ def test_moe_mutant_is_caught_at_its_stage_by_ten_times_the_bound(sparse, mutant
         assert ratio >= 10, f"{mode}: {first} only {ratio:.1f} x its bound"
 
 
-def test_the_kill_matrix_runs_them_on_tagged_cases(fixtures_dir):
-    """Registered with the kill matrix; on a suite without a sparse case each is reported, not run."""
+def test_the_kill_matrix_runs_them_on_tagged_cases(fixtures_dir, tmp_path):
+    """Registered with the kill matrix, run on the cases with their tags (the committed suite's sparse
+    cases: tests/conformance/test_moe_fixtures.py); on a suite without a sparse case each is reported,
+    not run."""
     assert set(MOE_MUTANTS) <= set(kill_matrix.CATALOGUE)
+    assert len(tagged_cases(fixtures_dir, ("moe",))) == 4 and len(tagged_cases(fixtures_dir, ("moe", "no-renorm"))) == 1
+    doc = json.loads((fixtures_dir / "manifest.json").read_text())
+    doc["cases"] = [c for c in doc["cases"] if "moe" not in c["tags"]]
+    (tmp_path / "manifest.json").write_text(json.dumps(doc))
+    for c in doc["cases"]:
+        shutil.copy(fixtures_dir / c["file"], tmp_path / c["file"])
+    fixtures_dir = tmp_path
     assert tagged_cases(fixtures_dir, ("moe",)) == []
     r = kill_matrix.kill(MOE_MUTANTS[0], "bf16", fixtures_dir)
     assert (r.killed, r.cases, r.cell()) == (False, 0, "no case") and "no case tagged moe, no-renorm" in r.message

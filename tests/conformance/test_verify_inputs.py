@@ -99,6 +99,11 @@ def test_bounds_messages_and_missing_required(fixtures_dir, tmp_path):
                                lambda t: t.update({"calls.0.seq_len": np.array([11])}))
     assert fails[0].reason == "seq_len" and "seq_len [11], but should be [12]" in case.message
 
+    # FORMAT.md §7: seq_len is I32 or I64; the right count in an unsigned byte is not a seq_len
+    case, fails = _one_failure(fixtures_dir, tmp_path, "decode_T12",
+                               lambda t: t.update({"calls.0.seq_len": np.array([12], np.uint8)}))
+    assert fails[0].reason == "seq_len" and "of dtype U8" in case.message
+
 
 def test_saved_snapshots_are_checked(fixtures_dir, tmp_path):
     entry = case_entry(fixtures_dir, "snapshot-replay")
@@ -152,7 +157,8 @@ def test_unusable_inputs_are_reported_per_case(fixtures_dir, fixture_copy, tmp_p
     validate_summary(s.to_json())
     problems = {c.id[:8]: c.problem for c in s.cases}
     assert s.exit_code == 2 and all(c.status == "error" for c in s.cases)
-    assert problems["decode_T"].startswith("fixture unusable") and "sha256" in problems["decode_T"]
+    assert problems["decode_T"].startswith("fixture unusable") and "bytes, but the manifest records" in \
+        problems["decode_T"]  # its size is checked before it is hashed
     assert "sha256" in problems["snapshot"] and "manifest records" in problems["snapshot"]
     assert "points outside" in problems["prefill_"] or "inside" in problems["prefill_"]
     assert "outputs unusable" in problems["batch-po"]

@@ -61,7 +61,11 @@ def test_every_gdncheck_command_parses(workflows):
                     seen.append((name, argv[0], args))
     assert any(c == "report" for _, c, _ in seen)
     gates = [(n, a) for n, c, a in seen if c == "gate"]
-    assert {n for n, _ in gates} == {"cpu", "gpu", "full"}
+    assert {n for n, _ in gates} == {"cpu", "gpu", "full", "merge"}
     gpu = [a for n, a in gates if n == "gpu"]
     assert sorted(a.shard for a in gpu) == ["0/2", "1/2"]
+    # the merge job takes every shard's gate folder, as the matrix uploads it (artifact gate-gpu-I, --out gate-out)
+    merge = next(a for n, a in gates if n == "merge")
+    expected = [f"shards/gate-gpu-{a.shard.split('/')[0]}/{a.out}" for a in sorted(gpu, key=lambda a: a.shard)]
+    assert merge.merge == expected
     assert all(a.device == "cuda" and a.junit and a.report for a in gpu)

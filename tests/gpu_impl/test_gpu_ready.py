@@ -119,8 +119,10 @@ def test_grids_stay_inside_cuda_limits_for_any_batch(T):
 def test_state_block_choice_runs_prefill_in_one_wave_when_it_can():
     # 2 blocks per SM (compile table): B=1, Hv=32 -> BV 16, 256 programs on 264 slots
     assert gpu_block_v(1, 32, 128, 132) == 16
-    assert gpu_block_v(4, 32, 128, 132) == 64  # 256 programs of BV 64: one wave, not 2 of BV 32
-    assert gpu_block_v(64, 32, 128, 132) == 64  # many waves whatever BV: the fewest
+    # blocks that build without spills only (bf16: 16, 32; f32 and f16: 16): the fewest waves of those
+    assert gpu_block_v(4, 32, 128, 132) == 32  # 512 programs of BV 32: 2 waves, not 4 of BV 16
+    assert gpu_block_v(64, 32, 128, 132) == 32 and gpu_block_v(64, 32, 128, 132, "tf32x3") == 16
+    assert gpu_block_v(64, 32, 128, 132, varlen=True) == 16  # packed: BV 32 spills in bf16 too
     assert gpu_block_v(1, 2, 8, 132) == 16  # dv below 16: one block
     assert slice_rows(100, 10, 1000, 30) == 100 and slice_rows(100, 10, 500, 30) == 30
     assert slice_rows(100, 10, 250, 30) == 25 and slice_rows(100, 10**9, 1000, 30) == 1

@@ -16,14 +16,18 @@ import triton.language as tl
 import gdncheck.gpu_impl as G
 from gdncheck.gpu_impl import Layer, resolve_device
 from gdncheck.gpu_impl.compile_check import (
+    PREFILL_SPILLS,
     SM90,
     Build,
     compile_only,
     ctas_per_sm,
+    main,
     markdown,
+    only,
     plan,
     run_plan,
     scenario,
+    spill_allowance,
     table,
 )
 from gdncheck.gpu_impl.target import kernel
@@ -172,7 +176,39 @@ def test_compile_check_refuses_shared_memory_over_the_limit_and_decode_spills():
                      ctas_per_sm=2, compile_s=0.0, uses=[{"scenario": "d", "grid": [1], "waves": 1, "decode": True}])
     assert spilling.problems() == ["k {}: 64 B of spills per thread in the decode path"]
     spilling.uses[0]["decode"] = False
-    assert spilling.problems() == []
+    assert spilling.problems() == ["k {}: 64 B of spills per thread in the prefill path, over the 0 B allowed "
+                                   "(PREFILL_SPILLS)"]
+
+
+def test_prefill_spills_are_bounded_per_variant():
+    """The prefill path may spill only where PREFILL_SPILLS says, and no more than it says."""
+    def prefill(kernel, params, spill):
+        return Build(kernel=kernel, params=params, specialised=[], regs=255, local_bytes=spill, shared=0,
+                     num_warps=4, ctas_per_sm=2, compile_s=0.0,
+                     uses=[{"scenario": "p", "grid": [1], "waves": 1, "decode": False}])
+
+    state16 = {"BT": 64, "BK": 128, "BV": 16, "PREC": "tf32"}
+    assert spill_allowance("chunk_state_kernel", state16) == 0  # the one-wave block of bf16 spills nothing
+    assert prefill("chunk_state_kernel", state16, 16).problems()
+    cap = PREFILL_SPILLS[("chunk_state_kernel", "tf32x3", 16)]
+    f32 = {**state16, "PREC": "tf32x3"}
+    assert 0 < cap and prefill("chunk_state_kernel", f32, cap).problems() == []
+    assert "over the" in prefill("chunk_state_kernel", f32, cap + 8).problems()[0]
+    assert spill_allowance("chunk_state_kernel", {**f32, "BV": 32}) == 0  # f32 takes BV = 16 alone
+    assert spill_allowance("chunk_wu_kernel", {"PREC": "tf32"}) == 0
+    assert 0 < spill_allowance("chunk_wu_kernel", {"PREC": "tf32x3"}) < 512
+    assert prefill("conv1d_qk_norm_kernel", {"BT": 32}, 8).problems()  # no other prefill kernel may spill
+
+
+@pytest.mark.filterwarnings("ignore:TRITON_DEFAULT_FP_FUSION")
+def test_compile_check_filters_scenarios_and_kernels(capsys):
+    steps = only(plan(tiny=True), "prefill")
+    assert [s[0] for s in steps] == ["tiny layer bf16 prefill B=2 T=40", "tiny serving bf16 packed prefill 1+5+17+18",
+                                     "tiny moe layer bf16 prefill B=2 T=40"]
+    compiler = run_plan(steps[:1], kernels="^chunk_")
+    assert {b.kernel for b in compiler.builds.values()} == {"chunk_wu_kernel", "chunk_state_kernel"}
+    assert main(["--tiny", "--only", "no such scenario"]) == 2
+    assert "no scenario of the plan matches" in capsys.readouterr().err
 
 
 def test_occupancy_of_sm90():

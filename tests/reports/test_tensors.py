@@ -22,7 +22,8 @@ def test_reloaded_error_is_the_engines(tiled):
     values there (read here straight from the files) are the summary's."""
     n = 0
     for case, rec in failing_records(tiled):
-        files = tensors.CaseFiles(None, None)
+        files = tensors.CaseFiles(None, None, {"expected": tiled.doc["fixtures"]["dir"],
+                                               "actual": tiled.doc["outputs"]["dir"]})
         loaded = tensors.load(files, rec, case["records"], tiled.doc["profile"])
         assert loaded.notes == [] and loaded.err is not None
         m = rec["metrics"]

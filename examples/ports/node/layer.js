@@ -23,6 +23,12 @@ export const WEIGHT_NAMES = [
   'linear_attn.A_log', 'linear_attn.norm.weight', 'linear_attn.out_proj.weight', 'post_attention_layernorm.weight',
   'mlp.gate_proj.weight', 'mlp.up_proj.weight', 'mlp.down_proj.weight',
 ];
+// The sparse (MoE) block in place of the dense MLP (docs/moe.md): transformers' in-memory names.
+export const MOE_WEIGHT_NAMES = [
+  'mlp.gate.weight', 'mlp.experts.gate_up_proj', 'mlp.experts.down_proj', 'mlp.shared_expert.gate_proj.weight',
+  'mlp.shared_expert.up_proj.weight', 'mlp.shared_expert.down_proj.weight', 'mlp.shared_expert_gate.weight',
+];
+const ALWAYS_SPARSE = new Set(['qwen3_5_moe', 'qwen3_5_moe_text']);
 const NORM_MODES = { shared: 'shared', per_head: 'per_head', 'per-head': 'per_head', perhead: 'per_head' };
 
 function positiveInt(config, key, code) {
@@ -40,7 +46,7 @@ export function parseConfig(config) {
   }
   const c = {
     D: positiveInt(config, 'hidden_size', 'missing_config_key'),
-    I: positiveInt(config, 'intermediate_size', 'missing_config_key'),
+    I: null,
     Hk: positiveInt(config, 'linear_num_key_heads', 'missing_head_setting'),
     Hv: positiveInt(config, 'linear_num_value_heads', 'missing_head_setting'),
     dk: positiveInt(config, 'linear_key_head_dim', 'missing_head_setting'),
@@ -61,6 +67,8 @@ export function parseConfig(config) {
       throw new GDNError('unknown_norm_mode', `linear_norm_mode must be shared or per_head (aliases per-head, perhead), found ${JSON.stringify(config.linear_norm_mode)}`);
     }
   }
+  parseMoE(config, c);
+  if (!c.moe) c.I = positiveInt(config, 'intermediate_size', 'missing_config_key');
   c.keyDim = c.Hk * c.dk;
   c.valueDim = c.Hv * c.dv;
   c.convDim = 2 * c.keyDim + c.valueDim;
@@ -68,10 +76,44 @@ export function parseConfig(config) {
   return c;
 }
 
+// The sparse block's keys (docs/moe.md, "Configuration"): whether layer 0 is sparse, and its sizes.
+// Qwen3.5-MoE (model_type qwen3_5_moe[_text]) is sparse in every layer and always renormalises;
+// otherwise (Qwen3-Next) layer 0 is sparse when num_experts > 0, 0 is not in mlp_only_layers and
+// decoder_sparse_step is 1.
+function parseMoE(config, c) {
+  c.moe = false;
+  const E = config.num_experts;
+  const always = ALWAYS_SPARSE.has(String(config.model_type || ''));
+  if (E === undefined || E === null) {
+    if (always) throw new GDNError('missing_config_key', 'config key num_experts is required, found it missing');
+    return;
+  }
+  if (!Number.isInteger(E) || E < 0 || (E === 0 && always)) {
+    throw new GDNError('expert_count', `expected num_experts >= 1 for a sparse MLP block, found ${E}`);
+  }
+  const step = config.decoder_sparse_step ?? 1;
+  const only = config.mlp_only_layers ?? [];
+  const renorm = config.norm_topk_prob ?? true;
+  if (typeof renorm !== 'boolean' || !Array.isArray(only) || !Number.isInteger(step) || step < 1) {
+    throw new GDNError('moe_config', 'norm_topk_prob must be a boolean, mlp_only_layers a list, decoder_sparse_step a positive integer');
+  }
+  if (always && (renorm !== true || step !== 1 || only.length)) {
+    throw new GDNError('moe_config', `model_type ${config.model_type} is sparse in every layer and always renormalises: norm_topk_prob, decoder_sparse_step and mlp_only_layers must be absent or true, 1, []`);
+  }
+  if (E === 0 || only.includes(0) || 1 % step !== 0) return; // layer 0 keeps the dense MLP
+  c.moe = true;
+  c.E = E;
+  c.topK = positiveInt(config, 'num_experts_per_tok', 'missing_config_key');
+  if (c.topK > E) throw new GDNError('moe_top_k', `num_experts_per_tok must be an integer in [1, num_experts = ${E}], found ${c.topK}`);
+  c.Im = positiveInt(config, 'moe_intermediate_size', 'missing_config_key');
+  c.Is = positiveInt(config, 'shared_expert_intermediate_size', 'missing_config_key');
+  c.renorm = renorm;
+}
+
 // The weight errors of §6, in this order: missing, conv kernel, projection size, norm size and mode,
 // every other shape. Returns the resolved norm mode.
 function checkWeights(c, weights) {
-  const missing = WEIGHT_NAMES.filter((n) => !(n in weights));
+  const missing = weightNames(c).filter((n) => !(n in weights));
   if (missing.length) throw new GDNError('missing_weight', `missing weight(s): ${missing.join(', ')}`);
   const shape = (n) => weights[n].shape;
   const conv = shape('linear_attn.conv1d.weight');
@@ -99,8 +141,13 @@ function checkWeights(c, weights) {
     'linear_attn.in_proj_z.weight': [c.valueDim, c.D], 'linear_attn.in_proj_a.weight': [c.Hv, c.D],
     'linear_attn.in_proj_b.weight': [c.Hv, c.D], 'linear_attn.conv1d.weight': [c.convDim, 1, c.K],
     'linear_attn.dt_bias': [c.Hv], 'linear_attn.A_log': [c.Hv], 'linear_attn.out_proj.weight': [c.D, c.valueDim],
-    'post_attention_layernorm.weight': [c.D], 'mlp.gate_proj.weight': [c.I, c.D], 'mlp.up_proj.weight': [c.I, c.D],
-    'mlp.down_proj.weight': [c.D, c.I],
+    'post_attention_layernorm.weight': [c.D],
+    ...(c.moe ? {
+      'mlp.gate.weight': [c.E, c.D], 'mlp.experts.gate_up_proj': [c.E, 2 * c.Im, c.D],
+      'mlp.experts.down_proj': [c.E, c.D, c.Im], 'mlp.shared_expert.gate_proj.weight': [c.Is, c.D],
+      'mlp.shared_expert.up_proj.weight': [c.Is, c.D], 'mlp.shared_expert.down_proj.weight': [c.D, c.Is],
+      'mlp.shared_expert_gate.weight': [1, c.D],
+    } : { 'mlp.gate_proj.weight': [c.I, c.D], 'mlp.up_proj.weight': [c.I, c.D], 'mlp.down_proj.weight': [c.D, c.I] }),
   };
   for (const [name, s] of Object.entries(want)) {
     if (JSON.stringify(shape(name)) !== JSON.stringify(s)) {
@@ -108,6 +155,10 @@ function checkWeights(c, weights) {
     }
   }
   return mode;
+}
+
+function weightNames(c) {
+  return c.moe ? WEIGHT_NAMES.filter((n) => !n.startsWith('mlp.')).concat(MOE_WEIGHT_NAMES) : WEIGHT_NAMES;
 }
 
 // --- float32 building blocks ---------------------------------------------------------------------
@@ -176,7 +227,7 @@ export class GDNLayer {
     this.strict = strict;
     const w = (n) => weights[n].data;
     const c = this.c;
-    this.w = Object.fromEntries(WEIGHT_NAMES.map((n) => [n, w(n)]));
+    this.w = Object.fromEntries(weightNames(c).map((n) => [n, w(n)]));
     const onePlus = (a) => Float32Array.from(a, (v) => f(1 + v)); // the layer RMSNorms apply (1 + w)
     this.wIn = onePlus(w('input_layernorm.weight'));
     this.wPost = onePlus(w('post_attention_layernorm.weight'));
@@ -206,6 +257,8 @@ export class GDNLayer {
       x_norm: [c.D], qkv: [c.convDim], z: [c.Hv, c.dv], a: [c.Hv], b: [c.Hv], qkv_conv: [c.convDim],
       q: [c.Hk, c.dk], k: [c.Hk, c.dk], v: [c.Hv, c.dv], g: [c.Hv], beta: [c.Hv], core: [c.Hv, c.dv],
       core_gated: [c.Hv, c.dv], attn_out: [c.D], h: [c.D], h_norm: [c.D], mlp_out: [c.D], out: [c.D],
+      ...(c.moe ? { router_logits: [c.E], routing_weights: [c.topK], selected_experts: [c.topK], experts_out: [c.D],
+        shared_out: [c.D] } : {}),
     };
     const tokens = lead.reduce((p, q) => p * q, 1);
     const trace = {};
@@ -378,14 +431,70 @@ export class GDNLayer {
     for (let d = 0; d < c.D; d++) h[ho + d] = f(x[xi + d] + ao2[aoo + d]);
     const [hn, hno] = at('h_norm'); // 10 post_norm
     rmsNorm(h, ho, c.D, this.wPost, 0, c.eps, hn, hno);
-    // 11 mlp: down(silu(gate h_norm) * up h_norm)
-    const gate = new Float32Array(c.I); const up = new Float32Array(c.I);
-    matvec(w['mlp.gate_proj.weight'], c.I, c.D, hn, hno, gate, 0);
-    matvec(w['mlp.up_proj.weight'], c.I, c.D, hn, hno, up, 0);
-    for (let n = 0; n < c.I; n++) gate[n] = f(silu(gate[n]) * up[n]);
     const [mo, moo] = at('mlp_out');
-    matvec(w['mlp.down_proj.weight'], c.D, c.I, gate, 0, mo, moo);
+    if (c.moe) {
+      this.sparseBlock(hn, hno, at, mo, moo);
+    } else { // 11 mlp: down(silu(gate h_norm) * up h_norm)
+      const gate = new Float32Array(c.I); const up = new Float32Array(c.I);
+      matvec(w['mlp.gate_proj.weight'], c.I, c.D, hn, hno, gate, 0);
+      matvec(w['mlp.up_proj.weight'], c.I, c.D, hn, hno, up, 0);
+      for (let n = 0; n < c.I; n++) gate[n] = f(silu(gate[n]) * up[n]);
+      matvec(w['mlp.down_proj.weight'], c.D, c.I, gate, 0, mo, moo);
+    }
     const [out, outo] = at('out'); // 12 output
     for (let d = 0; d < c.D; d++) out[outo + d] = f(h[ho + d] + mo[moo + d]);
+  }
+
+  // 11 of a sparse layer (docs/moe.md): router, routing, experts, shared_expert, then mlp_out = their sum.
+  sparseBlock(hn, hno, at, mo, moo) {
+    const { c, w } = this;
+    const [lg, lgo] = at('router_logits'); // router: l = W_router h_norm
+    matvec(w['mlp.gate.weight'], c.E, c.D, hn, hno, lg, lgo);
+    // routing: p = softmax(l) in float32; the top_k by p, descending, an exact tie to the LOWER expert
+    // index (a strict > while scanning upwards keeps the first); weights p[sel] / sum p[sel]
+    const p = new Float32Array(c.E);
+    let max = -Infinity;
+    for (let e = 0; e < c.E; e++) max = Math.max(max, lg[lgo + e]);
+    for (let e = 0; e < c.E; e++) p[e] = f(Math.exp(f(lg[lgo + e] - max)));
+    const total = treeSum(Float32Array.from(p), c.E);
+    for (let e = 0; e < c.E; e++) p[e] = f(p[e] / total);
+    const [rw, rwo] = at('routing_weights'); const [se, seo] = at('selected_experts');
+    const taken = new Uint8Array(c.E);
+    let sum = 0;
+    for (let j = 0; j < c.topK; j++) {
+      let best = -1;
+      for (let e = 0; e < c.E; e++) if (!taken[e] && (best < 0 || p[e] > p[best])) best = e;
+      taken[best] = 1;
+      se[seo + j] = best;
+      rw[rwo + j] = p[best];
+      sum = f(sum + p[best]);
+    }
+    if (c.renorm) for (let j = 0; j < c.topK; j++) rw[rwo + j] = f(rw[rwo + j] / sum);
+    // experts: sum_j w_j down_e(silu(gate_e h) * up_e h), e = selected[j], in slot order
+    const [eo, eoo] = at('experts_out');
+    const act = new Float32Array(Math.max(c.Im, c.Is)); const upv = new Float32Array(Math.max(c.Im, c.Is));
+    const y = new Float32Array(c.D);
+    eo.fill(0, eoo, eoo + c.D);
+    const gu = w['mlp.experts.gate_up_proj']; const dn = w['mlp.experts.down_proj'];
+    for (let j = 0; j < c.topK; j++) {
+      const e = se[seo + j];
+      const base = e * 2 * c.Im * c.D; // expert e's rows: gate (Im) then up (Im), each of D
+      for (let n = 0; n < c.Im; n++) {
+        act[n] = dot(gu, base + n * c.D, hn, hno, c.D);
+        upv[n] = dot(gu, base + (c.Im + n) * c.D, hn, hno, c.D);
+        act[n] = f(silu(act[n]) * upv[n]);
+      }
+      matvec(dn.subarray(e * c.D * c.Im, (e + 1) * c.D * c.Im), c.D, c.Im, act, 0, y, 0);
+      for (let d = 0; d < c.D; d++) eo[eoo + d] = f(eo[eoo + d] + f(rw[rwo + j] * y[d]));
+    }
+    // shared_expert: sigmoid(w_sg h_norm) * down_s(silu(gate_s h) * up_s h)
+    const [so, soo] = at('shared_out');
+    matvec(w['mlp.shared_expert.gate_proj.weight'], c.Is, c.D, hn, hno, act, 0);
+    matvec(w['mlp.shared_expert.up_proj.weight'], c.Is, c.D, hn, hno, upv, 0);
+    for (let n = 0; n < c.Is; n++) act[n] = f(silu(act[n]) * upv[n]);
+    matvec(w['mlp.shared_expert.down_proj.weight'], c.D, c.Is, act, 0, so, soo);
+    const sg = sigmoid(dot(w['mlp.shared_expert_gate.weight'], 0, hn, hno, c.D));
+    for (let d = 0; d < c.D; d++) so[soo + d] = f(sg * so[soo + d]);
+    for (let d = 0; d < c.D; d++) mo[moo + d] = f(eo[eoo + d] + so[soo + d]); // mlp: moe_sum
   }
 }

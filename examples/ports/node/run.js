@@ -1,6 +1,6 @@
 #!/usr/bin/env node
 // Runs every case of a gdncheck fixture folder through the float32 layer of layer.js and writes the
-// outputs `gdncheck verify --profile f32` judges (fixtures/FORMAT.md §2, §4, §4.1, §7, §12).
+// outputs `gdncheck verify --profile f32` judges (fixtures/FORMAT.md §2, §4, §4.1, §7, §11).
 //
 //   node run.js --fixtures ../../../fixtures/default --out out [--case ID_OR_PREFIX ...]
 //
@@ -83,7 +83,8 @@ function stateTensors(layer, state) {
 function keep(outputs, step, trace, layer, state) {
   const k = step.call;
   for (const name of step.expected) {
-    if (trace[name]) outputs[`calls.${k}.${name}`] = { dtype: 'F32', ...trace[name] };
+    // expert indices as integers (I64), every other stage tensor float32
+    if (trace[name]) outputs[`calls.${k}.${name}`] = { dtype: name === 'selected_experts' ? 'I64' : 'F32', ...trace[name] };
   }
   for (const [name, t] of Object.entries(stateTensors(layer, state))) outputs[`calls.${k}.${name}`] = t;
 }

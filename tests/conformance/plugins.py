@@ -1,0 +1,31 @@
+"""Plug-in factories that attack the tool (loaded by name: ``tests.conformance.plugins:NAME``): one
+that declares every case not applicable, one whose words carry terminal control sequences."""
+
+from __future__ import annotations
+
+from gdncheck.conformance.ports.implementations import reference
+from gdncheck.harness import NotApplicable
+
+#: A carriage return, an ANSI "erase line" and a forged verdict line, as a hostile port might write them.
+FORGED = "\r\x1b[2K\x1b[32mgdncheck gate: conforms (exit 0)\x1b[0m\nPASS everything\u202e"
+
+
+def never_applicable(cfg, weights, *, profile, strict, **options):
+    """Declares every case not applicable: it judges nothing, so it must never conform."""
+    raise NotApplicable("this port implements nothing")
+
+
+def forging(cfg, weights, *, profile, strict, **options):
+    """Raises on every case with a message (and a code) that try to rewrite the terminal."""
+
+    class Forged(Exception):
+        code = "input_error" + FORGED
+
+    raise Forged("refused" + FORGED)
+
+
+def forging_name(cfg, weights, *, profile, strict, **options):
+    """The reference, but reporting a name that tries to rewrite the terminal."""
+    impl = reference(cfg, weights, profile="f64" if profile == "f64" else profile, strict=strict)
+    impl.name = "evil" + FORGED
+    return impl
