@@ -230,7 +230,7 @@ class CaseJudge:
         """A sparse call's selected experts, as sets per token, before any number (routing.py)."""
         k, name = step["call"], "selected_experts"
         key = call_key(k, name)
-        actual, dtype = _read(self.outs, key, self.gold.shape_of(key))
+        actual, dtype = _read(self.outs, key, self.gold.shape_of(key), INDEX_DTYPES)
         rec = base_record(self.case, i, step["op"], k, name, seq_pos=list(step["seq_pos"]),
                           expected_ref=self._golden_ref(key), actual_ref=self.outs.ref(self.report.outputs_file, key))
         return judge_routing(rec, actual, dtype, self.gold.read(key), self.gold.read(call_key(k, "router_logits")),
@@ -299,6 +299,9 @@ class CaseJudge:
 
 #: The dtypes a seq_len output may have (FORMAT.md §7: I32 or I64).
 SEQ_LEN_DTYPES = ("I64", "I32")
+#: The dtypes an index tensor (``selected_experts``) may be written in: any that holds the indices
+#: exactly (FORMAT.md §5; the routing verdict refuses values that are not indices).
+INDEX_DTYPES = ("I64", "I32", "I16", "I8", "U64", "U32", "U16", "U8", "F64", "F32", "F16", "BF16")
 
 
 def _read(outs: NamedOutputs, key: str, shape: tuple[int, ...], allowed: tuple[str, ...]

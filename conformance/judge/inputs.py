@@ -21,7 +21,7 @@ from gdncheck.harness import (
     mode_name,
 )
 from gdncheck.safetensors_io import SafetensorsFile
-from gdncheck.stages import STATE_TENSORS, TENSOR_BY_NAME
+from gdncheck.stages import KNOWN_TENSORS, STATE_TENSORS
 from gdncheck.untrusted import safe_text
 
 
@@ -56,7 +56,7 @@ def expected_shape(name: str, batch: int, T: int, shapes: dict[str, int], *, pac
     [B, ...] for a state (docs/spec.md §2, §4). A serving step's (``packed``, FORMAT.md §4.1): a stage
     tensor packed by token, [T, ...] with T = total_tokens (no batch axis); a state the whole pool,
     [S, ...] with S = the case's batch."""
-    spec = TENSOR_BY_NAME.get(name) or next(t for t in STATE_TENSORS if t.name == name)
+    spec = KNOWN_TENSORS.get(name) or next(t for t in STATE_TENSORS if t.name == name)
     rest = tuple(T if sym == "T" else shapes[sym] for sym in spec.shape)
     if packed and spec.shape[:1] == ("T",):
         return rest

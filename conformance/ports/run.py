@@ -77,7 +77,7 @@ class RunReport:
 
 def load_case_input(fixtures_dir: Path, entry: dict) -> tuple[CaseInput, SafetensorsFile]:
     """The executor's input from a case file: config, weights, inputs (checksum verified; a forward
-    case's inputs [B, T, D] as the manifest says before they are read)."""
+    case's inputs [B, T, D], a serving step's [T, D], as the manifest says before they are read)."""
     f = SafetensorsFile(case_file(fixtures_dir, entry))
     weights = {k[len("weights."):]: f.read(k) for k in f if k.startswith("weights.")}
     width = GDNConfig.from_hf(dict(entry["config"])).hidden_size if entry["kind"] == "forward" else None
@@ -88,10 +88,11 @@ def load_case_input(fixtures_dir: Path, entry: dict) -> tuple[CaseInput, Safeten
         key = call_key(step["call"], "x")
         if key not in f:
             raise FixtureError(f"{entry['file']}: input {key} is missing (fixture damaged)")
-        want = (entry["batch"], step["T"], width)
+        packed = is_packed(step)  # a serving step's input is packed by token: [T, D] (FORMAT.md §4.1)
+        want = (step["T"], width) if packed else (entry["batch"], step["T"], width)
         if width is not None and f.shape_of(key) != want:
             raise FixtureError(f"{entry['file']}: input {key} has shape {list(f.shape_of(key))}, expected "
-                               f"[B, T, D] = {list(want)} (fixture damaged)")
+                               f"{'[T, D]' if packed else '[B, T, D]'} = {list(want)} (fixture damaged)")
         inputs[step["call"]] = f.read(key)
     return CaseInput(entry["id"], entry["config"], weights, entry["batch"], entry["program"], inputs), f
 
