@@ -24,6 +24,7 @@ import numpy as np
 from gdncheck._version import __version__
 from gdncheck.config import GDNConfig
 from gdncheck.conformance.judge.metrics import CaseStats, tensor_metrics
+from gdncheck.conformance.judge.packed import as_judged
 from gdncheck.conformance.judge.tolerances import TABLE_FORMAT, recipe_of
 from gdncheck.env import limit_blas_threads
 from gdncheck.fixtures.build import golden_tensors
@@ -96,7 +97,8 @@ def observe(spec_index: int, seed: int, profiles=VERIFY_PROFILES, placements=Non
     inp = CaseInput(case.id, case.config, case.weights, case.batch, case.program.steps, case.program.inputs,
                     case.expected)
     calls = call_steps(case.program.steps)
-    stats = {name: CaseStats(name, [gold[call_key(s["call"], name)] for s in calls if name in s["expected"]])
+    stats = {name: CaseStats(name, [as_judged(gold[call_key(s["call"], name)], s, name) for s in calls
+                                    if name in s["expected"]])
              for name in {n for s in calls for n in s["expected"]}}
     env = Envelope()
     for profile in profiles:
@@ -109,7 +111,8 @@ def observe(spec_index: int, seed: int, profiles=VERIFY_PROFILES, placements=Non
                     if is_index_tensor(name):
                         continue  # selected experts: judged exactly, no error to bound
                     key = call_key(step["call"], name)
-                    env.add(END_TO_END, profile, recipe, name, res.outputs[key], gold[key], stats[name])
+                    env.add(END_TO_END, profile, recipe, name, as_judged(res.outputs[key], step, name),
+                            as_judged(gold[key], step, name), stats[name])
             if spec.state_in:
                 impl = emulated(GDNConfig.from_hf(case.config), case.weights, profile=profile, placement=placement)
                 for step in calls:
