@@ -70,7 +70,7 @@ def call_count(entry: dict) -> int:
     """Layer calls a case's program makes (a ``decode`` step of T tokens is T calls)."""
     n = 0
     for step in entry["program"]:
-        if step["op"] == "forward":
+        if step["op"] in ("forward", "forward_packed", "prefix_snapshots", "verify_spec"):
             n += 1
         elif step["op"] == "decode":
             n += int(step["T"])

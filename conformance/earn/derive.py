@@ -24,6 +24,7 @@ import numpy as np
 from gdncheck._version import __version__
 from gdncheck.config import GDNConfig
 from gdncheck.conformance.judge.metrics import CaseStats, case_stats, tensor_metrics
+from gdncheck.conformance.judge.packed import as_judged
 from gdncheck.conformance.judge.tolerances import TABLE_FORMAT, recipe_of
 from gdncheck.env import limit_blas_threads
 from gdncheck.fixtures.build import golden_tensors
@@ -97,7 +98,8 @@ def observe(spec_index: int, seed: int, profiles=VERIFY_PROFILES, placements=Non
     inp = CaseInput(case.id, case.config, case.weights, case.batch, case.program.steps, case.program.inputs,
                     case.expected)
     calls = call_steps(case.program.steps)
-    stats = case_stats({name: {s["call"]: gold[call_key(s["call"], name)] for s in calls if name in s["expected"]}
+    stats = case_stats({name: {s["call"]: as_judged(gold[call_key(s["call"], name)], s, name) for s in calls
+                               if name in s["expected"]}
                         for name in {n for s in calls for n in s["expected"]}}, spec.cfg.rms_norm_eps)
     env = Envelope()
     for profile in profiles:
@@ -110,7 +112,8 @@ def observe(spec_index: int, seed: int, profiles=VERIFY_PROFILES, placements=Non
                     if is_index_tensor(name):
                         continue  # selected experts: judged exactly, no error to bound
                     key = call_key(step["call"], name)
-                    env.add(END_TO_END, profile, recipe, name, res.outputs[key], gold[key], stats[name], step["call"])
+                    env.add(END_TO_END, profile, recipe, name, as_judged(res.outputs[key], step, name),
+                            as_judged(gold[key], step, name), stats[name], step["call"])
             if spec.state_in:
                 impl = emulated(GDNConfig.from_hf(case.config), case.weights, profile=profile, placement=placement)
                 for step in calls:

@@ -50,7 +50,7 @@ import numpy as np
 from gdncheck.calls import check_seq_pos, check_state, check_x, rows_to_reset
 from gdncheck.config import GDNConfig
 from gdncheck.errors import InputError
-from gdncheck.harness import LayerAdapter, method_stage_runner
+from gdncheck.harness import LayerAdapter, method_stage_runner, plain_serving
 from gdncheck.profiles import VERIFY_PROFILES
 from gdncheck.snapshot import Snapshot
 from gdncheck.weights import conv_weight_2d, validate_weights
@@ -346,10 +346,11 @@ class EmulatedLayer(MoEStages):
 # --- the emulated layer as an implementation of the port contract ---------------------------------
 def emulated_adapter(layer: EmulatedLayer, name: str) -> LayerAdapter:
     """``layer`` (an :class:`EmulatedLayer` or a mutant of it) as an implementation of the port
-    contract, with stage-isolated mode through its stage methods."""
+    contract, with stage-isolated mode through its stage methods, and the serving ops as plain calls
+    (their definition: what it earns bounds with on serving cases)."""
     keep = layer.moe_keep_f32() if layer.mlp_kind == "moe" else ()
     return LayerAdapter(layer, name, load_snapshot=Snapshot.load,
-                        stage_runner=method_stage_runner(layer, layer.store, keep_f32=keep))
+                        stage_runner=method_stage_runner(layer, layer.store, keep_f32=keep), serving=plain_serving)
 
 
 def emulated(cfg: GDNConfig, weights, *, profile: str = "bf16", strict: bool = False, placement: str = "hf",

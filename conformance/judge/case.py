@@ -16,12 +16,12 @@ from gdncheck.config import GDNConfig
 from gdncheck.errors import GDNError
 from gdncheck.fixtures.coverage import coverage_of
 from gdncheck.fixtures.manifest import case_file, safe_file
-from gdncheck.harness import CALL_OPS, END_TO_END, call_key, call_steps, mode_name
+from gdncheck.harness import CALL_OPS, END_TO_END, call_key, call_steps, is_packed, mode_name
 from gdncheck.safetensors_io import SafetensorsFile
-from gdncheck.stages import STATE_STAGE, STATE_STAGE_INDEX, STATE_TENSORS, tensor_rank
+from gdncheck.stages import STATE_NAMES, STATE_STAGE, STATE_STAGE_INDEX, STATE_TENSORS, tensor_rank
 from gdncheck.untrusted import safe_text
 
-from . import inputs, messages
+from . import inputs, messages, packed
 from .aliases import NamedOutputs, NameTable
 from .metrics import CaseStats, case_stats
 from .records import CaseReport, FirstDivergence, Record
@@ -192,7 +192,8 @@ class CaseJudge:
         arrays: dict[str, dict[int, np.ndarray]] = {}
         for step in call_steps(self.entry["program"]):
             for name in step["expected"]:
-                arrays.setdefault(name, {})[step["call"]] = np.asarray(self.gold[call_key(step["call"], name)])
+                arr = np.asarray(self.gold[call_key(step["call"], name)])
+                arrays.setdefault(name, {})[step["call"]] = packed.as_judged(arr, step, name)
         return case_stats(arrays, float(self.entry["config"].get("rms_norm_eps", 1e-6)))
 
     def judge_call(self, i: int, step: dict) -> None:
@@ -209,12 +210,18 @@ class CaseJudge:
             rec = base_record(self.case, i, step["op"], k, name, seq_pos=list(step["seq_pos"]),
                               expected_ref=self._golden_ref(key),
                               actual_ref=self.outs.ref(self.report.outputs_file, key))
-            expected = self.gold.read(key)
+            expected, bound = self.gold.read(key), self.table.bound(name, self.profile, self.mode, self.case)
             if name == "routing_weights" and routing is not None:
                 actual, expected = routing.weights(actual, expected)
-            judge(rec, actual, dtype, expected, self.table.bound(name, self.profile, self.mode, self.case),
-                  required=name in required, subject=messages.subject(name, rec.stage, k), loc=loc,
-                  stats=self.stats.get(name))
+            if actual is not None:
+                actual = packed.as_judged(actual, step, name)
+            judge(rec, actual, dtype, packed.as_judged(expected, step, name), bound, required=name in required,
+                  subject=messages.subject(name, rec.stage, k), loc=loc, stats=self.stats.get(name))
+            if is_packed(step):  # a serving step: the failure located by sequence and token, or by slot
+                if name in STATE_NAMES:
+                    packed.slot_note(rec, step, actual, expected, bound, self.stats.get(name))
+                else:
+                    packed.locate_token(rec, step)
             self.report.records.append(rec)
         if not self.stage_isolated:
             self.judge_seq_len(i, step, loc)
@@ -292,8 +299,8 @@ class CaseJudge:
 
 #: The dtypes a seq_len output may have (FORMAT.md §7: I32 or I64).
 SEQ_LEN_DTYPES = ("I64", "I32")
-#: The dtypes selected_experts may have: any that holds the indices exactly (FORMAT.md, the sparse block);
-#: judge_routing then refuses values that are not integers in [0, E).
+#: The dtypes an index tensor (``selected_experts``) may be written in: any that holds the indices
+#: exactly (FORMAT.md §5; the routing verdict refuses values that are not indices).
 INDEX_DTYPES = ("I64", "I32", "I16", "I8", "U64", "U32", "U16", "U8", "F64", "F32", "F16", "BF16")
 
 

@@ -9,7 +9,17 @@ import numpy as np
 
 from gdncheck.config import GDNConfig
 from gdncheck.fixtures.manifest import FixtureError
-from gdncheck.harness import END_TO_END, MODES, OUTPUTS_FORMAT, OUTPUTS_FORMAT_VERSION, call_key, call_steps, mode_name
+from gdncheck.harness import (
+    END_TO_END,
+    MODES,
+    OUTPUTS_FORMAT,
+    OUTPUTS_FORMAT_VERSION,
+    call_key,
+    call_steps,
+    has_input,
+    is_packed,
+    mode_name,
+)
 from gdncheck.safetensors_io import SafetensorsFile
 from gdncheck.stages import KNOWN_TENSORS, STATE_TENSORS
 from gdncheck.untrusted import safe_text
@@ -17,11 +27,12 @@ from gdncheck.untrusted import safe_text
 
 def check_golden(entry: dict, gold: SafetensorsFile) -> None:
     """Every expected tensor the manifest promises is in the file, float64, finite, of the shape the
-    case's config gives it ([B, T, ...] per call, the states [B, ...]), checked before it is read."""
+    case's config gives it ([B, T, ...] per call, the states [B, ...]; a serving step's [total_tokens,
+    ...], its states the pool's [S, ...] with S = batch), checked before it is read."""
     shapes = dims(entry) if entry["kind"] != "error" else None
     for step in call_steps(entry["program"]):
         k = step["call"]
-        if call_key(k, "x") not in gold:
+        if has_input(step) and call_key(k, "x") not in gold:
             raise FixtureError(f"{entry['file']}: input {call_key(k, 'x')} is missing (fixture damaged)")
         if entry["kind"] == "error":
             continue
@@ -31,7 +42,7 @@ def check_golden(entry: dict, gold: SafetensorsFile) -> None:
                 raise FixtureError(f"{entry['file']}: expected tensor {key} is missing (fixture damaged)")
             if gold.dtype_of(key) != "F64":
                 raise FixtureError(f"{entry['file']}: {key} is {gold.dtype_of(key)}, expected F64 (fixture damaged)")
-            want = expected_shape(name, entry["batch"], step["T"], shapes)
+            want = expected_shape(name, entry["batch"], step["T"], shapes, packed=is_packed(step))
             if gold.shape_of(key) != want:
                 raise FixtureError(f"{entry['file']}: {key} has shape {list(gold.shape_of(key))}, expected "
                                    f"{list(want)} (fixture damaged)")
@@ -39,10 +50,13 @@ def check_golden(entry: dict, gold: SafetensorsFile) -> None:
                 raise FixtureError(f"{entry['file']}: {key} holds NaN or inf (fixture damaged)")
 
 
-def expected_shape(name: str, batch: int, T: int, shapes: dict[str, int]) -> tuple[int, ...]:
+def expected_shape(name: str, batch: int, T: int, shapes: dict[str, int], *, packed: bool = False
+                   ) -> tuple[int, ...]:
     """A call's tensor ``name`` as the case's dimensions shape it: [B, T, ...] for a stage tensor,
     [B, ...] for a state (docs/spec.md §2, §4). Either layer kind's tensors (the sparse block's
-    router_logits, ... are expected on a sparse case); a name of neither is a damaged manifest."""
+    router_logits, ... are expected on a sparse case); a name of neither is a damaged manifest. A serving
+    step's (``packed``, FORMAT.md §4.1): a stage tensor packed by token, [T, ...] with T = total_tokens
+    (no batch axis); a state the whole pool, [S, ...] with S = the case's batch."""
     spec = KNOWN_TENSORS.get(name) or next((t for t in STATE_TENSORS if t.name == name), None)
     if spec is None:
         raise FixtureError(f"the manifest expects a tensor {safe_text(name)!r}, which is no stage tensor or state "
@@ -50,7 +64,10 @@ def expected_shape(name: str, batch: int, T: int, shapes: dict[str, int]) -> tup
     if shapes is None or any(sym != "T" and sym not in shapes for sym in spec.shape):
         raise FixtureError(f"tensor {safe_text(name)!r} has shape symbols {list(spec.shape)}, but the case's config "
                            f"gives only {sorted(shapes or ())} (a sparse tensor on a dense case?)")
-    return (batch, *(T if sym == "T" else shapes[sym] for sym in spec.shape))
+    rest = tuple(T if sym == "T" else shapes[sym] for sym in spec.shape)
+    if packed and spec.shape[:1] == ("T",):
+        return rest
+    return (batch, *rest)
 
 
 def check_outputs_meta(entry: dict, meta: dict, stage_isolated: bool) -> None:

@@ -32,9 +32,11 @@ from gdncheck.stages import stage_rank
 
 from .moe_mutants import MOE_MUTANTS, tagged_cases
 from .mutants import MUTANTS, Mutant
+from .serving_mutants import SERVING_MUTANTS
 
-#: Every mutant the matrix runs: the dense layer's, then the sparse block's (run on their tagged cases).
-CATALOGUE: tuple[Mutant, ...] = MUTANTS + MOE_MUTANTS
+#: Every mutant the matrix runs: the dense layer's, then the sparse block's and the serving patterns'
+#: (run on their tagged cases).
+CATALOGUE: tuple[Mutant, ...] = MUTANTS + MOE_MUTANTS + SERVING_MUTANTS
 
 #: The margin a mutant must beat at its own stage wherever its effect exceeds rounding.
 GOAL = 10.0

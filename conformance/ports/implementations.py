@@ -77,7 +77,7 @@ def triton(cfg: GDNConfig, weights, *, profile: str = "f32", strict: bool = Fals
     """``gdncheck.gpu_impl.Layer`` on ``GDN_DEVICE`` (default ``auto``); every stage tensor is returned
     (``capture``; ``--option capture=false`` hands out ``out`` and the states only, as a fast path would)."""
     try:  # the triton extra (torch, triton): imported on first use, so that the rest runs without it
-        from gdncheck.gpu_impl import DeviceSnapshot, Layer
+        from gdncheck.gpu_impl import DeviceSnapshot, Layer, serving
     except ImportError as exc:
         raise GDNError(
             f"implementation 'triton' needs gdncheck.gpu_impl.Layer, which cannot be imported here ({exc}); "
@@ -90,7 +90,7 @@ def triton(cfg: GDNConfig, weights, *, profile: str = "f32", strict: bool = Fals
     runner = getattr(layer, "run_stage", None) or triton_stage_runner(layer, cfg, weights)
     adapter = CapturingAdapter if capture else LayerAdapter
     return adapter(layer, f"triton ({profile}, device {device})", load_snapshot=DeviceSnapshot.load,
-                   stage_runner=runner)
+                   stage_runner=runner, serving=serving, serving_options={"capture": capture})
 
 
 BUILTIN = {"reference": reference, "triton": triton, "hf": hf}

@@ -40,6 +40,8 @@ from gdncheck.harness import (
     error_code,
     execute,
     golden_inputs,
+    has_input,
+    is_packed,
     mode_name,
     to_numpy,
 )
@@ -75,19 +77,22 @@ class RunReport:
 
 def load_case_input(fixtures_dir: Path, entry: dict) -> tuple[CaseInput, SafetensorsFile]:
     """The executor's input from a case file: config, weights, inputs (checksum verified; a forward
-    case's inputs [B, T, D] as the manifest says before they are read)."""
+    case's inputs [B, T, D], a serving step's [T, D], as the manifest says before they are read)."""
     f = SafetensorsFile(case_file(fixtures_dir, entry))
     weights = {k[len("weights."):]: f.read(k) for k in f if k.startswith("weights.")}
     width = GDNConfig.from_hf(dict(entry["config"])).hidden_size if entry["kind"] == "forward" else None
     inputs = {}
     for step in call_steps(entry["program"]):
+        if not has_input(step):
+            continue  # commit: no input
         key = call_key(step["call"], "x")
         if key not in f:
             raise FixtureError(f"{entry['file']}: input {key} is missing (fixture damaged)")
-        want = (entry["batch"], step["T"], width)
+        packed = is_packed(step)  # a serving step's input is packed by token: [T, D] (FORMAT.md §4.1)
+        want = (step["T"], width) if packed else (entry["batch"], step["T"], width)
         if width is not None and f.shape_of(key) != want:
             raise FixtureError(f"{entry['file']}: input {key} has shape {list(f.shape_of(key))}, expected "
-                               f"[B, T, D] = {list(want)} (fixture damaged)")
+                               f"{'[T, D]' if packed else '[B, T, D]'} = {list(want)} (fixture damaged)")
         inputs[step["call"]] = f.read(key)
     return CaseInput(entry["id"], entry["config"], weights, entry["batch"], entry["program"], inputs), f
 
@@ -179,6 +184,8 @@ def _run_isolated(factory, inp: CaseInput, gold: SafetensorsFile, profile: str, 
     error = None
     kind = mlp_kind_of(inp.weights)  # a sparse layer's pipeline holds the block's stages too
     for step in call_steps(inp.program):
+        if is_packed(step):
+            continue  # the stage runners take [B, T, ...] calls; a packed call's tensors are judged end to end
         k = step["call"]
         for stage in layer_stage_names(kind)[1:]:
             inputs = golden_inputs(gold, k, stage, kind)

@@ -12,10 +12,10 @@ Run alone::
     GDN_IMPL=triton GDN_PROFILE=bf16 python -m gdncheck.conformance.properties [-k NAME] [--max-examples N]
 
 Chapters (one module each): :mod:`.differential`, :mod:`.metamorphic`, :mod:`.delta_rule`,
-:mod:`.state`, :mod:`.errors`.
+:mod:`.state`, :mod:`.errors`, :mod:`.serving`.
 """
 
-from . import delta_rule, differential, errors, metamorphic, state  # noqa: E402,F401,I001 - register the chapters
+from . import delta_rule, differential, errors, metamorphic, serving, state  # noqa: E402,F401,I001 - register the chapters
 from .registry import PROPERTIES, Property, PropertySkip, prop, subject_from_env
 
 __all__ = ["PROPERTIES", "Property", "PropertySkip", "prop", "subject_from_env"]

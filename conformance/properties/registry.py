@@ -23,7 +23,7 @@ from gdncheck.harness import to_numpy
 from gdncheck.profiles import VERIFY_PROFILES
 from gdncheck.weights import LayerWeights
 
-CHAPTERS = ("differential", "metamorphic", "delta_rule", "state", "errors")
+CHAPTERS = ("differential", "metamorphic", "delta_rule", "state", "errors", "serving")
 
 
 class PropertySkip(Exception):

@@ -31,8 +31,9 @@ def configure(p: argparse.ArgumentParser) -> None:
 
     sub = p.add_subparsers(dest="action", metavar="ACTION", required=True)
     b = sub.add_parser("build", help="build a suite (or cases from a checkpoint)")
-    b.add_argument("--suite", choices=("default", "full"), default="default",
-                   help="default: the committed suite; full: adds real Qwen3.5 sizes (large, slow)")
+    b.add_argument("--suite", choices=("default", "full", "serving"), default="default",
+                   help="default: the committed suite; full: adds real Qwen3.5 sizes (large, slow); serving: "
+                        "the serving patterns' cases (packed calls, slots, spec decode, prefix cache)")
     b.add_argument("--out", default=None, help="output folder (default ./fixtures-<suite>, or "
                                                "./fixtures-checkpoint-l<N>); to rebuild the committed suite of a "
                                                "source checkout, --out fixtures/default")

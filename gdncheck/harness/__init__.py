@@ -11,11 +11,24 @@ can both stand on it.
 
 from .contract import Implementation, LayerAdapter, NotApplicable, error_code, to_numpy
 from .outputs import END_TO_END, MODES, OUTPUTS_FORMAT, OUTPUTS_FORMAT_VERSION, STAGE_ISOLATED, mode_name
-from .program import CALL_OPS, PROGRAM_OPS, CaseInput, RunResult, call_key, call_steps, execute, golden_inputs
+from .program import (
+    CALL_OPS,
+    PROGRAM_OPS,
+    SERVING_CALL_OPS,
+    CaseInput,
+    RunResult,
+    call_key,
+    call_steps,
+    execute,
+    golden_inputs,
+    has_input,
+    is_packed,
+)
 from .stage_runners import method_stage_runner, module_stage_runner
 
 __all__ = [
-    "CALL_OPS", "END_TO_END", "MODES", "OUTPUTS_FORMAT", "OUTPUTS_FORMAT_VERSION", "PROGRAM_OPS", "STAGE_ISOLATED",
-    "CaseInput", "Implementation", "LayerAdapter", "NotApplicable", "RunResult", "call_key", "call_steps",
-    "error_code", "execute", "golden_inputs", "method_stage_runner", "mode_name", "module_stage_runner", "to_numpy",
+    "CALL_OPS", "END_TO_END", "MODES", "OUTPUTS_FORMAT", "OUTPUTS_FORMAT_VERSION", "PROGRAM_OPS", "SERVING_CALL_OPS",
+    "STAGE_ISOLATED", "CaseInput", "Implementation", "LayerAdapter", "NotApplicable", "RunResult", "call_key",
+    "call_steps", "error_code", "execute", "golden_inputs", "has_input", "is_packed", "method_stage_runner",
+    "mode_name", "module_stage_runner", "to_numpy",
 ]

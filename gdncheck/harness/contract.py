@@ -93,14 +93,24 @@ class LayerAdapter:
     has attributes ``conv_state``, ``recurrent_state``, ``seq_len`` and methods ``snapshot()`` and
     ``restore(snap)``; a snapshot has ``save(path)``; ``load_snapshot`` reads one back.
     ``prepare_input`` converts the runner's float32 NumPy input (default: unchanged).
+
+    ``serving``: how it runs the serving ops (docs/serving.md, FORMAT.md §4.1), the state being the
+    pool: a module with ``forward_packed``, ``prefix_snapshots``, ``verify_spec`` and ``commit`` taking
+    the layer first (``gdncheck.reference.serving``, ``gdncheck.gpu_impl.serving``; or
+    :mod:`.plain_serving`, each sequence as a plain call on a one-row state, the definition: for layers
+    that only *earn* bounds, never to claim a packed path), or None (the serving ops are not
+    applicable). ``serving_options``: keyword arguments of its calls.
     """
 
     def __init__(self, layer: Any, name: str, *, load_snapshot: Callable[[str], Any],
-                 prepare_input: Callable[[np.ndarray], Any] | None = None, stage_runner: Any = None):
+                 prepare_input: Callable[[np.ndarray], Any] | None = None, stage_runner: Any = None,
+                 serving: Any = None, serving_options: Mapping[str, Any] | None = None):
         self.layer = layer
         self.name = name
         self._load = load_snapshot
         self._prepare = prepare_input or (lambda x: x)
+        self._serving = serving
+        self._serving_options = dict(serving_options or {})
         if stage_runner is not None:
             self.run_stage = stage_runner  # optional: stage-isolated mode (FORMAT.md §8)
 
@@ -124,6 +134,33 @@ class LayerAdapter:
 
     def load_snapshot(self, path: str) -> Any:
         return self._load(path)
+
+    # --- the serving ops (optional; FORMAT.md §4.1) --------------------------------------------------
+    def _pattern(self, name: str):
+        if self._serving is None:
+            raise NotApplicable(f"{self.name} runs no serving patterns (packed calls over state slots, "
+                                f"docs/serving.md): no {name}")
+        return getattr(self._serving, name, None)
+
+    def forward_packed(self, x, pool, cu_seqlens, seq_pos, slots):
+        return self._pattern("forward_packed")(self.layer, pool, self._prepare(x), cu_seqlens, seq_pos, slots,
+                                               **self._serving_options)
+
+    def prefix_snapshots(self, x, pool, cu_seqlens, seq_pos, slots, snap_seq, snap_offset, snap_slot):
+        return self._pattern("prefix_snapshots")(self.layer, pool, self._prepare(x), cu_seqlens, seq_pos, slots,
+                                                 snap_seq, snap_offset, snap_slot, **self._serving_options)
+
+    def verify_spec(self, x, pool, cu_seqlens, seq_pos, slots):
+        return self._pattern("verify_spec")(self.layer, pool, self._prepare(x), cu_seqlens, seq_pos, slots,
+                                            **self._serving_options)
+
+    def commit(self, spec, accepted) -> None:
+        self._pattern("commit")(spec, accepted)
+
+    def free(self, pool, slots) -> None:
+        """Zero the slots and their seq_len (a finished request): the state's ``reset(rows)``."""
+        self._pattern("free")  # refused where the serving patterns do not run
+        pool.reset(np.asarray(slots, dtype=np.int64))
 
 
 def error_code(exc: BaseException) -> str:

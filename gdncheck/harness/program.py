@@ -4,6 +4,13 @@ The same executor builds the goldens (with the float64 reference) and runs any i
 ``verify``, so both read the program the same way. Outputs are keyed as in the fixture files:
 ``calls.{k}.{tensor}`` for the stage tensors and the states after call ``k``. The program's ops are
 named here once (:data:`PROGRAM_OPS`; :data:`CALL_OPS` are the ones that call the layer).
+
+The serving ops (docs/serving.md, FORMAT.md §4.1) run on the same state, read as a pool of slots
+(a state of ``batch`` rows is a pool of ``batch`` slots): their input ``calls.{k}.x`` is packed
+``[total_tokens, D]``, their stage tensors are ``[total_tokens, ...]``, and the states kept after
+them are the whole pool. An implementation runs them through its optional methods
+(``forward_packed``, ``prefix_snapshots``, ``verify_spec``, ``commit``, ``free``; see
+:class:`~.contract.LayerAdapter`); one without them gets the case ``not_applicable``.
 """
 
 from __future__ import annotations
@@ -28,9 +35,12 @@ from .contract import Implementation, NotApplicable, error_code, to_numpy
 
 #: The steps that call the layer: ``forward`` (one call over the step's T tokens) and ``decode`` (T
 #: one-token calls, outputs stacked along T); each has a call index and an input ``calls.{k}.x``.
-CALL_OPS: tuple[str, ...] = ("forward", "decode")
+#: The serving ops with a call index (FORMAT.md §4.1): the packed calls (input ``[total_tokens, D]``)
+#: and ``commit``, which has no input and keeps the pool it leaves.
+SERVING_CALL_OPS: tuple[str, ...] = ("forward_packed", "prefix_snapshots", "verify_spec", "commit")
+CALL_OPS: tuple[str, ...] = ("forward", "decode", *SERVING_CALL_OPS)
 #: Every op a program may hold (FORMAT.md §4), in the order the format lists them.
-PROGRAM_OPS: tuple[str, ...] = ("construct", "reset", *CALL_OPS, "snapshot", "restore", "save", "load")
+PROGRAM_OPS: tuple[str, ...] = ("construct", "reset", *CALL_OPS, "free", "snapshot", "restore", "save", "load")
 
 
 @dataclass
@@ -65,6 +75,16 @@ def call_steps(program: list[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
     return [step for step in program if step["op"] in CALL_OPS]
 
 
+def is_packed(step: Mapping[str, Any]) -> bool:
+    """A serving step: its tensors are packed by token ([total_tokens, ...]), its states the whole pool."""
+    return step["op"] in SERVING_CALL_OPS
+
+
+def has_input(step: Mapping[str, Any]) -> bool:
+    """A call step with an input ``calls.{k}.x`` (every one but ``commit``)."""
+    return step["op"] in CALL_OPS and step["op"] != "commit"
+
+
 def _keep(expected, call: int, name: str) -> bool:
     return expected is None or name in expected.get(call, ())
 
@@ -95,6 +115,7 @@ def _execute(factory, case: CaseInput, profile: str, options, snapshot_dir, capt
     res = RunResult()
     impl = state = None
     slots: dict[str, Any] = {}
+    specs: dict[int, Any] = {}  # verify_spec call -> what its implementation returned for the commit
     step_index = 0
     try:
         for step_index, step in enumerate(case.program):  # noqa: B007 - read by the handler below
@@ -111,6 +132,12 @@ def _execute(factory, case: CaseInput, profile: str, options, snapshot_dir, capt
                 state = impl.new_state(case.batch)
             elif op == "reset":
                 state = impl.new_state(case.batch)
+            elif op in SERVING_CALL_OPS:
+                k = int(step["call"])
+                trace = _serving(impl, op, step, case.inputs.get(k), state, specs)
+                _keep_call(res, case.expected, k, trace, impl.state_arrays(state))
+            elif op == "free":
+                _method(impl, "free")(state, np.asarray(step["slots"], dtype=np.int64))
             elif op in CALL_OPS:
                 k = int(step["call"])
                 pos = np.asarray(step["seq_pos"], dtype=np.int64)
@@ -121,12 +148,7 @@ def _execute(factory, case: CaseInput, profile: str, options, snapshot_dir, capt
                     trace = _forward(impl, x, state, pos)
                 else:
                     trace = _decode(impl, x, state, pos)
-                for name, arr in trace.items():
-                    if _keep(case.expected, k, name):
-                        res.outputs[call_key(k, name)] = arr
-                for name, arr in impl.state_arrays(state).items():
-                    if (name in STATE_NAMES and _keep(case.expected, k, name)) or name == "seq_len":
-                        res.outputs[call_key(k, name)] = np.array(to_numpy(arr), copy=True)
+                _keep_call(res, case.expected, k, trace, impl.state_arrays(state))
             elif op == "snapshot":
                 slots[step["slot"]] = impl.snapshot(state)
             elif op == "restore":
@@ -146,6 +168,42 @@ def _execute(factory, case: CaseInput, profile: str, options, snapshot_dir, capt
     except Exception as exc:  # noqa: BLE001 - any failure of the implementation is a result, not a crash
         res.error = {"code": error_code(exc), "message": str(exc) or type(exc).__name__, "step": step_index}
     return res
+
+
+def _keep_call(res: RunResult, expected, k: int, trace: Mapping[str, np.ndarray], states: Mapping[str, Any]) -> None:
+    for name, arr in trace.items():
+        if _keep(expected, k, name):
+            res.outputs[call_key(k, name)] = arr
+    for name, arr in states.items():
+        if (name in STATE_NAMES and _keep(expected, k, name)) or name == "seq_len":
+            res.outputs[call_key(k, name)] = np.array(to_numpy(arr), copy=True)
+
+
+def _method(impl: Implementation, name: str):
+    """The implementation's serving method ``name``, or NotApplicable saying it has none."""
+    fn = getattr(impl, name, None)
+    if fn is None:
+        raise NotApplicable(f"{getattr(impl, 'name', 'the implementation')} has no {name}: it does not run the "
+                            f"serving patterns (packed calls over state slots, docs/serving.md)")
+    return fn
+
+
+def _serving(impl: Implementation, op: str, step: Mapping[str, Any], x: np.ndarray | None, pool: Any,
+             specs: dict[int, Any]) -> dict[str, np.ndarray]:
+    """One serving step on the pool; the trace packed by token ({} for ``commit``)."""
+    ints = {f: np.asarray(step[f], dtype=np.int64) for f in ("cu_seqlens", "seq_pos", "slots", "snap_seq",
+                                                            "snap_offset", "snap_slot", "accepted") if f in step}
+    if op == "commit":
+        _method(impl, "commit")(specs.pop(int(step["of_call"])), ints["accepted"])
+        return {}
+    layout = (ints["cu_seqlens"], ints["seq_pos"], ints["slots"])
+    if op == "forward_packed":
+        out, trace = _method(impl, op)(x, pool, *layout)
+    elif op == "prefix_snapshots":
+        out, trace = _method(impl, op)(x, pool, *layout, ints["snap_seq"], ints["snap_offset"], ints["snap_slot"])
+    else:
+        out, trace, specs[int(step["call"])] = _method(impl, op)(x, pool, *layout)
+    return _trace_arrays(out, trace)
 
 
 class ProgramError(GDNError):

@@ -137,7 +137,16 @@ class NonConforming(Exception):
     """A case or property that does not conform; its text is the whole failure report."""
 
 
-class CaseItem(pytest.Item):
+class _Item(pytest.Item):
+    """A gdncheck test: a non-conformance is shown as verify's own text, not a traceback."""
+
+    def repr_failure(self, excinfo, style=None):
+        if isinstance(excinfo.value, NonConforming):
+            return str(excinfo.value)
+        return super().repr_failure(excinfo, style)
+
+
+class CaseItem(_Item):
     def __init__(self, *, entry: dict, **kw):
         super().__init__(**kw)
         self.entry = entry
@@ -160,17 +169,12 @@ class CaseItem(pytest.Item):
         if report.status != "pass":
             raise NonConforming(case_text(report))
 
-    def repr_failure(self, excinfo, style=None):
-        if isinstance(excinfo.value, NonConforming):
-            return str(excinfo.value)
-        return super().repr_failure(excinfo, style)
-
     def reportinfo(self):
         run = self.config.stash[_KEY]
         return run.fixtures / "manifest.json", None, f"gdncheck case {self.name} [{run.profile}]"
 
 
-class PropertyItem(pytest.Item):
+class PropertyItem(_Item):
     def runtest(self) -> None:
         from gdncheck.conformance.properties.registry import Subject
         from gdncheck.conformance.properties.runner import format_result, run_property
@@ -183,11 +187,6 @@ class PropertyItem(pytest.Item):
             pytest.skip(r.message)
         if r.status != "pass":
             raise NonConforming(format_result(r))
-
-    def repr_failure(self, excinfo, style=None):
-        if isinstance(excinfo.value, NonConforming):
-            return str(excinfo.value)
-        return super().repr_failure(excinfo, style)
 
     def reportinfo(self):
         run = self.config.stash[_KEY]

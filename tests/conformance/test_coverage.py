@@ -39,6 +39,11 @@ def test_every_case_of_the_manifest_states_its_coverage(fixtures_dir, manifest):
     assert by_recipe["error-seq-pos-mismatch"]["features"] == ["seq_len_reset", "strict_mode"]
     assert by_recipe["error-head-ratio"] == {"features": ["config_checks"], "required": []}
     assert by_recipe["error-input-dtype"] == {"features": [], "required": []}  # a port must refuse it
+    # the serving patterns, read off the program's steps (a port without them may skip these cases)
+    assert by_recipe["packed-mixed"]["features"] == ["packed_calls"]
+    assert by_recipe["packed-mismatch"]["features"] == ["seq_len_reset", "packed_calls"]  # a slot at another position
+    assert by_recipe["spec-decode"]["features"] == ["packed_calls", "spec_decode"]
+    assert by_recipe["prefix-cache"]["features"] == ["packed_calls", "prefix_snapshots"]
     assert {f for c in raw["cases"] for f in c["coverage"]["features"]} == set(FEATURES)
 
 

@@ -53,7 +53,7 @@ def test_a_damaged_copy_is_refused_naming_the_case(tmp_path):
     (copy / victim["file"]).write_bytes(bytes(data))
     with pytest.raises(FixtureError, match=victim["id"]):
         verify_suite(copy)
-    with pytest.raises(FixtureError, match=f"1 of {len(doc['cases'])}"):
+    with pytest.raises(FixtureError, match=f"1 of {len(doc['cases'])} "):
         export_suite(tmp_path / "out", source=copy)
     assert not (tmp_path / "out" / "manifest.json").exists()
 

@@ -35,6 +35,11 @@ NOT_APPLICABLE = {
     "error-unknown-norm-mode": (0, "Qwen3_5TextConfig accepts"),
     "error-norm-mode-conflict": (0, "linear_norm_mode"),
     "error-seq-pos-mismatch": (0, "strict mode"),
+    # the serving patterns (packed calls over pool slots): no such entry point in transformers
+    "packed-mixed": (0, "packed cu_seqlens stream"),
+    "packed-mismatch": (0, "packed cu_seqlens stream"),
+    "spec-decode": (0, "packed cu_seqlens stream"),
+    "prefix-cache": (0, "packed cu_seqlens stream"),
     "moe-no-renorm": (0, "norm_topk_prob=false"),
     "error-moe-top-k": (0, "Qwen3_5MoeTextConfig accepts"),
     "error-moe-expert-count": (0, "Qwen3_5MoeTextConfig accepts"),

@@ -53,3 +53,23 @@ def test_node_port_refuses_a_bad_lane_count(fixtures_dir, tmp_path, lanes):
     assert proc.returncode != 0
     assert f'GDN_NODE_LANES: expected a positive integer (partial sums per reduction), found "{lanes}"' in proc.stderr
     assert not list(tmp_path.glob("o/*.safetensors"))  # no case ran
+
+
+@pytest.mark.skipif(NODE is None, reason="node (>= 20) is not on PATH; the Node.js port cannot run here")
+def test_node_port_runs_the_serving_cases(tmp_path):
+    """Packed calls over pool slots, verify + commit and prefix snapshots (FORMAT.md §4.1), every stage
+    tensor and the whole pool after each step, in f32."""
+    from gdncheck.fixtures.build import build_suite
+
+    fixtures = tmp_path / "serving"
+    build_suite("serving", fixtures)
+    out = tmp_path / "node"
+    proc = subprocess.run([NODE, str(RUN_JS), "--fixtures", str(fixtures), "--out", str(out)],
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    s = verify(fixtures, out, "f32")
+    bad = [f"{c.id}: {c.message or c.problem}" for c in s.cases if c.status != "pass"]
+    assert s.exit_code == 0 and not bad, "\n".join(bad)
+    t = s.totals()
+    assert t["passed"] == 4 and t["records_missing"] == 0
+    assert {r.op for c in s.cases for r in c.records} >= {"forward_packed", "prefix_snapshots", "verify_spec", "commit"}

@@ -5,6 +5,9 @@
 
 const f = Math.fround;
 
+// The padding slot id of a packed call (docs/serving.md): vLLM's and SGLang's PAD_SLOT_ID.
+export const PAD_SLOT_ID = -1;
+
 export class GDNError extends Error {
   // `code` is one of the stable codes of FORMAT.md §6; verify reads it from the outputs' metadata.
   constructor(code, message) {
@@ -247,6 +250,25 @@ export class GDNLayer {
     return { batch: s.batch, conv: s.conv.slice(), rec: s.rec.slice(), seqLen: s.seqLen.slice() };
   }
 
+  // Every stage tensor of a call, zeros, shaped [...lead, ...per-token shape] (lead: [B, T], or [T] packed).
+  traceOf(lead) {
+    const c = this.c;
+    const shapes = {
+      x_norm: [c.D], qkv: [c.convDim], z: [c.Hv, c.dv], a: [c.Hv], b: [c.Hv], qkv_conv: [c.convDim],
+      q: [c.Hk, c.dk], k: [c.Hk, c.dk], v: [c.Hv, c.dv], g: [c.Hv], beta: [c.Hv], core: [c.Hv, c.dv],
+      core_gated: [c.Hv, c.dv], attn_out: [c.D], h: [c.D], h_norm: [c.D], mlp_out: [c.D], out: [c.D],
+      ...(c.moe ? { router_logits: [c.E], routing_weights: [c.topK], selected_experts: [c.topK], experts_out: [c.D],
+        shared_out: [c.D] } : {}),
+    };
+    const tokens = lead.reduce((p, q) => p * q, 1);
+    const trace = {};
+    for (const [name, s] of Object.entries(shapes)) {
+      const n = s.reduce((p, q) => p * q, 1);
+      trace[name] = { shape: [...lead, ...s], data: new Float32Array(tokens * n), n };
+    }
+    return trace;
+  }
+
   // x: { dtype, shape: [B, T, D], data }; seqPos: B first-token positions. Returns the stage tensors,
   // each { shape, data: Float32Array } batch first, and updates `state` in place.
   forward(x, state, seqPos) {
@@ -259,24 +281,64 @@ export class GDNLayer {
     }
     const [B, T] = x.shape;
     this.applySeqLenRule(state, seqPos);
-    const shapes = {
-      x_norm: [c.D], qkv: [c.convDim], z: [c.Hv, c.dv], a: [c.Hv], b: [c.Hv], qkv_conv: [c.convDim],
-      q: [c.Hk, c.dk], k: [c.Hk, c.dk], v: [c.Hv, c.dv], g: [c.Hv], beta: [c.Hv], core: [c.Hv, c.dv],
-      core_gated: [c.Hv, c.dv], attn_out: [c.D], h: [c.D], h_norm: [c.D], mlp_out: [c.D], out: [c.D],
-      ...(c.moe ? { router_logits: [c.E], routing_weights: [c.topK], selected_experts: [c.topK], experts_out: [c.D],
-        shared_out: [c.D] } : {}),
-    };
-    const trace = {};
-    for (const [name, s] of Object.entries(shapes)) {
-      const n = s.reduce((p, q) => p * q, 1);
-      trace[name] = { shape: [B, T, ...s], data: new Float32Array(B * T * n), n };
-    }
+    const trace = this.traceOf([B, T]);
     for (let b = 0; b < B; b++) {
       for (let t = 0; t < T; t++) this.token(x.data, (b * T + t) * c.D, state, b, trace, b * T + t);
       state.seqLen[b] = seqPos[b] + T;
     }
     for (const v of Object.values(trace)) delete v.n;
     return trace;
+  }
+
+  // A packed call (docs/serving.md, FORMAT.md §4.1). x: { shape: [T, D], data }, the tokens of N
+  // sequences one after another: sequence i is rows cu[i] .. cu[i+1]-1, at position seqPos[i], its state
+  // in row slots[i] of `pool` (a state whose rows are slots; -1: a padding sequence, computed from a
+  // zero state). Every sequence runs on a one-row copy of its slot, so nothing is written to the pool
+  // here: the caller stores the returned rows (a strict-mode refusal, raised before any token, changes
+  // nothing). `after(i, j, row)`, if given, sees sequence i's one-row state after its first j tokens.
+  // Returns { trace (each stage tensor [T, ...]), rows }.
+  packed(x, pool, cu, seqPos, slots, after = null) {
+    const c = this.c;
+    if (!['F32', 'F64', 'BF16', 'F16'].includes(x.dtype)) {
+      throw new GDNError('input_dtype', `x must be floating point, found ${x.dtype}`);
+    }
+    const N = slots.length;
+    if (x.shape.length !== 2 || x.shape[1] !== c.D || x.shape[0] !== cu[N]) {
+      throw new GDNError('input_shape', `packed x must be [T=${cu[N]}, D=${c.D}], found ${JSON.stringify(x.shape)}`);
+    }
+    const rows = slots.map((slot, i) => { // the seq-len rule per slot, for every sequence before any token
+      const one = this.newState(1);
+      if (slot === PAD_SLOT_ID) {
+        one.seqLen[0] = seqPos[i];
+        return one;
+      }
+      one.conv.set(pool.conv.subarray(slot * c.convDim * c.K, (slot + 1) * c.convDim * c.K));
+      one.rec.set(pool.rec.subarray(slot * c.Hv * c.dk * c.dv, (slot + 1) * c.Hv * c.dk * c.dv));
+      one.seqLen[0] = pool.seqLen[slot];
+      if (one.seqLen[0] !== seqPos[i] && this.strict) {
+        throw new GDNError('seq_pos_mismatch', `sequence ${i} (slot ${slot}): seq_pos ${seqPos[i]} but the slot holds ${one.seqLen[0]} tokens (strict mode)`);
+      }
+      this.applySeqLenRule(one, [seqPos[i]]);
+      return one;
+    });
+    const trace = this.traceOf([cu[N]]);
+    for (let i = 0; i < N; i++) {
+      for (let t = cu[i]; t < cu[i + 1]; t++) {
+        this.token(x.data, t * c.D, rows[i], 0, trace, t); // the conv window is this sequence's own
+        rows[i].seqLen[0] = seqPos[i] + t - cu[i] + 1;
+        if (after) after(i, t - cu[i] + 1, rows[i]);
+      }
+    }
+    for (const v of Object.values(trace)) delete v.n;
+    return { trace, rows };
+  }
+
+  // Copy a one-row state into row `slot` of the pool.
+  putRow(pool, slot, one) {
+    const c = this.c;
+    pool.conv.set(one.conv, slot * c.convDim * c.K);
+    pool.rec.set(one.rec, slot * c.Hv * c.dk * c.dv);
+    pool.seqLen[slot] = one.seqLen[0];
   }
 
   // The seq-len rule (FORMAT.md §4): a row whose state holds another number of tokens than the call's

@@ -1,6 +1,6 @@
 #!/usr/bin/env node
 // Runs every case of a gdncheck fixture folder through the float32 layer of layer.js and writes the
-// outputs `gdncheck verify --profile f32` judges (fixtures/FORMAT.md §2, §4, §7, §11).
+// outputs `gdncheck verify --profile f32` judges (fixtures/FORMAT.md §2, §4, §4.1, §7, §11).
 //
 //   node run.js --fixtures ../../../fixtures/default --out out [--case ID_OR_PREFIX ...]
 //
@@ -9,7 +9,7 @@
 
 import { lstatSync, mkdirSync, readFileSync, realpathSync } from 'node:fs';
 import { isAbsolute, join, relative, resolve } from 'node:path';
-import { GDNError, GDNLayer } from './layer.js';
+import { GDNError, GDNLayer, PAD_SLOT_ID } from './layer.js';
 import { parseSafetensors, readSafetensors, sha256, writeSafetensors } from './safetensors.js';
 
 const FORMAT_VERSION = 1;
@@ -94,6 +94,7 @@ function runCase(st, entry, outDir) {
   for (const [name, t] of Object.entries(st.tensors)) if (name.startsWith('weights.')) weights[name.slice(8)] = t;
   const outputs = {};
   const slots = {};
+  const verifies = {}; // verify_spec call -> each sequence's states after 1..k tokens
   let layer = null;
   let state = null;
   let i = 0;
@@ -135,6 +136,39 @@ function runCase(st, entry, outDir) {
           };
           break;
         }
+        // the serving steps (FORMAT.md §4.1): the state is a pool of entry.batch slots
+        case 'forward_packed':
+        case 'prefix_snapshots': {
+          const snaps = [];
+          const wanted = (i, j) => (step.snap_seq || []).flatMap((s, m) => (s === i && step.snap_offset[m] === j ? [m] : []));
+          const { trace, rows } = layer.packed(st.tensors[`calls.${step.call}.x`], state, step.cu_seqlens, step.seq_pos,
+            step.slots, (i, j, row) => wanted(i, j).forEach((m) => snaps.push([step.snap_slot[m], GDNLayer.cloneState(row)])));
+          step.slots.forEach((slot, i) => { if (slot !== PAD_SLOT_ID) layer.putRow(state, slot, rows[i]); });
+          for (const [dest, row] of snaps) layer.putRow(state, dest, row);
+          keep(outputs, step, trace, layer, state);
+          break;
+        }
+        case 'verify_spec': { // every token's state kept for the commit; the pool is not written
+          const steps = step.slots.map(() => []);
+          const { trace } = layer.packed(st.tensors[`calls.${step.call}.x`], state, step.cu_seqlens, step.seq_pos,
+            step.slots, (i, j, row) => { steps[i][j] = GDNLayer.cloneState(row); });
+          verifies[step.call] = { slots: step.slots, steps };
+          keep(outputs, step, trace, layer, state);
+          break;
+        }
+        case 'commit': {
+          const v = verifies[step.of_call];
+          delete verifies[step.of_call];
+          v.slots.forEach((slot, i) => {
+            const n = step.accepted[i];
+            if (slot !== PAD_SLOT_ID && n > 0) layer.putRow(state, slot, v.steps[i][n]);
+          });
+          keep(outputs, step, {}, layer, state);
+          break;
+        }
+        case 'free':
+          for (const slot of step.slots) layer.putRow(state, slot, layer.newState(1));
+          break;
         default:
           throw new Error(`unknown program step ${step.op}`);
       }

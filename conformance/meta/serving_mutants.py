@@ -1,0 +1,154 @@
+"""Mutants of the serving patterns (issue 14 item 7; docs/serving.md): the correct emulated layer,
+whose packed calls run as plain calls on one-row copies of their slots
+(:mod:`gdncheck.harness.plain_serving`), with one bookkeeping bug each — the bugs serving ports have:
+
+- ``conv_window_leaks``: each sequence after the first starts its conv window from the columns the
+  sequence before it left (one causal conv over the whole packed stream);
+- ``chunk_straddles``: a sequence that starts inside a chunk of the packed stream (``cu_seqlens[i]``
+  not a multiple of 64) starts its recurrent state from the state of the sequence before it (a
+  chunked kernel whose chunks straddle two sequences carries it over);
+- ``slot_read_i_written_j``: each sequence reads its slot and writes its state to the next
+  sequence's slot (the slot ids of the write rotated by one);
+- ``padding_slot_written``: a padding sequence's state is written to slot -1, which in Python (and in
+  any language where -1 wraps) is the pool's last slot;
+- ``commit_off_by_one``: commit(n) keeps the state after n − 1 tokens (after none: the slot as it
+  was), with seq_len = seq_pos + n;
+- ``snapshot_chunk_late``: a prefix snapshot after o tokens holds the state one chunk (64 tokens)
+  later, or at the end of the sequence.
+
+Each is a :class:`ServingMutant`, run by the kill matrix on the cases tagged with its
+``case_tags``. Every one is also a plug-in factory (``gdncheck run
+gdncheck.conformance.meta.serving_mutants:NAME``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from types import SimpleNamespace
+
+import numpy as np
+
+from gdncheck.calls import PAD_SLOT_ID
+from gdncheck.conformance.earn.emulate import EmulatedLayer, emulated_adapter
+from gdncheck.harness import plain_serving as plain
+
+from .mutants import Mutant
+
+MODULE = "gdncheck.conformance.meta.serving_mutants"
+CHUNK = 64  # the chunk of the stream a chunked kernel would cut
+
+
+def _run_carrying(layer, pool, x, cu, pos, slots, carry_conv: bool, carry_rec) -> tuple:
+    """Plain calls, each sequence's one-row state taking the conv window (``carry_conv``) and/or, when
+    ``carry_rec(i)``, the recurrent state the sequence before it left."""
+    x = np.asarray(x)
+    pieces, finals, prev = [], [], None
+    for i in range(len(slots)):
+        one = plain._row(layer, pool, int(slots[i]))
+        if prev is not None and carry_conv:
+            one.conv_state[0] = prev.conv_state[0]
+        if prev is not None and carry_rec(i):
+            one.recurrent_state[0] = prev.recurrent_state[0]
+        pieces.append(layer.forward(x[None, cu[i]:cu[i + 1]], one, np.array([pos[i]])))
+        finals.append(one)
+        prev = one
+    for i, slot in enumerate(np.asarray(slots).tolist()):
+        if slot != PAD_SLOT_ID:
+            plain._put(pool, slot, finals[i])
+    return plain._cat(pieces)
+
+
+def _leaky_forward(layer, pool, x, cu, pos, slots):
+    return _run_carrying(layer, pool, x, cu, pos, slots, True, lambda i: False)
+
+
+def _straddling_forward(layer, pool, x, cu, pos, slots):
+    return _run_carrying(layer, pool, x, cu, pos, slots, False, lambda i: int(cu[i]) % CHUNK != 0)
+
+
+def _rotated_forward(layer, pool, x, cu, pos, slots):
+    """Reads slots[i], writes slots[i + 1] (the real slots rotated by one)."""
+    real = [s for s in np.asarray(slots).tolist() if s != PAD_SLOT_ID]
+    rotate = dict(zip(real, real[1:] + real[:1]))
+    lengths = np.diff(cu)
+    out, trace, states = plain._run(layer, pool, x, cu, pos, slots, [[int(n)] for n in lengths])
+    for i, slot in enumerate(np.asarray(slots).tolist()):
+        if slot != PAD_SLOT_ID:
+            plain._put(pool, rotate[slot], states[i][int(lengths[i])])
+    return out, trace
+
+
+def _padding_written_forward(layer, pool, x, cu, pos, slots):
+    lengths = np.diff(cu)
+    out, trace, states = plain._run(layer, pool, x, cu, pos, slots, [[int(n)] for n in lengths])
+    for i, slot in enumerate(np.asarray(slots).tolist()):
+        plain._put(pool, slot if slot != PAD_SLOT_ID else pool.batch - 1, states[i][int(lengths[i])])
+    return out, trace
+
+
+def _commit_off_by_one(spec, accepted) -> None:
+    for i, slot in enumerate(spec.slots.tolist()):
+        n = int(accepted[i])
+        if slot == PAD_SLOT_ID or n == 0:
+            continue
+        kept = spec.steps[i].get(n - 1)  # None for n = 1: the slot stays as it was
+        if kept is not None:
+            plain._put(spec.pool, slot, kept)
+        spec.pool.seq_len[slot] = spec.steps[i][n].seq_len[0]  # seq_pos + n, as the contract says
+
+
+def _late_snapshots(layer, pool, x, cu, pos, slots, snap_seq, snap_offset, snap_slot):
+    lengths = np.diff(cu)
+    late = np.minimum(np.asarray(snap_offset) + CHUNK, lengths[np.asarray(snap_seq)])
+    cuts = [sorted({int(n)} | {int(o) for s, o in zip(snap_seq, late) if s == i}) for i, n in enumerate(lengths)]
+    out, trace, states = plain._run(layer, pool, x, cu, pos, slots, cuts)
+    for i, slot in enumerate(np.asarray(slots).tolist()):
+        if slot != PAD_SLOT_ID:
+            plain._put(pool, slot, states[i][int(lengths[i])])
+    for i, o, late_o, d in zip(np.asarray(snap_seq).tolist(), np.asarray(snap_offset).tolist(), late.tolist(),
+                               np.asarray(snap_slot).tolist()):
+        plain._put(pool, d, states[i][late_o])
+        pool.seq_len[d] = pos[i] + o  # the bookkeeping is right; the state is a chunk late
+    return out, trace
+
+
+def _serving(**overrides) -> SimpleNamespace:
+    """plain_serving's four patterns with some replaced."""
+    base = {n: getattr(plain, n) for n in ("forward_packed", "prefix_snapshots", "verify_spec", "commit")}
+    return SimpleNamespace(**{**base, **overrides})
+
+
+@dataclass(frozen=True)
+class ServingMutant(Mutant):
+    """A :class:`~.mutants.Mutant` of the serving bookkeeping: the correct emulated layer with a buggy
+    ``serving`` module, shown only by cases with ``case_tags``."""
+
+    serving: SimpleNamespace | None = field(default=None, compare=False)  # not hashed: a namespace of functions
+    case_tags: tuple[str, ...] = ("packed",)
+    module: str = MODULE
+
+    def factory(self, cfg, weights, *, profile: str = "f32", strict: bool = False, placement: str = "hf", **kw):
+        layer = EmulatedLayer(cfg, weights, profile=profile, placement=placement, strict=strict, **kw)
+        adapter = emulated_adapter(layer, f"mutant {self.name} ({profile}, placement {placement})")
+        adapter._serving = self.serving
+        return adapter
+
+
+SERVING_MUTANTS: tuple[ServingMutant, ...] = (
+    ServingMutant("conv_window_leaks", EmulatedLayer, "conv1d", bug_class="conv window leaks across a packed boundary",
+                  serving=_serving(forward_packed=_leaky_forward)),
+    ServingMutant("chunk_straddles", EmulatedLayer, "delta_rule", bug_class="chunks straddle two sequences",
+                  serving=_serving(forward_packed=_straddling_forward)),
+    ServingMutant("slot_read_i_written_j", EmulatedLayer, "conv1d", bug_class="state read from slot i, written to j",
+                  serving=_serving(forward_packed=_rotated_forward), case_tags=("packed", "slots")),
+    ServingMutant("padding_slot_written", EmulatedLayer, "conv1d", bug_class="padding slot written",
+                  serving=_serving(forward_packed=_padding_written_forward), case_tags=("packed", "slots")),
+    ServingMutant("commit_off_by_one", EmulatedLayer, "conv1d", bug_class="commit off by one token",
+                  serving=_serving(commit=_commit_off_by_one), case_tags=("spec-decode",)),
+    ServingMutant("snapshot_chunk_late", EmulatedLayer, "conv1d", bug_class="prefix snapshot one chunk late",
+                  serving=_serving(prefix_snapshots=_late_snapshots), case_tags=("prefix-cache",)),
+)
+SERVING_MUTANT_BY_NAME = {m.name: m for m in SERVING_MUTANTS}
+
+# module-level factories, so that `gdncheck run gdncheck.conformance.meta.serving_mutants:NAME` works
+globals().update({m.name: m.factory for m in SERVING_MUTANTS})

@@ -1,0 +1,107 @@
+"""The serving patterns of docs/serving.md by their definition: plain calls on one-row states.
+
+For a layer that has only ``new_state(batch)`` and ``forward(x, state, seq_pos)`` (a state with
+``conv_state``, ``recurrent_state``, ``seq_len`` rows that can be assigned): each sequence of a packed
+call is one plain call on a one-row state holding a copy of its slot (a zero state for the padding id),
+and the pool is written only after every sequence ran, so a refused call (strict mode) changes nothing.
+docs/serving.md §2-§4 define the patterns so; this module is that sentence as code.
+
+It lets a layer that has no packed path *earn* bounds on serving cases (the precision emulation in
+``gdncheck tolerances derive``): what it computes is correct by definition. It is never how an
+implementation claims to run packed calls: that is what the serving cases test (``LayerAdapter``'s
+``serving``). Bookkeeping only, no math: the harness's floor.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from gdncheck.calls import PAD_SLOT_ID
+
+from .contract import to_numpy
+
+STATE_FIELDS = ("conv_state", "recurrent_state", "seq_len")
+
+
+def _row(layer, pool, slot: int):
+    """A one-row state holding a copy of ``slot`` (zeros, seq_len 0, for the padding id)."""
+    one = layer.new_state(1)
+    if slot != PAD_SLOT_ID:
+        for f in STATE_FIELDS:
+            getattr(one, f)[0] = getattr(pool, f)[slot]
+    return one
+
+
+def _put(pool, slot: int, one) -> None:
+    for f in STATE_FIELDS:
+        getattr(pool, f)[slot] = getattr(one, f)[0]
+
+
+def _cat(pieces: list[tuple[Any, dict]]) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+    """Plain calls' (out, trace) of [1, n, ...] in stream order -> the packed [total, ...] arrays."""
+    names = [n for n in pieces[0][1] if all(n in t for _, t in pieces)]
+    out = np.concatenate([to_numpy(o)[0] for o, _ in pieces])
+    return out, {n: np.concatenate([to_numpy(t[n])[0] for _, t in pieces]) for n in names}
+
+
+def _run(layer, pool, x, cu_seqlens, seq_pos, slots, cuts):
+    """Each sequence i from its slot, in plain calls split at ``cuts[i]`` (its length last); returns the
+    packed (out, trace) and per sequence {offset: a one-row state after that many tokens}."""
+    x = np.asarray(to_numpy(x))
+    pieces, states = [], []
+    for i, s in enumerate(cu_seqlens[:-1].tolist()):
+        one, at, prev = _row(layer, pool, int(slots[i])), {}, 0
+        for cut in cuts[i]:
+            pieces.append(layer.forward(x[None, s + prev: s + cut], one, np.array([seq_pos[i] + prev])))
+            at[cut] = _row(layer, one, 0)  # a copy
+            prev = cut
+        states.append(at)
+    out, trace = _cat(pieces)
+    return out, trace, states
+
+
+def forward_packed(layer, pool, x, cu_seqlens, seq_pos, slots):
+    lengths = np.diff(cu_seqlens)
+    out, trace, states = _run(layer, pool, x, cu_seqlens, seq_pos, slots, [[int(n)] for n in lengths])
+    for i, slot in enumerate(slots.tolist()):
+        if slot != PAD_SLOT_ID:
+            _put(pool, slot, states[i][int(lengths[i])])
+    return out, trace
+
+
+def prefix_snapshots(layer, pool, x, cu_seqlens, seq_pos, slots, snap_seq, snap_offset, snap_slot):
+    lengths = np.diff(cu_seqlens)
+    cuts = [sorted({int(n)} | {int(o) for s, o in zip(snap_seq, snap_offset) if s == i})
+            for i, n in enumerate(lengths)]
+    out, trace, states = _run(layer, pool, x, cu_seqlens, seq_pos, slots, cuts)
+    for i, slot in enumerate(slots.tolist()):
+        if slot != PAD_SLOT_ID:
+            _put(pool, slot, states[i][int(lengths[i])])
+    for i, o, d in zip(snap_seq.tolist(), snap_offset.tolist(), snap_slot.tolist()):
+        _put(pool, d, states[i][o])
+    return out, trace
+
+
+@dataclass
+class PlainSpec:
+    pool: Any
+    slots: np.ndarray
+    lengths: np.ndarray
+    steps: list[dict[int, Any]] = field(default_factory=list)  # per sequence {j: state after j tokens}
+
+
+def verify_spec(layer, pool, x, cu_seqlens, seq_pos, slots):
+    lengths = np.diff(cu_seqlens)
+    out, trace, states = _run(layer, pool, x, cu_seqlens, seq_pos, slots,
+                              [list(range(1, int(n) + 1)) for n in lengths])
+    return out, trace, PlainSpec(pool, slots, lengths, states)
+
+
+def commit(spec: PlainSpec, accepted) -> None:
+    for i, slot in enumerate(spec.slots.tolist()):
+        n = int(accepted[i])
+        if slot != PAD_SLOT_ID and n > 0:
+            _put(spec.pool, slot, spec.steps[i][n])

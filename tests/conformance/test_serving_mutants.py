@@ -1,0 +1,37 @@
+"""The serving patterns' bug classes (conformance/meta/serving_mutants.py, issue 14 item 7): each, run
+like a port over the default suite's serving cases, is caught first at its own stage, by at least ten
+times the bound, in every profile; the message locates it by sequence and token, or by slot."""
+
+from __future__ import annotations
+
+import pytest
+
+from gdncheck.conformance.judge.verify import verify
+from gdncheck.conformance.meta import kill_matrix
+from gdncheck.conformance.meta.serving_mutants import SERVING_MUTANTS
+from gdncheck.stages import stage_rank
+
+
+@pytest.mark.parametrize("profile", ["f32", "bf16", "f16"])
+@pytest.mark.parametrize("mutant", SERVING_MUTANTS, ids=[m.name for m in SERVING_MUTANTS])
+def test_serving_mutant_is_caught_at_its_stage_by_ten_times_the_bound(fixtures_dir, tmp_path, mutant, profile):
+    r = kill_matrix.kill(mutant, profile, fixtures_dir, out_dir=tmp_path)
+    assert r.killed and r.first_stage == mutant.stage, r
+    s = verify(fixtures_dir, tmp_path, profile, cases=list(r.first_by_case) or None)
+    ratios = [rec.metrics["max_err"] / rec.bound["elem"] for c in s.cases for rec in c.records
+              if rec.verdict == "fail" and rec.metrics and rec.stage == mutant.stage]
+    assert ratios and max(ratios) >= 10, (mutant.name, profile, ratios)
+    earliest = [c for c in s.cases if c.first_divergence and c.first_divergence.stage == mutant.stage]
+    assert all(stage_rank(c.first_divergence.stage) >= stage_rank(mutant.stage) for c in s.cases
+               if c.first_divergence and c.first_divergence.stage)
+    located = " ".join(c.message for c in earliest)
+    assert "packed call: stream token" in located or "pool slots over the bound" in located, located
+
+
+def test_the_kill_matrix_lists_the_serving_bug_classes():
+    names = {m.name for m in kill_matrix.CATALOGUE}
+    assert {m.name for m in SERVING_MUTANTS} <= names
+    classes = {m.bug_class for m in SERVING_MUTANTS}
+    assert {"conv window leaks across a packed boundary", "chunks straddle two sequences",
+            "state read from slot i, written to j", "padding slot written", "commit off by one token",
+            "prefix snapshot one chunk late"} == classes
