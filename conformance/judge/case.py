@@ -199,6 +199,8 @@ class CaseJudge:
     def judge_call(self, i: int, step: dict) -> None:
         """Every tensor the golden keeps for this call, then (end to end) its seq_len."""
         k, loc = step["call"], messages.where(self.case, i, step["op"], step["seq_pos"])
+        if is_packed(step):
+            self.report.serving.append(packed.layout(i, step))
         required = () if self.stage_isolated else tuple(coverage_of(self.entry)["required"])
         routing = self.judge_routing(i, step, loc) if "selected_experts" in step["expected"] else None
         for name in step["expected"]:
