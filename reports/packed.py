@@ -88,7 +88,8 @@ def meanings(layout: dict) -> list[dict]:
     rows = []
     if op == "commit":
         for i, (slot, n) in enumerate(zip(layout["slots"], layout["accepted"])):
-            what = (f"commit {n}: the slot's state after the first {n} draft tokens of call {layout.get('of_call')}"
+            what = (f"commit {n}: the slot's state after the first {n} draft token{'s' if n != 1 else ''} of call "
+                    f"{layout.get('of_call')}"
                     if n else "commit 0: the slot keeps its state from before the verify")
             rows.append(_row(i, slot, None, layout["seq_pos"][i], None, what if slot != PAD_SLOT_ID else
                              "padding: nothing committed"))
@@ -101,7 +102,8 @@ def meanings(layout: dict) -> list[dict]:
                     f"until a commit")
         else:
             what = f"{seq.kind}: reads and writes its slot"
-        rows.append(_row(seq.index, seq.slot, seq.length, seq.seq_pos, seq.kind, what))
+        kind = "verify" if op == "verify_spec" else seq.kind  # draft tokens, neither prefill nor decode
+        rows.append(_row(seq.index, seq.slot, seq.length, seq.seq_pos, kind, what))
     for s, o, d in zip(layout.get("snap_seq", []), layout.get("snap_offset", []), layout.get("snap_slot", [])):
         rows.append({"sequence": s, "slot": f"slot {d}", "tokens": None, "positions": None, "kind": "snapshot",
                      "what": f"snapshot at offset {o}: the state of sequence {s} after its first {o} tokens, "

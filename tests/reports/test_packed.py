@@ -202,6 +202,8 @@ def test_a_correct_run_shows_each_step_in_its_own_terms(reference_run, reference
             table = spec.find("table", id=f"layout-{i}")
             for n in np.diff(st["cu_seqlens"]).tolist():
                 assert f"verify {n} draft tokens (draft token 0 … {n - 1})" in table.text
+            assert "the step may write no slot" in table.find("caption").text  # a verify writes none
+            assert {r["kind"] for r in sequence_rows(spec, i)} == {"verify"}
         if st["op"] == "commit":
             assert f"commit of call {st['of_call']}: accepted {st['accepted']}" in spec.text
             table = spec.find("table", id=f"layout-{i}")
@@ -228,6 +230,13 @@ def test_commit_and_snapshot_failures_are_named_by_their_meaning(mutant, tmp_pat
         slot, seq, n = min((s, i, n) for i, (s, n) in enumerate(zip(st["slots"], st["accepted"]))
                            if s != PAD_SLOT_ID and n > 0)
         assert f"pool slot {slot} (sequence {seq}'s: commit {n})" in text, text
+        # the next verify reads the slots that commit spoiled: its sequences on those slots are over
+        # the bound from their draft token 0, the others within it
+        i, nxt = next((i, s) for i, s in enumerate(steps) if s["op"] == "verify_spec" and i > steps.index(st))
+        spoiled = {s for s, n in zip(st["slots"], st["accepted"]) if s != PAD_SLOT_ID and n > 0}
+        for row, slot in zip(sequence_rows(page(report, case_id), i), nxt["slots"]):
+            cell = row["qkv_conv: err/bound, first over"]
+            assert (", draft token 0 (" in cell) == (slot in spoiled), (slot, cell)
     else:
         st = next(s for s in steps if s["op"] == "prefix_snapshots")
         d, s, o = min(zip(st["snap_slot"], st["snap_seq"], st["snap_offset"]))
