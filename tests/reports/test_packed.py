@@ -217,6 +217,23 @@ def test_a_correct_run_shows_each_step_in_its_own_terms(reference_run, reference
     assert not prefix.find_all("section", cls="tensor")  # nothing fails, nothing plotted
 
 
+def test_a_triton_run_shows_its_sequences(tmp_path_factory):
+    """The Triton path (under the interpreter here) on the mixed packed case: it passes, and each
+    packed call's sequence table lists its sequences as the program packs them."""
+    run = serving_run(tmp_path_factory, "triton", [PACKED_CASE])
+    assert run.doc["cases"][0]["status"] == "pass"
+    report = write_report(run.doc, tmp_path_factory.mktemp("triton-report") / "site")
+    doc = page(report, PACKED_CASE)
+    for i, st in enumerate(program(PACKED_CASE)):
+        if st["op"] != "forward_packed":
+            continue
+        rows = sequence_rows(doc, i)
+        assert [(r["slot"], r["tokens"]) for r in rows] == [
+            ("padding (−1)" if s == PAD_SLOT_ID else f"slot {s}", str(n))
+            for s, n in zip(st["slots"], np.diff(st["cu_seqlens"]).tolist())]
+    assert not doc.find_all("section", cls="tensor")
+
+
 @pytest.mark.parametrize("mutant", ["commit_off_by_one", "snapshot_chunk_late"])
 def test_commit_and_snapshot_failures_are_named_by_their_meaning(mutant, tmp_path_factory):
     case_id = SERVING_CASES[1] if mutant == "commit_off_by_one" else SERVING_CASES[2]
