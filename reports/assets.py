@@ -67,7 +67,9 @@ def _record_plots(r: RecordView, case: CaseView, files, raw_records, profile, sp
             out.update(_sequence_plots(r, loaded.err, bound))
             return out
         if r.serving is not None and r.tensor in packed.STATE_NAMES and loaded.err.ndim >= 1:
-            r.slots = packed.split_slots(loaded.err, r.serving, bound)
+            prev = packed.previous_pool(raw_records, r.raw)
+            before = files.read_judged("actual", prev, "actual_ref", "shape")[0] if prev else None
+            r.slots = packed.split_slots(loaded.err, r.serving, bound, before, loaded.actual)
             r.worst_axes[0] = "pool slot"
     if bound and not r.is_state and not packed.is_stream(r.serving, r.tensor):
         tok = None

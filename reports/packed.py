@@ -173,6 +173,18 @@ class SlotError:
     max_err: float
     ratio: float | None
     over: bool
+    touched: bool | None = None  # did the port's step change the slot (None: no pool before it to compare)
+
+    @property
+    def carried(self) -> bool:
+        """Over the bound in a slot the step must not write and left as the port had it: wrong since an
+        earlier step, not this one's doing."""
+        return self.over and not self.may_write and self.touched is False
+
+    @property
+    def unwritten(self) -> bool:
+        """Over the bound in a slot the step should write, and left as it was: the write did not happen."""
+        return self.over and self.may_write and self.touched is False
 
     @property
     def shown(self) -> bool:
@@ -181,8 +193,8 @@ class SlotError:
 
     @property
     def flagged(self) -> bool:
-        """Over the bound in a slot the step must not write: the step touched it."""
-        return self.over and not self.may_write
+        """Over the bound in a slot the step must not write, and changed by it (or not known unchanged)."""
+        return self.over and not self.may_write and self.touched is not False
 
 
 def slot_roles(layout: dict) -> dict[int, str]:
@@ -205,17 +217,30 @@ def slot_roles(layout: dict) -> dict[int, str]:
     return {k: "; ".join(v) for k, v in roles.items()}
 
 
-def split_slots(err: np.ndarray, layout: dict, bound: float) -> list[SlotError]:
-    """Each pool slot's errors from a state's error ``[S, ...]``."""
+def split_slots(err: np.ndarray, layout: dict, bound: float, before: np.ndarray | None = None,
+                after: np.ndarray | None = None) -> list[SlotError]:
+    """Each pool slot's errors from a state's error ``[S, ...]``. ``before`` / ``after``: the port's
+    pool before the step (its previous step's, when nothing came between) and after it; a slot they
+    hold equal was not touched by the step, so an error in it was carried from an earlier one."""
     roles = slot_roles(layout)
     writes = set(layout.get("writes", []))
+    compare = before is not None and after is not None and before.shape == after.shape == err.shape
     out = []
     for s in range(err.shape[0]):
         e = np.where(np.isnan(err[s]), np.inf, err[s])
         worst = float(e.max()) if e.size else 0.0
+        touched = (not np.array_equal(before[s], after[s], equal_nan=True)) if compare else None
         out.append(SlotError(s, roles.get(s, UNNAMED), s in writes, worst,
-                             worst / bound if bound else None, not worst <= bound))
+                             worst / bound if bound else None, not worst <= bound, touched))
     return out
+
+
+def previous_pool(records: list[dict], rec: dict) -> dict | None:
+    """The record of the same pool state written by the program step just before ``rec``'s (none when
+    another step came between — a ``free`` or ``reset`` changes the pool without a record — or
+    ``rec``'s is the first call)."""
+    return next((r for r in records if r["tensor"] == rec["tensor"] and r["step"] == rec["step"] - 1
+                 and r.get("call") is not None and r["op"] != "save"), None)
 
 
 def locate_worst(rows: list[dict], layout: dict) -> None:

@@ -126,8 +126,10 @@ def locate_token(rec: Record, step: dict) -> None:
 
 
 def slot_note(rec: Record, step: dict, actual: np.ndarray | None, expected: np.ndarray, bound: Bound,
-              stats: CaseStats | None) -> None:
-    """For a failing pool state: the slots over the bound, and which of them the step may not write."""
+              stats: CaseStats | None, before: np.ndarray | None = None) -> None:
+    """For a failing pool state: the slots over the bound, and which of them the step may not write.
+    ``before``: the port's pool before the step, when known; a slot over the bound that the step may
+    not write but left as it was is carried from an earlier step, not touched by this one."""
     if rec.verdict != "fail" or actual is None or tuple(np.shape(actual)) != tuple(expected.shape):
         return
     err = scaled_error(actual, expected, rec.tensor, bound.profile, stats)
@@ -136,10 +138,19 @@ def slot_note(rec: Record, step: dict, actual: np.ndarray | None, expected: np.n
         return
     rec.first_bad_row = bad[0]
     allowed = written_slots(step)
-    wrong = [s for s in bad if s not in allowed]
+    unchanged = set()
+    if before is not None and tuple(before.shape) == tuple(np.shape(actual)):
+        unchanged = {s for s in bad if np.array_equal(before[s], actual[s], equal_nan=True)}
+    wrong = [s for s in bad if s not in allowed and s not in unchanged]
+    carried = [s for s in bad if s not in allowed and s in unchanged]
     note = f" [pool slots over the bound: {bad}"
     if wrong:
-        note += f"; slot(s) {wrong} are not written by this {step['op']}: it touched a slot it must not]"
-    else:
-        note += "; each is one this step writes: its state is wrong]"
+        note += f"; slot(s) {wrong} are not written by this {step['op']}: it touched a slot it must not"
+    if carried:
+        note += f"; slot(s) {carried} are left as they were: wrong since an earlier step"
+    if not wrong and not carried:
+        note += "; each is one this step writes: its state is wrong"
+    elif len(wrong) + len(carried) < len(bad):
+        note += "; the others are slots this step writes: their state is wrong"
+    note += "]"
     rec.message = (rec.message or "") + note

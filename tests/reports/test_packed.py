@@ -86,6 +86,12 @@ def test_per_sequence_token_axes_restart_at_zero(leak, leak_report):
     assert [r["kind"] for r in rows] == ["decode" if n == 1 else "prefill" for n in lengths]
 
 
+def slot_rows(sec) -> dict[int, list[str]]:
+    """A pool-state section's slot table: slot -> its cells."""
+    rows = sec.find("table", cls="slots").find("tbody").find_all("tr")
+    return {int(tr.find("td").text): [td.text for td in tr.find_all("td")] for tr in rows}
+
+
 def sequence_rows(doc, step: int) -> list[dict]:
     """The rows of a serving step's sequence table, by column header."""
     table = doc.find("table", id=f"layout-{step}")
@@ -254,6 +260,17 @@ def test_commit_and_snapshot_failures_are_named_by_their_meaning(mutant, tmp_pat
         for row, slot in zip(sequence_rows(page(report, case_id), i), nxt["slots"]):
             cell = row["qkv_conv: err/bound, first over"]
             assert (", draft token 0 (" in cell) == (slot in spoiled), (slot, cell)
+        doc = page(report, case_id)
+        # at the commit, a slot committing 1 token keeps the state after none: the port left it as it was
+        rows = slot_rows(tensor_section(doc, st["call"], "conv_state"))
+        for slot, n in zip(st["slots"], st["accepted"]):
+            if slot != PAD_SLOT_ID and n == 1:
+                assert rows[slot][-1] == "over: left unchanged, but this step should write it", rows[slot]
+        # at the verify, which writes no slot, the spoiled slots are wrong but carried, never flagged
+        rows = slot_rows(tensor_section(doc, nxt["call"], "conv_state"))
+        assert {s for s, r in rows.items() if r[-1].startswith("over:")} == spoiled
+        assert all(r[-1] == "over: carried from an earlier step, this one left it unchanged"
+                   for s, r in rows.items() if s in spoiled)
     else:
         st = next(s for s in steps if s["op"] == "prefix_snapshots")
         d, s, o = min(zip(st["snap_slot"], st["snap_seq"], st["snap_offset"]))
