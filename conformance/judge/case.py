@@ -221,8 +221,8 @@ class CaseJudge:
                   subject=messages.subject(name, rec.stage, k), loc=loc, stats=self.stats.get(name))
             if is_packed(step):  # a serving step: the failure located by sequence and token, or by slot
                 if name in STATE_NAMES:
-                    packed.slot_note(rec, step, actual, expected, bound, self.stats.get(name),
-                                     before=self.pool_before(i, name, expected.shape))
+                    before = self.pool_before(i, name, expected.shape) if rec.verdict == "fail" else None
+                    packed.slot_note(rec, step, actual, expected, bound, self.stats.get(name), before=before)
                 else:
                     packed.locate_token(rec, step)
             self.report.records.append(rec)
