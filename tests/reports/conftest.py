@@ -49,3 +49,33 @@ def all_failing(tmp_path_factory) -> Run:
     """norm_weight_plain (w instead of 1 + w) fails every float tensor of every call from input_norm on;
     on the long decode (2048 tokens) the tensors are the largest of the light cases."""
     return mutant_run(tmp_path_factory, "norm_weight_plain", ["long-decode"])
+
+
+SERVING_MUTANTS = "gdncheck.conformance.meta.serving_mutants"
+#: the committed serving cases (docs/serving.md): mixed prefill/decode with a padding sequence,
+#: speculative verify + commit, prefix snapshots at and between chunk boundaries
+PACKED_CASE = "packed-mixed_T67_Hk2_Hv4_dk16_dv8_s0"
+SERVING_CASES = [PACKED_CASE, "spec-decode_T38_Hk2_Hv4_dk16_dv8_s0", "prefix-cache_T150_Hk2_Hv4_dk16_dv8_s0"]
+
+
+def serving_run(tmp_path_factory, impl: str, cases: list[str], profile: str = "bf16") -> Run:
+    """``impl`` (a built-in, or a serving mutant by name) run and verified on serving cases."""
+    logging.getLogger("gdncheck").setLevel(logging.ERROR)
+    spec = impl if impl in ("reference", "triton") else f"{SERVING_MUTANTS}:{impl}"
+    out = tmp_path_factory.mktemp(impl)
+    run_impl(spec, DEFAULT_DIR, out, profile, cases=cases, command=f"gdncheck run {spec} --out {out}")
+    return Run(DEFAULT_DIR, out, verify(DEFAULT_DIR, out, profile, cases=cases))
+
+
+@pytest.fixture(scope="session")
+def leak(tmp_path_factory) -> Run:
+    """conv_window_leaks on the mixed packed case: each sequence's conv window starts from the tail of
+    the sequence before it in the stream."""
+    return serving_run(tmp_path_factory, "conv_window_leaks", [PACKED_CASE])
+
+
+@pytest.fixture(scope="session")
+def leak_report(leak, tmp_path_factory):
+    from gdncheck.reports import write_report
+
+    return write_report(leak.doc, tmp_path_factory.mktemp("leak-report") / "site")
