@@ -11,6 +11,7 @@ dtypes); slots no sequence names must stay bit for bit as they were.
 
 from __future__ import annotations
 
+import importlib
 import logging
 
 import numpy as np
@@ -96,11 +97,23 @@ def check_outputs(got, trace, want, ref_trace, cu, profile: str, what: str):
 
 
 # --- packed calls -----------------------------------------------------------------------------------
-@pytest.mark.parametrize("profile", PROFILE_NAMES)
-def test_mixed_packed_call_against_reference(profile, caplog):
+#: (profile, head slots per program of the fused conv kernel): every profile with the interpreter's
+#: form (every slot in one program), and in one profile the GPU's (one slot: the compiled form) and
+#: two (a last group with an empty slot: 2·Hk + Hv = 8 of BD 16 lanes each)
+CONV_FORMS = [(p, None) for p in PROFILE_NAMES] + [("bf16", 1), ("bf16", 2)]
+
+
+def conv_form(monkeypatch, heads: int | None) -> None:
+    if heads is not None:  # (the package exports a function named conv1d: the module by its path)
+        monkeypatch.setattr(importlib.import_module("gdncheck.gpu_impl.conv1d"), "_INTERPRETER_LANES", heads * 16)
+
+
+@pytest.mark.parametrize("profile,heads", CONV_FORMS)
+def test_mixed_packed_call_against_reference(profile, heads, caplog, monkeypatch):
     """Decode and prefills (1, 5, 16, 17 tokens) and a padding sequence in one chunked call, on permuted
     slots; sequence 1's seq_pos differs from its slot's seq_len (read as zeros, one warning naming it).
     Then the same slots again, in another order, continuing (reused slots, the recurrent form)."""
+    conv_form(monkeypatch, heads)
     ref, gpu = pools(profile)
     lay = layer(profile)
     lengths, slots = [1, 5, 2, 16, 17], [6, 0, PAD_SLOT_ID, 3, 7]
@@ -136,10 +149,11 @@ def test_mixed_packed_call_against_reference(profile, caplog):
     assert_untouched(gpu, before, [1, 2, 3, 4, 5])
 
 
-@pytest.mark.parametrize("profile", PROFILE_NAMES)
-def test_decode_batch_with_slot_indices(profile):
+@pytest.mark.parametrize("profile,heads", CONV_FORMS)
+def test_decode_batch_with_slot_indices(profile, heads, monkeypatch):
     """One token per sequence (the decode kernels write each slot in place, padding never), a new
     request (seq_pos 0) on a reused slot among them."""
+    conv_form(monkeypatch, heads)
     ref, gpu = pools(profile, seed=1)
     lay = layer(profile)
     slots = [5, PAD_SLOT_ID, 2, 7, PAD_SLOT_ID, 0]
