@@ -97,15 +97,18 @@ def check_outputs(got, trace, want, ref_trace, cu, profile: str, what: str):
 
 
 # --- packed calls -----------------------------------------------------------------------------------
-#: (profile, head slots per program of the fused conv kernel): every profile with the interpreter's
-#: form (every slot in one program), and in one profile the GPU's (one slot: the compiled form) and
-#: two (a last group with an empty slot: 2·Hk + Hv = 8 of BD 16 lanes each)
+#: (profile, heads per program of the fused conv kernel and of the recurrent delta rule): every
+#: profile with the interpreter's form (every head in one program), and in one profile the GPU's
+#: (one head: the compiled form) and two (conv: a last group with an empty slot, 2·Hk + Hv = 8 of
+#: BD 16 lanes each; delta rule: value heads in pairs of dk 16 × dv 8)
 CONV_FORMS = [(p, None) for p in PROFILE_NAMES] + [("bf16", 1), ("bf16", 2)]
 
 
 def conv_form(monkeypatch, heads: int | None) -> None:
-    if heads is not None:  # (the package exports a function named conv1d: the module by its path)
+    if heads is not None:  # (the package exports functions named conv1d and delta_rule: the modules by path)
         monkeypatch.setattr(importlib.import_module("gdncheck.gpu_impl.conv1d"), "_INTERPRETER_LANES", heads * 16)
+        monkeypatch.setattr(importlib.import_module("gdncheck.gpu_impl.delta_rule"), "_INTERPRETER_STATE",
+                            heads * 16 * 8)
 
 
 @pytest.mark.parametrize("profile,heads", CONV_FORMS)
@@ -184,11 +187,12 @@ def test_forced_delta_rule_form(form):
 
 
 # --- speculative verify and commit ----------------------------------------------------------------
-@pytest.mark.parametrize("profile", PROFILE_NAMES)
-def test_verify_every_step_and_commit_zero_one_k(profile):
+@pytest.mark.parametrize("profile,heads", CONV_FORMS)
+def test_verify_every_step_and_commit_zero_one_k(profile, heads, monkeypatch):
     """k = 4, 3, 1, 2 draft tokens (the last a padding sequence): outputs and every step's state as the
     reference's, no slot written; commit 0 (slot bit-identical), 1 and k; then the next decode of each
     request continues without a reset."""
+    conv_form(monkeypatch, heads)
     ref, gpu = pools(profile, seed=3)
     lay = layer(profile)
     lengths, slots = [4, 3, 1, 2], [3, 6, 1, PAD_SLOT_ID]
@@ -293,7 +297,9 @@ def test_prefix_snapshots_at_chunk_ends_only():
     assert_untouched(gpu, before, [3, 4, 6])
 
 
-def test_prefix_snapshots_in_the_recurrent_form():
+@pytest.mark.parametrize("heads", [None, 1, 2])
+def test_prefix_snapshots_in_the_recurrent_form(heads, monkeypatch):
+    conv_form(monkeypatch, heads)
     ref, gpu = pools("f32", seed=6)
     lay = layer("f32")
     lengths, slots = [5, 9], [3, PAD_SLOT_ID]
