@@ -15,7 +15,7 @@ import sys
 
 from ._version import __version__
 from .errors import GDNError
-from .untrusted import one_line, safe_text
+from .untrusted import OneLineParser, one_line, safe_text
 
 #: name -> (module, one-line help). Order is the order of ``--help``.
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -37,7 +37,7 @@ stage by stage."""
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = OneLineParser(
         prog="gdncheck", description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--version", action="version", version=f"gdncheck {__version__}")
@@ -60,7 +60,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     if not getattr(args, "_run", None):
-        parser.print_help()
+        print(f"gdncheck: error: expected a command ({', '.join(COMMANDS)}), found none "
+              "(usage: gdncheck --help)", file=sys.stderr)
         return 2
     where = f"gdncheck {args.command}"
     try:

@@ -16,6 +16,7 @@ Two rules, one function each, used by every command:
 
 from __future__ import annotations
 
+import argparse
 import os
 import re
 import stat
@@ -159,3 +160,13 @@ def is_within(path: str | os.PathLike, folder: str | os.PathLike) -> bool:
     """Whether ``path`` is ``folder`` or lies inside it (both with links resolved)."""
     p, f = Path(path).resolve(), Path(folder).resolve()
     return p == f or f in p.parents
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """argparse's parser for every gdncheck command line (``gdncheck``, ``python -m`` entry points):
+    a usage error is one line on stderr and exit 2 — what was wrong, and where the full usage is —
+    instead of argparse's usage block before it. Subcommands' parsers are of this class too
+    (``add_subparsers`` takes the parent's)."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {safe_text(message)} (usage: {self.prog} --help)\n")

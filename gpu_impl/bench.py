@@ -44,6 +44,7 @@ from functools import partial
 import torch
 
 from gdncheck.config import GDNConfig
+from gdncheck.untrusted import OneLineParser
 
 from .delta_rule import delta_rule_recurrent, delta_rule_recurrent_packed
 from .delta_rule_chunked import delta_rule_chunked, delta_rule_chunked_packed
@@ -449,8 +450,8 @@ def _emit(result: dict, json_path: str | None, markdown_path: str | None) -> Non
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m gdncheck.gpu_impl.bench", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = OneLineParser(prog="python -m gdncheck.gpu_impl.bench", description=__doc__,
+                      formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--dry-run", action="store_true", help="CPU interpreter, tiny sizes (checks the code path)")
     p.add_argument("--json", metavar="PATH", help="also write the results as JSON")
     p.add_argument("--markdown", metavar="PATH", help="also write the tables as Markdown")

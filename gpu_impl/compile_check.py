@@ -50,6 +50,7 @@ import torch
 import triton
 
 from gdncheck.config import GDNConfig
+from gdncheck.untrusted import OneLineParser
 
 from .target import SM90_SMS, Kernel, launch_hook
 
@@ -453,8 +454,8 @@ def markdown(result: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m gdncheck.gpu_impl.compile_check", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = OneLineParser(prog="python -m gdncheck.gpu_impl.compile_check", description=__doc__,
+                      formatter_class=argparse.RawDescriptionHelpFormatter)
     scope = p.add_mutually_exclusive_group()
     scope.add_argument("--full", action="store_true", help="real sizes, every profile, the benchmark (default)")
     scope.add_argument("--quick", action="store_true", help="decode in every profile and the bf16 prefill only")

@@ -151,16 +151,19 @@ def conv1d_qk_norm_kernel(p_x, p_s, p_w, p_out, p_conv, p_s_out, p_reset, T, NT,
                           stride_xt, K: tl.constexpr, KP: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr,
                           INPLACE: tl.constexpr, STORE_CONV: tl.constexpr, HAS_RESET: tl.constexpr,
                           p_cu=None, p_slots=None, N=1, n_steps=1, VARLEN: tl.constexpr = False,
-                          PER_TOKEN: tl.constexpr = False):
+                          PER_TOKEN: tl.constexpr = False, HB: tl.constexpr = 1):
     """conv1d + SiLU, then the L2 norm of each q and k head (stage 4) — reference/conv1d.py,
     reference/qk_norm.py.
 
-    One program per head slot: slots [0, Hk) are q heads (dk channels each), [Hk, 2·Hk) k heads,
-    then Hv v heads (dv channels, not normalised). qkv (x): [B, T, C] strided; state,
-    state_out: [B, C, K]; out: [B, T, C] contiguous holding [q̂ | k̂ | v]; STORE_CONV also writes
-    the pre-norm qkv_conv to conv (capture mode; the math is unchanged); HAS_RESET: rows with a
-    nonzero reset [B] start from a zero state. Grid:
-    (B · NT, 2·Hk + Hv), NT = cdiv(T, BT); BD = next_pow2(max(dk, dv)).
+    Head slots: [0, Hk) are q heads (dk channels each), [Hk, 2·Hk) k heads, then Hv v heads (dv
+    channels, not normalised); a program takes HB consecutive slots, its channels laid out as HB
+    blocks of BD lanes (lanes past a slot's width, and slots past the last, are masked). qkv (x):
+    [B, T, C] strided; state, state_out: [B, C, K]; out: [B, T, C] contiguous holding [q̂ | k̂ | v];
+    STORE_CONV also writes the pre-norm qkv_conv to conv (capture mode; the math is unchanged);
+    HAS_RESET: rows with a nonzero reset [B] start from a zero state. Grid:
+    (B · NT, cdiv(2·Hk + Hv, HB)), NT = cdiv(T, BT); BD = next_pow2(max(dk, dv)). On a GPU HB is 1
+    (one head slot per program); the interpreter takes every slot in one program (HB: a power of
+    two), since there a program's cost is its count of operations, whatever their width.
 
     VARLEN (packed sequences, gpu_impl/packed.py): B = 1, the T tokens are N sequences (cu [N + 1])
     whose states are rows slots[n] of the pool ``state`` [S, C, K] (reset[n] per sequence); token
@@ -168,29 +171,41 @@ def conv1d_qk_norm_kernel(p_x, p_s, p_w, p_out, p_conv, p_s_out, p_reset, T, NT,
     except with PER_TOKEN (N = T, BT = 1: a decode batch), where each program writes its own
     sequence's state to its slot in ``state_out`` (the pool itself: INPLACE), padding never.
     """
-    i_bt, i_s = tl.program_id(0), tl.program_id(1)
+    i_bt, i_g = tl.program_id(0), tl.program_id(1)
     i_b = i_bt // NT
     i_t = i_bt % NT
     keep = _row_kept(p_reset, i_b, HAS_RESET)  # the plain path's (unused with VARLEN)
-    is_qk = i_s < 2 * Hk
-    c0 = tl.where(is_qk, i_s * DK, 2 * Hk * DK + (i_s - 2 * Hk) * DV)
+    if HB == 1:  # the GPU form: the slot is the program's (scalars; the compile table's registers)
+        is_qk = i_g < 2 * Hk
+        o_d = tl.arange(0, BD)
+    else:  # each lane's slot and its channel within the slot
+        o_hd = tl.arange(0, HB * BD)
+        o_s = i_g * HB + o_hd // BD
+        o_d = o_hd % BD
+        is_qk = o_s < 2 * Hk
+    c0 = tl.where(is_qk, (i_g if HB == 1 else o_s) * DK, 2 * Hk * DK + ((i_g if HB == 1 else o_s) - 2 * Hk) * DV)
     width = tl.where(is_qk, DK, DV)
-    o_d = tl.arange(0, BD)
     o_c = c0 + o_d
-    m_c = o_d < width
+    m_c = (o_d < width) & (o_c < C)  # slots past the last start at C or beyond
     o_t = i_t * BT + tl.arange(0, BT)
     if VARLEN:
         b_y = _causal_conv_silu_packed(p_x, p_s, p_w, p_cu, p_slots, p_reset, o_t, o_c, m_c, T, N, n_steps, C,
-                                       stride_xt, K, BT, BD, HAS_RESET, PER_TOKEN)
+                                       stride_xt, K, BT, HB * BD, HAS_RESET, PER_TOKEN)
     else:
-        b_y = _causal_conv_silu(p_x, p_s, p_w, i_b, keep, o_t, o_c, m_c, T, C, stride_xb, stride_xt, K, BT, BD)
+        b_y = _causal_conv_silu(p_x, p_s, p_w, i_b, keep, o_t, o_c, m_c, T, C, stride_xb, stride_xt, K, BT,
+                                HB * BD)
     m_out = (o_t < T)[:, None] & m_c[None, :]
     o_out = (i_b.to(tl.int64) * T + o_t[:, None]) * C + o_c[None, :]
     if STORE_CONV:
         tl.store(p_conv + o_out, b_y.to(p_conv.dtype.element_ty), mask=m_out)
-    b_rn = 1.0 / tl.sqrt(tl.sum(b_y * b_y, axis=1) + 1e-6)
-    b_scale = tl.where(is_qk, b_rn, 1.0)
-    tl.store(p_out + o_out, (b_y * b_scale[:, None]).to(p_out.dtype.element_ty), mask=m_out)
+    if HB == 1:
+        b_rn = 1.0 / tl.sqrt(tl.sum(b_y * b_y, axis=1) + 1e-6)
+        b_scale = tl.where(is_qk, b_rn, 1.0)[:, None]
+    else:  # each slot's sum of squares over its own BD lanes, spread back over them
+        b_ss = tl.sum(tl.reshape(b_y * b_y, (BT, HB, BD)), axis=2)
+        b_rn = tl.reshape(tl.broadcast_to((1.0 / tl.sqrt(b_ss + 1e-6))[:, :, None], (BT, HB, BD)), (BT, HB * BD))
+        b_scale = tl.where(is_qk[None, :], b_rn, 1.0)
+    tl.store(p_out + o_out, (b_y * b_scale).to(p_out.dtype.element_ty), mask=m_out)
     if VARLEN:
         if PER_TOKEN:  # token i_t is sequence i_t: its window after its one token, to its slot
             slot = tl.load(p_slots + i_t).to(tl.int64)
@@ -257,6 +272,26 @@ def _token_block(qkv: torch.Tensor, T: int, width: int, packed: bool = False) ->
     return min(next_pow2(T), wide if width <= 128 else wide // 2)
 
 
+#: Lanes of one interpreted conv program (head slots × BD): wide enough for Qwen3.5's 80 slots of
+#: 128 channels in two programs, small enough that a token block still holds a few tokens.
+_INTERPRETER_LANES = 8192
+
+
+def _heads_per_program(qkv: torch.Tensor, slots: int, BD: int, asked: int | None) -> int:
+    """Head slots per program of :func:`conv1d_qk_norm_kernel` (a power of two): ``asked`` if
+    given (tests run both forms), 1 on a GPU (a slot's BD lanes are one tile: the compile table's
+    figures, docs/gpu.md), as many as fit ``_INTERPRETER_LANES`` in the interpreter, whose cost is
+    one Python step per operation of a program, whatever its width: one program over every slot
+    instead of one per slot runs the same arithmetic per element, 2·Hk + Hv times fewer steps."""
+    if asked is not None:
+        if asked < 1 or asked & (asked - 1):
+            raise ValueError(f"conv1d_qk_norm: heads_per_program must be a power of two, found {asked}")
+        return asked
+    if not interpreting(qkv):
+        return 1
+    return max(1, min(next_pow2(slots), _INTERPRETER_LANES // BD))
+
+
 def conv1d(qkv: torch.Tensor, conv_state: torch.Tensor, weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """qkv_conv and the new conv state (reference/conv1d.py). Pure: conv_state is not modified.
 
@@ -301,7 +336,7 @@ def conv1d_update(qkv: torch.Tensor, conv_state: torch.Tensor, weight: torch.Ten
 def conv1d_qk_norm(
     qkv: torch.Tensor, conv_state: torch.Tensor, weight: torch.Tensor, num_k_heads: int, head_k_dim: int,
     num_v_heads: int, head_v_dim: int, *, inplace: bool = False, capture: bool = False,
-    reset: torch.Tensor | None = None,
+    reset: torch.Tensor | None = None, heads_per_program: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor]:
     """Stages 3 and 4 in one kernel: conv1d + SiLU, split, L2 norm of q and k.
 
@@ -320,15 +355,16 @@ def conv1d_qk_norm(
     conv = empty((B, T, C), qkv.dtype, qkv.device) if capture else out
     new_state = conv_state if inplace else empty(conv_state.shape, conv_state.dtype, conv_state.device)
     BD = next_pow2(max(dk, dv))
-    BT = _token_block(qkv, T, BD)
+    HB = _heads_per_program(qkv, 2 * Hk + Hv, BD, heads_per_program)
+    BT = _token_block(qkv, T, HB * BD)
     if inplace and T > BT:
         raise ValueError(f"conv1d_qk_norm: an in-place state update needs one token block, found T={T} > {BT}")
     NT = triton.cdiv(T, BT)
-    conv1d_qk_norm_kernel[(B * NT, 2 * Hk + Hv)](
+    conv1d_qk_norm_kernel[(B * NT, triton.cdiv(2 * Hk + Hv, HB))](
         p_x=qkv, p_s=conv_state, p_w=w, p_out=out, p_conv=conv, p_s_out=new_state,
         p_reset=conv_state if reset is None else reset_flags(reset), T=T, NT=NT, C=C, Hk=Hk, DK=dk, DV=dv,
         stride_xb=qkv.stride(0), stride_xt=qkv.stride(1), K=K, KP=next_pow2(K), BT=BT, BD=BD, INPLACE=inplace,
-        STORE_CONV=capture, HAS_RESET=reset is not None, num_warps=4)
+        STORE_CONV=capture, HAS_RESET=reset is not None, HB=HB, num_warps=4)
     key_dim = Hk * dk
     q = out[..., :key_dim].unflatten(-1, (Hk, dk))
     k = out[..., key_dim:2 * key_dim].unflatten(-1, (Hk, dk))
@@ -339,6 +375,7 @@ def conv1d_qk_norm(
 def conv1d_qk_norm_packed(
     qkv: torch.Tensor, pool: torch.Tensor, weight: torch.Tensor, num_k_heads: int, head_k_dim: int,
     num_v_heads: int, head_v_dim: int, packed: Packed, *, capture: bool = False, store_final: bool = True,
+    heads_per_program: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """Stages 3 and 4 over a packed stream (docs/serving.md): each sequence's conv window starts
     from its slot of ``pool`` [S, conv_dim, K] (zeros for padding and reset sequences) and sees
@@ -354,15 +391,16 @@ def conv1d_qk_norm_packed(
     out = empty((1, T, C), qkv.dtype, qkv.device)
     conv = empty((1, T, C), qkv.dtype, qkv.device) if capture else out
     BD = next_pow2(max(dk, dv))
+    HB = _heads_per_program(qkv, 2 * Hk + Hv, BD, heads_per_program)
     per_token = packed.per_token and store_final
-    BT = 1 if per_token else _token_block(qkv, T, BD, packed=True)
+    BT = 1 if per_token else _token_block(qkv, T, HB * BD, packed=True)
     NT = triton.cdiv(T, BT)
-    conv1d_qk_norm_kernel[(NT, 2 * Hk + Hv)](
+    conv1d_qk_norm_kernel[(NT, triton.cdiv(2 * Hk + Hv, HB))](
         p_x=qkv, p_s=pool, p_w=w, p_out=out, p_conv=conv, p_s_out=pool,
         p_reset=pool if packed.reset is None else packed.reset, T=T, NT=NT, C=C, Hk=Hk, DK=dk, DV=dv,
         stride_xb=qkv.stride(0), stride_xt=qkv.stride(1), K=K, KP=next_pow2(K), BT=BT, BD=BD, INPLACE=per_token,
         STORE_CONV=capture, HAS_RESET=packed.reset is not None, p_cu=packed.cu, p_slots=packed.slots, N=packed.n,
-        n_steps=packed.search_steps, VARLEN=True, PER_TOKEN=per_token, num_warps=4)
+        n_steps=packed.search_steps, VARLEN=True, PER_TOKEN=per_token, HB=HB, num_warps=4)
     if store_final and not per_token:
         conv_windows(qkv, pool, packed, pool)
     key_dim = Hk * dk

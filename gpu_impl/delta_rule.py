@@ -21,6 +21,7 @@ def delta_rule_recurrent_kernel(
     BK: tl.constexpr, BV: tl.constexpr, HAS_H0: tl.constexpr, INPLACE: tl.constexpr, HAS_RESET: tl.constexpr,
     p_cu=None, p_slots=None, p_snap=None, p_snap_cu=None, p_snap_off=None, p_snap_dst=None,
     VARLEN: tl.constexpr = False, STORE_FINAL: tl.constexpr = True, SNAPSHOTS: tl.constexpr = False,
+    HB: tl.constexpr = 1,
 ):
     """The gated delta rule token by token — the formula: reference/delta_rule.py.
 
@@ -28,8 +29,11 @@ def delta_rule_recurrent_kernel(
     v: [B, T, Hv, dv] (strides sv_*); g, beta: [B, T, Hv] fp32 contiguous; h0, ht: [B, Hv, dk, dv]
     fp32 contiguous (ht may be h0: INPLACE); o (core): [B, T, Hv, dv] contiguous; HAS_RESET:
     rows b with reset[b] nonzero start from zeros instead of h0.
-    Grid: (B·Hv, cdiv(dv, BV)): the batch on the x axis, which has no 65535 limit. Each program
-    keeps its [BK, BV] slice of the state in fp32 registers and loops over the T tokens.
+    Grid: (B·cdiv(Hv, HB), cdiv(dv, BV)): the batch on the x axis, which has no 65535 limit. Each
+    program keeps its [BK, BV] slice of the state of HB value heads in fp32 registers and loops
+    over the T tokens. On a GPU HB is 1 (the compile table's form); the interpreter takes every head
+    in one program (its cost is its count of operations): the heads then sit side by side on the
+    value axis, HB blocks of BV lanes, each lane with its own head, gate, key and query.
 
     VARLEN (packed sequences, docs/serving.md): B = 1 and the T tokens are N sequences, sequence n
     being rows cu[n] .. cu[n+1] - 1; "rows" b of the grid are sequences. h0 and ht are a pool
@@ -40,24 +44,37 @@ def delta_rule_recurrent_kernel(
     snap [R, Hv, dk, dv].
     """
     i_bh, i_v = tl.program_id(0), tl.program_id(1)
-    i_b = i_bh // Hv
-    i_h = i_bh % Hv
-    i_hk = i_h // r
+    NG = (Hv + HB - 1) // HB
+    i_b = i_bh // NG
     o_k = tl.arange(0, BK)
-    o_v = i_v * BV + tl.arange(0, BV)
     m_k = o_k < DK
-    m_v = o_v < DV
+    if HB == 1:  # one head: scalars, and the key and query vectors broadcast over the value axis
+        i_h = i_bh % NG
+        o_v = i_v * BV + tl.arange(0, BV)
+        m_v = o_v < DV
+        o_hk = (i_h // r) * sq_h
+        o_kk = o_k
+    else:  # lane l of the value axis: head i_h[l], column o_v[l]; its key and query are [BK, lanes]
+        o_l = tl.arange(0, HB * BV)
+        i_h = (i_bh % NG) * HB + o_l // BV
+        o_v = i_v * BV + o_l % BV
+        m_v = (o_v < DV) & (i_h < Hv)
+        o_hk = (i_h // r)[None, :] * sq_h
+        o_kk = o_k[:, None]
     m_h = m_k[:, None] & m_v[None, :]
+    m_qk = m_k if HB == 1 else m_h
     if VARLEN:
         bos = tl.load(p_cu + i_b).to(tl.int64)
         n_tok = tl.load(p_cu + i_b + 1).to(tl.int64) - bos
         slot = tl.load(p_slots + i_b).to(tl.int64)
         # padding: never read, never written (a bound, not a scalar `&`: the interpreter makes that int32)
         m_slot = m_k[:, None] & (o_v < DV * (slot >= 0).to(tl.int32))[None, :]
-        o_h = (tl.maximum(slot, 0) * Hv + i_h) * DK * DV + o_k[:, None] * DV + o_v[None, :]
-        b_h = load_state(p_h0, o_h, m_slot, p_reset, i_b, BK, BV, HAS_H0, HAS_RESET)
-        p_qt = p_q + bos * sq_t + i_hk * sq_h + o_k
-        p_kt = p_k + bos * sq_t + i_hk * sq_h + o_k
+        if HB > 1:
+            m_slot = m_slot & m_v[None, :]
+        o_h = _state_offsets((tl.maximum(slot, 0) * Hv + i_h) * DK * DV, o_k, o_v, DV, HB)
+        b_h = load_state(p_h0, o_h, m_slot, p_reset, i_b, BK, HB * BV, HAS_H0, HAS_RESET)
+        p_qt = p_q + bos * sq_t + o_hk + o_kk
+        p_kt = p_k + bos * sq_t + o_hk + o_kk
         p_vt = p_v + bos * sv_t + i_h * sv_h + o_v
         p_gt = p_g + bos * Hv + i_h
         p_bt = p_beta + bos * Hv + i_h
@@ -65,11 +82,11 @@ def delta_rule_recurrent_kernel(
     else:
         n_tok = T
         m_slot = m_h
-        o_h = i_bh.to(tl.int64) * DK * DV + o_k[:, None] * DV + o_v[None, :]
-        b_h = load_state(p_h0, o_h, m_h, p_reset, i_b, BK, BV, HAS_H0, HAS_RESET)
+        o_h = _state_offsets((i_b.to(tl.int64) * Hv + i_h) * DK * DV, o_k, o_v, DV, HB)
+        b_h = load_state(p_h0, o_h, m_h, p_reset, i_b, BK, HB * BV, HAS_H0, HAS_RESET)
         # pointers of token 0, advanced by one token per step
-        p_qt = p_q + i_b.to(tl.int64) * sq_b + i_hk * sq_h + o_k
-        p_kt = p_k + i_b.to(tl.int64) * sq_b + i_hk * sq_h + o_k
+        p_qt = p_q + i_b.to(tl.int64) * sq_b + o_hk + o_kk
+        p_kt = p_k + i_b.to(tl.int64) * sq_b + o_hk + o_kk
         p_vt = p_v + i_b.to(tl.int64) * sv_b + i_h * sv_h + o_v
         p_gt = p_g + i_b.to(tl.int64) * T * Hv + i_h
         p_bt = p_beta + i_b.to(tl.int64) * T * Hv + i_h
@@ -79,15 +96,21 @@ def delta_rule_recurrent_kernel(
         snap_end = tl.load(p_snap_cu + i_b + 1)
         snap_next = tl.load(p_snap_off + i_snap, mask=i_snap < snap_end, other=-1)
     for t in range(n_tok):
-        b_q = tl.load(p_qt, mask=m_k, other=0.0).to(tl.float32)
-        b_k = tl.load(p_kt, mask=m_k, other=0.0).to(tl.float32)
+        b_q = tl.load(p_qt, mask=m_qk, other=0.0).to(tl.float32)
+        b_k = tl.load(p_kt, mask=m_qk, other=0.0).to(tl.float32)
         b_v = tl.load(p_vt, mask=m_v, other=0.0).to(tl.float32)
-        b_g = tl.load(p_gt)
-        b_beta = tl.load(p_bt)
+        if HB == 1:
+            b_g = tl.load(p_gt)
+            b_beta = tl.load(p_bt)
+            b_q = b_q[:, None]
+            b_k = b_k[:, None]
+        else:
+            b_g = tl.load(p_gt, mask=m_v, other=0.0)[None, :]
+            b_beta = tl.load(p_bt, mask=m_v, other=0.0)
         b_h *= tl.exp(b_g)
-        b_delta = b_beta * (b_v - tl.sum(b_h * b_k[:, None], axis=0))
-        b_h += b_k[:, None] * b_delta[None, :]
-        b_o = tl.sum(b_h * b_q[:, None], axis=0) * scale
+        b_delta = b_beta * (b_v - tl.sum(b_h * b_k, axis=0))
+        b_h += b_k * b_delta[None, :]
+        b_o = tl.sum(b_h * b_q, axis=0) * scale
         tl.store(p_ot, b_o.to(p_o.dtype.element_ty), mask=m_v)
         p_qt += sq_t
         p_kt += sq_t
@@ -98,13 +121,25 @@ def delta_rule_recurrent_kernel(
         if SNAPSHOTS:
             if t + 1 == snap_next:
                 dst = tl.load(p_snap_dst + i_snap).to(tl.int64)
-                tl.store(p_snap + (dst * Hv + i_h) * DK * DV + o_k[:, None] * DV + o_v[None, :], b_h, mask=m_h)
+                o_snap = _state_offsets((dst * Hv + i_h) * DK * DV, o_k, o_v, DV, HB)
+                tl.store(p_snap + o_snap, b_h, mask=m_h)
                 i_snap += 1
                 snap_next = tl.load(p_snap_off + i_snap, mask=i_snap < snap_end, other=-1)
     if STORE_FINAL:
         if INPLACE:
             tl.debug_barrier()  # every thread of this program has read its slice of h0
         tl.store(p_ht + o_h, b_h, mask=m_slot)
+
+
+@triton.jit
+def _state_offsets(o_head, o_k, o_v, DV, HB: tl.constexpr):
+    """Offsets of a [BK, lanes] state slice: o_head is the head's first element (a scalar with one
+    head per program, one per lane with several)."""
+    if HB == 1:
+        o_head2 = o_head
+    else:
+        o_head2 = o_head[None, :]
+    return o_head2 + o_k[:, None] * DV + o_v[None, :]
 
 
 @triton.jit
@@ -154,6 +189,25 @@ def prepare_state(initial_state, out_state, shape, device):
     return h0, out_state, h0 is not None and h0.data_ptr() == out_state.data_ptr()
 
 
+#: Elements of one interpreted program's state slice (dk × heads × dv): Qwen3.5's heads of 128 × 128
+#: sixteen at a time.
+_INTERPRETER_STATE = 1 << 18
+
+
+def recurrent_heads(v: torch.Tensor, Hv: int, BK: int, BV: int, asked: int | None = None) -> int:
+    """Value heads per program of :func:`delta_rule_recurrent_kernel` (a power of two): ``asked``
+    if given (tests run each form), 1 on a GPU (the compile table's form), in the interpreter as
+    many as fit ``_INTERPRETER_STATE``: its cost is one Python step per operation of a program,
+    whatever the width of its tiles, and a token step of one head costs what one of all does."""
+    if asked is not None:
+        if asked < 1 or asked & (asked - 1):
+            raise ValueError(f"delta_rule: heads_per_program must be a power of two, found {asked}")
+        return asked
+    if not interpreting(v):
+        return 1
+    return max(1, min(next_pow2(Hv), _INTERPRETER_STATE // (BK * BV)))
+
+
 def recurrent_block_v(v: torch.Tensor, B: int, Hv: int, dv: int) -> int:
     """dv columns per program: all of them under the interpreter (fewest programs); on a GPU the
     widest block that still gives every SM two programs (more parallelism for small batches)."""
@@ -177,6 +231,7 @@ def delta_rule_recurrent(
     out_state: torch.Tensor | None = None,
     block_v: int | None = None,
     reset: torch.Tensor | None = None,
+    heads_per_program: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The gated delta rule, one token at a time (reference/delta_rule.py).
 
@@ -185,7 +240,8 @@ def delta_rule_recurrent(
     [B, T, Hv, dv] in v's dtype and the final state [B, Hv, dk, dv] fp32. ``out_state`` receives
     the final state (it may be ``initial_state`` itself: an in-place update); ``block_v`` overrides
     the dv block (benchmarks); ``reset`` [B] bool: rows that start from zeros instead of
-    ``initial_state`` (the layer's seq_pos rule, read by the kernel, so no pass rewrites the state).
+    ``initial_state`` (the layer's seq_pos rule, read by the kernel, so no pass rewrites the state);
+    ``heads_per_program`` overrides :func:`recurrent_heads` (tests).
     """
     B, T, Hk, Hv, dk, dv = check_delta_inputs(q, k, v, g, beta, initial_state)
     scale = dk ** -0.5 if scale is None else float(scale)
@@ -193,12 +249,13 @@ def delta_rule_recurrent(
     core = empty((B, T, Hv, dv), v.dtype, v.device)
     BK = next_pow2(dk)
     BV = block_v or recurrent_block_v(v, B, Hv, dv)
+    HB = recurrent_heads(v, Hv, BK, BV, heads_per_program)
     g, beta = g.to(torch.float32).contiguous(), beta.to(torch.float32).contiguous()
-    delta_rule_recurrent_kernel[(B * Hv, triton.cdiv(dv, BV))](
+    delta_rule_recurrent_kernel[(B * triton.cdiv(Hv, HB), triton.cdiv(dv, BV))](
         p_q=q, p_k=k, p_v=v, p_g=g, p_beta=beta, p_h0=h0 if h0 is not None else ht, p_ht=ht, p_o=core,
         p_reset=ht if reset is None else reset_flags(reset), T=T, Hv=Hv, r=Hv // Hk, scale=scale,
         **head_strides(q, "sq"), **head_strides(v, "sv"), DK=dk, DV=dv, BK=BK, BV=BV, HAS_H0=h0 is not None,
-        INPLACE=inplace, HAS_RESET=reset is not None, num_warps=max(1, min(8, BK * BV // 1024)),
+        INPLACE=inplace, HAS_RESET=reset is not None, HB=HB, num_warps=max(1, min(8, BK * BV // 1024)),
     )
     return core, ht
 
@@ -217,6 +274,7 @@ def delta_rule_recurrent_packed(
     snapshots: Snapshots | None = None,
     snap_out: torch.Tensor | None = None,
     block_v: int | None = None,
+    heads_per_program: int | None = None,
 ) -> torch.Tensor:
     """The recurrent form over a packed stream of N sequences (docs/serving.md), states in pool slots.
 
@@ -235,15 +293,16 @@ def delta_rule_recurrent_packed(
     N = packed.n
     BK = next_pow2(dk)
     BV = block_v or recurrent_block_v(v, N, Hv, dv)
+    HB = recurrent_heads(v, Hv, BK, BV, heads_per_program)
     g, beta = g.to(torch.float32).contiguous(), beta.to(torch.float32).contiguous()
     snap = {} if snapshots is None else dict(
         p_snap=snap_out, p_snap_cu=snapshots.cu, p_snap_off=snapshots.off, p_snap_dst=snapshots.dst, SNAPSHOTS=True)
-    delta_rule_recurrent_kernel[(N * Hv, triton.cdiv(dv, BV))](
+    delta_rule_recurrent_kernel[(N * triton.cdiv(Hv, HB), triton.cdiv(dv, BV))](
         p_q=q, p_k=k, p_v=v, p_g=g, p_beta=beta, p_h0=pool, p_ht=pool, p_o=core,
         p_reset=pool if packed.reset is None else packed.reset, T=total, Hv=Hv, r=Hv // Hk, scale=scale,
         **head_strides(q, "sq"), **head_strides(v, "sv"), DK=dk, DV=dv, BK=BK, BV=BV, HAS_H0=True,
         INPLACE=store_final, HAS_RESET=packed.reset is not None, p_cu=packed.cu, p_slots=packed.slots,
-        VARLEN=True, STORE_FINAL=store_final, **snap, num_warps=max(1, min(8, BK * BV // 1024)),
+        VARLEN=True, STORE_FINAL=store_final, **snap, HB=HB, num_warps=max(1, min(8, BK * BV // 1024)),
     )
     return core
 

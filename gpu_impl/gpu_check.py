@@ -23,6 +23,8 @@ import time
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
+from gdncheck.untrusted import OneLineParser
+
 #: time limits (s) of the steps on a GPU; the dry run has its own
 LIMITS = {"tests": 300, "compile": 420, "bench": 240}
 DRY_LIMITS = {"tests": 240, "compile": 240, "bench": 300}
@@ -138,8 +140,8 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     pytest_args = argv[argv.index("--") + 1:] if "--" in argv else []
     argv = argv[:argv.index("--")] if "--" in argv else argv
-    p = argparse.ArgumentParser(prog="python -m gdncheck.gpu_impl.gpu_check", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = OneLineParser(prog="python -m gdncheck.gpu_impl.gpu_check", description=__doc__,
+                      formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", required=True, help="folder for gpu-check.json and gpu-check.md")
     p.add_argument("--dry-run", action="store_true", help="the same steps on the CPU at tiny sizes")
     p.add_argument("--full-compile", action="store_true", help="the full compile plan (default: --quick on a GPU)")

@@ -58,6 +58,7 @@ import sys
 from dataclasses import dataclass
 
 from gdncheck.config import GDNConfig
+from gdncheck.untrusted import OneLineParser
 
 from .delta_rule_chunked import STATE_CTAS_PER_SM, TEMP_BUDGET, gpu_block_v, slice_rows, temp_bytes_per_token
 from .layer import FP32_PARAMS, PROFILES, RECURRENT_MAX_TOKENS
@@ -225,8 +226,8 @@ def report(cfg: GDNConfig, B: int, T: int, profile: str, memory: float) -> str:
 def main(argv: list[str] | None = None) -> int:
     from .compile_check import REAL, REAL_MOE
 
-    p = argparse.ArgumentParser(prog="python -m gdncheck.gpu_impl.memory", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = OneLineParser(prog="python -m gdncheck.gpu_impl.memory", description=__doc__,
+                      formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--batch", type=int, default=64)
     p.add_argument("--tokens", type=int, default=32768)
     p.add_argument("--profile", choices=tuple(ELEMENT_BYTES), default="bf16")

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 
-from . import plots, tensors
+from . import packed, plots, tensors
 from .model import CaseView, RecordView
 
 #: failure reasons that leave nothing to plot (no values, or values of the wrong shape)
@@ -28,7 +28,7 @@ def render_case(case: CaseView, cases_dir: Path, profile: str, fixtures_dir, out
     failing = plotted(case)
     if not failing:
         return
-    files = tensors.CaseFiles(fixtures_dir, outputs_dir, roots)
+    files = tensors.CaseFiles(fixtures_dir, outputs_dir, roots, case.serving)
     raw_records = case.raw["records"]
     split = tensors.qkv_split(raw_records)
     folder = Path(cases_dir) / case.page
@@ -39,6 +39,8 @@ def render_case(case: CaseView, cases_dir: Path, profile: str, fixtures_dir, out
             name = f"{r.anchor}-{kind}.png"
             (folder / name).write_bytes(data)
             r.plots[kind] = f"{case.page}/{name}"
+        for q in r.sequences:
+            q.plot = r.plots.get(q.plot) if q.plot else None  # a sequence's panel: the path of its figure
 
 
 def _record_plots(r: RecordView, case: CaseView, files, raw_records, profile, split, top_k) -> dict[str, bytes]:
@@ -61,7 +63,15 @@ def _record_plots(r: RecordView, case: CaseView, files, raw_records, profile, sp
         r.blocks = tensors.over_by_block(loaded.err, r.tensor, bound, split)
         r.worst = tensors.worst(loaded, r.tensor, bound, top_k, r.raw.get("seq_pos"))
         r.worst_axes = tensors.axis_names(r.tensor, loaded.err.ndim)
-    if bound and not r.is_state:
+        if packed.is_stream(r.serving, r.tensor):
+            out.update(_sequence_plots(r, loaded.err, bound))
+            return out
+        if r.serving is not None and r.tensor in packed.STATE_NAMES and loaded.err.ndim >= 1:
+            prev = packed.previous_pool(raw_records, r.raw)
+            before = files.read_judged("actual", prev, "actual_ref", "shape")[0] if prev else None
+            r.slots = packed.split_slots(loaded.err, r.serving, bound, before, loaded.actual)
+            r.worst_axes[0] = "pool slot"
+    if bound and not r.is_state and not packed.is_stream(r.serving, r.tensor):
         tok = None
         if loaded.err is not None and loaded.err.ndim >= 2:
             tok, val = tensors.token_curve(loaded.err)
@@ -81,6 +91,26 @@ def _record_plots(r: RecordView, case: CaseView, files, raw_records, profile, sp
                                              [x.bound["elem"] for x in series], None if r.op == "save" else r.call,
                                              snapshot=snap)
     return out
+
+
+def _sequence_plots(r: RecordView, err: np.ndarray, bound: float) -> dict[str, bytes]:
+    """A packed stream tensor per sequence: each sequence's largest error, and a per-token plot over
+    its own tokens (token 0 = its first) for those :func:`packed.plotted_sequences` picks."""
+    r.sequences = packed.split_sequences(err, r.serving, bound)
+    packed.locate_worst(r.worst, r.serving)
+    r.worst_axes[:2] = ["sequence", packed.token_word(r.serving)]
+    cu = r.serving["cu_seqlens"]
+    r.captions["heatmap"] = f"Rows: the packed stream; its sequences start at tokens {', '.join(map(str, cu[:-1]))}."
+    chosen = packed.plotted_sequences(r.sequences)
+    if not chosen:
+        return {}
+    curves = []
+    for q in chosen:
+        tok, val = tensors.token_curve(err[:, q.seq.start:q.seq.stop])
+        curves.append((f"sequence {q.seq.index} ({q.seq.slot_text})", tok, val, q.first_bad))
+        q.plot = "sequences"
+    word = packed.token_word(r.serving)
+    return {"sequences": plots.sequence_panels(curves, bound, f"{word} of each sequence, from its first (0)")}
 
 
 def heat_layout(h: tensors.Heat) -> dict:

@@ -31,6 +31,8 @@ from gdncheck.errors import GDNError
 from gdncheck.stages import PIPELINE_ORDER, STAGE_NAMES, TENSOR_BY_NAME, tensor_rank
 from gdncheck.untrusted import UnsafePathError, read_bounded
 
+from . import packed
+
 
 class ReportInputError(GDNError):
     """A summary the report cannot read (not JSON, another schema or version, a broken record)."""
@@ -113,6 +115,22 @@ class RecordView(Record):
     notes: list[str] = field(default_factory=list)
     worst: list[dict] = field(default_factory=list)  # top-k rows
     worst_axes: list[str] = field(default_factory=list)
+    sequences: list = field(default_factory=list)  # a packed stream's packed.SequenceError per sequence
+    slots: list = field(default_factory=list)  # a serving step's pool state: packed.SlotError per slot
+    serving: dict | None = None  # the layout of the record's serving step (packed.layouts)
+
+    @property
+    def seq_plots(self) -> list:
+        """The sequences drawn in the per-sequence figure (a panel each), in sequence order."""
+        return [q for q in self.sequences if q.plot]
+
+    @property
+    def first_where(self) -> str | None:
+        """A packed stream's first token over the bound: ``sequence s, token t (slot k)``."""
+        if self.serving is None or self.first_bad_row is None or self.first_bad_token is None \
+                or not packed.is_stream(self.serving, self.tensor):
+            return None
+        return packed.where(self.serving, self.first_bad_row, self.first_bad_token)
 
     @property
     def blocks_over(self) -> list | None:
@@ -158,9 +176,22 @@ class StepView:
     records: list[RecordView]
     cells: dict[str, str]  # grid stage -> worst verdict
     first_stage: str | None
+    serving: dict | None = None  # a serving step's layout (packed.layouts)
+
+    @property
+    def seq_records(self) -> list[RecordView]:
+        """The step's failing stream tensors split by sequence (a column each in its sequence table)."""
+        return [r for r in self.records if r.sequences]
+
+    @property
+    def meanings(self) -> list[dict]:
+        """A serving step's sequences (snapshots, commits) and what the step does with each."""
+        return packed.meanings(self.serving) if self.serving else []
 
     @property
     def label(self) -> str:
+        if self.serving is not None:
+            return packed.step_label(self.serving)
         if self.op == "save":
             return f"step {self.step}: save" + (f" (state of call {self.call})" if self.call is not None else "")
         pos = f", seq_pos {self.seq_pos}" if self.seq_pos is not None else ""
@@ -184,6 +215,7 @@ class CaseView:
     cells: dict[str, str]
     cell_calls: dict[str, tuple[int, int]]  # stage -> (failing records, judged records)
     first: FirstDivergence | None
+    serving: dict[int, dict] = field(default_factory=dict)  # step -> layout of a serving step
 
     @property
     def failing(self) -> list[RecordView]:
@@ -193,6 +225,8 @@ class CaseView:
 
     @property
     def first_text(self) -> str:
+        if self.first and self.first.step in self.serving:
+            return packed.first_text(self.first, self.serving[self.first.step])
         return str(self.first) if self.first else ""
 
     def target(self, stage: str, step: int | None = None) -> str:
@@ -221,8 +255,10 @@ def _is_first(r: RecordView, fd: FirstDivergence | None) -> bool:
 def case_view(case: dict, page: str, columns: list[str]) -> CaseView:
     records = [_record_view(r, i) for i, r in enumerate(case.get("records", []))]
     fd = FirstDivergence.from_json(case.get("first_divergence"))
+    serving = packed.layouts(case)
     for r in records:
         r.first = _is_first(r, fd)
+        r.serving = serving.get(r.step)
     steps: dict[int, list[RecordView]] = {}
     for r in records:
         steps.setdefault(r.step, []).append(r)
@@ -232,13 +268,14 @@ def case_view(case: dict, page: str, columns: list[str]) -> CaseView:
         cells = {s: worst_verdict(r.verdict for r in recs if r.stage == s) for s in columns}
         first_stage = fd.stage if fd and fd.step == step else None
         seq_pos = next((r.raw.get("seq_pos") for r in recs if r.raw.get("seq_pos") is not None), None)
-        step_views.append(StepView(step, recs[0].op, recs[0].call, seq_pos, recs, cells, first_stage))
+        step_views.append(StepView(step, recs[0].op, recs[0].call, seq_pos, recs, cells, first_stage,
+                                   serving.get(step)))
     cells = {s: worst_verdict(r.verdict for r in records if r.stage == s) for s in columns}
     counts = {s: (sum(r.verdict == "fail" for r in records if r.stage == s),
                   sum(r.verdict in ("pass", "fail") for r in records if r.stage == s)) for s in columns}
     return CaseView(raw=case, id=str(case["id"]), page=page, kind=str(case.get("kind")),
                     tags=[str(t) for t in case.get("tags", [])], status=case["status"], steps=step_views,
-                    records=records, cells=cells, cell_calls=counts, first=fd)
+                    records=records, cells=cells, cell_calls=counts, first=fd, serving=serving)
 
 
 @dataclass

@@ -256,3 +256,41 @@ def calls_curve(calls: list[int], values: list[float], bounds: list[float], curr
         ax.set_xlabel("after call")
         ax.legend(loc="best", frameon=False, ncols=3)
         return c.png()
+
+
+def sequence_panels(curves: list[tuple[str, np.ndarray, np.ndarray, int | None]], bound: float, xlabel: str) -> bytes:
+    """A packed call's largest scaled error per token, one panel per sequence side by side, each over
+    the sequence's own tokens (its x axis starts at 0), the y axis shared; the bound dashed and each
+    sequence's first token over it dotted. ``curves``: (title, tokens, values, first token over)."""
+    shown, floor, top = _clipped(np.concatenate([np.asarray(v, dtype=float) for _, _, v, _ in curves]), [bound])
+    with matplotlib.rc_context(FONT):
+        fig = Figure(figsize=(WIDTH, HEIGHT), dpi=DPI)
+        FigureCanvasAgg(fig)
+        axes = fig.subplots(1, len(curves), sharey=True, gridspec_kw={"wspace": 0.08, "left": 0.09, "right": 0.98,
+                                                                     "bottom": 0.24, "top": 0.88})
+        axes = np.atleast_1d(axes)
+        at = 0
+        for ax, (title, tokens, values, first) in zip(axes, curves):
+            y = shown[at:at + len(values)]
+            at += len(values)
+            tokens = np.asarray(tokens)
+            step = tokens[-1] - tokens[-2] if len(tokens) > 1 else 1
+            ax.step(np.append(tokens, tokens[-1] + step), np.append(y, y[-1]), where="post", color=LINE_COLOR, lw=1.0)
+            ax.set_xlim(0, tokens[-1] + step)
+            ax.axhline(bound, color=BOUND_COLOR, lw=1.2, ls="--")
+            if first is not None:
+                ax.axvline(first, color="#000000", lw=1.0, ls=":")
+            ax.set_title(title, fontsize=7, pad=2)
+            ax.xaxis.set_major_locator(MaxNLocator(nbins=3, integer=True))
+            ax.tick_params(length=3, pad=2)
+            for side in ("top", "right"):
+                ax.spines[side].set_visible(False)
+        _log(axes[0], "y")
+        axes[0].set_ylim(floor, top)
+        axes[0].set_ylabel("largest scaled error")
+        axes[0].text(0.02, bound, f" bound {bound:.3g}", color=BOUND_COLOR, transform=axes[0].get_yaxis_transform(),
+                     ha="left", va="bottom", fontsize=7, bbox=LABEL_BOX)
+        fig.supxlabel(xlabel, fontsize=8, y=0.02)
+        fig.canvas.draw()
+        # line art in four colours and their anti-aliasing: a small palette keeps it light
+        return _png(Image.frombuffer("RGBA", fig.canvas.get_width_height(), fig.canvas.buffer_rgba()), colors=16)

@@ -23,6 +23,8 @@ from gdncheck.safetensors_io import SafetensorsFile
 from gdncheck.stages import TENSOR_BY_NAME
 from gdncheck.untrusted import UnsafePathError, is_within, safe_path
 
+from . import packed
+
 HEAT_ROWS = 64
 HEAT_COLS = 160
 DRIFT_POINTS = 256
@@ -70,9 +72,10 @@ class CaseFiles:
     anywhere else gives a note, never a read."""
 
     def __init__(self, fixtures_dir: str | Path | None, outputs_dir: str | Path | None,
-                 roots: dict[str, str | None] | None = None):
+                 roots: dict[str, str | None] | None = None, serving: dict[int, dict] | None = None):
         self.dirs = {"expected": fixtures_dir, "actual": outputs_dir}
         self.roots = roots or {}
+        self.serving = serving or {}  # step -> its layout (packed.layouts): a packed stream is read as judged
         self._open: dict[str, SafetensorsFile | str] = {}
         self.stats: dict[str, tuple[CaseStats | None, str | None]] = {}
         # the eps of the gated norm's conditions (metrics.gated_norm_conditions): a summary does not
@@ -101,6 +104,13 @@ class CaseFiles:
             if p.is_file():
                 return p, tried
         return None, tried
+
+    def read_judged(self, side: str, rec: dict, ref_key: str, shape_key: str) -> tuple[np.ndarray | None, str | None]:
+        """A record's tensor as verify judged it: a packed call's stream tensor, ``[total_tokens, ...]``
+        in the file, as one row ``[1, total_tokens, ...]``."""
+        lay = self.serving.get(rec["step"])
+        arr, note = self.read(side, rec.get(ref_key), packed.judged_shape(lay, rec["tensor"], rec.get(shape_key)))
+        return (packed.as_seen(arr, lay, rec["tensor"]) if arr is not None else None), note
 
     def read(self, side: str, ref: dict | None, shape: list | None = None) -> tuple[np.ndarray | None, str | None]:
         """(array, None) or (None, a note saying why not). ``shape``: what the summary recorded; a
@@ -145,7 +155,7 @@ def _case_stats(files: CaseFiles, records: list[dict], tensor: str) -> tuple[Cas
     arrays: dict[str, dict] = {}
     for r in records:
         if r["tensor"] in names and r["op"] in CALL_OPS:
-            arr, note = files.read("expected", r.get("expected_ref"), r.get("expected_shape"))
+            arr, note = files.read_judged("expected", r, "expected_ref", "expected_shape")
             if arr is None:
                 return None, note
             arrays.setdefault(r["tensor"], {})[r["call"]] = arr
@@ -156,7 +166,7 @@ def _case_stats(files: CaseFiles, records: list[dict], tensor: str) -> tuple[Cas
 
 def load(files: CaseFiles, rec: dict, case_records: list[dict], profile: str) -> Loaded:
     out = Loaded()
-    actual, note = files.read("actual", rec.get("actual_ref"), rec.get("shape"))
+    actual, note = files.read_judged("actual", rec, "actual_ref", "shape")
     if note:
         out.notes.append(note)
         return out
@@ -164,7 +174,7 @@ def load(files: CaseFiles, rec: dict, case_records: list[dict], profile: str) ->
     if exp_ref.get("key") is None and rec["op"] == "save":
         expected = np.zeros_like(actual)  # the snapshot of the zero state
     else:
-        expected, note = files.read("expected", exp_ref, rec.get("expected_shape"))
+        expected, note = files.read_judged("expected", rec, "expected_ref", "expected_shape")
         if note:
             out.notes.append(note)
             return out

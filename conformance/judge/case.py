@@ -199,6 +199,8 @@ class CaseJudge:
     def judge_call(self, i: int, step: dict) -> None:
         """Every tensor the golden keeps for this call, then (end to end) its seq_len."""
         k, loc = step["call"], messages.where(self.case, i, step["op"], step["seq_pos"])
+        if is_packed(step):
+            self.report.serving.append(packed.layout(i, step))
         required = () if self.stage_isolated else tuple(coverage_of(self.entry)["required"])
         routing = self.judge_routing(i, step, loc) if "selected_experts" in step["expected"] else None
         for name in step["expected"]:
@@ -219,12 +221,24 @@ class CaseJudge:
                   subject=messages.subject(name, rec.stage, k), loc=loc, stats=self.stats.get(name))
             if is_packed(step):  # a serving step: the failure located by sequence and token, or by slot
                 if name in STATE_NAMES:
-                    packed.slot_note(rec, step, actual, expected, bound, self.stats.get(name))
+                    before = self.pool_before(i, name, expected.shape) if rec.verdict == "fail" else None
+                    packed.slot_note(rec, step, actual, expected, bound, self.stats.get(name), before=before)
                 else:
                     packed.locate_token(rec, step)
             self.report.records.append(rec)
         if not self.stage_isolated:
             self.judge_seq_len(i, step, loc)
+
+    def pool_before(self, i: int, name: str, shape: tuple[int, ...]) -> np.ndarray | None:
+        """The port's pool state ``name`` before step ``i``: what it wrote at step ``i - 1`` when that
+        step is a call keeping it (another step between, a ``free``, changes the pool unrecorded)."""
+        if i == 0:
+            return None
+        prev = self.entry["program"][i - 1]
+        if prev["op"] not in CALL_OPS or name not in prev["expected"]:
+            return None
+        arr, dtype = _read(self.outs, call_key(prev["call"], name), tuple(shape), allowed_dtypes(name, self.profile)[0])
+        return arr if isinstance(arr, np.ndarray) and arr.shape == tuple(shape) else None
 
     def judge_routing(self, i: int, step: dict, loc: str) -> RoutingCheck:
         """A sparse call's selected experts, as sets per token, before any number (routing.py)."""

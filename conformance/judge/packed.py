@@ -8,9 +8,16 @@ a failure names the slots over the bound and whether the step was allowed to wri
 (:func:`slot_note`) — a slot the step does not name that differs from the golden was written by it
 (a state written to the wrong slot, a padding sequence's state stored), one it names that differs
 was written wrong or not at all.
+
+The split of a packed stream into its sequences lives here once (:func:`sequences`,
+:func:`sequence_of`): the judge's messages and the report's per-sequence sections
+(``reports/packed.py``) both go through it, and :func:`layout` is what the summary keeps of a
+serving step so that the report can split without the manifest.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -30,6 +37,68 @@ def as_judged(arr: np.ndarray, step: dict, name: str) -> np.ndarray:
     return arr[None] if is_packed(step) and name not in STATE_NAMES else arr
 
 
+@dataclass(frozen=True)
+class Sequence:
+    """Sequence ``index`` of a packed call: stream tokens ``[start, stop)``, its pool slot, its seq_pos."""
+
+    index: int
+    slot: int
+    start: int
+    stop: int
+    seq_pos: int
+
+    @property
+    def length(self) -> int:
+        return self.stop - self.start
+
+    @property
+    def padding(self) -> bool:
+        return self.slot == PAD_SLOT_ID
+
+    @property
+    def kind(self) -> str:
+        """``decode`` (one token) or ``prefill`` (more), as an engine schedules them."""
+        return "decode" if self.length == 1 else "prefill"
+
+    @property
+    def slot_text(self) -> str:
+        return "the padding slot" if self.padding else f"slot {self.slot}"
+
+
+def sequences(step: dict) -> list[Sequence]:
+    """The sequences of a serving step with a packed stream (``cu_seqlens``); none for a ``commit``."""
+    if "cu_seqlens" not in step:
+        return []
+    cu = [int(c) for c in step["cu_seqlens"]]
+    return [Sequence(i, int(step["slots"][i]), cu[i], cu[i + 1], int(step["seq_pos"][i])) for i in range(len(cu) - 1)]
+
+
+def sequence_of(step: dict, t: int) -> tuple[Sequence, int]:
+    """The sequence holding stream token ``t`` and the token's index within it."""
+    seqs = sequences(step)
+    i = int(np.searchsorted([s.start for s in seqs], t, side="right") - 1)
+    return seqs[i], t - seqs[i].start
+
+
+def token_word(step: dict) -> str:
+    """What a token of a sequence is in this step: a speculative verify's tokens are draft tokens."""
+    return "draft token" if step["op"] == "verify_spec" else "token"
+
+
+#: the fields of a serving step the summary keeps (:func:`layout`), besides op, call and the slots it may write
+LAYOUT_FIELDS = ("cu_seqlens", "seq_pos", "slots", "accepted", "of_call", "snap_seq", "snap_offset", "snap_slot")
+
+
+def layout(index: int, step: dict) -> dict:
+    """What the summary keeps of serving step ``index`` (the case's ``serving`` list, docs/verify.md):
+    enough to split its tensors by sequence and its pool by slot without the manifest."""
+    out = {"step": index, "op": step["op"], "call": step["call"]}
+    out.update({k: [int(v) for v in step[k]] if isinstance(step[k], list) else int(step[k])
+                for k in LAYOUT_FIELDS if k in step})
+    out["writes"] = sorted(written_slots(step))
+    return out
+
+
 def written_slots(step: dict) -> set[int]:
     """The slots a serving step may write: its sequences' (a verify: none; a commit: those accepting
     at least one token) and its snapshots' destinations."""
@@ -46,22 +115,21 @@ def locate_token(rec: Record, step: dict) -> None:
     it, its position) and say so in the message."""
     if rec.first_bad_token is None:
         return
-    cu = np.asarray(step["cu_seqlens"])
     t = rec.first_bad_token
-    i = int(np.searchsorted(cu, t, side="right") - 1)
-    j = t - int(cu[i])
-    slot = step["slots"][i]
-    rec.first_bad_row, rec.first_bad_token = i, j
-    rec.first_bad_position = int(step["seq_pos"][i]) + j
+    seq, j = sequence_of(step, t)
+    rec.first_bad_row, rec.first_bad_token = seq.index, j
+    rec.first_bad_position = seq.seq_pos + j
     if rec.message:
-        where = "the padding sequence" if slot == PAD_SLOT_ID else f"slot {slot}"
-        rec.message += (f" [packed call: stream token {t} is sequence {i} ({where}, {int(cu[i + 1] - cu[i])} "
-                        f"tokens), its token {j} at position {rec.first_bad_position}]")
+        where = "the padding sequence" if seq.padding else f"slot {seq.slot}"
+        rec.message += (f" [packed call: stream token {t} is sequence {seq.index} ({where}, {seq.length} "
+                        f"tokens), its {token_word(step)} {j} at position {rec.first_bad_position}]")
 
 
 def slot_note(rec: Record, step: dict, actual: np.ndarray | None, expected: np.ndarray, bound: Bound,
-              stats: CaseStats | None) -> None:
-    """For a failing pool state: the slots over the bound, and which of them the step may not write."""
+              stats: CaseStats | None, before: np.ndarray | None = None) -> None:
+    """For a failing pool state: the slots over the bound, and which of them the step may not write.
+    ``before``: the port's pool before the step, when known; a slot over the bound that the step may
+    not write but left as it was is carried from an earlier step, not touched by this one."""
     if rec.verdict != "fail" or actual is None or tuple(np.shape(actual)) != tuple(expected.shape):
         return
     err = scaled_error(actual, expected, rec.tensor, bound.profile, stats)
@@ -70,10 +138,19 @@ def slot_note(rec: Record, step: dict, actual: np.ndarray | None, expected: np.n
         return
     rec.first_bad_row = bad[0]
     allowed = written_slots(step)
-    wrong = [s for s in bad if s not in allowed]
+    unchanged = set()
+    if before is not None and tuple(before.shape) == tuple(np.shape(actual)):
+        unchanged = {s for s in bad if np.array_equal(before[s], actual[s], equal_nan=True)}
+    wrong = [s for s in bad if s not in allowed and s not in unchanged]
+    carried = [s for s in bad if s not in allowed and s in unchanged]
     note = f" [pool slots over the bound: {bad}"
     if wrong:
-        note += f"; slot(s) {wrong} are not written by this {step['op']}: it touched a slot it must not]"
-    else:
-        note += "; each is one this step writes: its state is wrong]"
+        note += f"; slot(s) {wrong} are not written by this {step['op']}: it touched a slot it must not"
+    if carried:
+        note += f"; slot(s) {carried} are left as they were: wrong since an earlier step"
+    if not wrong and not carried:
+        note += "; each is one this step writes: its state is wrong"
+    elif len(wrong) + len(carried) < len(bad):
+        note += "; the others are slots this step writes: their state is wrong"
+    note += "]"
     rec.message = (rec.message or "") + note

@@ -160,6 +160,7 @@ class CaseReport:
     notes: list[str] = field(default_factory=list)
     records: list[Record] = field(default_factory=list)
     features: list[str] = field(default_factory=list)  # the case's optional features (coverage; [] = must be judged)
+    serving: list[dict] = field(default_factory=list)  # the layout of each serving step judged (packed.layout)
 
     @property
     def judged(self) -> int:

@@ -3,18 +3,18 @@ or write it into the docs (``--write-docs docs/meta.md`` replaces the generated 
 
 from __future__ import annotations
 
-import argparse
 import sys
 
 from gdncheck.env import limit_blas_threads
 from gdncheck.fixtures.manifest import DEFAULT_DIR
 from gdncheck.profiles import VERIFY_PROFILES
+from gdncheck.untrusted import OneLineParser
 
 from .kill_matrix import CATALOGUE, format_matrix, matrix, write_docs
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m gdncheck.conformance.meta", description=__doc__)
+    p = OneLineParser(prog="python -m gdncheck.conformance.meta", description=__doc__)
     p.add_argument("--profiles", default=",".join(VERIFY_PROFILES), help="comma-separated profiles (default all three)")
     p.add_argument("--fixtures", default=str(DEFAULT_DIR), help="fixture folder (default: the committed suite)")
     p.add_argument("--mutant", action="append", help="only this mutant (repeatable)")

@@ -12,7 +12,6 @@ replays it, and a one-line command that does::
 
 from __future__ import annotations
 
-import argparse
 import logging
 import os
 import re
@@ -27,6 +26,7 @@ from hypothesis import strategies as st
 
 from gdncheck.env import limit_blas_threads
 from gdncheck.errors import GDNError
+from gdncheck.untrusted import OneLineParser
 
 from .hypothesis_profiles import register_profiles
 from .registry import PROPERTIES, PropertySkip, Subject, subject_from_env
@@ -123,8 +123,8 @@ def format_result(r: PropertyResult) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m gdncheck.conformance.properties",
-                                 description="Run the GDN property suite against GDN_IMPL in GDN_PROFILE.")
+    ap = OneLineParser(prog="python -m gdncheck.conformance.properties",
+                       description="Run the GDN property suite against GDN_IMPL in GDN_PROFILE.")
     ap.add_argument("-k", dest="names", action="append", help="properties whose name contains this (repeatable)")
     ap.add_argument("--impl", help="reference | triton | MODULE:CALLABLE (default: GDN_IMPL, else reference)")
     ap.add_argument("--profile", help="f32 | bf16 | f16 (default: GDN_PROFILE, else f32)")

@@ -32,6 +32,8 @@ import argparse
 import json
 from pathlib import Path
 
+from gdncheck.untrusted import OneLineParser
+
 from .common import QUICK, REAL
 from .reference import bench_reference, table
 
@@ -108,7 +110,7 @@ def run_from_args(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m gdncheck.bench", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = OneLineParser(prog="python -m gdncheck.bench", description=__doc__,
+                      formatter_class=argparse.RawDescriptionHelpFormatter)
     add_arguments(p)
     return run_from_args(p.parse_args(argv))

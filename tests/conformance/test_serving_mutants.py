@@ -35,3 +35,22 @@ def test_the_kill_matrix_lists_the_serving_bug_classes():
     assert {"conv window leaks across a packed boundary", "chunks straddle two sequences",
             "state read from slot i, written to j", "padding slot written", "commit off by one token",
             "prefix snapshot one chunk late"} == classes
+
+
+def test_a_slot_wrong_since_an_earlier_step_is_not_blamed_on_a_later_one(fixtures_dir, tmp_path):
+    """commit_off_by_one spoils the slots its commit writes; the verify after it writes no slot and
+    leaves them as they were: verify says they are carried, not touched by the verify."""
+    from gdncheck.conformance.meta.serving_mutants import SERVING_MUTANT_BY_NAME
+    from gdncheck.fixtures.manifest import load_manifest
+
+    case = next(c for c in load_manifest(fixtures_dir)["cases"] if "spec-decode" in c.get("tags", []))
+    r = kill_matrix.kill(SERVING_MUTANT_BY_NAME["commit_off_by_one"], "f32", fixtures_dir, out_dir=tmp_path)
+    assert r.killed
+    report = next(c for c in verify(fixtures_dir, tmp_path, "f32", cases=[case["id"]]).cases)
+    program = case["program"]
+    commit = next(i for i, s in enumerate(program) if s["op"] == "commit")
+    after = next(i for i, s in enumerate(program) if s["op"] == "verify_spec" and i > commit)
+    spoiled = sorted(s for s, n in zip(program[commit]["slots"], program[commit]["accepted"]) if s >= 0 and n > 0)
+    msgs = [rec.message for rec in report.records if rec.step == after and rec.tensor == "conv_state"]
+    assert msgs and f"slot(s) {spoiled} are left as they were: wrong since an earlier step" in msgs[0], msgs
+    assert "touched a slot it must not" not in msgs[0]

@@ -14,6 +14,8 @@ import torch
 
 import gdncheck.gpu_impl as G
 import gdncheck.reference as R
+from gdncheck.gpu_impl.delta_rule import recurrent_heads
+from gdncheck.gpu_impl.target import record_launches
 from tests.gpu_impl.compare import check, fails, to_np
 from tests.gpu_impl.helpers import PROFILE_NAMES, fp32, rng_for, tensor
 from tests.helpers import unit
@@ -67,6 +69,38 @@ def test_recurrent_and_chunked_against_reference(profile, case):
     # dots at the profile's precision (tf32 in bf16)
     check(core_c, core_r, "forms", profile, f"core chunked vs recurrent {case_id(case)}")
     check(S_c, S_r, "state_forms", profile, f"state chunked vs recurrent {case_id(case)}")
+
+
+@pytest.mark.parametrize("heads", [1, 2, 4])
+@pytest.mark.parametrize("case", [(15, 2, 6, 16, 8), (9, 1, 3, 8, 16), (5, 2, 2, 128, 128)],
+                         ids=lambda c: case_id(c + (0,)))
+def test_recurrent_value_heads_per_program(heads, case):
+    """The recurrent kernel with 1 value head per program (the GPU's form), 2 and 4 (the
+    interpreter's form: heads side by side on the value axis; 3 and 6 heads leave a group part
+    empty, dk = dv = 128 is Qwen3.5's head), with an initial state, a reset row and in place: each
+    against the reference."""
+    T, Hk, Hv, dk, dv = case
+    q, k, v, g, beta, S0 = inputs("bf16", T, Hk, Hv, dk, dv, B=2, key=("heads", heads))
+    reset = torch.tensor([False, True])
+    ref_core, ref_S = reference(q, k, v, g, beta, torch.stack([S0[0], torch.zeros_like(S0[1])]))
+    S = S0.clone()
+    core, S_out = G.delta_rule_recurrent(q, k, v, g, beta, S, out_state=S, reset=reset, heads_per_program=heads)
+    assert S_out is S
+    check(core, ref_core, "stage", "bf16", f"core, {heads} heads per program")
+    check(S, ref_S, "stage", "bf16", f"state, {heads} heads per program")
+
+
+def test_recurrent_heads_per_program_grid():
+    """One head per program on a GPU (recorded launches take the GPU's parameters), every head of
+    the layer in one interpreted program while its state slice fits (16 of Qwen3.5's 128 × 128)."""
+    q, k, v, g, beta, S0 = inputs("f32", 3, 1, 6, 16, 8, B=2)
+    with record_launches() as launches:
+        G.delta_rule_recurrent(q, k, v, g, beta, S0)
+        G.delta_rule_recurrent(q, k, v, g, beta, S0, heads_per_program=4)
+    assert [(x.grid, x.args["HB"]) for x in launches] == [((12, 1), 1), ((4, 1), 4)]
+    assert recurrent_heads(v, 6, 16, 8) == 8 and recurrent_heads(v, 48, 128, 128) == 16
+    with pytest.raises(ValueError, match="power of two, found 3"):
+        G.delta_rule_recurrent(q, k, v, g, beta, S0, heads_per_program=3)
 
 
 @pytest.mark.parametrize("chunk", [16, 32, 64])

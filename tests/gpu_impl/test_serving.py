@@ -11,6 +11,7 @@ dtypes); slots no sequence names must stay bit for bit as they were.
 
 from __future__ import annotations
 
+import importlib
 import logging
 
 import numpy as np
@@ -96,11 +97,26 @@ def check_outputs(got, trace, want, ref_trace, cu, profile: str, what: str):
 
 
 # --- packed calls -----------------------------------------------------------------------------------
-@pytest.mark.parametrize("profile", PROFILE_NAMES)
-def test_mixed_packed_call_against_reference(profile, caplog):
+#: (profile, heads per program of the fused conv kernel and of the recurrent delta rule): every
+#: profile with the interpreter's form (every head in one program), and in one profile the GPU's
+#: (one head: the compiled form) and two (conv: a last group with an empty slot, 2·Hk + Hv = 8 of
+#: BD 16 lanes each; delta rule: value heads in pairs of dk 16 × dv 8)
+CONV_FORMS = [(p, None) for p in PROFILE_NAMES] + [("bf16", 1), ("bf16", 2)]
+
+
+def conv_form(monkeypatch, heads: int | None) -> None:
+    if heads is not None:  # (the package exports functions named conv1d and delta_rule: the modules by path)
+        monkeypatch.setattr(importlib.import_module("gdncheck.gpu_impl.conv1d"), "_INTERPRETER_LANES", heads * 16)
+        monkeypatch.setattr(importlib.import_module("gdncheck.gpu_impl.delta_rule"), "_INTERPRETER_STATE",
+                            heads * 16 * 8)
+
+
+@pytest.mark.parametrize("profile,heads", CONV_FORMS)
+def test_mixed_packed_call_against_reference(profile, heads, caplog, monkeypatch):
     """Decode and prefills (1, 5, 16, 17 tokens) and a padding sequence in one chunked call, on permuted
     slots; sequence 1's seq_pos differs from its slot's seq_len (read as zeros, one warning naming it).
     Then the same slots again, in another order, continuing (reused slots, the recurrent form)."""
+    conv_form(monkeypatch, heads)
     ref, gpu = pools(profile)
     lay = layer(profile)
     lengths, slots = [1, 5, 2, 16, 17], [6, 0, PAD_SLOT_ID, 3, 7]
@@ -136,10 +152,11 @@ def test_mixed_packed_call_against_reference(profile, caplog):
     assert_untouched(gpu, before, [1, 2, 3, 4, 5])
 
 
-@pytest.mark.parametrize("profile", PROFILE_NAMES)
-def test_decode_batch_with_slot_indices(profile):
+@pytest.mark.parametrize("profile,heads", CONV_FORMS)
+def test_decode_batch_with_slot_indices(profile, heads, monkeypatch):
     """One token per sequence (the decode kernels write each slot in place, padding never), a new
     request (seq_pos 0) on a reused slot among them."""
+    conv_form(monkeypatch, heads)
     ref, gpu = pools(profile, seed=1)
     lay = layer(profile)
     slots = [5, PAD_SLOT_ID, 2, 7, PAD_SLOT_ID, 0]
@@ -170,11 +187,12 @@ def test_forced_delta_rule_form(form):
 
 
 # --- speculative verify and commit ----------------------------------------------------------------
-@pytest.mark.parametrize("profile", PROFILE_NAMES)
-def test_verify_every_step_and_commit_zero_one_k(profile):
+@pytest.mark.parametrize("profile,heads", CONV_FORMS)
+def test_verify_every_step_and_commit_zero_one_k(profile, heads, monkeypatch):
     """k = 4, 3, 1, 2 draft tokens (the last a padding sequence): outputs and every step's state as the
     reference's, no slot written; commit 0 (slot bit-identical), 1 and k; then the next decode of each
     request continues without a reset."""
+    conv_form(monkeypatch, heads)
     ref, gpu = pools(profile, seed=3)
     lay = layer(profile)
     lengths, slots = [4, 3, 1, 2], [3, 6, 1, PAD_SLOT_ID]
@@ -279,7 +297,9 @@ def test_prefix_snapshots_at_chunk_ends_only():
     assert_untouched(gpu, before, [3, 4, 6])
 
 
-def test_prefix_snapshots_in_the_recurrent_form():
+@pytest.mark.parametrize("heads", [None, 1, 2])
+def test_prefix_snapshots_in_the_recurrent_form(heads, monkeypatch):
+    conv_form(monkeypatch, heads)
     ref, gpu = pools("f32", seed=6)
     lay = layer("f32")
     lengths, slots = [5, 9], [3, PAD_SLOT_ID]

@@ -7,15 +7,19 @@ bug class through the same kernels and shows that the same bound rejects it.
 
 from __future__ import annotations
 
+import importlib
+
 import numpy as np
 import pytest
 import torch
 
 import gdncheck.gpu_impl as G
 import gdncheck.reference as R
+from gdncheck.gpu_impl.target import record_launches
 from tests.gpu_impl.compare import check, fails, to_np
 from tests.gpu_impl.helpers import PROFILE_NAMES, fp32, rng_for, tensor
 
+conv1d_module = importlib.import_module("gdncheck.gpu_impl.conv1d")  # (the package exports a function conv1d)
 EPS = 1e-6
 
 
@@ -84,12 +88,16 @@ def test_conv1d_and_qk_norm(profile, case):
     ref_q, ref_k, ref_v = R.qk_norm(to_np(conv), Hk, dk, Hv, dv)
     for name, got, want in zip("qkv", G.qk_norm(conv, Hk, dk, Hv, dv), (ref_q, ref_k, ref_v)):
         check(got, want, "stage", profile, name)
-    # the fused production kernel: conv + SiLU + L2 norm of q and k, qkv_conv stored on request
-    q, k, v, conv2, state2 = G.conv1d_qk_norm(qkv, state, w, Hk, dk, Hv, dv, capture=True)
-    assert torch.equal(conv2, conv) and torch.equal(state2, new_state)
+    # the fused production kernel: conv + SiLU + L2 norm of q and k, qkv_conv stored on request; one
+    # head slot per program (the GPU's form), two (the last group part empty when 2·Hk + Hv is odd),
+    # and every slot in one program (the interpreter's)
     fq, fk, fv = R.qk_norm(ref_conv, Hk, dk, Hv, dv)
-    for name, got, want in zip("qkv", (q, k, v), (fq, fk, fv)):
-        check(got, want, "stage", profile, f"{name} (fused)")
+    for heads in (1, 2, None):
+        q, k, v, conv2, state2 = G.conv1d_qk_norm(qkv, state, w, Hk, dk, Hv, dv, capture=True,
+                                                  heads_per_program=heads)
+        assert torch.equal(conv2, conv) and torch.equal(state2, new_state), f"heads_per_program={heads}"
+        for name, got, want in zip("qkv", (q, k, v), (fq, fk, fv)):
+            check(got, want, "stage", profile, f"{name} (fused, heads_per_program={heads})")
 
 
 @pytest.mark.parametrize("profile", PROFILE_NAMES)
@@ -104,10 +112,34 @@ def test_conv1d_update_in_place(profile):
     s1 = state.clone()
     check(G.conv1d_update(x, s1, w), ref_conv, "stage", profile, "qkv_conv (update)")
     assert torch.equal(s1, tensor(ref_state, profile))
-    s2 = state.clone()
-    q, k, v, _, s2_out = G.conv1d_qk_norm(x, s2, w, Hk, dk, Hv, dv, inplace=True)
-    assert s2_out is s2 and torch.equal(s2, s1)
-    check(q, R.qk_norm(ref_conv, Hk, dk, Hv, dv)[0], "stage", profile, "q (fused update)")
+    for heads in (1, None):
+        s2 = state.clone()
+        q, k, v, _, s2_out = G.conv1d_qk_norm(x, s2, w, Hk, dk, Hv, dv, inplace=True, heads_per_program=heads)
+        assert s2_out is s2 and torch.equal(s2, s1), f"heads_per_program={heads}"
+        check(q, R.qk_norm(ref_conv, Hk, dk, Hv, dv)[0], "stage", profile, f"q (fused update, {heads})")
+        check(v, R.qk_norm(ref_conv, Hk, dk, Hv, dv)[2], "stage", profile, f"v (fused update, {heads})")
+
+
+@pytest.mark.parametrize("heads,programs", [(1, 11), (2, 6), (4, 3), (None, 11)])
+def test_heads_per_program_sets_the_grid(heads, programs):
+    """11 head slots (2·Hk + Hv = 4 + 7) in groups of a power of two; by default one program each in
+    what a GPU launches (recorded launches take the GPU's parameters), and every slot in one
+    program of 16 slots' lanes in the interpreter."""
+    Hk, dk, Hv, dv, K, C = 2, 16, 7, 8, 4, 2 * 2 * 16 + 7 * 8
+    x = tensor(np.zeros((1, 5, C)), "f32")
+    with record_launches() as launches:
+        G.conv1d_qk_norm(x, tensor(np.zeros((1, C, K)), "f32"), tensor(np.zeros((C, 1, K)), "f32"), Hk, dk, Hv, dv,
+                         heads_per_program=heads)
+    (launch,) = launches
+    assert launch.grid[1] == programs and launch.args["HB"] == (heads or 1)
+    assert conv1d_module._heads_per_program(x, 2 * Hk + Hv, 16, None) == 16  # interpreted: one program
+
+
+def test_heads_per_program_must_be_a_power_of_two():
+    x = tensor(np.zeros((1, 1, 16)), "f32")
+    with pytest.raises(ValueError, match="power of two, found 3"):
+        G.conv1d_qk_norm(x, tensor(np.zeros((1, 16, 4)), "f32"), tensor(np.zeros((16, 1, 4)), "f32"), 1, 4, 2, 4,
+                         heads_per_program=3)
 
 
 def test_conv1d_wrong_state_shift_and_split_order_are_rejected():

@@ -82,3 +82,33 @@ def calls_expecting(prefixes, name: str) -> int:
 
 #: the cases head_grouping_tiled fails (Hk = 2, r > 1), from delta_rule on
 TILED_FAILING = TILED_CASES[:2]
+
+
+SERVING_MUTANTS = "gdncheck.conformance.meta.serving_mutants"
+#: the committed serving cases (docs/serving.md): mixed prefill/decode with a padding sequence,
+#: speculative verify + commit, prefix snapshots at and between chunk boundaries
+PACKED_CASE = "packed-mixed_T67_Hk2_Hv4_dk16_dv8_s0"
+SERVING_CASES = [PACKED_CASE, "spec-decode_T38_Hk2_Hv4_dk16_dv8_s0", "prefix-cache_T150_Hk2_Hv4_dk16_dv8_s0"]
+
+
+def serving_run(tmp_path_factory, impl: str, cases: list[str], profile: str = "bf16") -> Run:
+    """``impl`` (a built-in, or a serving mutant by name) run and verified on serving cases."""
+    logging.getLogger("gdncheck").setLevel(logging.ERROR)
+    spec = impl if impl in ("reference", "triton") else f"{SERVING_MUTANTS}:{impl}"
+    out = tmp_path_factory.mktemp(impl)
+    run_impl(spec, DEFAULT_DIR, out, profile, cases=cases, command=f"gdncheck run {spec} --out {out}")
+    return Run(DEFAULT_DIR, out, verify(DEFAULT_DIR, out, profile, cases=cases))
+
+
+@pytest.fixture(scope="session")
+def leak(tmp_path_factory) -> Run:
+    """conv_window_leaks on the mixed packed case: each sequence's conv window starts from the tail of
+    the sequence before it in the stream."""
+    return serving_run(tmp_path_factory, "conv_window_leaks", [PACKED_CASE])
+
+
+@pytest.fixture(scope="session")
+def leak_report(leak, tmp_path_factory):
+    from gdncheck.reports import write_report
+
+    return write_report(leak.doc, tmp_path_factory.mktemp("leak-report") / "site")

@@ -16,6 +16,7 @@ import shutil
 from io import BytesIO
 from pathlib import Path
 
+import numpy as np
 import pytest
 from PIL import Image
 
@@ -175,3 +176,24 @@ def test_failing_case_in_a_browser(browser, tiled, tiled_report, artifacts):
     not_blank(shot)
     browser.page.locator("section.tensor.first").scroll_into_view_if_needed()
     not_blank(browser.screenshot(artifacts / "report-case-first-divergence.png"))
+
+
+def test_serving_case_in_a_browser(browser, leak, leak_report, artifacts):
+    """A packed case: every image decodes (the per-sequence panels too), each failing step's
+    sequence table is shown open, each failing stream tensor has its per-sequence figure."""
+    case = build(leak.doc).cases[0]
+    browser.open((leak_report.parent / "cases" / f"{case.page}.html").as_uri())
+    images = browser.load_images()
+    assert images and all(i["ok"] and i["width"] > 0 for i in images), [i for i in images if not i["ok"]]
+    assert browser.console_errors() == []
+    failing_steps = [st.step for st in case.steps if st.failed]
+    shown = browser.evaluate("Array.from(document.querySelectorAll('table.seqs[id^=layout-]'))"
+                             ".filter(t => t.offsetParent).map(t => t.id)")
+    assert shown == [f"layout-{s}" for s in failing_steps]
+    # a panel figure for each failing stream tensor with a sequence of more than one token
+    streams = [r for r in case.records if r.verdict == "fail" and r.tensor in ("qkv_conv", "core", "out")
+               and any(n > 1 for n in np.diff(case.serving[r.step]["cu_seqlens"]))]
+    assert browser.evaluate("document.querySelectorAll('figure.seq-plot img').length") == len(streams)
+    assert browser.evaluate("document.querySelector('figure.seq-plot img').naturalWidth") == 528
+    browser.page.locator("figure.seq-plot").first.scroll_into_view_if_needed()
+    not_blank(browser.screenshot(artifacts / "report-serving-case.png"))
