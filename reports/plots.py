@@ -292,5 +292,5 @@ def sequence_panels(curves: list[tuple[str, np.ndarray, np.ndarray, int | None]]
                      ha="left", va="bottom", fontsize=7, bbox=LABEL_BOX)
         fig.supxlabel(xlabel, fontsize=8, y=0.02)
         fig.canvas.draw()
-        # line art in four colours and their anti-aliasing: a small palette keeps it light
-        return _png(Image.frombuffer("RGBA", fig.canvas.get_width_height(), fig.canvas.buffer_rgba()), colors=16)
+        # line art in four colours and their anti-aliasing: the line plots' palette keeps it light
+        return _png(Image.frombuffer("RGBA", fig.canvas.get_width_height(), fig.canvas.buffer_rgba()), LINE_PALETTE)
