@@ -2,9 +2,9 @@
 known bug class produces on a failing case, at its first divergence.
 
 The judge stands below the mutants (docs/layout.md), so the diagnosis takes this catalogue as an
-injected callable. It runs every mutant (:data:`ALL_MUTANTS`; the sparse block's only on cases with
-their tags) on the failing case in the same profile and mode, up to the failing step, and hands over
-the failing tensor of each; a case's runs are kept for the other records of the same case. The kill
+injected callable. It runs every mutant (:data:`ALL_MUTANTS`; the sparse block's and the serving
+patterns' only on cases with their tags) on the failing case in the same profile and mode, up to the
+failing step, and hands over the failing tensor of each; a case's runs are kept for the other records of the same case. The kill
 matrix, which has every mutant's outputs already, reads them from its output folders instead (``outputs=``).
 
     verify(..., diagnose=Diagnoser(MutantCatalogue(fixtures_dir)))
@@ -27,10 +27,11 @@ from gdncheck.weights import LayerWeights
 
 from .moe_mutants import MOE_MUTANTS
 from .mutants import MUTANTS, Mutant
+from .serving_mutants import SERVING_MUTANTS
 
-#: Every known bug class: the dense layer's mutants and the sparse block's (those only on a case
-#: carrying their ``case_tags``).
-ALL_MUTANTS: tuple[Mutant, ...] = MUTANTS + MOE_MUTANTS
+#: Every known bug class: the dense layer's mutants, the sparse block's and the serving patterns'
+#: (those two only on a case carrying their ``case_tags``): the kill matrix's catalogue.
+ALL_MUTANTS: tuple[Mutant, ...] = MUTANTS + MOE_MUTANTS + SERVING_MUTANTS
 
 #: How many failing cases one verify run diagnoses by default (each runs every mutant once).
 DEFAULT_LIMIT = 8

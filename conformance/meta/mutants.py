@@ -418,7 +418,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant("decay_clamped", DecayClamped, "delta_rule", ("sigmoid-edges", 2),
            bug_class="decay clamped to [1e-6, 1 − 1e-6] (metrale decode)", edge="sigmoid", edge_only=True),
     Mutant("f16_recurrent_state", F16RecurrentState, "delta_rule", bug_class="f16 recurrent state",
-           edge="state-norms"),
+           edge="f16-state"),
     Mutant("state_norm_clamp_1000", StateNormClamp1000, "delta_rule", ("state-norms", 0),
            bug_class="state norm clamped at 1000 (metrale Metal)", edge="state-norms", edge_only=True),
     Mutant("decay_quotient_of_exps", DecayQuotientOfExps, "delta_rule",
