@@ -201,6 +201,14 @@ def test_each_edge_case_reaches_its_edge(fixtures_dir, manifest):
     norms = np.linalg.norm(S, axis=(2, 3))
     assert norms.max() > 1000 and norms.min() < 1e-3
     assert np.concatenate(_tensor(f, c, "g"), axis=1).max() > -1e-7  # a decay of 1 - 1e-8
+    c, f, cfg = case("f16-state")
+    g, beta = np.concatenate(_tensor(f, c, "g"), axis=1), np.concatenate(_tensor(f, c, "beta"), axis=1)
+    # every decay moves the state by more than 1e-4 of itself a token, yet by less than half an f16 ulp
+    # (2.44e-4 of a value at best), so a state stored in f16 does not decay at all
+    assert -g.max() > 1e-4 and -g.min() < 2.44e-4
+    assert beta[:, :8].min() > 0.9 and beta[:, 8:].max() < 1e-5  # strong writes, then writes below f16's rounding
+    S = _tensor(f, c, "recurrent_state")[0]
+    assert np.mean(np.abs(S) > 2.0 ** -14) > 0.9  # in f16's normal range: frozen, not flushed
 
 
 def _has_mismatch(case) -> bool:
