@@ -4,8 +4,9 @@ known bug class produces on a failing case, at its first divergence.
 The judge stands below the mutants (docs/layout.md), so the diagnosis takes this catalogue as an
 injected callable. It runs every mutant (:data:`ALL_MUTANTS`; the sparse block's and the serving
 patterns' only on cases with their tags) on the failing case in the same profile and mode, up to the
-failing step, and hands over the failing tensor of each; a case's runs are kept for the other records of the same case. The kill
-matrix, which has every mutant's outputs already, reads them from its output folders instead (``outputs=``).
+failing step, and hands over the failing tensor of each; a case's runs are kept for the other records
+of the same case. The kill matrix, which has every mutant's outputs already, reads them from its
+output folders instead (``outputs=``).
 
     verify(..., diagnose=Diagnoser(MutantCatalogue(fixtures_dir)))
 """
