@@ -80,6 +80,8 @@ def _result_lines(doc: dict, verbose: bool) -> list[str]:
             lines.append(f"FAIL {p} {f['case']}: first divergence {FirstDivergence.from_json(f['first_divergence'])}")
             if verbose:
                 lines += [f"     {f['message']}", f"     repro: {f['repro']}"]
+                if f.get("likely_cause"):
+                    lines.append(f"     likely cause: {f['likely_cause']}")
         if len(v["failures"]) > MAX_DIVERGENCES:
             lines.append(f"... and {len(v['failures']) - MAX_DIVERGENCES} more failing case(s) in {p}: {v['summary']}")
     for p, v in (doc.get("profiles") or {}).items():

@@ -32,6 +32,7 @@ from pathlib import Path
 
 from gdncheck.conformance.judge.records import Summary
 from gdncheck.conformance.judge.verify import verify
+from gdncheck.conformance.meta.catalogue import mutant_diagnoser
 from gdncheck.conformance.ports.plugin import check_options, load_factory
 from gdncheck.conformance.ports.run import default_command
 from gdncheck.conformance.properties import PROPERTIES
@@ -339,7 +340,7 @@ def judge(opts: GateOptions, out: Path, setup: Setup, outcome: Outcome, result: 
             doc["profiles"][p] = gs.nothing_to_verify()
             continue
         try:
-            summary = verify(setup.fixtures, out / p, p, cases=ids)
+            summary = verify(setup.fixtures, out / p, p, cases=ids, diagnose=mutant_diagnoser(setup.fixtures))
         except GDNError as exc:
             raise CouldNotRun(f"verify of profile {p} could not run: {exc}") from None
         path = summary.write(out / p / f"verify-summary-{p}.json")

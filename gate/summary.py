@@ -60,7 +60,8 @@ def profile_section(summary: Summary, path: Path, known: dict[str, XFail], secon
         "implementation": safe_text(summary.implementation.get("name")), "seconds": round(seconds, 2),
         "failures": [{"case": c.id, "status": c.status,
                       "first_divergence": c.first_divergence and c.first_divergence.to_json(),
-                      "message": c.message or c.problem, "repro": c.repro}
+                      "message": c.message or c.problem, "repro": c.repro,
+                      "likely_cause": (c.diagnosis or {}).get("text")}
                      for c in cases if c.status in ("fail", "error") and c.id not in known],
         "not_applicable": [{"case": c.id, "reason": (c.not_applicable or {}).get("reason") or c.message}
                            for c in cases if c.status == "not_applicable"],

@@ -35,6 +35,7 @@ from .experts import (
     SHARED_UP,
     unstack_experts,
 )
+from .portable import exp as portable_exp
 from .portable import log as portable_log
 from .safetensors_io import write_bytes_atomic, write_safetensors
 from .weights import WEIGHT_NAMES, LayerWeights
@@ -106,6 +107,131 @@ def make_weights(
     arrays = {k: round_to_common(v).astype(np.float32) for k, v in arrays.items()}
     return LayerWeights(arrays, stored_dtypes={k: "BF16" for k in arrays}, source=f"synthetic(seed={seed})",
                         layer=layer, config=cfg)
+
+
+#: The realistic regime of :func:`realistic_weights` and :func:`realistic_inputs` (docs/tolerances.md
+#: §1.1 says why each number): the share of value heads that keep transformers' initialisation
+#: (dt_bias = 1: forgetting within a few tokens), the memory (tokens) of the other heads, the range
+#: of the heads' mean write logit b, the spreads of the projections' outputs, and the massive
+#: channels of the residual stream (how many, their share of a token's energy, their signs).
+FAST_HEAD_SHARE = 0.25
+LONG_MEMORY = (32.0, 2048.0)
+WRITE_OFFSET = (-5.0, 2.0)
+SPREAD = {"qkv": 1.0, "z": 1.0, "a": 1.0, "b": 1.5, "out": 0.5, "mlp_in": 1.0, "mlp_down": 0.5}
+MASSIVE = 2
+MASSIVE_SHARE = 0.2
+MASSIVE_SIGNS = (1.0, -1.0)
+
+
+def massive_channels(hidden_size: int) -> list[int]:
+    """The residual-stream channels that carry massive activations: fixed by the model (here by D),
+    as in real models, so the weights can read them as a bias."""
+    return [(2 * i + 1) * hidden_size // (2 * MASSIVE) for i in range(min(MASSIVE, hidden_size))]
+
+
+def massive_x_norm(hidden_size: int) -> float:
+    """The size of a massive channel after the input norm (before its weight): sqrt(share·D/m)."""
+    return float(np.sqrt(MASSIVE_SHARE * hidden_size / MASSIVE))
+
+
+def inverse_softplus(y) -> np.ndarray:
+    """x with softplus(x) = y (y > 0), in the portable arithmetic (bit-identical on every CPU)."""
+    y = np.asarray(y, dtype=np.float64)
+    return np.where(y > 30.0, y, portable_log(np.maximum(portable_exp(np.minimum(y, 30.0)) - 1.0, 1e-300)))
+
+
+def realistic_weights(cfg: GDNConfig, seed: int = 0, *, norm_mode: str | None = None,
+                      layer: int | None = None) -> LayerWeights:
+    """Weights in the regime of a trained Qwen3.5 layer, exactly representable in bf16 and f16.
+
+    transformers' initialisation is the floor: ``A = U(0.01, 16)`` for every head, and a share
+    :data:`FAST_HEAD_SHARE` of the value heads keeps its ``dt_bias = 1`` (forgetting within a few
+    tokens). The other heads have a long memory: ``dt_bias = softplus⁻¹(1 / (M·A))`` with the memory
+    ``M`` log-uniform over :data:`LONG_MEMORY` tokens, so ``exp(g) ≈ 1 - 1/M`` at ``a = 0`` and the
+    token's ``a`` (spread 1) moves the decay rate by a factor ``e^{±1}``. Projections are scaled by
+    ``1/sqrt(fan_in)`` times :data:`SPREAD`, so q and k before their norm, z, a and b have unit-order
+    elements, as real layers produce. Each head's write logit b has a mean drawn from
+    :data:`WRITE_OFFSET`, read from the massive channels of :func:`realistic_inputs` (a bias, as real
+    layers read one): some heads write strongly (beta near 1), some weakly (beta near 0.007). The
+    RMSNorm weights (applied as ``1 + w``) spread by a factor ``e^{±0.2}``, the gated norm's by 0.2.
+    """
+    kind = cfg.mlp_kind(layer)
+    if kind != "dense":
+        raise ValueError("realistic_weights draws a dense layer; use make_weights for the sparse block")
+    rng = np.random.default_rng(seed)
+    mode = norm_mode or cfg.norm_mode or "shared"
+    D, I, Hv = cfg.hidden_size, cfg.intermediate_size, cfg.num_v_heads
+
+    def normal(*shape, scale):
+        return rng.normal(0.0, scale, size=shape)
+
+    def uniform(low, high, *shape):
+        return low + (high - low) * rng.random(shape)
+
+    def one_plus_w(n, spread):  # the stored w of a norm applied as 1 + w, with 1 + w = e^N(0, spread)
+        return portable_exp(normal(n, scale=spread)) - 1.0
+
+    K = cfg.conv_kernel
+    bound = 1.0 / np.sqrt(K)
+    A = round_to_common(uniform(0.01, 16.0, Hv))
+    lo, hi = portable_log(np.array(LONG_MEMORY))
+    memory = portable_exp(uniform(lo, hi, Hv))
+    fast = np.zeros(Hv, dtype=bool)
+    fast[rng.permutation(Hv)[: int(Hv * FAST_HEAD_SHARE)]] = True
+    s = SPREAD
+    arrays = {
+        "input_layernorm.weight": round_to_common(one_plus_w(D, 0.2)),
+        "linear_attn.in_proj_qkv.weight": normal(cfg.conv_dim, D, scale=s["qkv"] / np.sqrt(D)),
+        "linear_attn.in_proj_z.weight": normal(cfg.value_dim, D, scale=s["z"] / np.sqrt(D)),
+        "linear_attn.in_proj_a.weight": normal(Hv, D, scale=s["a"] / np.sqrt(D)),
+        "linear_attn.in_proj_b.weight": normal(Hv, D, scale=s["b"] / np.sqrt(D)),
+        "linear_attn.conv1d.weight": uniform(-bound, bound, cfg.conv_dim, 1, K),
+        "linear_attn.dt_bias": np.where(fast, 1.0, inverse_softplus(1.0 / (memory * A))),
+        "linear_attn.A_log": portable_log(A),
+        "linear_attn.norm.weight": 1.0 + normal(cfg.head_v_dim if mode == "shared" else cfg.value_dim, scale=0.2),
+        "linear_attn.out_proj.weight": normal(D, cfg.value_dim, scale=s["out"] / np.sqrt(cfg.value_dim)),
+        "post_attention_layernorm.weight": one_plus_w(D, 0.2),
+        "mlp.gate_proj.weight": normal(I, D, scale=s["mlp_in"] / np.sqrt(D)),
+        "mlp.up_proj.weight": normal(I, D, scale=s["mlp_in"] / np.sqrt(D)),
+        "mlp.down_proj.weight": normal(D, I, scale=s["mlp_down"] / np.sqrt(I)),
+    }
+    offset = uniform(WRITE_OFFSET[0], WRITE_OFFSET[1], Hv)
+    add_bias(arrays, "linear_attn.in_proj_b.weight", offset, D)
+    arrays = {k: round_to_common(v).astype(np.float32) for k, v in arrays.items()}
+    return LayerWeights(arrays, stored_dtypes={k: "BF16" for k in arrays}, source=f"realistic(seed={seed})",
+                        layer=layer, config=cfg)
+
+
+def add_bias(arrays: dict, name: str, bias: np.ndarray, hidden_size: int) -> None:
+    """Make the projection ``name`` add ``bias`` (one value per output row) on a token of
+    :func:`realistic_inputs`, by reading the massive channels, whose size after the input norm is
+    known (:func:`massive_x_norm` times the norm's ``1 + w``)."""
+    w_in = np.asarray(arrays["input_layernorm.weight"], dtype=np.float64)
+    channels = massive_channels(hidden_size)
+    for c, sign in zip(channels, MASSIVE_SIGNS):
+        size = sign * massive_x_norm(hidden_size) * (1.0 + w_in[c])
+        arrays[name][:, c] = arrays[name][:, c] + np.asarray(bias) / (len(channels) * size)
+
+
+def realistic_inputs(cfg: GDNConfig, batch: int, tokens: int, seed: int = 0, *, outliers: float = 0.005,
+                     outlier_scale: float = 8.0) -> np.ndarray:
+    """A residual stream ``[B, T, D]`` like a middle layer's, bf16/f16-exact: each token's size varies
+    (RMS ``e^N(0, 0.4)``); the :func:`massive_channels`, of fixed signs, carry a share
+    :data:`MASSIVE_SHARE` of each token's energy (the "massive activations" of real residual
+    streams: at D = 1024 about 11 times the other channels' size); a share ``outliers`` of the other
+    elements is ``outlier_scale`` times larger."""
+    rng = np.random.default_rng(seed)
+    D = cfg.hidden_size
+    rms = portable_exp(rng.normal(0.0, 0.4, size=(batch, tokens, 1)))
+    x = rng.normal(0.0, 1.0, size=(batch, tokens, D)) * rms
+    if outliers > 0:
+        mask = rng.random(x.shape) < outliers
+        x = np.where(mask, x * outlier_scale, x)
+    channels = massive_channels(D)
+    size = np.sqrt(MASSIVE_SHARE * D / (len(channels) * (1.0 - MASSIVE_SHARE)))
+    jitter = 1.0 + 0.1 * rng.normal(size=(batch, tokens, len(channels)))
+    x[..., channels] = np.array(MASSIVE_SIGNS[: len(channels)]) * size * rms * jitter
+    return round_to_common(x)
 
 
 def make_inputs(
@@ -228,4 +354,5 @@ def _fuse_qwen3_next(cfg: GDNConfig, w: dict[str, np.ndarray]) -> dict[str, np.n
     return w
 
 
-__all__ = ["DEMO_CONFIG", "WEIGHT_NAMES", "make_inputs", "make_weights", "write_hf_checkpoint"]
+__all__ = ["DEMO_CONFIG", "WEIGHT_NAMES", "add_bias", "inverse_softplus", "make_inputs", "make_weights",
+           "massive_channels", "massive_x_norm", "realistic_inputs", "realistic_weights", "write_hf_checkpoint"]

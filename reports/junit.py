@@ -109,6 +109,8 @@ def add_verify_summary(junit: JUnit, summary, *, suite: str | None = None, case_
         cls = f"conformance.{profile}.{c.id}"
         secs = case_seconds.get(c.id, 0.0)
         repro = f"\nrepro: {c.repro}" if c.repro else ""
+        if c.diagnosis:  # the likely cause at the first divergence (advice, conformance/judge/diagnose.py)
+            repro = f"\nlikely cause: {c.diagnosis.get('text')}{repro}"
         if c.status == "error":
             junit.case(suite, cls, "case", seconds=secs, error=(c.problem or "inputs unusable",
                                                                  f"{c.problem}{repro}"))

@@ -84,6 +84,8 @@ def text_summary(summary: str | Path | dict, *, report: str | Path | None = None
         r = firsts.get(c.id)
         extra = f"; {_ratio(r)}" if r is not None and _ratio(r) else ""
         lines.append(plain(f"FAIL  {c.id}: {c.first_text or c.raw.get('message')}{extra}"))
+        if c.raw.get("diagnosis"):
+            lines.append(plain(f"      likely cause: {c.raw['diagnosis'].get('text')}"))
     if len(bad) > max_cases:
         lines.append(f"... and {len(bad) - max_cases} more failing, unusable or not applicable cases")
     if doc.get("coverage") and not doc["coverage"]["ok"]:
@@ -116,7 +118,8 @@ def markdown_summary(summary: str | Path | dict, *, report: str | None = None, m
         rows.append({"case": c, "where": c.first_text if c.status == "fail" else
                      c.raw.get("problem") or c.raw.get("message"),
                      "ratio": _ratio(r) if r is not None else "",
-                     "message": c.raw.get("message") or c.raw.get("problem"), "repro": c.raw.get("repro")})
+                     "message": c.raw.get("message") or c.raw.get("problem"), "repro": c.raw.get("repro"),
+                     "cause": (c.raw.get("diagnosis") or {}).get("text") or ""})
     text = markdown_environment().get_template("summary.md.j2").render(
         s=doc, view=view, rows=rows, more=max(0, len(bad) - max_cases), report=report)
     return text

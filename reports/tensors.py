@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from gdncheck.conformance.judge.metrics import CaseStats, scaled_error
+from gdncheck.conformance.judge.metrics import case_stats as metric_stats
 from gdncheck.errors import GDNError
 from gdncheck.harness import CALL_OPS
 from gdncheck.safetensors_io import SafetensorsFile
@@ -77,6 +78,9 @@ class CaseFiles:
         self.serving = serving or {}  # step -> its layout (packed.layouts): a packed stream is read as judged
         self._open: dict[str, SafetensorsFile | str] = {}
         self.stats: dict[str, tuple[CaseStats | None, str | None]] = {}
+        # the eps of the gated norm's conditions (metrics.gated_norm_conditions): a summary does not
+        # carry the case's config; every committed case has transformers' 1e-6
+        self.eps = 1e-6
 
     def resolve(self, side: str, recorded: str | None) -> tuple[Path | None, list[str]]:
         if not recorded:
@@ -147,14 +151,17 @@ def case_stats(files: CaseFiles, records: list[dict], tensor: str) -> tuple[Case
 
 
 def _case_stats(files: CaseFiles, records: list[dict], tensor: str) -> tuple[CaseStats | None, str | None]:
-    arrays = []
+    names = (tensor, "core") if tensor == "core_gated" else (tensor,)  # the gated norm's conditions read core
+    arrays: dict[str, dict] = {}
     for r in records:
-        if r["tensor"] == tensor and r["op"] in CALL_OPS:
+        if r["tensor"] in names and r["op"] in CALL_OPS:
             arr, note = files.read_judged("expected", r, "expected_ref", "expected_shape")
             if arr is None:
                 return None, note
-            arrays.append(arr)
-    return (CaseStats(tensor, arrays) if arrays else None), None
+            arrays.setdefault(r["tensor"], {})[r["call"]] = arr
+    if tensor not in arrays:
+        return None, None
+    return metric_stats(arrays, files.eps)[tensor], None
 
 
 def load(files: CaseFiles, rec: dict, case_records: list[dict], profile: str) -> Loaded:
@@ -179,7 +186,7 @@ def load(files: CaseFiles, rec: dict, case_records: list[dict], profile: str) ->
         out.notes.append(note)
         return out
     out.actual, out.expected = actual, expected
-    out.err = scaled_error(actual, expected, rec["tensor"], profile, stats)
+    out.err = scaled_error(actual, expected, rec["tensor"], profile, stats, rec.get("call"))
     return out
 
 

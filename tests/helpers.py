@@ -76,3 +76,19 @@ def by_expert(selected_experts, routing_weights):
     sel = np.asarray(selected_experts)
     order = np.argsort(sel, axis=-1, kind="stable")
     return np.take_along_axis(sel, order, -1), np.take_along_axis(np.asarray(routing_weights), order, -1)
+
+
+def default_case_id(recipe: str) -> str:
+    """The id of the committed default suite's case built by ``recipe`` (the id's part before ``_T``).
+
+    Tests name cases by recipe, not by id: an id carries the case's shapes, which change whenever the
+    suite's dimension mix does; the recipe names what the test needs (a decode, a snapshot, ...)."""
+    import json
+
+    from gdncheck.fixtures.manifest import DEFAULT_DIR
+
+    cases = json.loads((DEFAULT_DIR / "manifest.json").read_text())["cases"]
+    found = [c["id"] for c in cases if c["id"].split("_T", 1)[0] == recipe]
+    if len(found) != 1:
+        raise LookupError(f"expected one case of recipe {recipe!r} in {DEFAULT_DIR}, found {found}")
+    return found[0]

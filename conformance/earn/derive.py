@@ -23,7 +23,7 @@ import numpy as np
 
 from gdncheck._version import __version__
 from gdncheck.config import GDNConfig
-from gdncheck.conformance.judge.metrics import CaseStats, tensor_metrics
+from gdncheck.conformance.judge.metrics import CaseStats, case_stats, tensor_metrics
 from gdncheck.conformance.judge.packed import as_judged
 from gdncheck.conformance.judge.tolerances import TABLE_FORMAT, recipe_of
 from gdncheck.env import limit_blas_threads
@@ -38,7 +38,7 @@ from .emulate import DERIVATION_ORDERS, DERIVATION_PLACEMENTS, emulated
 SEEDS = (1, 2, 3, 4)
 MARGIN_ELEM = 4.0
 MARGIN_NMSE = 16.0  # NMSE is a squared error: the same factor 4 on the error
-TABLE_VERSION = 2
+TABLE_VERSION = 3
 #: The sequential order costs about 0.6 ns per multiply-add in NumPy (a Python loop over K, vectorised
 #: over the outputs): 24 CPU-seconds per run at Qwen3.5-27B sizes, 1.4 with BLAS. On the real-size recipes
 #: (tag ``real-sizes``) it therefore runs in these profiles only; in bf16 and f16 the roundings to
@@ -55,9 +55,10 @@ class Envelope:
         self.elem: dict[tuple, float] = {}
         self.nmse: dict[tuple, float] = {}
 
-    def add(self, mode: str, profile: str, recipe: str, tensor: str, actual, expected, stats: CaseStats) -> None:
+    def add(self, mode: str, profile: str, recipe: str, tensor: str, actual, expected, stats: CaseStats,
+            call: int | None = None) -> None:
         key = (mode, profile, recipe, tensor)
-        m = tensor_metrics(actual, expected, tensor, profile, stats)
+        m = tensor_metrics(actual, expected, tensor, profile, stats, call=call)
         if m.nan or m.inf_mismatch:
             raise RuntimeError(f"{recipe} {profile} {tensor}: non-finite values in an emulated run")
         self.elem[key] = max(self.elem.get(key, 0.0), m.max_err)
@@ -97,9 +98,9 @@ def observe(spec_index: int, seed: int, profiles=VERIFY_PROFILES, placements=Non
     inp = CaseInput(case.id, case.config, case.weights, case.batch, case.program.steps, case.program.inputs,
                     case.expected)
     calls = call_steps(case.program.steps)
-    stats = {name: CaseStats(name, [as_judged(gold[call_key(s["call"], name)], s, name) for s in calls
-                                    if name in s["expected"]])
-             for name in {n for s in calls for n in s["expected"]}}
+    stats = case_stats({name: {s["call"]: as_judged(gold[call_key(s["call"], name)], s, name) for s in calls
+                               if name in s["expected"]}
+                        for name in {n for s in calls for n in s["expected"]}}, spec.cfg.rms_norm_eps)
     env = Envelope()
     for profile in profiles:
         for placement in placements or variants(profile, spec.tags):
@@ -112,7 +113,7 @@ def observe(spec_index: int, seed: int, profiles=VERIFY_PROFILES, placements=Non
                         continue  # selected experts: judged exactly, no error to bound
                     key = call_key(step["call"], name)
                     env.add(END_TO_END, profile, recipe, name, as_judged(res.outputs[key], step, name),
-                            as_judged(gold[key], step, name), stats[name])
+                            as_judged(gold[key], step, name), stats[name], step["call"])
             if spec.state_in:
                 impl = emulated(GDNConfig.from_hf(case.config), case.weights, profile=profile, placement=placement)
                 for step in calls:
@@ -131,7 +132,7 @@ def _observe_isolated(env: Envelope, impl, gold, step: dict, profile: str, recip
         for name in stage_outputs(stage, kind):
             key = call_key(k, name)
             if key in gold and not is_index_tensor(name):
-                env.add(STAGE_ISOLATED, profile, recipe, name, outputs[name], gold[key], stats[name])
+                env.add(STAGE_ISOLATED, profile, recipe, name, outputs[name], gold[key], stats[name], k)
 
 
 def _observe_job(args):
@@ -160,6 +161,8 @@ def derive(seeds=SEEDS, jobs: int = 1, progress: Callable[[str], None] | None = 
                 progress(recipes[job[0]].case_id(job[1]))
     doc = table_document(env, seeds, [r.case_id(0) for r in recipes])
     doc["derivation"]["suite"] = suite_name
+    if suite_name != "full":  # the table says what it was derived from (the committed one: COMMAND)
+        doc["derivation"]["command"] = f"gdncheck tolerances derive --suite {suite_name} --jobs {jobs}"
     return doc
 
 
@@ -179,7 +182,8 @@ def table_document(env: Envelope, seeds, cases: list[str]) -> dict:
         "version": TABLE_VERSION,
         "derivation": {
             "command": COMMAND,
-            "method": "per (mode, profile, case recipe, tensor): the largest scaled elementwise error and the largest "
+            "method": "per (mode, profile, case recipe, tensor): the largest elementwise error of the tensor's rule "
+                      "(docs/tolerances.md §1) and the largest "
                       "per-call NMSE of the emulated layer against the float64 reference, over the recipe rebuilt at "
                       "every seed and run with every placement and summation order; bound = margin x envelope, at "
                       "least one ulp of the profile dtype (elem) or its square (nmse). 'global' is the envelope over "
@@ -200,6 +204,32 @@ def table_document(env: Envelope, seeds, cases: list[str]) -> dict:
         },
         "modes": {m: modes[m] for m in MODES if m in modes},
     }
+
+
+def merge_recipes(table: dict, part: dict) -> dict:
+    """``table`` with ``part``'s recipes (a derivation over some recipes only, same method and seeds)
+    put in: their rows replace any of the same recipe, and each global row becomes the envelope of
+    both (a global bound only widens). What a full derive over both would write, without rerunning
+    the other recipes; the derivation record lists part's cases too."""
+    for key in ("method", "margin_elem", "margin_nmse", "placements", "orders", "seeds"):
+        if table["derivation"][key] != part["derivation"][key]:
+            raise ValueError(f"cannot merge derivations that differ in {key}: {table['derivation'][key]!r} "
+                             f"vs {part['derivation'][key]!r}")
+    out = json.loads(json.dumps(table))
+    for mode, profiles in part["modes"].items():
+        for profile, rows in profiles.items():
+            mine = out["modes"].setdefault(mode, {}).setdefault(profile, {"global": {}, "cases": {}})
+            mine["cases"].update(rows["cases"])
+            for tensor, row in rows["global"].items():
+                old = mine["global"].get(tensor, {"observed_elem": 0.0, "observed_nmse": 0.0})
+                if row["observed_elem"] <= old["observed_elem"] and row["observed_nmse"] <= old["observed_nmse"]:
+                    continue  # the row as written (re-rounding it could move its last digit)
+                mine["global"][tensor] = _row(max(old["observed_elem"], row["observed_elem"]),
+                                              max(old["observed_nmse"], row["observed_nmse"]), PROFILES[profile].eps)
+            mine["global"] = dict(sorted(mine["global"].items()))
+            mine["cases"] = dict(sorted(mine["cases"].items()))
+    out["derivation"]["cases"] = list(dict.fromkeys(out["derivation"]["cases"] + part["derivation"]["cases"]))
+    return out
 
 
 def _row(elem: float, nmse: float, floor: float) -> dict:

@@ -173,9 +173,28 @@ class EmulatedLayer(MoEStages):
         return lowp.matmul_t(x, w, self.order)
 
     # --- stages (docs/spec.md §2), each returning the tensors of the same name ---------------------------
+    # the nonlinearities, one method each, so that a mutant (conformance/meta) replaces one of them
+    def rms_normalize(self, x):
+        """x / sqrt(mean(x^2) + eps) in float32 (the layer RMSNorms)."""
+        return lowp.rms_normalize(f32(x), self.cfg.rms_norm_eps, self.order)
+
+    def gated_normalize(self, core):
+        """core / sqrt(mean_dv(core^2) + eps) in float32 (the gated RMSNorm's normalisation)."""
+        return lowp.rms_normalize(f32(core), self.cfg.rms_norm_eps, self.order)
+
+    def l2_normalize(self, x):
+        """x / sqrt(sum(x^2) + 1e-6) in float32 (q and k)."""
+        return lowp.l2_normalize(x, order=self.order)
+
+    def softplus(self, x):
+        return lowp.softplus(x, self.p.softplus_threshold)
+
+    def sigmoid(self, b):
+        return lowp.sigmoid(b)
+
     def rms_norm_one_plus(self, x, weight):
         """RMSNorm with (1 + w) in float32, rounded once (HF, vLLM GemmaRMSNorm)."""
-        return self.store(lowp.rms_normalize(f32(x), self.cfg.rms_norm_eps, self.order) * (F32(1) + weight))
+        return self.store(self.rms_normalize(x) * (F32(1) + weight))
 
     def input_norm(self, x):
         return self.rms_norm_one_plus(x, self.w["input_layernorm.weight"])
@@ -211,15 +230,15 @@ class EmulatedLayer(MoEStages):
 
     def qk_norm(self, qkv_conv):
         q, k, v = self.split_qkv(f32(qkv_conv))
-        q, k = lowp.l2_normalize(q, order=self.order), lowp.l2_normalize(k, order=self.order)
+        q, k = self.l2_normalize(q), self.l2_normalize(k)
         if self.p.qk_stored:
             q, k = self.store(q), self.store(k)
         return q, k, v
 
     def gates(self, a, b):
         x = f32(a) + self.w["linear_attn.dt_bias"]
-        g = -np.exp(self.w["linear_attn.A_log"]) * lowp.softplus(x, self.p.softplus_threshold)
-        beta = lowp.sigmoid(f32(b))
+        g = -np.exp(self.w["linear_attn.A_log"]) * self.softplus(x)
+        beta = self.sigmoid(f32(b))
         return g, (self.store(beta) if self.p.beta_stored else beta)
 
     def expand(self, x):
@@ -244,8 +263,8 @@ class EmulatedLayer(MoEStages):
         return w.reshape(c.num_v_heads, c.head_v_dim) if self.norm_mode == "per_head" else w
 
     def gated_norm(self, core, z):
-        eps, w = self.cfg.rms_norm_eps, self.norm_weight()
-        normed = lowp.rms_normalize(f32(core), eps, self.order)
+        w = self.norm_weight()
+        normed = self.gated_normalize(core)
         gate = lowp.silu(f32(z))
         if self.p.gated_norm == "hf":
             return self.store(self.store(self.store(normed) * w) * gate)

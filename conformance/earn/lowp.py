@@ -193,7 +193,7 @@ def _unit_lower_inverse_f32(A: np.ndarray, order: str = "blas") -> np.ndarray:
 
 
 def delta_rule_chunked_f32(q, k, v, g, beta, state, scale, *, chunk_size=64, lowp=None, scale_at="out",
-                           order="blas"):
+                           order="blas", quotient_of_exps=False):
     """The chunked (WY/UT) gated delta rule in float32 (reference: ``delta_rule_chunked``).
 
     Decay factors come from differences of chunk-local cumulative sums of g, as HF and FLA compute
@@ -202,7 +202,9 @@ def delta_rule_chunked_f32(q, k, v, g, beta, state, scale, *, chunk_size=64, low
     q k^T block, and q, k themselves. Without it every intermediate stays float32 (HF's fallback).
     ``scale_at="q"`` folds the scale into q first (HF), ``"out"`` scales the output (FLA).
     ``order`` sums every product in the chunk (over dk or over the chunk's positions) and the forward
-    substitution. Shapes as :func:`delta_rule_recurrent_f32`.
+    substitution. ``quotient_of_exps`` computes the decay between positions i and j as
+    ``exp(γ_i) / exp(γ_j)`` instead of ``exp(γ_i - γ_j)`` (a bug class of the mutants: 0/0 where a
+    chunk's cumulative decay underflows). Shapes as :func:`delta_rule_recurrent_f32`.
     """
     if scale_at == "q":
         q, scale = q * F32(scale), 1.0
@@ -231,8 +233,12 @@ def delta_rule_chunked_f32(q, k, v, g, beta, state, scale, *, chunk_size=64, low
         KnT = np.swapaxes(Kn, -1, -2)
         gamma = np.cumsum(gn, axis=-1, dtype=F32)
         diff = gamma[..., :, None] - gamma[..., None, :]
-        with np.errstate(over="ignore"):
-            E = np.where(lower, np.exp(np.where(lower, diff, F32(0.0))), F32(0.0))
+        with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+            if quotient_of_exps:
+                eg = np.exp(gamma)
+                E = np.where(lower, eg[..., :, None] / eg[..., None, :], F32(0.0))
+            else:
+                E = np.where(lower, np.exp(np.where(lower, diff, F32(0.0))), F32(0.0))
         A = np.where(strict, bn[..., :, None] * mm(Kn, KnT) * E, F32(0.0))
         Tinv = r(_unit_lower_inverse_f32(A, order))
         W = r(mm(Tinv, r(Kn * (bn * np.exp(gamma))[..., None])))
@@ -241,7 +247,9 @@ def delta_rule_chunked_f32(q, k, v, g, beta, state, scale, *, chunk_size=64, low
         QK = r(np.where(lower, mm(Qn, KnT) * E, F32(0.0)))
         out[:, :, n] = F32(scale) * (mm(Qn * np.exp(gamma)[..., None], r(S)) + mm(QK, r(Vp)))
         last = gamma[..., -1:]
-        Vd = r(Vp * np.exp(last - gamma)[..., None])
+        with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+            tail = np.exp(last) / np.exp(gamma) if quotient_of_exps else np.exp(last - gamma)
+        Vd = r(Vp * tail[..., None])
         S = S * np.exp(last)[..., None] + mm(KnT, Vd)
     core = np.moveaxis(out.reshape(B, Hv, N * C, dv)[:, :, :T], 1, 2)
     return np.ascontiguousarray(core), S

@@ -23,7 +23,7 @@ from gdncheck.untrusted import safe_text
 
 from . import inputs, messages, packed
 from .aliases import NamedOutputs, NameTable
-from .metrics import CaseStats
+from .metrics import CaseStats, case_stats
 from .records import CaseReport, FirstDivergence, Record
 from .routing import RoutingCheck, judge_routing
 from .tolerances import ToleranceTable
@@ -50,7 +50,7 @@ class CaseJudge:
     def __post_init__(self) -> None:
         e = self.entry
         self.report = CaseReport(e["id"], e["kind"], list(e.get("tags", [])), "pass", file=e["file"],
-                                 features=list(coverage_of(e)["features"]))
+                                 regime=e.get("regime"), features=list(coverage_of(e)["features"]))
         self.report.repro = self._repro()
 
     @property
@@ -154,7 +154,7 @@ class CaseJudge:
         if failed:
             first = min(failed, key=lambda r: (r.step, r.stage_index, tensor_rank(r.tensor)))
             rep.first_divergence = FirstDivergence.of_record(first)
-            rep.message = first.message
+            rep.message = messages.with_regime(first.message, rep.regime)
         return rep
 
     # --- an error case -------------------------------------------------------------------------------
@@ -189,12 +189,12 @@ class CaseJudge:
 
     def case_stats(self) -> dict[str, CaseStats]:
         """Per tensor, its scales over every call of the case (metrics.CaseStats), from the goldens."""
-        arrays: dict[str, list[np.ndarray]] = {}
+        arrays: dict[str, dict[int, np.ndarray]] = {}
         for step in call_steps(self.entry["program"]):
             for name in step["expected"]:
                 arr = np.asarray(self.gold[call_key(step["call"], name)])
-                arrays.setdefault(name, []).append(packed.as_judged(arr, step, name))
-        return {name: CaseStats(name, arrs) for name, arrs in arrays.items()}
+                arrays.setdefault(name, {})[step["call"]] = packed.as_judged(arr, step, name)
+        return case_stats(arrays, float(self.entry["config"].get("rms_norm_eps", 1e-6)))
 
     def judge_call(self, i: int, step: dict) -> None:
         """Every tensor the golden keeps for this call, then (end to end) its seq_len."""

@@ -53,10 +53,17 @@ def check_golden(entry: dict, gold: SafetensorsFile) -> None:
 def expected_shape(name: str, batch: int, T: int, shapes: dict[str, int], *, packed: bool = False
                    ) -> tuple[int, ...]:
     """A call's tensor ``name`` as the case's dimensions shape it: [B, T, ...] for a stage tensor,
-    [B, ...] for a state (docs/spec.md §2, §4). A serving step's (``packed``, FORMAT.md §4.1): a stage
-    tensor packed by token, [T, ...] with T = total_tokens (no batch axis); a state the whole pool,
-    [S, ...] with S = the case's batch."""
-    spec = KNOWN_TENSORS.get(name) or next(t for t in STATE_TENSORS if t.name == name)
+    [B, ...] for a state (docs/spec.md §2, §4). Either layer kind's tensors (the sparse block's
+    router_logits, ... are expected on a sparse case); a name of neither is a damaged manifest. A serving
+    step's (``packed``, FORMAT.md §4.1): a stage tensor packed by token, [T, ...] with T = total_tokens
+    (no batch axis); a state the whole pool, [S, ...] with S = the case's batch."""
+    spec = KNOWN_TENSORS.get(name) or next((t for t in STATE_TENSORS if t.name == name), None)
+    if spec is None:
+        raise FixtureError(f"the manifest expects a tensor {safe_text(name)!r}, which is no stage tensor or state "
+                           f"of either layer kind (docs/spec.md §2, §4)")
+    if shapes is None or any(sym != "T" and sym not in shapes for sym in spec.shape):
+        raise FixtureError(f"tensor {safe_text(name)!r} has shape symbols {list(spec.shape)}, but the case's config "
+                           f"gives only {sorted(shapes or ())} (a sparse tensor on a dense case?)")
     rest = tuple(T if sym == "T" else shapes[sym] for sym in spec.shape)
     if packed and spec.shape[:1] == ("T",):
         return rest

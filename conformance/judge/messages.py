@@ -52,6 +52,15 @@ def bound_failure(*, subject: str, metrics: dict, bound: dict, actual: float, ex
     return "; ".join(parts) + " " + loc
 
 
+def with_regime(message: str | None, regime: str | None) -> str | None:
+    """A failure message of a case that probes an edge names the edge, so that a port sees whether it
+    differs in the realistic regime or only there: ``...; [case ..., step ...] (edge: q/k squared
+    norm ≈ eps)``."""
+    if message is None or not regime or regime == "realistic":
+        return message
+    return f"{message} ({regime})"
+
+
 def shape_failure(*, subject: str, shape, expected, loc: str) -> str:
     return f"{subject}: shape {list(shape)}, but should be {list(expected)} {loc}"
 

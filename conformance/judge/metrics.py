@@ -1,27 +1,47 @@
 """Error metrics of one tensor against its float64 golden (no verdicts here; see :mod:`.verdicts`).
 
-The elementwise error that bounds apply to is *scaled*: ``err_i = |a_i - e_i| / (|e_i| + s_i)``,
-where ``s_i`` is the RMS of the expected values in ``i``'s group (:func:`group_axes`, :class:`CaseStats`).
-It is a relative error for large elements and an error relative to the group's size for elements
-near zero, where a relative error means nothing (a projection that cancels, a read ``q·S`` of a
-decayed state). ``s_i`` never drops below the profile dtype's smallest normal.
+Each tensor's error is measured in the space where the quantity acts (docs/tolerances.md §1, the
+rule per tensor in :data:`RULES`):
 
-Groups, chosen from measured conditioning (docs/tolerances.md):
+- ``scaled`` (activations, the core, the states): ``err_i = |a_i - e_i| / (|e_i| + s_i)``, where
+  ``s_i`` is the RMS of the expected values in ``i``'s group (:func:`group_axes`, :class:`CaseStats`),
+  never below the profile dtype's smallest normal. A relative error for large elements, an error
+  relative to the group's size for elements near zero, where a relative error means nothing (a
+  projection that cancels, a read ``q·S`` of a decayed state);
+- ``log_decay`` (``g``): ``|ĝ_a - ĝ_e| / (1 + |ĝ_e|)`` with ``ĝ = max(g, ln 2⁻¹²⁶)``. The decay
+  multiplies the state by ``exp(g)``, so an absolute error of ``g`` is the relative error of the
+  decay: absolute while the decay keeps a sizeable part of the state (|g| < 1), relative to ``g``
+  beyond, where a token forgets almost all of it; a decay below float32's smallest normal is zero
+  to every state a port may keep (float32 or wider), so ``g`` below ``ln 2⁻¹²⁶`` is that value;
+- ``relative`` (``beta``): ``max(0, |a_i - e_i| - ulp_i / 2) / (|e_i| + τ)``, ``ulp_i`` the spacing of
+  the profile's dtype at ``e_i`` and ``τ`` its smallest subnormal. Beta scales the write, so its
+  relative error is the write's; half an ulp is what storing the exact value in the profile's dtype
+  costs (in f16 a beta of 1e-7 is a subnormal with 2 significant bits), and ``τ`` is what a stored
+  beta cannot resolve at all;
+- ``unit`` (``a``, ``b``): ``|a_i - e_i| / (1 + |e_i|)``. They act through softplus and sigmoid, whose
+  log-derivatives are at most 1: an absolute error of ``b`` is the relative error of beta (and of
+  1 - beta), one of ``a`` bounds the relative error of softplus; beyond magnitude 1 their own
+  storage rounding is relative.
+
+Groups of the ``scaled`` rule, chosen from measured conditioning (docs/tolerances.md):
 
 - one token of one sequence: the norms, projections, conv, q k v, and the residual stream;
-- one sequence over the whole case (every call): ``a b core core_gated attn_out``. The delta rule's
+- one sequence over the whole case (every call): ``core core_gated attn_out``. The delta rule's
   read ``q·S`` of a decayed state cancels whenever q is nearly orthogonal to the last keys, in every
   head sharing that q at once, so one token (or a one-token call) can be tiny everywhere; the gated
-  norm then scales that noise up to unit size;
-- one head of one sequence over the whole case: ``g beta`` (their size is set by the head's weights);
+  norm then scales that noise up to unit size. So the error of ``core_gated`` is divided by the
+  gated norm's condition ``max(1, κ)``, ``κ = C / sqrt(mean_dv(core²) + eps)`` per token and head, ``C``
+  the head's core RMS over the case (:func:`gated_norm_conditions`): a wrong norm, weight or gate
+  shows on every well-conditioned head and token, where ``κ ≤ 1``;
 - one head of one call: ``recurrent_state`` (over dk x dv); one sequence of one call: ``conv_state``.
 
 The NMSE of a call is ``Σ(a-e)² / (n · m)`` with ``m`` the tensor's mean square over the whole case
-(the classic ``Σ(a-e)²/Σe²`` for a one-call case), for the same reason.
+(the classic ``Σ(a-e)²/Σe²`` for a one-call case); for the other rules it is the mean square of the
+error above (the error is already normalised where the quantity acts).
 
-Also reported, not judged: NMSE = Σ(a-e)²/Σe² and SQNR = -10·log10(NMSE) (dB), max absolute and
-max relative error with their indices, the largest distance in units in the last place of the
-profile's dtype (at the expected value), cosine similarity, and the largest error per token.
+Also reported, not judged: SQNR = -10·log10(NMSE) (dB), max absolute and max relative error with
+their indices, the largest distance in units in the last place of the profile's dtype (at the
+expected value), cosine similarity, and the largest error per token.
 """
 
 from __future__ import annotations
@@ -34,8 +54,15 @@ import numpy as np
 from gdncheck.profiles import PROFILES
 from gdncheck.stages import STATE_NAMES
 
-CASE_WIDE = ("a", "b", "core", "core_gated", "attn_out")
-HEAD_OVER_CASE = ("g", "beta")
+CASE_WIDE = ("core", "core_gated", "attn_out")
+#: The error rule of each tensor that is not ``scaled`` (module docstring).
+RULES: dict[str, str] = {"g": "log_decay", "beta": "relative", "a": "unit", "b": "unit"}
+#: ``ln 2⁻¹²⁶``: a decay ``exp(g)`` below float32's smallest normal is zero to every state.
+LOG_DECAY_FLOOR = -126.0 * math.log(2.0)
+
+
+def rule_of(tensor: str) -> str:
+    return RULES.get(tensor, "scaled")
 
 
 def group_axes(tensor: str, ndim: int) -> tuple[int, ...]:
@@ -46,8 +73,6 @@ def group_axes(tensor: str, ndim: int) -> tuple[int, ...]:
         return tuple(range(1, ndim))  # [B, conv_dim, K]: per sequence
     if tensor in CASE_WIDE:
         return tuple(range(1, ndim))  # per sequence (and across calls: CaseStats)
-    if tensor in HEAD_OVER_CASE:
-        return (1,)  # [B, T, Hv]: per head (and across calls)
     return tuple(range(2, ndim))  # [B, T, ...]: per token
 
 
@@ -62,15 +87,44 @@ class CaseStats:
         count = sum(a.size for a in arrays)
         self.mean_square = total / count if count else 0.0
         self.scale = None
-        if tensor in CASE_WIDE or tensor in HEAD_OVER_CASE:
+        if tensor in CASE_WIDE:
             sums = sum(np.sum(a * a, axis=group_axes(tensor, a.ndim), keepdims=True) for a in arrays)
             counts = sum(np.prod([a.shape[i] for i in group_axes(tensor, a.ndim)]) for a in arrays)
             self.scale = np.sqrt(sums / counts)
+
+        self.conditions: dict[int, np.ndarray] = {}  # call -> κ of the gated norm (core_gated only)
 
     @classmethod
     def of(cls, tensor: str, expected: np.ndarray) -> CaseStats:
         """Stats of a tensor seen alone (a one-call case)."""
         return cls(tensor, [expected])
+
+    def condition(self, call: int | None) -> np.ndarray | None:
+        return self.conditions.get(call) if call is not None else None
+
+
+def gated_norm_conditions(cores: dict[int, np.ndarray], eps: float) -> dict[int, np.ndarray]:
+    """Per call, the condition ``κ = C / sqrt(mean_dv(core²) + eps)`` of the gated norm at each
+    sequence, token and head ([B, T, Hv, 1]): how much it magnifies an error of ``core``, whose size is
+    that of the head's reads of the state, ``C`` (the RMS of the head's core over the case), not that
+    of a core that happens to be small (a query nearly orthogonal to the stored keys)."""
+    arrays = {k: np.asarray(v, dtype=np.float64) for k, v in cores.items()}
+    if not arrays:
+        return {}
+    sums = sum(np.sum(a * a, axis=(1, 3), keepdims=True) for a in arrays.values())  # [B, 1, Hv, 1]
+    counts = sum(a.shape[1] * a.shape[3] for a in arrays.values())
+    C = np.sqrt(sums / counts)
+    return {k: C / np.sqrt(np.mean(a * a, axis=-1, keepdims=True) + eps) for k, a in arrays.items()}
+
+
+def case_stats(goldens: dict[str, dict[int, np.ndarray]], eps: float) -> dict[str, CaseStats]:
+    """CaseStats of every tensor of a case from its goldens (tensor -> call -> array), with the
+    gated norm's conditions on ``core_gated`` where the case keeps ``core`` for the same calls."""
+    stats = {name: CaseStats(name, list(calls.values())) for name, calls in goldens.items()}
+    if "core_gated" in stats and "core" in goldens:
+        cores = {k: v for k, v in goldens["core"].items() if k in goldens["core_gated"]}
+        stats["core_gated"].conditions = gated_norm_conditions(cores, eps)
+    return stats
 
 
 def has_tokens(tensor: str) -> bool:
@@ -130,30 +184,57 @@ def group_scale(expected: np.ndarray, tensor: str, profile: str, stats: CaseStat
     return np.maximum(s, PROFILES[profile].smallest_normal)
 
 
+def error_denominator(expected: np.ndarray, tensor: str, profile: str, stats: CaseStats | None = None,
+                      call: int | None = None) -> np.ndarray:
+    """What an absolute error of each element is divided by (its rule, module docstring), broadcast
+    to ``expected``'s shape: the allowed deviation of an element is ``elem`` times this."""
+    e = np.asarray(expected, dtype=np.float64)
+    fin = np.abs(np.where(np.isfinite(e), e, 0.0))
+    rule = rule_of(tensor)
+    if rule == "log_decay":
+        return 1.0 + np.minimum(fin, -LOG_DECAY_FLOOR)
+    if rule == "relative":
+        return fin + 2.0 ** PROFILES[profile].subnormal_exponent
+    if rule == "unit":
+        return 1.0 + fin
+    denom = fin + group_scale(e, tensor, profile, stats)
+    kappa = stats.condition(call) if stats is not None else None
+    if kappa is not None and kappa.shape[:-1] == e.shape[:-1]:
+        denom = denom * np.maximum(kappa, 1.0)
+    return np.broadcast_to(denom, e.shape)
+
+
 def scaled_error(actual: np.ndarray, expected: np.ndarray, tensor: str, profile: str,
-                 stats: CaseStats | None = None) -> np.ndarray:
+                 stats: CaseStats | None = None, call: int | None = None) -> np.ndarray:
     """err_i of the module docstring; NaN where actual is NaN, +inf where an infinity is unmatched."""
     a = np.asarray(actual, dtype=np.float64)
     e = np.asarray(expected, dtype=np.float64)
     same_inf = np.isinf(a) & (a == e)
     with np.errstate(invalid="ignore", over="ignore"):
-        diff = np.where(same_inf, 0.0, np.abs(a - e))
-        fin = np.where(np.isfinite(e), e, 0.0)
-        err = diff / (np.abs(fin) + group_scale(e, tensor, profile, stats))
+        if rule_of(tensor) == "log_decay":  # below the floor a decay is zero: g is the floor there
+            diff = np.abs(np.maximum(a, LOG_DECAY_FLOOR) - np.maximum(e, LOG_DECAY_FLOOR))
+            same_inf = same_inf | (np.isneginf(a) & (e <= LOG_DECAY_FLOOR))
+        elif rule_of(tensor) == "relative":  # storing the exact value costs half an ulp: no error
+            fin = np.where(np.isfinite(e), e, 0.0)
+            diff = np.maximum(np.abs(a - e) - 0.5 * ulp_spacing(fin, profile), 0.0)
+        else:
+            diff = np.abs(a - e)
+        diff = np.where(same_inf, 0.0, diff)
+        err = diff / error_denominator(e, tensor, profile, stats, call)
     err = np.where(np.isinf(a) & ~same_inf, np.inf, err)
     return np.where(np.isnan(a), np.nan, err)
 
 
 def tensor_metrics(actual: np.ndarray, expected: np.ndarray, tensor: str, profile: str,
-                   stats: CaseStats | None = None, err: np.ndarray | None = None) -> TensorMetrics:
+                   stats: CaseStats | None = None, err: np.ndarray | None = None,
+                   call: int | None = None) -> TensorMetrics:
     """Every metric of the module docstring; non-finite elements are counted and left out of the rest."""
     a = np.asarray(actual, dtype=np.float64)
     e = np.asarray(expected, dtype=np.float64)
     if err is None:
-        err = scaled_error(a, e, tensor, profile, stats)
+        err = scaled_error(a, e, tensor, profile, stats, call)
     nan = np.isnan(a)
-    same_inf = np.isinf(a) & (a == e)
-    inf_bad = np.isinf(a) & ~same_inf
+    inf_bad = np.isinf(a) & np.isinf(err)  # an infinity the rule does not match (scaled_error)
     bad = nan | inf_bad
     first = _index(int(np.flatnonzero(bad.ravel())[0]), a.shape) if bad.any() else None
     ok = np.isfinite(a) & np.isfinite(e)
@@ -163,8 +244,12 @@ def tensor_metrics(actual: np.ndarray, expected: np.ndarray, tensor: str, profil
     av = np.where(ok, a, 0.0)
     se = float(np.sum(ev * ev))
     sd = float(np.sum(d * d))
-    denom = (stats.mean_square * a.size) if stats is not None else se
-    nmse = sd / denom if denom > 0 else (0.0 if sd == 0 else math.inf)
+    if rule_of(tensor) != "scaled":  # the error is already normalised where the quantity acts
+        fe = np.where(np.isfinite(err), err, 0.0)
+        nmse = float(np.mean(fe * fe)) if fe.size else 0.0
+    else:
+        denom = (stats.mean_square * a.size) if stats is not None else se
+        nmse = sd / denom if denom > 0 else (0.0 if sd == 0 else math.inf)
     sqnr = math.inf if nmse == 0 else (-10.0 * math.log10(nmse) if math.isfinite(nmse) else -math.inf)
     absd = np.abs(d)
     with np.errstate(divide="ignore", invalid="ignore"):

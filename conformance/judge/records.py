@@ -155,6 +155,8 @@ class CaseReport:
     counts: dict = field(default_factory=lambda: {"pass": 0, "fail": 0, "missing": 0})
     error_check: dict | None = None
     not_applicable: dict | None = None  # {step, op, reason}: the implementation cannot express the case from there
+    regime: str | None = None  # the regime the case probes (the manifest's: "realistic" or "edge: ...")
+    diagnosis: dict | None = None  # the likely cause at the first divergence (judge/diagnose.py); advice only
     notes: list[str] = field(default_factory=list)
     records: list[Record] = field(default_factory=list)
     features: list[str] = field(default_factory=list)  # the case's optional features (coverage; [] = must be judged)

@@ -5,8 +5,9 @@
 2. dtype: floating dtypes only, no narrower than the profile's (states: float32 or wider for the
    recurrent state, the profile's dtype or wider for the conv state).
 3. shape: exactly the golden's.
-4. NaN anywhere fails; an infinity passes only where the golden holds the same infinity.
-5. the bound: the scaled elementwise error (:mod:`.metrics`) at most ``elem`` everywhere and the
+4. NaN anywhere fails; an infinity passes only where the golden holds the same infinity (or, for
+   ``g``, a ``-inf`` where the golden decay is below float32's smallest normal: :mod:`.metrics`).
+5. the bound: the elementwise error of the tensor's rule (:mod:`.metrics`) at most ``elem`` everywhere and the
    NMSE at most ``nmse`` (:mod:`.tolerances`).
 """
 
@@ -18,7 +19,15 @@ from gdncheck.profiles import PROFILES, STATE_OUTPUTS
 from gdncheck.stages import stage_index, stage_of
 
 from . import messages
-from .metrics import CaseStats, downsample_max, group_scale, has_tokens, scaled_error, tensor_metrics, token_errors
+from .metrics import (
+    CaseStats,
+    downsample_max,
+    error_denominator,
+    has_tokens,
+    scaled_error,
+    tensor_metrics,
+    token_errors,
+)
 from .records import Record
 from .tolerances import Bound
 
@@ -57,8 +66,8 @@ def judge(rec: Record, actual: np.ndarray | None, dtype: str | None, expected: n
                                                              expected=expected.shape, loc=loc))
     a = np.asarray(actual, dtype=np.float64)
     e = np.asarray(expected, dtype=np.float64)
-    err = scaled_error(a, e, rec.tensor, bound.profile, stats)
-    m = tensor_metrics(a, e, rec.tensor, bound.profile, stats, err=err)
+    err = scaled_error(a, e, rec.tensor, bound.profile, stats, rec.call)
+    m = tensor_metrics(a, e, rec.tensor, bound.profile, stats, err=err, call=rec.call)
     rec.metrics = m.to_json()
     rec.min_tolerance = {"elem": m.max_err if m.nan == 0 and m.inf_mismatch == 0 else float("inf"), "nmse": m.nmse}
     over_mask = ~(err <= bound.elem)  # NaN and unmatched infinities count as over
@@ -82,8 +91,7 @@ def judge(rec: Record, actual: np.ndarray | None, dtype: str | None, expected: n
     nmse_failed = m.nmse > bound.nmse
     if elem_failed or nmse_failed:
         idx = tuple(m.max_err_index)
-        scale = abs(float(e[idx])) + float(np.broadcast_to(group_scale(e, rec.tensor, bound.profile, stats),
-                                                              e.shape)[idx])
+        scale = float(error_denominator(e, rec.tensor, bound.profile, stats, rec.call)[idx])
         first = (rec.first_bad_token, rec.first_bad_position, rec.first_bad_row) if rec.first_bad_token is not None \
             else None
         msg = messages.bound_failure(subject=subject, metrics=rec.metrics, bound=rec.bound, actual=float(a[idx]),

@@ -29,6 +29,7 @@ from gdncheck.profiles import VERIFY_PROFILES, choices
 
 from .aliases import load_names
 from .case import CaseJudge
+from .diagnose import advise
 from .records import CaseReport, Summary
 from .tolerances import ToleranceTable, load_table
 
@@ -37,7 +38,7 @@ def verify(fixtures_dir: str | Path, outputs_dir: str | Path, profile: str, *, c
            tags: list[str] | None = None, shard: tuple[int, int] | None = None, stage_isolated: bool = False,
            tolerances: str | Path | ToleranceTable | None = None,
            progress: Callable[[CaseReport], None] | None = None, names: str | None = None,
-           manifest_sha256: str | None = None) -> Summary:
+           diagnose: Callable | None = None, manifest_sha256: str | None = None) -> Summary:
     """Verify the outputs in ``outputs_dir`` against the fixtures in ``fixtures_dir`` at ``profile``.
 
     ``cases`` (ids or id prefixes), ``tags`` and ``shard=(i, n)`` select cases; ``names`` reads the
@@ -45,7 +46,8 @@ def verify(fixtures_dir: str | Path, outputs_dir: str | Path, profile: str, *, c
     ``manifest_sha256`` pins the fixture manifest. Raises :class:`FixtureError` only when the run
     cannot start: the fixture folder unusable (no readable manifest, another manifest than the pinned
     one), a selection of no case (:class:`~gdncheck.fixtures.manifest.SelectionError`), an unknown
-    name table or profile.
+    name table or profile. ``diagnose`` (a :class:`~.diagnose.Diagnoser`) names the likely cause of
+    each failing case at its first divergence; it never changes a verdict.
     """
     table = tolerances if isinstance(tolerances, ToleranceTable) else load_table(tolerances)
     name_table = load_names(names)
@@ -80,6 +82,8 @@ def verify(fixtures_dir: str | Path, outputs_dir: str | Path, profile: str, *, c
     for entry in entries:
         judge = CaseJudge(Path(fixtures_dir), Path(outputs_dir), entry, profile, table, stage_isolated, name_table)
         report = judge.run()
+        if diagnose is not None and report.status == "fail":
+            report.diagnosis = advise(diagnose, judge, report)
         if judge.meta:
             impls[entry["id"]] = judge.meta
         summary.cases.append(report)

@@ -1,4 +1,5 @@
-"""``python -m gdncheck.conformance.meta``: print the kill matrix (every mutant x profile)."""
+"""``python -m gdncheck.conformance.meta``: print the kill matrix (every mutant x profile) with margins,
+or write it into the docs (``--write-docs docs/meta.md`` replaces the generated block there)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from gdncheck.fixtures.manifest import DEFAULT_DIR
 from gdncheck.profiles import VERIFY_PROFILES
 from gdncheck.untrusted import OneLineParser
 
-from .kill_matrix import CATALOGUE, format_matrix, kill
+from .kill_matrix import CATALOGUE, format_matrix, matrix, write_docs
 
 
 def main(argv=None) -> int:
@@ -17,19 +18,31 @@ def main(argv=None) -> int:
     p.add_argument("--profiles", default=",".join(VERIFY_PROFILES), help="comma-separated profiles (default all three)")
     p.add_argument("--fixtures", default=str(DEFAULT_DIR), help="fixture folder (default: the committed suite)")
     p.add_argument("--mutant", action="append", help="only this mutant (repeatable)")
+    p.add_argument("--case", action="append", help="only this case (id or id prefix; repeatable)")
+    p.add_argument("--tolerances", help="tolerance table (default: the packaged one)")
+    p.add_argument("--write-docs", metavar="FILE", help="write the table into FILE's generated kill-matrix block")
+    p.add_argument("--no-diagnosis", action="store_true",
+                   help="skip the likely-cause table (each mutant run again as a port and diagnosed)")
+    p.add_argument("--jobs", type=int, default=1, help="processes running the mutants of a profile side by side")
+    p.add_argument("--diagnose-case", action="append",
+                   help="diagnose only on this case (id or id prefix; repeatable; default: the cases run)")
     p.add_argument("--verbose", action="store_true", help="print the first failure message of each cell")
     args = p.parse_args(argv)
     limit_blas_threads()
     profiles = tuple(args.profiles.split(","))
     mutants = [m for m in CATALOGUE if not args.mutant or m.name in args.mutant]
-    results = []
-    for m in mutants:
-        for prof in profiles:
-            r = kill(m, prof, args.fixtures)
-            results.append(r)
-            if args.verbose:
-                print(f"{m.name} [{prof}]: {r.cell()}\n  {r.message}\n  repro: {r.repro}\n", file=sys.stderr)
-    print(format_matrix(results, profiles))
+    def progress(r):
+        print(f"{r.mutant} [{r.profile}]: {r.cell()}; likely cause {r.diagnosis_cell()}"
+              + (f"\n  {r.message}\n  repro: {r.repro}\n" if args.verbose else ""), file=sys.stderr, flush=True)
+
+    results = matrix(profiles, args.fixtures, mutants, tolerances=args.tolerances, cases=args.case,
+                     diagnose=not args.no_diagnosis, progress=progress, jobs=args.jobs,
+                     diagnose_cases=args.diagnose_case)
+    table = format_matrix(results, profiles, mutants)
+    print(table)
+    if args.write_docs:
+        write_docs(args.write_docs, table)
+        print(f"wrote the kill matrix into {args.write_docs}", file=sys.stderr)
     survivors = [r for r in results if not r.killed and r.cases]  # "no case": not run, not a survivor
     return 1 if survivors and len(survivors) == len(results) else 0
 

@@ -1,20 +1,32 @@
 """The kill matrix: every mutant, in every profile, through the same ``run`` + ``verify`` path as a
-port, and where verify first catches it.
+port; where verify first catches it and by how much.
 
-    python -m gdncheck.conformance.meta [--profiles f32,bf16,f16] [--fixtures DIR] [--markdown]
+    python -m gdncheck.conformance.meta [--profiles f32,bf16,f16] [--fixtures DIR] [--write-docs docs/meta.md]
+
+The **margin** of a record is its worst error over its bound, ``max(max_err / elem, nmse / nmse)``
+(infinite for NaN, an unmatched infinity or a dtype, shape or missing-tensor failure). A mutant's
+cell reports the first stage verify flags, its margin there (the largest over the records of its
+own stage: how far past rounding the bug is where it starts), the number of cases that fail, and,
+for a bug that is harmless in realistic regimes (``edge_only``), the worst margin over the
+realistic cases (which must stay below 1).
 """
 
 from __future__ import annotations
 
+import functools
 import logging
+import math
 import tempfile
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from gdncheck.conformance.judge.records import FirstDivergence
+from gdncheck.conformance.judge.records import FirstDivergence, Record, Summary
 from gdncheck.conformance.judge.verify import verify
 from gdncheck.conformance.ports.run import run_impl
-from gdncheck.fixtures.manifest import DEFAULT_DIR
+from gdncheck.env import limit_blas_threads
+from gdncheck.fixtures.cases import REALISTIC
+from gdncheck.fixtures.manifest import DEFAULT_DIR, load_manifest
 from gdncheck.profiles import VERIFY_PROFILES
 from gdncheck.stages import stage_rank
 
@@ -26,6 +38,21 @@ from .serving_mutants import SERVING_MUTANTS
 #: (run on their tagged cases).
 CATALOGUE: tuple[Mutant, ...] = MUTANTS + MOE_MUTANTS + SERVING_MUTANTS
 
+#: The margin a mutant must beat at its own stage wherever its effect exceeds rounding.
+GOAL = 10.0
+
+
+def record_margin(rec: Record) -> float:
+    """Worst error over bound of one record (module docstring); 0 for a record with nothing judged."""
+    if rec.verdict == "fail" and rec.reason not in ("elem_bound", "nmse_bound"):
+        return math.inf
+    m, b = rec.metrics, rec.bound
+    if not m or not b:
+        return 0.0
+    ratios = [float(m["max_err"]) / b["elem"] if b["elem"] > 0 else math.inf,
+              float(m["nmse"]) / b["nmse"] if b["nmse"] > 0 else math.inf]
+    return max(0.0 if math.isnan(r) else r for r in ratios)
+
 
 @dataclass
 class KillResult:
@@ -35,58 +62,227 @@ class KillResult:
     first_stage: str | None
     cases_failed: int
     cases: int
+    stage_margin: float = 0.0  # the largest margin over the records of the mutant's own stage
+    margin: float = 0.0  # the largest margin over every record
+    realistic_margin: float = 0.0  # the largest margin over the records of realistic cases
     first_by_case: dict[str, FirstDivergence] = field(default_factory=dict)
+    margin_case: str | None = None  # the case of the stage margin
+    first_bad_token: dict[str, int] = field(default_factory=dict)  # case -> first token over a bound (own stage)
     message: str | None = None
     repro: str | None = None
+    summary: Summary | None = None
+    diagnosed: int = 0  # failing cases of the mutant run as a port that got a diagnosis
+    named_right: int = 0  # ... whose likely cause is this mutant's bug class
+    named_other: dict[str, int] = field(default_factory=dict)  # what the others were named (None: no match)
+
+    def diagnosis_cell(self) -> str:
+        if not self.diagnosed:
+            return "-"
+        others = ", ".join(f"{k} {v}" for k, v in sorted(self.named_other.items(), key=lambda kv: -kv[1]))
+        return f"{self.named_right}/{self.diagnosed}" + (f" (else: {others})" if others else "")
 
     def cell(self) -> str:
         if not self.cases:
             return "no case"
         if not self.killed:
-            return "survives"
-        return f"{self.first_stage} ({self.cases_failed}/{self.cases})"
+            return f"below rounding (×{self.margin:.2g})"
+        m = "∞" if math.isinf(self.stage_margin) else f"{self.stage_margin:.2g}"
+        return f"{self.first_stage} ×{m} ({self.cases_failed}/{self.cases})"
 
 
-def kill(mutant: Mutant, profile: str, fixtures_dir=DEFAULT_DIR, out_dir=None, cases=None) -> KillResult:
-    """Run ``mutant`` over the cases in ``profile`` and verify its outputs. A mutant with ``case_tags``
-    (the sparse block's) runs on the cases carrying them by default; with none in the suite it is not
-    run (``cases`` 0, cell "no case")."""
+def kill(mutant: Mutant, profile: str, fixtures_dir=DEFAULT_DIR, out_dir=None, cases=None,
+         tolerances=None, stage_isolated: bool = False, diagnose=None) -> KillResult:
+    """Run ``mutant`` over the cases in ``profile`` (end to end, or every stage alone from golden
+    inputs) and verify its outputs (with ``tolerances``: a table path, default the packaged one;
+    ``diagnose``: verify's likely-cause hook). A mutant with ``case_tags`` (the sparse block's) runs
+    on the cases carrying them by default; with none in the suite it is not run (``cases`` 0, cell
+    "no case")."""
     logging.getLogger("gdncheck").setLevel(logging.ERROR)
-    tags = getattr(mutant, "case_tags", ())
-    if cases is None and tags:
-        cases = tagged_cases(fixtures_dir, tags)
-        if not cases:
-            return KillResult(mutant.name, profile, False, None, 0, 0,
-                              message=f"no case tagged {', '.join(tags)} in {fixtures_dir}")
-    module = getattr(mutant, "module", "gdncheck.conformance.meta.mutants")
+    cases = cases_of(mutant, fixtures_dir, cases)
+    if cases == []:
+        return KillResult(mutant.name, profile, False, None, 0, 0,
+                          message=f"no case tagged {', '.join(mutant.case_tags)} in {fixtures_dir}")
+    iso = " --stage-isolated" if stage_isolated else ""
     with tempfile.TemporaryDirectory(prefix=f"gdncheck-mutant-{mutant.name}-") as tmp:
         out = Path(out_dir) if out_dir else Path(tmp)
-        run_impl(mutant.factory, fixtures_dir, out, profile, cases=cases,
-                 command=f"gdncheck run {module}:{mutant.name} --fixtures {fixtures_dir} "
-                         f"--out {out} --profile {profile}")
-        summary = verify(fixtures_dir, out, profile, cases=cases)
+        run_impl(mutant.factory, fixtures_dir, out, profile, cases=cases, stage_isolated=stage_isolated,
+                 command=f"gdncheck run {module_of(mutant)}:{mutant.name} --fixtures {fixtures_dir} "
+                         f"--out {out} --profile {profile}{iso}")
+        summary = verify(fixtures_dir, out, profile, cases=cases, tolerances=tolerances, stage_isolated=stage_isolated,
+                         diagnose=diagnose)
+    return result_of(mutant, profile, summary, fixtures_dir)
+
+
+def cases_of(mutant: Mutant, fixtures_dir, cases=None) -> list[str] | None:
+    """The cases ``mutant`` runs on: ``cases`` if given, else those carrying its ``case_tags`` (the
+    sparse block's mutants; ``[]`` when the suite has none), else every case (None)."""
+    tags = getattr(mutant, "case_tags", ())
+    if cases is None and tags:
+        return tagged_cases(fixtures_dir, tags)
+    return cases
+
+
+def module_of(mutant: Mutant) -> str:
+    """Where ``mutant``'s plug-in factory lives (``gdncheck run MODULE:NAME``)."""
+    return getattr(mutant, "module", "gdncheck.conformance.meta.mutants")
+
+
+def result_of(mutant: Mutant, profile: str, summary: Summary, fixtures_dir=DEFAULT_DIR) -> KillResult:
+    """The kill-matrix cell of a verify summary of ``mutant``'s outputs."""
+    regimes = {c["id"]: c.get("regime", REALISTIC) for c in load_manifest(fixtures_dir)["cases"]}
     failing = [c for c in summary.cases if c.status == "fail"]
     first_by_case = {c.id: c.first_divergence for c in failing}
     stages = [fd.stage for fd in first_by_case.values() if fd and fd.stage]
     first = min(stages, key=stage_rank) if stages else None
     earliest = next((c for c in failing if c.first_divergence and c.first_divergence.stage == first), None)
-    return KillResult(mutant.name, profile, bool(failing), first, len(failing), len(summary.cases), first_by_case,
-                      earliest.message if earliest else None, earliest.repro if earliest else None)
+    r = KillResult(mutant.name, profile, bool(failing), first, len(failing), len(summary.cases),
+                   first_by_case=first_by_case,
+                   message=earliest.message if earliest else None, repro=earliest.repro if earliest else None,
+                   summary=summary)
+    for c in summary.cases:
+        for rec in c.records:
+            m = record_margin(rec)
+            r.margin = max(r.margin, m)
+            if regimes.get(c.id, REALISTIC) == REALISTIC:
+                r.realistic_margin = max(r.realistic_margin, m)
+            if rec.stage == mutant.stage and m > r.stage_margin:
+                r.stage_margin, r.margin_case = m, c.id
+            if rec.stage == mutant.stage and rec.first_bad_token is not None and rec.verdict == "fail":
+                t = r.first_bad_token.get(c.id)
+                r.first_bad_token[c.id] = rec.first_bad_token if t is None else min(t, rec.first_bad_token)
+    return r
 
 
-def matrix(profiles=VERIFY_PROFILES, fixtures_dir=DEFAULT_DIR, mutants=CATALOGUE) -> list[KillResult]:
-    return [kill(m, p, fixtures_dir) for m in mutants for p in profiles]
+def matrix(profiles=VERIFY_PROFILES, fixtures_dir=DEFAULT_DIR, mutants=CATALOGUE, tolerances=None, cases=None,
+           diagnose: bool = True, progress=None, jobs: int = 1, diagnose_cases=None) -> list[KillResult]:
+    """Every mutant in every profile; with ``diagnose``, also the likely cause verify names for each
+    failing case of each mutant (:func:`diagnose_all`; on ``diagnose_cases`` if given, else on the
+    same cases). ``jobs`` processes run the mutants of a profile side by side."""
+    results = []
+    mutants = list(mutants)
+    for p in profiles:
+        with tempfile.TemporaryDirectory(prefix="gdncheck-kill-matrix-") as tmp, \
+                ProcessPoolExecutor(max_workers=max(1, jobs)) as pool:
+            dirs = {m.name: Path(tmp) / m.name for m in mutants}
+            kills = [pool.submit(_kill_job, m.name, p, str(fixtures_dir), str(dirs[m.name]), cases, tolerances)
+                     for m in mutants]
+            row = []
+            for f in kills:
+                row.append(f.result())
+                if progress and not diagnose:
+                    progress(row[-1])
+            if diagnose:
+                todo = [pool.submit(_diagnose_job, r, m.name, p, str(fixtures_dir), dirs,
+                                    str(Path(tmp) / f"port-{m.name}"), diagnose_cases or cases, tolerances)
+                        for r, m in zip(row, mutants) if r.cases]  # a mutant not run has nothing to diagnose
+                done = {r.mutant: r for r in (f.result() for f in todo)}
+                row = [done.get(r.mutant, r) for r in row]
+                if progress:
+                    for r in row:
+                        progress(r)
+            results += row
+    return results
 
 
-def format_matrix(results: list[KillResult], profiles=VERIFY_PROFILES) -> str:
-    """A markdown table: mutant (bug class), expected first stage, then the first stage caught per profile."""
+def _by_name(name: str) -> Mutant:
+    return next(m for m in CATALOGUE if m.name == name)
+
+
+def _kill_job(name, profile, fixtures_dir, out_dir, cases, tolerances) -> KillResult:
+    logging.getLogger("gdncheck").setLevel(logging.ERROR)
+    limit_blas_threads()
+    r = kill(_by_name(name), profile, fixtures_dir, out_dir=out_dir, cases=cases, tolerances=tolerances)
+    r.summary = None  # records of every case: not needed past the cell, and heavy to send back
+    return r
+
+
+def _diagnose_job(r: KillResult, name, profile, fixtures_dir, dirs, out, cases, tolerances) -> KillResult:
+    logging.getLogger("gdncheck").setLevel(logging.ERROR)
+    limit_blas_threads()
+    diagnose_all(r, _by_name(name), profile, fixtures_dir, dirs, Path(out), cases, tolerances)
+    return r
+
+
+#: The placement a mutant runs in as the diagnosed "port": not the catalogue's (``hf``), so that the
+#: diagnosis has to see through another engine's roundings, as it must for a real port.
+PORT_PLACEMENT = "fp32_once"
+
+
+def diagnose_all(r: KillResult, mutant: Mutant, profile: str, fixtures_dir, dirs: dict[str, Path], out: Path,
+                 cases=None, tolerances=None) -> None:
+    """Run ``mutant`` as a port (placement :data:`PORT_PLACEMENT`) and count the failing cases whose
+    likely cause names it, given the catalogue's outputs in ``dirs`` (every mutant, placement hf)."""
+    from .catalogue import mutant_diagnoser  # the catalogue runs verify's diagnosis: imported when used
+
+    cases = cases_of(mutant, fixtures_dir, cases)
+    factory = functools.partial(mutant.factory, placement=PORT_PLACEMENT)
+    run_impl(factory, fixtures_dir, out, profile, cases=cases,
+             command=f"gdncheck run {module_of(mutant)}:{mutant.name} --option placement="
+                     f"{PORT_PLACEMENT} --fixtures {fixtures_dir} --out {out} --profile {profile}")
+    summary = verify(fixtures_dir, out, profile, cases=cases, tolerances=tolerances,
+                     diagnose=mutant_diagnoser(fixtures_dir, limit=None, outputs=dirs))
+    for c in summary.cases:
+        d = c.diagnosis
+        if c.status != "fail" or not d or d.get("verdict") not in ("matches", "none"):
+            continue
+        r.diagnosed += 1
+        named = d.get("candidate") if d["verdict"] == "matches" else None
+        if named == mutant.name:
+            r.named_right += 1
+        else:
+            r.named_other[str(named)] = r.named_other.get(str(named), 0) + 1
+
+
+def format_matrix(results: list[KillResult], profiles=VERIFY_PROFILES, mutants=CATALOGUE) -> str:
+    """A markdown table: mutant (bug class), expected first stage, the edge case built for it, then per
+    profile the first stage caught, the margin there and the failing cases (and, for an edge-only bug,
+    the worst margin over the realistic cases, which must stay below 1)."""
     by = {(r.mutant, r.profile): r for r in results}
-    lines = ["| mutant (bug class) | expected first stage | " + " | ".join(profiles) + " |",
-             "|---|---|" + "---|" * len(profiles)]
-    for m in CATALOGUE:
+    lines = ["| mutant (bug class) | expected first stage | edge case | " + " | ".join(profiles) + " |",
+             "|---|---|---|" + "---|" * len(profiles)]
+    for m in mutants:
         if not any((m.name, p) in by for p in profiles):
             continue
-        cells = [by[(m.name, p)].cell() if (m.name, p) in by else "-" for p in profiles]
+        cells = []
+        for p in profiles:
+            r = by.get((m.name, p))
+            if r is None:
+                cells.append("-")
+                continue
+            cell = r.cell()
+            if m.edge_only:
+                cell += f"; realistic ×{r.realistic_margin:.2g}"
+            cells.append(cell)
         where = f" (first at call {m.call[1]} of {m.call[0]})" if m.call else ""
-        lines.append(f"| `{m.name}` ({m.bug_class}) | {m.stage}{where} | " + " | ".join(cells) + " |")
+        edge = f"`{m.edge}`" + (" (edge only)" if m.edge_only else "") if m.edge else "-"
+        lines.append(f"| `{m.name}` ({m.bug_class}) | {m.stage}{where} | {edge} | " + " | ".join(cells) + " |")
+    if any(r.diagnosed for r in results):
+        lines += ["", "The likely cause verify names for each failing case of the mutant run as a port in placement "
+                  f"`{PORT_PLACEMENT}` (cases naming this mutant / cases diagnosed; what the others named):", "",
+                  "| mutant | " + " | ".join(profiles) + " |", "|---|" + "---|" * len(profiles)]
+        for m in mutants:
+            if any((m.name, p) in by for p in profiles):
+                lines.append(f"| `{m.name}` | " + " | ".join(by[(m.name, p)].diagnosis_cell() if (m.name, p) in by
+                                                              else "-" for p in profiles) + " |")
     return "\n".join(lines)
+
+
+BEGIN, END = "<!-- kill-matrix: begin (python -m gdncheck.conformance.meta --write-docs docs/meta.md) -->", \
+    "<!-- kill-matrix: end -->"
+
+
+def write_docs(path: str | Path, table: str) -> None:
+    """Replace the generated block of ``path`` (between :data:`BEGIN` and :data:`END`) by ``table``."""
+    p = Path(path)
+    text = p.read_text()
+    if BEGIN not in text or END not in text:
+        raise ValueError(f"{p} has no generated kill-matrix block ({BEGIN} ... {END})")
+    head, rest = text.split(BEGIN, 1)
+    _, tail = rest.split(END, 1)
+    p.write_text(f"{head}{BEGIN}\n{table}\n{END}{tail}")
+
+
+def documented_block(path: str | Path) -> str:
+    """The generated block of ``path`` (what :func:`write_docs` wrote)."""
+    text = Path(path).read_text()
+    return text.split(BEGIN, 1)[1].split(END, 1)[0].strip()

@@ -3,7 +3,9 @@
 where each bug class comes from: docs/math.md §5).
 
 Each mutant overrides one method. ``MUTANTS`` names each with the stage where ``verify`` must first
-see it, and, where the bug only shows on a later call, the case and call where it must first show.
+see it, where the bug only shows on a later call the case and call where it must first show, the
+edge case built to expose it (fixtures/cases.py ``EDGES``), and whether it is harmless in realistic
+regimes (``edge_only``: it must pass every realistic case and fail its edge case).
 Every mutant is also a plug-in factory::
 
     gdncheck run gdncheck.conformance.meta.mutants:head_grouping_tiled --profile bf16 --out out/
@@ -18,6 +20,7 @@ import numpy as np
 from gdncheck.conformance.earn import lowp
 from gdncheck.conformance.earn.emulate import EmulatedLayer, EmulatedState, emulated_adapter
 from gdncheck.conformance.earn.lowp import F32, f32
+from gdncheck.fixtures.cases import EDGES, REALISTIC
 from gdncheck.snapshot import Snapshot
 
 
@@ -57,13 +60,15 @@ class GateBeforeNorm(EmulatedLayer):
         return self.store(lowp.rms_normalize(gated, self.cfg.rms_norm_eps) * self.norm_weight())
 
 
-def _recurrent(self, q, k, v, g, beta, S, *, decay_after_write=False, state_store=None):
-    """The recurrent rule with a bug switch (float32, scale folded into q)."""
+def _recurrent(self, q, k, v, g, beta, S, *, decay_after_write=False, state_store=None, decay_of=np.exp):
+    """The recurrent rule with a bug switch (float32, scale folded into q): the decay after the write,
+    a state rounded (or clamped) after every token, another decay factor than exp(g)."""
     qe, ke = self.expand(f32(q)) * F32(self.cfg.scale), self.expand(f32(k))
     v, g, beta = f32(v), f32(g), f32(beta)
     S = f32(S).copy()
     core = np.empty(v.shape, dtype=F32)
-    decay = np.exp(g)
+    with np.errstate(under="ignore"):
+        decay = f32(decay_of(g))
     for t in range(v.shape[1]):
         if not decay_after_write:
             S *= decay[:, t, :, None, None]
@@ -202,6 +207,156 @@ class PerHeadNormReadAsShared(EmulatedLayer):
         return self.w["linear_attn.norm.weight"][: self.cfg.head_v_dim]
 
 
+class BetaClamped15(EmulatedLayer):
+    """b clamped to [-15, 15] before the sigmoid (doppler's CPU reference of the layer): beta 3.1e-7
+    where it is 1.8e-10 at b = -22."""
+
+    def sigmoid(self, b):
+        return lowp.sigmoid(np.clip(f32(b), F32(-15.0), F32(15.0)))
+
+
+class L2NormEpsMax(EmulatedLayer):
+    """q, k = x / max(||x||, 1e-6) (ggml's l2_norm, llama.cpp) where the contract has
+    x / sqrt(sum x^2 + 1e-6): the same below f32 rounding unless sum x^2 is comparable to 1e-6."""
+
+    def l2_normalize(self, x):
+        n = np.sqrt(lowp.sum_last(f32(x) * f32(x), self.order))
+        return f32(x) / np.maximum(n, F32(1e-6))
+
+
+class L2NormEpsOutsideSqrt(EmulatedLayer):
+    """q, k = x / (sqrt(sum x^2) + 1e-6): the eps outside the square root."""
+
+    def l2_normalize(self, x):
+        return f32(x) / (np.sqrt(lowp.sum_last(f32(x) * f32(x), self.order)) + F32(1e-6))
+
+
+class RmsNormEpsOutsideSqrt(EmulatedLayer):
+    """The layer RMSNorms as x / (sqrt(mean x^2) + eps): the eps outside the square root."""
+
+    def rms_normalize(self, x):
+        x = f32(x)
+        return x / (np.sqrt(lowp.sum_last(x * x, self.order) / F32(x.shape[-1])) + F32(self.cfg.rms_norm_eps))
+
+
+class GatedNormEpsOutsideSqrt(EmulatedLayer):
+    """The gated RMSNorm as core / (sqrt(mean core^2) + eps): the eps outside the square root."""
+
+    def gated_normalize(self, core):
+        c = f32(core)
+        return c / (np.sqrt(lowp.sum_last(c * c, self.order) / F32(c.shape[-1])) + F32(self.cfg.rms_norm_eps))
+
+
+class GatedNormWeightOnePlus(EmulatedLayer):
+    """The gated RMSNorm's weight applied as 1 + w, like the layer norms' (it is plain w)."""
+
+    def norm_weight(self):
+        return F32(1.0) + super().norm_weight()
+
+
+class SoftplusNaive(EmulatedLayer):
+    """softplus(x) = log(1 + exp(x)) in float32 (x itself above 20; ggml's, llama.cpp): 0 for x below
+    about -17 where the exact one is e^x, and inexact below about -5."""
+
+    def softplus(self, x):
+        with np.errstate(over="ignore"):
+            sp = np.log(F32(1.0) + np.exp(f32(x)))
+        return np.where(x > 20.0, f32(x), sp)
+
+
+class GateF16(EmulatedLayer):
+    """g computed in float16, every operation rounded to f16 (a model loaded in fp16 without
+    transformers' ``A_log.float()``): A = exp(A_log) overflows to inf above 65504."""
+
+    def gates(self, a, b):
+        def h(t):
+            return lowp.store(t, "f16")
+        with np.errstate(over="ignore", invalid="ignore"):
+            A = h(np.exp(h(self.w["linear_attn.A_log"])))
+            x = h(h(a) + h(self.w["linear_attn.dt_bias"]))
+            g = h(-A * h(self.softplus(x)))
+        return g, super().gates(a, b)[1]
+
+
+class DecayClamped(EmulatedLayer):
+    """The per-token decay exp(g) clamped to [1e-6, 1 - 1e-6] (metrale's decode kernels): a full
+    forget keeps 1e-6 of the state, a decay of 1 loses 1e-6 per token."""
+
+    def delta_rule(self, q, k, v, g, beta, recurrent_state):
+        def clamped(gg):
+            return np.clip(np.exp(gg), F32(1e-6), F32(1.0 - 1e-6))
+        return _recurrent(self, q, k, v, g, beta, recurrent_state, decay_of=clamped)
+
+
+class F16RecurrentState(EmulatedLayer):
+    """The recurrent state stored in f16 between tokens (an FP16 DeltaNet state,
+    TensorRT-Model-Connect#725): values below 6e-8 flush to 0, above 65504 overflow."""
+
+    def delta_rule(self, q, k, v, g, beta, recurrent_state):
+        def f16(s):
+            with np.errstate(over="ignore"):
+                return lowp.store(s, "f16")
+        return _recurrent(self, q, k, v, g, beta, f16(recurrent_state), state_store=f16)
+
+
+class StateNormClamp1000(EmulatedLayer):
+    """Each head's state rescaled to Frobenius norm 1000 when it exceeds it (metrale's Metal kernel)."""
+
+    def delta_rule(self, q, k, v, g, beta, recurrent_state):
+        def clamp(S):
+            n = np.sqrt(np.sum(S * S, axis=(-2, -1), keepdims=True, dtype=F32))
+            return np.where(n > 1000.0, S * (F32(1000.0) / np.maximum(n, F32(1.0))), S).astype(F32)
+        return _recurrent(self, q, k, v, g, beta, recurrent_state, state_store=clamp)
+
+
+class DecayQuotientOfExps(EmulatedLayer):
+    """The chunked rule's decay between positions as exp(γ_i) / exp(γ_j) instead of exp(γ_i − γ_j):
+    0/0 where a chunk's cumulative decay underflows (fast-forgetting heads)."""
+
+    def delta_rule(self, q, k, v, g, beta, recurrent_state):
+        if v.shape[1] == 1:
+            return super().delta_rule(q, k, v, g, beta, recurrent_state)
+        core, S = lowp.delta_rule_chunked_f32(
+            self.expand(f32(q)), self.expand(f32(k)), f32(v), f32(g), f32(beta), recurrent_state, self.cfg.scale,
+            chunk_size=self.chunk_size, scale_at=self.p.scale_at, order=self.order, quotient_of_exps=True)
+        return self.store(core), S
+
+
+def tiled_order(num_k_heads: int, num_v_heads: int) -> np.ndarray:
+    """Position p of the tiled head order holds canonical (interleaved) value head ``order[p]``:
+    value head j = kh·r + i sits at i·Hk + kh."""
+    r = num_v_heads // num_k_heads
+    return np.array([(p % num_k_heads) * r + p // num_k_heads for p in range(num_v_heads)])
+
+
+class StateHeadsTiled(EmulatedLayer):
+    """The recurrent state handed out (and read back) with its value heads in the tiled order
+    (kh + Hk·i) instead of the canonical interleaved one (kh·r + i)."""
+
+    def delta_rule(self, q, k, v, g, beta, recurrent_state):
+        order = tiled_order(self.cfg.num_k_heads, self.cfg.num_v_heads)
+        canonical = np.empty_like(recurrent_state)
+        canonical[:, order] = recurrent_state
+        core, S = super().delta_rule(q, k, v, g, beta, canonical)
+        return core, np.ascontiguousarray(S[:, order])
+
+
+class ConvWindowShifted(EmulatedLayer):
+    """The conv's window ends one token early (columns t-K .. t-1): qkv_conv is the correct one of
+    the previous token."""
+
+    def conv1d(self, qkv, conv_state):
+        w = self.w["linear_attn.conv1d.weight"]
+        K, T = w.shape[1], qkv.shape[1]
+        full = np.concatenate([np.swapaxes(f32(conv_state), 1, 2), f32(qkv)], axis=1)
+        y = np.zeros(qkv.shape, dtype=F32)
+        for j in range(K):
+            y += w[:, j] * full[:, j: j + T]
+        if self.p.conv_two_roundings:
+            y = self.store(y)
+        return self.store(lowp.silu(y)), np.ascontiguousarray(self.store(np.swapaxes(full[:, -K:], 1, 2)))
+
+
 @dataclass(frozen=True)
 class Mutant:
     name: str
@@ -209,10 +364,16 @@ class Mutant:
     stage: str  # the first stage verify must flag
     call: tuple[str, int] | None = None  # (case recipe prefix, call index) where it must first show
     bug_class: str = ""
+    edge: str | None = None  # the edge case built to expose it (a key of fixtures.cases.EDGES), if any
+    edge_only: bool = False  # harmless in realistic regimes: passes every realistic case, fails its edge
 
     def factory(self, cfg, weights, *, profile: str = "f32", strict: bool = False, placement: str = "hf", **kw):
         layer = self.cls(cfg, weights, profile=profile, placement=placement, strict=strict, **kw)
         return emulated_adapter(layer, f"mutant {self.name} ({profile}, placement {placement})")
+
+    @property
+    def regime(self) -> str:
+        return EDGES[self.edge] if self.edge else REALISTIC
 
 
 MUTANTS: tuple[Mutant, ...] = (
@@ -237,8 +398,33 @@ MUTANTS: tuple[Mutant, ...] = (
            bug_class="no reset on seq-len mismatch"),
     Mutant("per_head_norm_read_as_shared", PerHeadNormReadAsShared, "gated_norm", ("per-head-norm", 0),
            bug_class="per_head norm weight read as shared"),
-    Mutant("softplus_clamped_20", SoftplusClamped, "gates", ("gates-extreme", 0),
-           bug_class="softplus saturating at 20 (metrale CUDA; extra)"),
+    Mutant("softplus_clamped_20", SoftplusClamped, "gates", ("softplus-edges", 0),
+           bug_class="softplus saturating at 20 (metrale CUDA)", edge="softplus", edge_only=True),
+    Mutant("beta_clamped_15", BetaClamped15, "gates", ("sigmoid-edges", 0),
+           bug_class="b clamped to ±15 before the sigmoid (doppler)", edge="sigmoid", edge_only=True),
+    Mutant("l2norm_eps_max", L2NormEpsMax, "qk_norm", ("qk-eps", 0),
+           bug_class="L2 norm as x / max(‖x‖, eps) (llama.cpp)", edge="qk-eps", edge_only=True),
+    Mutant("l2norm_eps_outside_sqrt", L2NormEpsOutsideSqrt, "qk_norm", ("qk-eps", 0),
+           bug_class="L2-norm eps outside the square root", edge="qk-eps", edge_only=True),
+    Mutant("rmsnorm_eps_outside_sqrt", RmsNormEpsOutsideSqrt, "input_norm", ("rmsnorm-eps", 0),
+           bug_class="RMSNorm eps outside the square root", edge="rmsnorm-eps", edge_only=True),
+    Mutant("gated_norm_eps_outside_sqrt", GatedNormEpsOutsideSqrt, "gated_norm", ("gated-eps", 0),
+           bug_class="gated-norm eps outside the square root", edge="gated-eps", edge_only=True),
+    Mutant("gated_norm_weight_one_plus", GatedNormWeightOnePlus, "gated_norm",
+           bug_class="gated-norm weight applied as (1 + w)"),
+    Mutant("softplus_naive", SoftplusNaive, "gates", ("softplus-edges", 0),
+           bug_class="softplus as log(1 + exp(x)) in f32 (llama.cpp)", edge="softplus", edge_only=True),
+    Mutant("gate_f16", GateF16, "gates", bug_class="g computed in float16", edge="softplus"),
+    Mutant("decay_clamped", DecayClamped, "delta_rule", ("sigmoid-edges", 2),
+           bug_class="decay clamped to [1e-6, 1 − 1e-6] (metrale decode)", edge="sigmoid", edge_only=True),
+    Mutant("f16_recurrent_state", F16RecurrentState, "delta_rule", bug_class="f16 recurrent state",
+           edge="f16-state"),
+    Mutant("state_norm_clamp_1000", StateNormClamp1000, "delta_rule", ("state-norms", 0),
+           bug_class="state norm clamped at 1000 (metrale Metal)", edge="state-norms", edge_only=True),
+    Mutant("decay_quotient_of_exps", DecayQuotientOfExps, "delta_rule",
+           bug_class="chunk decay as exp(γi) / exp(γj)"),
+    Mutant("state_heads_tiled", StateHeadsTiled, "delta_rule", bug_class="state's value heads in tiled order"),
+    Mutant("conv_window_shifted", ConvWindowShifted, "conv1d", bug_class="conv window one token early"),
 )
 MUTANT_BY_NAME = {m.name: m for m in MUTANTS}
 

@@ -29,14 +29,17 @@ from collections.abc import Iterable, Sequence
 
 import numpy as np
 
-from gdncheck.conformance.judge.metrics import CaseStats
+from gdncheck.conformance.judge.metrics import case_stats
 from gdncheck.conformance.judge.tolerances import Bound, load_table
 from gdncheck.conformance.judge.verdicts import base_record, judge
 from gdncheck.harness import END_TO_END
-from gdncheck.stages import REQUIRED_OUTPUTS, STATE_NAMES, stage_index, stage_of
+from gdncheck.stages import REQUIRED_OUTPUTS, STAGE_NAMES, STATE_NAMES, stage_index, stage_of, tensor_rank
 
 REQUIRED = REQUIRED_OUTPUTS
 MIN_NMSE_ELEMENTS = 256
+#: The eps of the gated norm's conditions (metrics.gated_norm_conditions): the smallest eps the
+#: strategies draw, whose conditions are the largest (the comparison does not see the config).
+GATED_NORM_EPS = 1e-6
 
 
 NOT_JUDGED = ("a", "b")
@@ -55,6 +58,9 @@ def compare_calls(actual: Sequence[dict], expected: Sequence[dict], profile: str
     """
     names = set(tensors) if tensors is not None else bounded_tensors(profile)
     failures: list[str] = []
+    goldens = {n: {k: e[n] for k, e in enumerate(expected) if e.get(n) is not None}
+               for n in names | {"core"} if n not in STATE_NAMES}
+    all_stats = case_stats({n: v for n, v in goldens.items() if v}, GATED_NORM_EPS)
     for name in sorted(names, key=_order):
         exp = [e.get(name) for e in expected]
         if any(e is None for e in exp):
@@ -64,7 +70,7 @@ def compare_calls(actual: Sequence[dict], expected: Sequence[dict], profile: str
             if name in required:
                 failures.append(f"{name}: not returned by the implementation, but should be [{what}]")
             continue
-        stats = None if name in STATE_NAMES else CaseStats(name, exp)
+        stats = None if name in STATE_NAMES else all_stats.get(name)
         for k, (a, e) in enumerate(zip(acts, exp)):
             bound = global_bound(name, profile, np.size(e))
             rec = base_record("property", k, "forward", k, name, actual_ref={"file": "-", "key": name})
@@ -92,8 +98,10 @@ def assert_close(actual: Sequence[dict], expected: Sequence[dict], profile: str,
 
 
 def assert_identical(actual: dict, expected: dict, what: str) -> None:
-    """Bit-identical arrays (the snapshot promises): name the first differing element."""
-    for name in sorted(set(actual) & set(expected)):
+    """Bit-identical arrays (the snapshot promises): name the first differing tensor in pipeline
+    order (the stage that produced the difference, not the alphabetically first), and its first
+    differing element."""
+    for name in sorted(set(actual) & set(expected), key=_order):
         a, e = np.asarray(actual[name]), np.asarray(expected[name])
         if a.shape != e.shape:
             raise AssertionError(f"{name}: shape {list(a.shape)}, but should be {list(e.shape)} as before [{what}]")
@@ -120,4 +128,9 @@ def concat_calls(calls: Sequence[dict], names: Iterable[str] | None = None) -> d
 
 
 def _order(name: str) -> tuple:
-    return (stage_index(stage_of(name)), name)
+    """Pipeline order: the stage's index (docs/spec.md §2), then the tensor's place in its stage;
+    names outside the vocabulary (seq_len) last."""
+    try:
+        return (stage_index(stage_of(name)), tensor_rank(name), name)
+    except (KeyError, ValueError):
+        return (len(STAGE_NAMES), 0, name)

@@ -3,8 +3,11 @@ and call programs of the GDN layer, all tiny (the Triton interpreter runs every 
 
 Every value a property draws goes through ``data.draw(strategy, label=...)`` with one of the
 labels below, so a failure reads as a list of named draws. Weights and inputs are made from a
-drawn seed by :mod:`gdncheck.synthetic` (weights like a Hugging Face checkpoint, every value exact
-in bf16 and f16): the seed is what Hypothesis shrinks, the arrays are what the layer sees.
+drawn seed by :mod:`gdncheck.synthetic` (every value exact in bf16 and f16): the seed is what
+Hypothesis shrinks, the arrays are what the layer sees. As in the fixture suite, the draws follow
+the realistic regime of a trained layer half of the time (``realistic`` weights and inputs:
+long memories, unit-order activations, massive channels) and otherwise take one of the other
+regimes, among them each edge of the suite's edge cases (fixtures/cases.py ``EDGES``).
 """
 
 from __future__ import annotations
@@ -16,17 +19,35 @@ from hypothesis import strategies as st
 
 from gdncheck.config import GDNConfig
 from gdncheck.dtypes import round_to_common
-from gdncheck.synthetic import make_inputs, make_weights
+from gdncheck.portable import log
+from gdncheck.synthetic import (
+    add_bias,
+    inverse_softplus,
+    make_inputs,
+    make_weights,
+    massive_channels,
+    realistic_inputs,
+    realistic_weights,
+)
 from gdncheck.weights import LayerWeights
 
-#: Input regimes: ``normal``; ``outliers`` (5% of elements x20, like massive activations); ``tiny``
-#: and ``huge`` norms (x 2^-6 and x 2^8, still normal numbers in f16); ``repeated`` (one token T times).
-INPUT_KINDS = ("normal", "outliers", "tiny", "huge", "repeated")
+#: Input regimes besides ``realistic`` (:func:`gdncheck.synthetic.realistic_inputs`): ``normal``;
+#: ``outliers`` (5% of elements x20, like massive activations); ``tiny`` and ``huge`` norms (x 2^-6
+#: and x 2^8, still normal numbers in f16); ``repeated`` (one token T times); ``norm_eps`` (realistic,
+#: every third token with a mean square of the RMSNorm's eps).
+INPUT_KINDS = ("normal", "outliers", "tiny", "huge", "repeated", "norm_eps")
 
-#: Gate regimes (weights of the decay and write-strength inputs): ``checkpoint`` as drawn;
-#: ``fast_decay`` (A up to e^3, dt_bias 4: g down to about -80); ``slow_decay`` (A = e^-6: g near 0);
-#: ``strong_writes`` / ``weak_writes`` (in_proj_b scaled x8 / x0: beta pushed to 0 or 1, and 0.5).
-GATE_REGIMES = ("checkpoint", "fast_decay", "slow_decay", "strong_writes", "weak_writes")
+#: Weight regimes besides ``realistic`` (:func:`gdncheck.synthetic.realistic_weights`). From a
+#: checkpoint-like draw (``make_weights``): ``checkpoint`` as drawn; ``fast_decay`` (A up to e^3,
+#: dt_bias 4: g down to about -80); ``slow_decay`` (A = e^-6: g near 0); ``strong_writes`` /
+#: ``weak_writes`` (in_proj_b scaled x8 / x0: beta pushed to 0 or 1, and 0.5). From a realistic
+#: draw, the edges of the fixture suite: ``qk_eps`` (key head 0's q, k with squared norms near 1e-6),
+#: ``gated_eps`` (value head 0's core near the gated norm's eps), ``softplus_edges`` (a + dt_bias
+#: ≈ 24, -30, -20 with A = e^16.5, 20), ``sigmoid_tails`` (b ≈ -22 and +22), ``state_norms`` (a
+#: state past 1000 and one near 1e-5), ``decay_one`` (a decay of 1 - 1e-8).
+GATE_REGIMES = ("checkpoint", "fast_decay", "slow_decay", "strong_writes", "weak_writes", "qk_eps", "gated_eps",
+                "softplus_edges", "sigmoid_tails", "state_norms", "decay_one")
+REALISTIC = "realistic"
 
 
 @st.composite
@@ -54,14 +75,21 @@ class WeightsDraw:
         return f"weights(seed={self.seed}, norm_mode={self.norm_mode}, std={self.std}, gates={self.regime})"
 
 
-def weight_draws(regimes=GATE_REGIMES, norm_modes=("shared", "per_head")):
+def weight_draws(regimes=None, norm_modes=("shared", "per_head")):
+    """A weights draw: ``realistic`` half of the time and one of ``regimes`` (default every one of
+    :data:`GATE_REGIMES`) otherwise; exactly ``regimes`` when given."""
+    regime = st.one_of(st.just(REALISTIC), st.sampled_from(GATE_REGIMES)) if regimes is None \
+        else st.sampled_from(regimes)
     return st.builds(WeightsDraw, st.integers(0, 2**16), st.sampled_from(norm_modes),
-                     st.sampled_from((0.02, 0.05)), st.sampled_from(regimes))
+                     st.sampled_from((0.02, 0.05)), regime)
 
 
 def build_weights(cfg: GDNConfig, w: WeightsDraw) -> LayerWeights:
-    """The layer weights of a draw: a checkpoint-like layer, then the gate regime applied."""
-    base = make_weights(cfg, w.seed, norm_mode=w.norm_mode, std=w.std)
+    """The layer weights of a draw: a checkpoint-like or realistic layer, then the regime applied."""
+    if w.regime == REALISTIC or w.regime in _EDGES:
+        base = realistic_weights(cfg, w.seed, norm_mode=w.norm_mode)
+    else:
+        base = make_weights(cfg, w.seed, norm_mode=w.norm_mode, std=w.std)
     arrays = {k: np.array(v, dtype=np.float64) for k, v in base.items()}
     Hv = cfg.num_v_heads
     if w.regime == "fast_decay":
@@ -73,8 +101,60 @@ def build_weights(cfg: GDNConfig, w: WeightsDraw) -> LayerWeights:
         arrays["linear_attn.in_proj_b.weight"] *= 8.0
     elif w.regime == "weak_writes":
         arrays["linear_attn.in_proj_b.weight"] *= 0.0
+    elif w.regime in _EDGES:
+        _EDGES[w.regime](cfg, arrays)
     out = {k: round_to_common(v).astype(np.float32) for k, v in arrays.items()}
     return LayerWeights(out, stored_dtypes=dict(base.stored_dtypes), source=repr(w), config=cfg)
+
+
+def _v_rows(cfg: GDNConfig, head: int) -> slice:
+    start = 2 * cfg.key_dim + head * cfg.head_v_dim
+    return slice(start, start + cfg.head_v_dim)
+
+
+def _qk_eps(cfg: GDNConfig, w: dict) -> None:
+    qkv = w["linear_attn.in_proj_qkv.weight"]
+    f = 8e-4 * np.sqrt(16.0 / cfg.head_k_dim)  # realistic squared norms grow with dk: about 0.1 dk
+    qkv[: cfg.head_k_dim] *= f
+    qkv[cfg.key_dim: cfg.key_dim + cfg.head_k_dim] *= f
+
+
+def _gated_eps(cfg: GDNConfig, w: dict) -> None:
+    w["linear_attn.in_proj_qkv.weight"][_v_rows(cfg, 0)] *= 0.15
+
+
+def _softplus_edges(cfg: GDNConfig, w: dict) -> None:
+    heads = [(log(0.05), 24.0), (log(16.0), 24.0), (log(1e-4), -30.0), (16.5, -20.0), (log(0.5), 20.0)]
+    for h, (a_log, dt) in zip(range(cfg.num_v_heads), heads):
+        w["linear_attn.A_log"][h], w["linear_attn.dt_bias"][h] = a_log, dt
+
+
+def _sigmoid_tails(cfg: GDNConfig, w: dict) -> None:
+    b = w["linear_attn.in_proj_b.weight"]
+    b *= 0.25
+    b[:, massive_channels(cfg.hidden_size)] = 0.0
+    add_bias(w, "linear_attn.in_proj_b.weight", np.resize([-22.0, 22.0], cfg.num_v_heads), cfg.hidden_size)
+
+
+def _state_norms(cfg: GDNConfig, w: dict) -> None:
+    w["linear_attn.in_proj_qkv.weight"][_v_rows(cfg, 0)] *= 2500.0
+    if cfg.num_v_heads > 1:
+        last = cfg.num_v_heads - 1
+        w["linear_attn.in_proj_qkv.weight"][_v_rows(cfg, last)] *= 1e-3
+        w["linear_attn.in_proj_b.weight"][last] *= 0.25
+        w["linear_attn.in_proj_b.weight"][last, massive_channels(cfg.hidden_size)] = 0.0
+        bias = np.zeros(cfg.num_v_heads)
+        bias[last] = -9.0
+        add_bias(w, "linear_attn.in_proj_b.weight", bias, cfg.hidden_size)
+
+
+def _decay_one(cfg: GDNConfig, w: dict) -> None:
+    w["linear_attn.A_log"][0] = log(0.01)
+    w["linear_attn.dt_bias"][0] = inverse_softplus(np.array(1e-6))
+
+
+_EDGES = {"qk_eps": _qk_eps, "gated_eps": _gated_eps, "softplus_edges": _softplus_edges,
+          "sigmoid_tails": _sigmoid_tails, "state_norms": _state_norms, "decay_one": _decay_one}
 
 
 @dataclass(frozen=True)
@@ -86,13 +166,22 @@ class InputDraw:
         return f"inputs(seed={self.seed}, kind={self.kind})"
 
 
-def input_draws(kinds=INPUT_KINDS):
-    return st.builds(InputDraw, st.integers(0, 2**16), st.sampled_from(kinds))
+def input_draws(kinds=None):
+    """An inputs draw: ``realistic`` half of the time and one of ``kinds`` (default :data:`INPUT_KINDS`)
+    otherwise; exactly ``kinds`` when given."""
+    kind = st.one_of(st.just(REALISTIC), st.sampled_from(INPUT_KINDS)) if kinds is None else st.sampled_from(kinds)
+    return st.builds(InputDraw, st.integers(0, 2**16), kind)
 
 
 def build_inputs(cfg: GDNConfig, batch: int, tokens: int, d: InputDraw) -> np.ndarray:
     """x [B, T, D] float32 for an input draw (exact in bf16 and f16)."""
-    if d.kind == "outliers":
+    if d.kind in (REALISTIC, "norm_eps"):
+        x = realistic_inputs(cfg, batch, tokens, d.seed)
+        if d.kind == "norm_eps":
+            tiny = np.arange(tokens) % 3 == 1
+            rms = np.sqrt(np.mean(x * x, axis=-1, keepdims=True))
+            x = np.where(tiny[None, :, None], x / rms * np.sqrt(cfg.rms_norm_eps), x)
+    elif d.kind == "outliers":
         x = make_inputs(cfg, batch, tokens, d.seed, outliers=0.05)
     else:
         x = make_inputs(cfg, batch, tokens, d.seed, outliers=0.0)

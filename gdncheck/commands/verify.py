@@ -44,6 +44,9 @@ def configure(p: argparse.ArgumentParser) -> None:
                    help="read the port's own tensor names through a name table: hf, doppler, metrale or a JSON path "
                         "(docs/names.md)")
     p.add_argument("--report", metavar="DIR", help="also write the HTML diff report there (docs/report.md)")
+    p.add_argument("--diagnose", type=int, default=8, metavar="N",
+                   help="name the likely cause of the first N failing cases (default 8; 0: none): each runs every "
+                        "known bug class on the case (docs/meta.md)")
     p.add_argument("--fixtures-sha256", metavar="SHA256",
                    help="refuse a fixture folder whose manifest.json has another sha256 (pin a vendored suite)")
     add_output_arguments(p, json_what="the summary (also written to --summary's file unless that is '-')")
@@ -70,6 +73,8 @@ def run(args: argparse.Namespace) -> int:
     def progress(c):
         text = safe_text(case_text(c), keep_newlines=True)  # each piece one line, port strings made visible
         (con.progress if c.status in ("pass", "not_applicable") else con.say)(text)
+        if c.status == "fail" and c.diagnosis:
+            say(f"      likely cause: {safe_text(c.diagnosis['text'])}")
         if args.verbose and c.status == "fail":
             for r in c.records:
                 if r.verdict == "fail" and r.message != c.message:
@@ -97,7 +102,8 @@ def run(args: argparse.Namespace) -> int:
             stale.unlink()
     summary = verify(args.fixtures, args.outputs, args.profile, cases=args.case, tags=args.tag,
                      shard=parse_shard(args.shard), stage_isolated=args.stage_isolated, tolerances=args.tolerances,
-                     progress=progress, names=args.names, manifest_sha256=args.fixtures_sha256)
+                     progress=progress, names=args.names, diagnose=diagnoser(args),
+                     manifest_sha256=args.fixtures_sha256)
     if to_file:
         summary.write(path)
     if junit_path:
@@ -123,3 +129,12 @@ def run(args: argparse.Namespace) -> int:
         con.progress(safe_text(f"report: {index}"))
     con.emit_json(summary.to_json())
     return summary.exit_code
+
+
+def diagnoser(args: argparse.Namespace):
+    """The likely-cause hook of verify: the transforms and every mutant (conformance/meta)."""
+    if args.diagnose <= 0:
+        return None
+    from gdncheck.conformance.meta.catalogue import mutant_diagnoser
+
+    return mutant_diagnoser(args.fixtures, limit=args.diagnose)

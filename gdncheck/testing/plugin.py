@@ -5,7 +5,7 @@ test run.
            [--gdncheck-stage-isolated] [--gdncheck-properties] [-k decode] [-m "not long"]
 
 Without ``--gdncheck-impl`` it does nothing. With it, the session gets one test per fixture case,
-whose id is the case id (``gdncheck-bf16::decode_T12_Hk2_Hv4_dk16_dv8_s0``) and whose markers are the
+whose id is the case id (``gdncheck-bf16::decode_T12_Hk2_Hv4_dk16_dv16_s0``) and whose markers are the
 case's tags plus ``gdncheck_case``, so ``-k`` and ``-m`` select as usual. A test runs the
 implementation over its case as ``gdncheck run`` does and judges it as ``gdncheck verify`` does; a
 failure is verify's own text (the first divergence, its message, the repro line), a case the

@@ -26,7 +26,7 @@ def test_run_then_verify_exit_codes(fixtures_dir, tmp_path, capsys):
     assert main(["verify", "--outputs", str(bad), "--profile", "f32", "--case", "decode_T12",
                  "--summary", str(tmp_path / "s.json")]) == 1
     text = capsys.readouterr().out
-    assert "FAIL  decode_T12_Hk2_Hv4_dk16_dv8_s0: first divergence call 0, stage gated_norm, tensor core_gated" in text
+    assert "FAIL  decode_T12_Hk2_Hv4_dk16_dv16_s0: first divergence call 0, stage gated_norm, tensor core_gated" in text
     repro = next(line for line in text.splitlines() if line.strip().startswith("repro: "))
     assert "gdncheck run gdncheck.conformance.meta.mutants:gate_before_norm" in repro and "&& gdncheck verify" in repro
 
@@ -63,7 +63,7 @@ def test_triton_without_gpu_impl_layer_is_a_clear_error(tmp_path, capsys, monkey
 
 def test_fixtures_list_check_and_tolerances_show(capsys):
     assert main(["fixtures", "list"]) == 0
-    assert "long-decode_T2100_Hk1_Hv2_dk8_dv8_s0" in capsys.readouterr().out
-    assert main(["tolerances", "show", "--case", "long-decode_T2100_Hk1_Hv2_dk8_dv8_s0"]) == 0
+    assert "long-decode_T2548_Hk1_Hv2_dk8_dv8_s0" in capsys.readouterr().out
+    assert main(["tolerances", "show", "--case", "long-decode_T2548_Hk1_Hv2_dk8_dv8_s0"]) == 0
     text = capsys.readouterr().out
-    assert "case long-decode_T2100_Hk1_Hv2_dk8_dv8" in text and "recurrent_state" in text
+    assert "case long-decode_T2548_Hk1_Hv2_dk8_dv8" in text and "recurrent_state" in text

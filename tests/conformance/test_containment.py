@@ -14,10 +14,12 @@ from gdncheck.cli import main
 from gdncheck.fixtures.build import check_suite
 from gdncheck.fixtures.manifest import FixtureError, load_manifest, sha256_file
 from gdncheck.gate import GateOptions, run_gate
+from tests.helpers import default_case_id
 
 from .helpers import perfect_outputs
 
-SNAP = "snapshot-replay_T33_Hk2_Hv4_dk16_dv8_s0"
+SNAP = default_case_id("snapshot-replay")
+DECODE = default_case_id("decode")
 
 
 def _tree(root) -> set[str]:
@@ -64,7 +66,7 @@ def test_verify_reads_no_outputs_file_outside_its_folder(fixtures_dir, tmp_path)
     good = perfect_outputs(fixtures_dir, "decode_T12", elsewhere)
     (out / good.name).symlink_to(good)
     (out / "prefill_T1_Hk1_Hv1_dk16_dv16_s0.safetensors").symlink_to("/dev/zero")
-    (out / "batch-positions_T20_Hk2_Hv4_dk8_dv16_s0.safetensors").mkdir()
+    (out / f"{default_case_id('batch-positions')}.safetensors").mkdir()
     perfect_outputs(fixtures_dir, "prefill-decode_T65", out)
     s = verify(fixtures_dir, out, "f32", cases=["decode_T12", "prefill_T1_", "batch-positions", "prefill-decode_T65"])
     problems = {c.id.split("_")[0]: c.problem for c in s.cases}
@@ -96,15 +98,15 @@ def test_the_report_reads_no_file_a_summary_points_elsewhere(fixtures_dir, tmp_p
     perfect_outputs(fixtures_dir, "decode_T12", out, alter=lambda t: t["calls.0.out"].__imul__(1.5))
     doc = verify(fixtures_dir, out, "f32", cases=["decode_T12"]).to_json()
     secret = tmp_path / "secret.safetensors"
-    shutil.copy(out / "decode_T12_Hk2_Hv4_dk16_dv8_s0.safetensors", secret)
-    (out / "decode_T12_Hk2_Hv4_dk16_dv8_s0.safetensors").unlink()
+    shutil.copy(out / f"{DECODE}.safetensors", secret)
+    (out / f"{DECODE}.safetensors").unlink()
     rec = next(r for r in doc["cases"][0]["records"] if r["verdict"] == "fail")
     rec["actual_ref"]["file"] = str(secret)
     files = CaseFiles(None, None, {"expected": doc["fixtures"]["dir"], "actual": doc["outputs"]["dir"]})
     arr, note = files.read("actual", rec["actual_ref"], rec["shape"])
     assert arr is None and "outside the summary's folder" in note
     index = write_report(doc, tmp_path / "site")
-    assert "outside the summary" in (index.parent / "cases" / "decode_T12_Hk2_Hv4_dk16_dv8_s0.html").read_text()
+    assert "outside the summary" in (index.parent / "cases" / f"{DECODE}.html").read_text()
 
 
 def test_a_pinned_suite_is_the_suite(fixture_copy, tmp_path, capsys):

@@ -12,11 +12,12 @@ import pytest
 
 from gdncheck.cli import main
 from gdncheck.conformance.judge.verify import verify
+from tests.helpers import default_case_id
 
 from .helpers import perfect_outputs
 
 GOOD, BAD = "prefill_T1_", "decode_T12"
-GOOD_ID, BAD_ID = "prefill_T1_Hk1_Hv1_dk16_dv16_s0", "decode_T12_Hk2_Hv4_dk16_dv8_s0"
+GOOD_ID, BAD_ID = default_case_id("prefill"), default_case_id("decode")
 
 
 def _header(path) -> tuple[dict, bytes]:

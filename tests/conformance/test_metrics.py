@@ -9,8 +9,11 @@ import pytest
 
 from gdncheck.conformance.judge.metrics import (
     CaseStats,
+    case_stats,
     downsample_max,
+    gated_norm_conditions,
     group_axes,
+    rule_of,
     scaled_error,
     tensor_metrics,
     token_errors,
@@ -45,9 +48,46 @@ def test_metrics_by_hand():
 def test_groups():
     assert group_axes("out", 3) == (2,)  # per token
     assert group_axes("core", 4) == (1, 2, 3)  # per sequence, whole call (and case)
-    assert group_axes("g", 3) == (1,)  # per head over tokens
     assert group_axes("recurrent_state", 4) == (2, 3)  # per head
     assert group_axes("conv_state", 3) == (1, 2)  # per sequence
+    assert {t: rule_of(t) for t in ("g", "beta", "a", "b", "core", "q")} == {
+        "g": "log_decay", "beta": "relative", "a": "unit", "b": "unit", "core": "scaled", "q": "scaled"}
+
+
+def test_g_is_judged_as_a_log_decay():
+    """An absolute error of g is the relative error of the decay; relative to g beyond |g| = 1; a
+    decay below float32's smallest normal is zero, so g is the floor ln 2^-126 there."""
+    e = np.array([[[-2e-13, math.log(1e-9), -384.0, -5.0, -200.0]]])
+    a = np.array([[[0.0, math.log(1e-6), -320.0, -np.inf, -np.inf]]])
+    err = scaled_error(a, e, "g", "f32")[0, 0]
+    assert err[0] == pytest.approx(2e-13)  # softplus underflowing to 0: harmless
+    assert err[1] == pytest.approx(math.log(1e3) / (1 - math.log(1e-9)))  # a decay floored at 1e-6: 0.318
+    assert err[2] == 0.0 and err[4] == 0.0  # both decays underflow float32: nothing downstream differs
+    assert err[3] == np.inf  # a decay of 0 where it is e^-5
+    m = tensor_metrics(a, e, "g", "f32")
+    assert m.inf_mismatch == 1 and m.first_nonfinite == [0, 0, 3]
+    fin = err[np.isfinite(err)]
+    assert m.nmse == pytest.approx(float(np.sum(fin * fin)) / 5)  # the mean square of the error itself
+
+
+def test_beta_is_judged_relatively_down_to_the_profiles_smallest_subnormal():
+    e, a = np.array([[[1.8e-10, 0.5]]]), np.array([[[3.1e-7, 0.5005]]])
+    f32 = scaled_error(a, e, "beta", "f32")[0, 0]
+    half_ulp = 2.0**-33 * 2.0**-24  # float32 spacing at 1.8e-10 (in [2^-33, 2^-32)), halved
+    assert f32[0] == pytest.approx((3.1e-7 - 1.8e-10 - half_ulp) / (1.8e-10 + 2.0**-149))  # a clamp at b = -15
+    assert f32[1] == pytest.approx((0.0005 - 2.0**-25) / 0.5)
+    f16 = scaled_error(a, e, "beta", "f16")[0, 0]
+    assert f16[0] == pytest.approx((3.1e-7 - 1.8e-10 - 2.0**-25) / (1.8e-10 + 2.0**-24))  # what f16 resolves
+    assert f16[1] == pytest.approx((0.0005 - 2.0**-12) / 0.5)
+    # storing the exact value costs half an ulp: an f16 beta of 1e-7 stored as 1.19e-7 (2^-23) is no error
+    assert scaled_error(np.array([[[2.0**-23]]]), np.array([[[1e-7]]]), "beta", "f16")[0, 0, 0] == 0.0
+    assert scaled_error(np.zeros((1, 1, 1)), e[..., :1], "beta", "f16")[0, 0, 0] == 0.0  # beta stored as 0
+
+
+def test_a_and_b_are_judged_on_the_unit_scale():
+    e, a = np.array([[[-22.0, 0.25]]]), np.array([[[-21.9, 0.3]]])
+    assert scaled_error(a, e, "b", "bf16")[0, 0].tolist() == pytest.approx([0.1 / 23, 0.05 / 1.25])
+    assert scaled_error(a, e, "a", "bf16")[0, 0].tolist() == pytest.approx([0.1 / 23, 0.05 / 1.25])
 
 
 def test_case_stats_span_every_call():
@@ -80,3 +120,20 @@ def test_token_profile_and_downsampling():
     starts, values = downsample_max(prof, 64)
     assert len(starts) <= 64 and starts[0] == 0
     assert max(values) == 0.5 and values[starts.index(max(s for s in starts if s <= 100))] == 0.5
+
+
+def test_the_gated_norm_is_judged_relative_to_its_condition():
+    """core_gated's error is divided by max(1, κ), κ = C / sqrt(mean_dv(core²) + eps): a head and
+    token whose core is 100 times smaller than its head's usual size (a query nearly orthogonal to
+    the stored keys) may be 100 times less accurate; a well-conditioned one is judged as before."""
+    core = np.ones((1, 2, 1, 4))  # [B, T, Hv, dv]: token 0 of the usual size, token 1 a hundredth of it
+    core[0, 1] = 0.01
+    kappa = gated_norm_conditions({0: core}, 0.0)[0]
+    C = np.sqrt((4 * 1 + 4 * 1e-4) / 8)
+    assert kappa.shape == (1, 2, 1, 1) and kappa.ravel() == pytest.approx([C, C / 0.01])
+    cg = np.ones((1, 2, 1, 4))
+    stats = case_stats({"core": {3: core}, "core_gated": {3: cg}}, 0.0)["core_gated"]
+    err = scaled_error(cg + 0.5, cg, "core_gated", "f32", stats, call=3)
+    assert err[0, 0].ravel().tolist() == pytest.approx([0.5 / 2] * 4)  # |e| + the sequence's RMS (1), κ < 1
+    assert err[0, 1].ravel().tolist() == pytest.approx([0.5 / 2 / (C / 0.01)] * 4)
+    assert scaled_error(cg + 0.5, cg, "core_gated", "f32", stats, call=4)[0, 1, 0, 0] == pytest.approx(0.25)

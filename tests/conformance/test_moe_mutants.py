@@ -179,4 +179,4 @@ def test_the_kill_matrix_runs_them_on_tagged_cases(fixtures_dir, tmp_path):
     r = kill_matrix.kill(MOE_MUTANTS[0], "bf16", fixtures_dir)
     assert (r.killed, r.cases, r.cell()) == (False, 0, "no case") and "no case tagged moe, no-renorm" in r.message
     table = kill_matrix.format_matrix([r], ("bf16",))
-    assert "| `softmax_after_topk` (softmax after top-k instead of before) | routing | no case |" in table
+    assert "| `softmax_after_topk` (softmax after top-k instead of before) | routing | - | no case |" in table

@@ -13,6 +13,7 @@ from gdncheck import safetensors_io
 from gdncheck.cli import main
 from gdncheck.fixtures.manifest import load_manifest
 from gdncheck.gate import GateOptions, run_gate
+from tests.helpers import default_case_id
 
 from .helpers import perfect_outputs
 
@@ -96,7 +97,7 @@ def test_an_interrupted_write_leaves_nothing_a_later_command_accepts(fixtures_di
     monkeypatch.undo()
     assert sorted(p.name for p in out.iterdir()) == ["prefill_T1_Hk1_Hv1_dk16_dv16_s0.safetensors"]
     # what a killed writer (no cleanup) leaves: a temporary file, and a truncated file in place
-    (out / ".decode_T12_Hk2_Hv4_dk16_dv8_s0.safetensors.x1.part").write_bytes(b"\0" * 64)
+    (out / f".{default_case_id('decode')}.safetensors.x1.part").write_bytes(b"\0" * 64)
     good = out / "prefill_T1_Hk1_Hv1_dk16_dv16_s0.safetensors"
     good.write_bytes(good.read_bytes()[:-100])
     code = main(["verify", "--outputs", str(out), "--profile", "f32", "--case", "prefill_T1_", "--case", "decode_T12"])
@@ -129,7 +130,7 @@ def test_the_gate_replaces_only_its_own_folders(tmp_path):
     res = run_gate(GateOptions(impl="reference", profiles=("f32",), cases=["prefill_T1_"], out=str(out),
                                properties=False, jobs=1, rebuild_check=False))
     assert res.exit_code == 0, res.reason
-    stale = out / "f32" / "decode_T12_Hk2_Hv4_dk16_dv8_s0.safetensors"
+    stale = out / "f32" / f"{default_case_id('decode')}.safetensors"
     stale.write_bytes(b"an earlier run's file")
     res = run_gate(GateOptions(impl="reference", profiles=("f32",), cases=["prefill_T1_"], out=str(out),
                                properties=False, jobs=1, rebuild_check=False))

@@ -54,3 +54,23 @@ def test_a_slot_wrong_since_an_earlier_step_is_not_blamed_on_a_later_one(fixture
     msgs = [rec.message for rec in report.records if rec.step == after and rec.tensor == "conv_state"]
     assert msgs and f"slot(s) {spoiled} are left as they were: wrong since an earlier step" in msgs[0], msgs
     assert "touched a slot it must not" not in msgs[0]
+
+
+def test_verify_names_a_serving_bug_as_the_likely_cause(fixtures_dir, tmp_path, capsys):
+    """The diagnosis's catalogue holds the serving patterns' mutants: a port whose conv window leaks
+    across a packed boundary is told so by `gdncheck verify` on the packed case (its outputs are that
+    mutant's, so the match is exact), and the likely cause rides on the failing case's lines."""
+    from gdncheck.cli import main
+    from gdncheck.conformance.meta.catalogue import ALL_MUTANTS
+
+    assert {m.name for m in SERVING_MUTANTS} <= {m.name for m in ALL_MUTANTS}
+    out = tmp_path / "out"
+    impl = "gdncheck.conformance.meta.serving_mutants:conv_window_leaks"
+    assert main(["run", impl, "--fixtures", str(fixtures_dir), "--profile", "f32", "--case", "packed-mixed",
+                 "--out", str(out), "-q"]) == 0
+    capsys.readouterr()
+    code = main(["verify", "--fixtures", str(fixtures_dir), "--outputs", str(out), "--profile", "f32",
+                 "--case", "packed-mixed"])
+    text = capsys.readouterr().out
+    assert code == 1 and "FAIL  packed-mixed_" in text, text
+    assert "likely cause: matches: conv window leaks across a packed boundary (residual " in text, text

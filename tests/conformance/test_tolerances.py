@@ -3,6 +3,8 @@ and reproducible from the derivation code."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from gdncheck.conformance.earn import derive
@@ -63,3 +65,29 @@ def test_derivation_reproduces_the_recorded_envelope(name):
         if mode == "end_to_end":
             recorded = rows[tensor]["observed_elem"]
             assert elem <= recorded * 1.001 and elem >= recorded / 100, (tensor, elem, recorded)
+
+
+def test_merging_a_partial_derivation_only_widens_the_globals():
+    """merge_recipes: the part's recipe rows go in as derived; a global row moves only where the part
+    saw more (then it is margin x the larger observation), and never shrinks."""
+    def doc(cases, env_rows):
+        env = derive.Envelope()
+        for (recipe, tensor), (elem, nmse) in env_rows.items():
+            env.elem[("end_to_end", "f32", recipe, tensor)] = elem
+            env.nmse[("end_to_end", "f32", recipe, tensor)] = nmse
+        return derive.table_document(env, derive.SEEDS, cases)
+
+    base = doc(["a_T1"], {("a", "core"): (1e-5, 1e-10), ("a", "out"): (2e-5, 1e-9)})
+    part = doc(["m_T2"], {("m", "core"): (3e-5, 1e-11), ("m", "router_logits"): (4e-6, 1e-12)})
+    merged = derive.merge_recipes(base, part)
+    rows = merged["modes"]["end_to_end"]["f32"]
+    assert set(rows["cases"]) == {"a", "m"} and rows["cases"]["m"] == part["modes"]["end_to_end"]["f32"]["cases"]["m"]
+    assert rows["global"]["out"] == base["modes"]["end_to_end"]["f32"]["global"]["out"]  # the part has no 'out'
+    assert rows["global"]["core"]["elem"] == pytest.approx(4 * 3e-5, rel=0.01)  # widened by the part's elem
+    assert rows["global"]["core"]["observed_nmse"] == 1e-10  # ... but its nmse kept: the envelope of both
+    assert rows["global"]["router_logits"]["elem"] == pytest.approx(4 * 4e-6, rel=0.01)
+    assert merged["derivation"]["cases"] == ["a_T1", "m_T2"]
+    other = json.loads(json.dumps(part))
+    other["derivation"]["seeds"] = [1]
+    with pytest.raises(ValueError, match="seeds"):
+        derive.merge_recipes(base, other)

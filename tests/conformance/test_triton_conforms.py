@@ -12,7 +12,8 @@ from gdncheck.conformance.ports.run import run_impl
 #: snapshot/save/load/restore, both resets, batches at different positions, per_head norm, gate
 #: extremes, GVA ratios 1-4, and every expected error.
 INTERPRETER_CASES = ["prefill_T1_", "decode_T12", "prefill-decode_T65", "snapshot-replay", "restore-mismatch",
-                     "mismatch-midstream", "batch-positions", "per-head-norm", "gates-extreme", "error-"]
+                     "mismatch-midstream", "batch-positions", "per-head-norm", "softplus-edges", "sigmoid-edges",
+                     "qk-eps", "gated-eps", "rmsnorm-eps", "error-"]
 
 
 def _cuda() -> bool:

@@ -6,11 +6,15 @@ from __future__ import annotations
 import json
 
 import numpy as np
+import pytest
 
+from gdncheck.config import GDNConfig
+from gdncheck.conformance.judge.inputs import expected_shape
 from gdncheck.conformance.judge.records import validate_summary
 from gdncheck.conformance.judge.verify import verify
 from gdncheck.conformance.ports.run import run_impl
 from gdncheck.dtypes import round_to
+from gdncheck.fixtures.manifest import FixtureError
 
 from .helpers import case_entry, perfect_outputs
 
@@ -47,12 +51,17 @@ def _one_failure(fx, out, prefix, alter=None, profile="f32", **kw):
 
 
 def test_shape_dtype_nan_inf_are_verdicts(fixtures_dir, tmp_path):
-    def transpose_state(t):  # dk=8, dv=16: a [Hv, dv, dk] state
+    def transpose_state(t):  # dk != dv: a [Hv, dv, dk] state
         t["calls.0.recurrent_state"] = np.ascontiguousarray(np.swapaxes(t["calls.0.recurrent_state"], -1, -2))
-    case, fails = _one_failure(fixtures_dir, tmp_path, "batch-positions", transpose_state)
+    entry = case_entry(fixtures_dir, "dk-lt-dv")
+    cfg = GDNConfig.from_hf(dict(entry["config"]))
+    assert cfg.head_k_dim != cfg.head_v_dim
+    case, fails = _one_failure(fixtures_dir, tmp_path, "dk-lt-dv", transpose_state)
     assert [(r.tensor, r.reason) for r in fails] == [("recurrent_state", "shape")]
     assert case.first_divergence.stage == "delta_rule" and case.first_divergence.call == 0
-    assert "shape [3, 4, 16, 8], but should be [3, 4, 8, 16]" in case.message
+    lead = [entry["batch"], cfg.num_v_heads]
+    assert (f"shape {lead + [cfg.head_v_dim, cfg.head_k_dim]}, but should be "
+            f"{lead + [cfg.head_k_dim, cfg.head_v_dim]}") in case.message
 
     def nan_core(t):
         t["calls.2.core"][1, 1, 0, 3] = np.nan
@@ -84,13 +93,14 @@ def test_bounds_messages_and_missing_required(fixtures_dir, tmp_path):
     case, fails = _one_failure(fixtures_dir, tmp_path, "prefill-decode_T65", scale_core)
     (r,) = fails
     assert (r.tensor, r.call, r.reason, r.first_bad_token, r.first_bad_position) == ("core", 1, "elem_bound", 0, 61)
-    assert r.over_bound == 8 and r.min_tolerance["elem"] > r.bound["elem"]
+    dv = GDNConfig.from_hf(dict(case_entry(fixtures_dir, "prefill-decode_T65")["config"])).head_v_dim
+    assert r.over_bound == dv and r.min_tolerance["elem"] > r.bound["elem"]  # the head's every element
     msg = case.message
     assert msg.startswith("core (delta_rule) of call 1: max scaled error") and ", but should be " in msg
     assert "elem bound" in msg
-    assert msg.endswith("[case prefill-decode_T65_Hk2_Hv6_dk16_dv8_s0, step 2: forward seq_pos [61, 61]]")
+    assert msg.endswith("[case prefill-decode_T65_Hk2_Hv6_dk16_dv16_s0, step 2: forward seq_pos [61, 61]]")
     assert "\n" not in case.repro and case.repro.startswith("gdncheck verify --fixtures ")
-    assert case.repro.endswith("--profile f32 --case prefill-decode_T65_Hk2_Hv6_dk16_dv8_s0")
+    assert case.repro.endswith("--profile f32 --case prefill-decode_T65_Hk2_Hv6_dk16_dv16_s0")
 
     case, fails = _one_failure(fixtures_dir, tmp_path, "decode_T12", lambda t: t.pop("calls.0.out"))
     assert fails[0].reason == "missing_required" and "no tensor calls.0.out in the outputs" in case.message
@@ -184,3 +194,28 @@ def test_no_partial_files_are_left(fixtures_dir, tmp_path):
     names = sorted(p.name for p in tmp_path.iterdir())
     assert not [n for n in names if n.endswith(".part") or n.startswith(".")], names
     assert json.loads((tmp_path / "summary.json").read_text())["exit_code"] == 0
+
+
+def test_a_sparse_case_is_judged_with_its_block_tensors(fixtures_dir, tmp_path):
+    """The golden check shapes the sparse block's tensors from the case's config (router_logits
+    [B, T, E], selected_experts [B, T, top_k]); selected_experts may come in any dtype holding the
+    indices exactly. Once both raised StopIteration/TypeError: the case could not be judged."""
+    entry = case_entry(fixtures_dir, "moe-no-renorm")
+    dims = GDNConfig.from_hf(dict(entry["config"])).dims()
+    assert expected_shape("router_logits", 1, 5, dims) == (1, 5, entry["config"]["num_experts"])
+    assert expected_shape("selected_experts", 2, 3, dims) == (2, 3, entry["config"]["num_experts_per_tok"])
+    with pytest.raises(FixtureError, match="no stage tensor or state"):
+        expected_shape("attn_outt", 1, 5, dims)
+    dense = GDNConfig.from_hf(dict(case_entry(fixtures_dir, "decode_T")["config"])).dims()
+    with pytest.raises(FixtureError, match="sparse tensor on a dense case"):
+        expected_shape("router_logits", 1, 5, dense)
+
+    def as_int32(t):
+        for k in [k for k in t if k.endswith(".selected_experts")]:
+            t[k] = t[k].astype(np.int32)
+
+    perfect_outputs(fixtures_dir, "moe-no-renorm", tmp_path, alter=as_int32)
+    (case,) = verify(fixtures_dir, tmp_path, "f32", cases=["moe-no-renorm"]).cases
+    assert case.status == "pass", case.problem
+    routed = [r for r in case.records if r.tensor == "selected_experts"]
+    assert routed and all(r.verdict == "pass" and r.dtype == "I32" for r in routed)

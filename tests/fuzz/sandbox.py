@@ -22,10 +22,11 @@ from pathlib import Path
 from gdncheck.cli import main
 from gdncheck.conformance.ports.run import run_impl
 from gdncheck.fixtures.manifest import DEFAULT_DIR
+from tests.helpers import default_case_id
 
 #: the case the mutations hit, the case that must still be judged, the case that saves snapshot files
-TARGET, WITNESS, SNAPSHOT = ("prefill_T1_Hk1_Hv1_dk16_dv16_s0", "decode_T12_Hk2_Hv4_dk16_dv8_s0",
-                             "snapshot-replay_T33_Hk2_Hv4_dk16_dv8_s0")
+TARGET, WITNESS, SNAPSHOT = (default_case_id("prefill"), default_case_id("decode"),
+                             default_case_id("snapshot-replay"))
 CASES = (WITNESS, TARGET, SNAPSHOT)  # the witness first: a duplicate made by a mutation is the later entry
 
 

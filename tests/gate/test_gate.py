@@ -53,7 +53,7 @@ def test_reference_conforms(tmp_path):
     assert 'href="bf16/index.html"' in (tmp_path / "report" / "index.html").read_text()
     cases = junit_cases(tmp_path / "junit.xml")
     names = {(s, c.classname, c.name) for s, c in cases}
-    assert ("conformance.bf16", "conformance.bf16.decode_T12_Hk2_Hv4_dk16_dv8_s0", "delta_rule") in names
+    assert ("conformance.bf16", "conformance.bf16.decode_T12_Hk2_Hv4_dk16_dv16_s0", "delta_rule") in names
     assert ("conformance.bf16", "conformance.bf16.error-head-ratio_T0_Hk1_Hv2_dk4_dv4_s0", "expected_error") in names
     assert ("properties.bf16", "properties.bf16.differential", "differential") in names
     assert ("fixtures", "fixtures", "checksums") in names
@@ -91,7 +91,7 @@ def test_drifted_fixtures_are_refused(tmp_path, capsys):
                  "--junit", str(tmp_path / "j.xml")])
     out = capsys.readouterr().out
     assert code == 2
-    assert "fixtures drifted" in out and "decode_T12_Hk2_Hv4_dk16_dv8_s0" in out and "sha256" in out
+    assert "fixtures drifted" in out and "decode_T12_Hk2_Hv4_dk16_dv16_s0" in out and "sha256" in out
     cases = junit_cases(tmp_path / "j.xml")
     assert [c.name for _, c in cases] == ["setup"] and "fixtures drifted" in cases[0][1].result[0].message
     doc = json.loads((tmp_path / "out" / "gate-summary.json").read_text())
@@ -111,10 +111,10 @@ def test_interpreter_skip_is_listed(tmp_path, device):
                                out=str(tmp_path), properties=False))
     assert res.exit_code == 0, res.doc
     skipped = res.doc["selection"]["skipped"]
-    assert [s["case"] for s in skipped] == ["long-decode_T2100_Hk1_Hv2_dk8_dv8_s0"]
+    assert [s["case"] for s in skipped] == ["long-decode_T2548_Hk1_Hv2_dk8_dv8_s0"]
     assert "interpreter" in skipped[0]["reason"] and "--all-cases" in skipped[0]["reason"]
     junit = {(c.classname, c.name): c for _, c in junit_cases(tmp_path / "gate-junit.xml")}
-    skip = junit[("conformance.f32.long-decode_T2100_Hk1_Hv2_dk8_dv8_s0", "case")]
+    skip = junit[("conformance.f32.long-decode_T2548_Hk1_Hv2_dk8_dv8_s0", "case")]
     assert skip.is_skipped and "interpreter" in skip.result[0].message
     assert junit[("conformance.f32.prefill_T1_Hk1_Hv1_dk16_dv16_s0", "delta_rule")].is_passed
 
@@ -128,7 +128,7 @@ def test_verify_writes_junit_for_a_port(tmp_path):
                  "error-invalid-eps", "--junit", str(tmp_path / "v.xml")])
     assert code == 1
     cases = {(c.classname, c.name): c for _, c in junit_cases(tmp_path / "v.xml")}
-    first = cases[("conformance.bf16.decode_T12_Hk2_Hv4_dk16_dv8_s0", "input_norm")]
+    first = cases[("conformance.bf16.decode_T12_Hk2_Hv4_dk16_dv16_s0", "input_norm")]
     assert not first.is_passed and "x_norm" in first.result[0].text and "repro:" in first.result[0].text
     assert cases[("conformance.bf16.error-invalid-eps_T0_Hk1_Hv2_dk4_dv4_s0", "expected_error")].is_passed
 

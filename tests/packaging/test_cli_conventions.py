@@ -13,8 +13,9 @@ from pathlib import Path
 import pytest
 
 from gdncheck.cli import main
+from tests.helpers import default_case_id
 
-CASE = "decode_T12_Hk2_Hv4_dk16_dv8_s0"
+CASE = default_case_id("decode")
 PORT = """
 from gdncheck.conformance.ports.implementations import reference
 

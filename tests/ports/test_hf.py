@@ -12,6 +12,7 @@ import pytest
 
 pytest.importorskip("transformers", reason="the hf extra is not installed (pip install -e '.[hf]')")
 
+from gdncheck.config import GDNConfig  # noqa: E402
 from gdncheck.conformance.judge.records import validate_summary  # noqa: E402
 from gdncheck.conformance.judge.verify import verify  # noqa: E402
 from gdncheck.conformance.ports.hf import hf  # noqa: E402
@@ -124,7 +125,8 @@ def test_a_continuation_prefill_reads_the_cache(fixtures_dir, manifest):
                                                         "torch_recurrent_gated_delta_rule",
                                                         "torch_chunk_gated_delta_rule"]
     assert [c["conv_columns"] for c in layer.calls] == [40, 4 + 64, 1, 4 + 45]  # update: [B, C, 1] out of K + 1
-    assert res.outputs["calls.1.qkv_conv"].shape == (1, 64, 96)
+    entry = next(c for c in manifest["cases"] if c["id"].startswith("segments"))
+    assert res.outputs["calls.1.qkv_conv"].shape == (1, 64, GDNConfig.from_hf(dict(entry["config"])).conv_dim)
 
 
 def test_the_wrapped_functions_are_transformers_own_and_restored(fixtures_dir, manifest):

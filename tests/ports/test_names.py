@@ -128,7 +128,7 @@ def test_unknown_names_and_tables_are_reported(fixtures_dir, canonical, tmp_path
     s = verify(fixtures_dir, tmp_path / "m", "f32", cases=["prefill-decode_T65"])  # forgot --names
     (case,) = s.cases
     assert case.status == "fail" and any("gdn_x_norm" in n and "--names" in n for n in case.notes)
-    f = tmp_path / "m" / "prefill-decode_T65_Hk2_Hv6_dk16_dv8_s0.safetensors"
+    f = tmp_path / "m" / "prefill-decode_T65_Hk2_Hv6_dk16_dv16_s0.safetensors"
     data = SafetensorsFile(f)
     tensors = {k: data.read(k) for k in data}
     tensors["calls.0.gdn_mystery"] = tensors["calls.0.gdn_y"]

@@ -14,7 +14,7 @@ from gdncheck.fixtures.manifest import DEFAULT_DIR
 MUTANTS = "gdncheck.conformance.meta.mutants"
 #: tiled heads fail the first two (Hk=2, r>1) from delta_rule on, and cannot show in the Hk=1 case;
 #: the expected-error case passes: a report with failing, passing and error-kind rows
-TILED_CASES = ["prefill_T100_Hk2_Hv6", "decode_T12_Hk2_Hv4", "prefill_T1_Hk1_Hv1", "error-head-ratio"]
+TILED_CASES = ["dk-gt-dv_T63_Hk2_Hv6", "decode_T12_Hk2_Hv4", "prefill_T1_Hk1_Hv1", "error-head-ratio"]
 
 
 class Run:
@@ -49,6 +49,39 @@ def all_failing(tmp_path_factory) -> Run:
     """norm_weight_plain (w instead of 1 + w) fails every float tensor of every call from input_norm on;
     on the long decode (2048 tokens) the tensors are the largest of the light cases."""
     return mutant_run(tmp_path_factory, "norm_weight_plain", ["long-decode"])
+
+
+def tensor_counts(prefixes, from_stage: str) -> tuple[int, int]:
+    """(tensors of the cases named by ``prefixes`` at or after ``from_stage`` in pipeline order, every
+    tensor verify judges for them: each call's expected list plus its seq_len), from the manifest:
+    a mutant wrong from a stage on fails exactly the former (counted here, not by the report)."""
+    import json
+
+    from gdncheck.stages import stage_index, stage_of
+
+    cases = json.loads((DEFAULT_DIR / "manifest.json").read_text())["cases"]
+    failing = total = 0
+    for c in cases:
+        if not c["id"].startswith(tuple(prefixes)):
+            continue
+        for step in c["program"]:
+            if step["op"] in ("forward", "decode"):
+                total += len(step["expected"]) + 1
+                failing += sum(stage_index(stage_of(t)) >= stage_index(from_stage) for t in step["expected"])
+    return failing, total
+
+
+def calls_expecting(prefixes, name: str) -> int:
+    """How many calls of the cases named by ``prefixes`` expect tensor ``name`` (manifest)."""
+    import json
+
+    cases = json.loads((DEFAULT_DIR / "manifest.json").read_text())["cases"]
+    return sum(name in step.get("expected", ()) for c in cases if c["id"].startswith(tuple(prefixes))
+               for step in c["program"] if step["op"] in ("forward", "decode"))
+
+
+#: the cases head_grouping_tiled fails (Hk = 2, r > 1), from delta_rule on
+TILED_FAILING = TILED_CASES[:2]
 
 
 SERVING_MUTANTS = "gdncheck.conformance.meta.serving_mutants"

@@ -143,10 +143,10 @@ def test_index_in_a_browser(browser, tiled, tiled_report, artifacts):
     page.click("input[name=status][value=pass]")
     assert page.is_checked("input[name=status][value=pass]") is False
     assert visible_rows(browser) == 2
-    page.select_option("select[name=tag]", "decode")
+    page.select_option("select[name=tag]", "dk-ne-dv")
     assert visible_rows(browser) == 1
     assert browser.evaluate("document.querySelector('#grid tbody tr:not([hidden]) a').textContent") == \
-        "decode_T12_Hk2_Hv4_dk16_dv8_s0"
+        "dk-gt-dv_T63_Hk2_Hv6_dk16_dv8_s0"
     assert browser.console_errors() == []
 
 

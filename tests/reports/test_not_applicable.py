@@ -9,6 +9,7 @@ import pytest
 from gdncheck.conformance.judge.verify import verify
 from gdncheck.reports import text_summary, write_report
 from tests.conformance.helpers import perfect_outputs
+from tests.helpers import default_case_id
 
 from .pages import parse
 
@@ -38,10 +39,10 @@ def test_the_index_filters_and_shows_not_applicable_cases(na_report):
     assert "not_applicable" in boxes and len(boxes) == 4
     rows = {tr.find("td", cls="id").find("a").text: tr for tr in page.find("table", id="grid").find_all("tr")
             if tr.attrs.get("data-status")}
-    snap = rows["snapshot-replay_T33_Hk2_Hv4_dk16_dv8_s0"]
+    snap = rows[default_case_id("snapshot-replay")]
     assert snap.attrs["data-status"] == "not_applicable"
     assert "not applicable from step 0 (construct): no snapshot files here" in snap.text
-    head = rows["per-head-norm_T70_Hk2_Hv8_dk8_dv16_s0"]
+    head = rows[default_case_id("per-head-norm")]
     assert "not applicable from step 2 (forward): no per-head norm here" in head.text
     assert head.find("td", cls="pass") is not None  # the call before it, judged
     assert "coverage: 3 of 3" not in page.text and "coverage: 1 of 3 cases judged" in page.text
@@ -49,7 +50,7 @@ def test_the_index_filters_and_shows_not_applicable_cases(na_report):
 
 def test_a_case_page_says_why(na_report):
     _doc, index = na_report
-    page = parse(index.parent / "cases" / "per-head-norm_T70_Hk2_Hv8_dk8_dv16_s0.html")
+    page = parse(index.parent / "cases" / f"{default_case_id('per-head-norm')}.html")
     na = page.find("div", id="not-applicable")
     assert na is not None and "from step 2 (forward): no per-head norm here" in na.text
     assert "per_head_norm" in na.text and "judged below" in na.text

@@ -7,12 +7,14 @@ import copy
 
 import numpy as np
 
+from gdncheck.config import GDNConfig
 from gdncheck.conformance.judge.verify import verify
 from gdncheck.fixtures.manifest import DEFAULT_DIR
 from gdncheck.reports import write_report
 from gdncheck.reports.model import build
 
-from ..conformance.helpers import perfect_outputs
+from ..conformance.helpers import case_entry, perfect_outputs
+from .conftest import TILED_FAILING, tensor_counts
 from .pages import parse
 
 
@@ -37,7 +39,7 @@ def test_outputs_gone_gives_a_note_and_the_summarys_drift(tiled, tmp_path):
     doc = _moved(tiled.doc, "actual_ref")
     index = write_report(doc, tmp_path / "site")
     sections = failing_sections(index, doc)
-    assert len(sections) == 14
+    assert len(sections) == tensor_counts(TILED_FAILING, "delta_rule")[0]
     for sec in sections:
         text = sec.text
         assert "outputs file not found" in text and "pass --outputs DIR" in text
@@ -81,7 +83,8 @@ def test_tensors_without_values_or_with_nan(tmp_path):
     assert set(by_tensor) == {"z", "core", "out"}
     for name in ("z", "out"):
         assert by_tensor[name].find("img") is None and by_tensor[name].find("div", cls="msg") is not None
-    assert "shape [1, 12, 4, 7], but should be [1, 12, 4, 8]" in by_tensor["z"].text
+    dv = GDNConfig.from_hf(dict(case_entry(DEFAULT_DIR, "decode_T12")["config"])).head_v_dim
+    assert f"shape [1, 12, 4, {dv - 1}], but should be [1, 12, 4, {dv}]" in by_tensor["z"].text
     core = by_tensor["core"]
     assert core.find("img", cls="heatmap") is not None and "NaN 1, first at [0, 3, 1, 2]" in core.text
     worst = core.find("table", cls="worst").find("tbody").find_all("tr")[0]
@@ -102,7 +105,7 @@ def test_raising_and_unusable_cases(tmp_path):
     assert "raised" in rows[0].find("td", cls="span").text
     assert "unusable: no outputs file prefill_T1_Hk1_Hv1_dk16_dv16_s0.safetensors" in rows[1].text
     pages = {c.id: parse(index.parent / "cases" / f"{c.page}.html") for c in build(doc).cases}
-    raised = pages["decode_T12_Hk2_Hv4_dk16_dv8_s0"]
+    raised = pages["decode_T12_Hk2_Hv4_dk16_dv16_s0"]
     msg = raised.find("div", cls="msg").text
     assert msg.startswith("the implementation raised boom at step 1 (decode): <b>kernel</b> failed")
     assert raised.find("section", cls="tensor") is None

@@ -10,6 +10,7 @@ import pytest
 
 from gdncheck.reports.model import build, fmt_num
 
+from .conftest import TILED_FAILING, calls_expecting
 from .pages import parse
 
 #: metrics table columns (after stage, tensor, verdict) and where each comes from in a record
@@ -111,7 +112,7 @@ def test_every_failing_tensor_gets_every_plot_and_passing_ones_stay_compact(tile
                 states += 1
                 assert "After which call" in sec.text
         assert not sections, f"sections without a failing record: {list(sections)}"
-    assert states == 2  # recurrent_state of both failing cases
+    assert states == calls_expecting(TILED_FAILING, "recurrent_state")  # every call of both failing cases
 
 
 @pytest.mark.parametrize("field", ["implementation", "profile", "tolerances", "fixtures", "environment"])

@@ -1,0 +1,228 @@
+"""The likely cause of a failing case: at its first divergence, which known bug class does the
+port's tensor look like?
+
+The port's tensor ``a`` at the first divergence (the failing record of :class:`~.records.FirstDivergence`)
+is compared with **candidates**, each what a known bug would have produced there:
+
+- simple transforms of the expected tensor ``e`` (:func:`transforms`): a uniform scale, a scale per
+  head (both fitted by least squares), the value or key heads in the tiled order instead of the
+  interleaved one (and back), the recurrent state transposed, the tokens shifted by one (either
+  way), the sign flipped;
+- what each known bug class (a mutant of the catalogue, ``conformance/meta``) produces on the same
+  case and profile: injected from above as a ``catalogue`` (the judge stands below the mutants,
+  docs/layout.md), called with the case and the failing record, returning ``{name: (bug class,
+  tensor)}``.
+
+The **residual** of a candidate ``c`` is ``‖(a − c) / d‖ / ‖(a − e) / d‖``, with ``d`` what the judge
+divides an error of that tensor by (its rule: :func:`~.metrics.error_denominator`), so that both
+are measured in the space where the quantity acts (a beta of 3e-7 for 1e-10 is a large error, however
+small in absolute terms): how much of the port's error the candidate leaves unexplained (0: it
+explains all of it; 1: no better than the golden). The best
+candidate with a residual at most :data:`MATCH` is reported as ``matches: <bug class> (residual r)``;
+otherwise ``no known bug class matches`` (with the closest one). NaN must sit where the candidate
+has NaN; only finite elements are compared. A diagnosis is advice: it never changes a verdict.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+from gdncheck.config import GDNConfig
+from gdncheck.stages import STATE_NAMES, STATE_TENSORS, TENSOR_BY_NAME
+
+from .metrics import LOG_DECAY_FLOOR, error_denominator, rule_of
+
+#: A candidate that leaves at most this share of the error unexplained matches.
+MATCH = 0.2
+#: Candidates whose residuals differ by less than this (or a factor 2) explain the error equally well.
+EQUALLY_WELL = 0.01
+#: The transforms in order of preference (fewest fitted numbers first).
+TRANSFORM_PREFERENCE = ("sign_flip", "state_transposed", "heads_tiled", "heads_interleaved", "token_late",
+                        "token_early", "uniform_scale", "per_head_scale")
+
+#: A catalogue: (case entry, profile, mode, failing record) -> {name: (bug class, tensor)}.
+Catalogue = Callable[[dict, str, str, object], dict]
+
+
+@dataclass(frozen=True)
+class Diagnosis:
+    """The likely cause at a case's first divergence (module docstring)."""
+
+    verdict: str  # "matches" or "none"
+    tensor: str
+    call: int | None
+    bug_class: str | None  # the best candidate's bug class
+    candidate: str | None  # its name: a transform, or a mutant of the catalogue
+    source: str | None  # "transform" or "mutant"
+    residual: float | None  # ‖(a − c) / d‖ / ‖(a − e) / d‖ of the best candidate
+    candidates: int  # how many were compared
+
+    def text(self) -> str:
+        if self.verdict == "matches":
+            return f"matches: {self.bug_class} (residual {self.residual:.2g})"
+        closest = f" (closest: {self.bug_class}, residual {self.residual:.2g})" if self.bug_class else ""
+        return f"no known bug class matches{closest}"
+
+    def to_json(self) -> dict:
+        d = asdict(self)
+        if d["residual"] is not None and not math.isfinite(d["residual"]):
+            d["residual"] = None
+        d["text"] = self.text()
+        return d
+
+
+def _heads_axis(tensor: str) -> int | None:
+    spec = TENSOR_BY_NAME.get(tensor) or next((t for t in STATE_TENSORS if t.name == tensor), None)
+    if spec is None or spec.head_axis is None:
+        return None
+    return spec.head_axis + 1  # the batch axis first
+
+
+def tiled_order(num_k_heads: int, num_heads: int) -> np.ndarray:
+    """Position p of the tiled order holds interleaved head ``order[p]`` (head j = kh·r + i at i·Hk + kh)."""
+    r = num_heads // num_k_heads
+    return np.array([(p % num_k_heads) * r + p // num_k_heads for p in range(num_heads)])
+
+
+def _fit_scale(a: np.ndarray, e: np.ndarray, axes) -> np.ndarray:
+    """Least-squares scale of e toward a over ``axes`` (kept), on finite elements."""
+    ok = np.isfinite(a) & np.isfinite(e)
+    aa, ee = np.where(ok, a, 0.0), np.where(ok, e, 0.0)
+    num = np.sum(aa * ee, axis=axes, keepdims=True)
+    den = np.sum(ee * ee, axis=axes, keepdims=True)
+    return np.where(den > 0, num / np.where(den > 0, den, 1.0), 1.0)
+
+
+def transforms(actual: np.ndarray, expected: np.ndarray, tensor: str, config: dict | None) -> dict:
+    """Candidates from the expected tensor alone: {name: (bug class, tensor of actual's shape)}."""
+    a, e = np.asarray(actual, dtype=np.float64), np.asarray(expected, dtype=np.float64)
+    out: dict[str, tuple[str, np.ndarray]] = {}
+    if a.shape != e.shape:
+        if tensor == "recurrent_state" and a.shape == e.shape[:-2] + e.shape[-1:] + e.shape[-2:-1]:
+            out["state_transposed"] = ("the recurrent state transposed ([dv, dk] per head)", np.swapaxes(e, -1, -2))
+        return out
+    alpha = float(_fit_scale(a, e, None).ravel()[0])
+    out["uniform_scale"] = (f"a uniform scale (x{alpha:.4g})", alpha * e)
+    out["sign_flip"] = ("the sign flipped", -e)
+    axis = _heads_axis(tensor)
+    if axis is not None and e.ndim > axis and e.shape[axis] > 1:
+        keep = tuple(i for i in range(e.ndim) if i != axis)
+        out["per_head_scale"] = ("a scale per head", _fit_scale(a, e, keep) * e)
+        if config is not None:
+            cfg = GDNConfig.from_hf(dict(config))
+            n, hk = e.shape[axis], cfg.num_k_heads
+            if n > hk > 1 and n % hk == 0 and n // hk > 1:
+                order = tiled_order(hk, n)
+                inverse = np.argsort(order)
+                out["heads_tiled"] = ("the heads in the tiled order instead of the interleaved one",
+                                      np.take(e, order, axis=axis))
+                out["heads_interleaved"] = ("the heads in the interleaved order read as tiled",
+                                            np.take(e, inverse, axis=axis))
+    if tensor == "recurrent_state" and e.shape[-1] == e.shape[-2]:
+        out["state_transposed"] = ("the recurrent state transposed ([dv, dk] per head)", np.swapaxes(e, -1, -2))
+    if tensor not in STATE_NAMES and e.ndim >= 2 and e.shape[1] > 1:
+        late = np.full_like(e, np.nan)
+        late[:, 1:] = e[:, :-1]
+        early = np.full_like(e, np.nan)
+        early[:, :-1] = e[:, 1:]
+        out["token_late"] = ("the tokens shifted one later (each token gets its predecessor's value)", late)
+        out["token_early"] = ("the tokens shifted one earlier (each token gets its successor's value)", early)
+    return out
+
+
+def residual(actual: np.ndarray, expected: np.ndarray, candidate: np.ndarray, scale=None) -> float:
+    """‖(a − c) / d‖ / ‖(a − e) / d‖ over the elements all three hold finite (NaN of the candidate
+    where ``a`` is finite, from a shifted transform, drops those elements); inf when a's NaN sit
+    elsewhere than the candidate's (a shifted transform's padding aside). ``scale`` is ``d``
+    (broadcast to ``a``; default 1)."""
+    a, e, c = (np.asarray(x, dtype=np.float64) for x in (actual, expected, candidate))
+    if c.shape != a.shape:
+        return math.inf
+    if np.any(np.isnan(a) & ~np.isnan(c)) or np.any(np.isinf(a) & (a != c)):
+        return math.inf
+    d = np.broadcast_to(1.0 if scale is None else np.asarray(scale, dtype=np.float64), a.shape)
+    ok = np.isfinite(a) & np.isfinite(c) & np.isfinite(e) & (d > 0)
+    num = float(np.sqrt(np.sum(((a[ok] - c[ok]) / d[ok]) ** 2)))
+    den = float(np.sqrt(np.sum(((a[ok] - e[ok]) / d[ok]) ** 2)))
+    if den == 0.0:
+        return 0.0 if num == 0.0 and np.any(~np.isfinite(a)) else math.inf
+    return num / den
+
+
+def diagnose_tensor(actual, expected, tensor: str, *, call: int | None = None, config: dict | None = None,
+                    extra: dict | None = None, scale=None) -> Diagnosis:
+    """The best candidate for one failing tensor (transforms, then ``extra``: the catalogue's), with
+    residuals measured in units of ``scale`` (the judge's error denominator; default absolute)."""
+    if rule_of(tensor) == "log_decay":  # below the floor a decay is zero: g is the floor there (metrics)
+        actual, expected = (np.maximum(np.asarray(x, dtype=np.float64), LOG_DECAY_FLOOR) for x in (actual, expected))
+        extra = {k: (cls, np.maximum(arr, LOG_DECAY_FLOOR)) for k, (cls, arr) in (extra or {}).items()}
+    # in order of preference among candidates that explain the error about equally well: a mutant
+    # names the bug itself; of the transforms, those with fewer fitted numbers first (a scale per
+    # head always fits at least as well as a uniform one)
+    cands = [(name, cls, arr, "mutant") for name, (cls, arr) in (extra or {}).items()]
+    found = transforms(actual, expected, tensor, config)
+    cands += [(name, *found[name], "transform") for name in TRANSFORM_PREFERENCE if name in found]
+    scored = [(residual(actual, expected, arr, scale), name, cls, source) for name, cls, arr, source in cands]
+    finite = [s for s in scored if math.isfinite(s[0])]
+    if not finite:
+        return Diagnosis("none", tensor, call, None, None, None, None, len(cands))
+    best = min(s[0] for s in finite)
+    r, name, cls, source = next(s for s in finite if s[0] <= max(2.0 * best, best + EQUALLY_WELL))
+    return Diagnosis("matches" if r <= MATCH else "none", tensor, call, cls, name, source, r, len(cands))
+
+
+class Diagnoser:
+    """Diagnoses a failing case at its first divergence (verify's ``diagnose`` hook).
+
+    ``catalogue``: candidates from known bug classes run on the case (``conformance/meta``); without
+    one, the transforms alone. ``limit``: diagnose at most this many cases of one verify run (the
+    catalogue runs every mutant on a case); later ones are left undiagnosed, with a note.
+    """
+
+    def __init__(self, catalogue: Catalogue | None = None, limit: int | None = None):
+        self.catalogue = catalogue
+        self.limit = limit
+        self.done = 0
+
+    def __call__(self, judge, report) -> dict | None:
+        fd = report.first_divergence
+        if fd is None or fd.tensor is None:
+            return None
+        rec = next((r for r in report.records if r.verdict == "fail" and r.step == fd.step and r.tensor == fd.tensor),
+                   None)
+        if rec is None or rec.op == "save":  # a saved snapshot file: its state is judged at its call too
+            return None
+        if self.limit is not None and self.done >= self.limit:
+            return {"verdict": "skipped", "text": f"not diagnosed (only the first {self.limit} failing cases are)",
+                    "tensor": rec.tensor, "call": rec.call}
+        actual, expected = _read_pair(judge, rec)
+        if actual is None:
+            return None
+        self.done += 1
+        extra = self.catalogue(judge.entry, judge.profile, judge.mode, rec) if self.catalogue else None
+        stats = (getattr(judge, "stats", None) or {}).get(rec.tensor) if rec.tensor not in STATE_NAMES else None
+        scale = error_denominator(expected, rec.tensor, judge.profile, stats, rec.call)
+        return diagnose_tensor(actual, expected, rec.tensor, call=rec.call, config=judge.entry.get("config"),
+                               extra=extra, scale=scale).to_json()
+
+
+def _read_pair(judge, rec) -> tuple[np.ndarray | None, np.ndarray | None]:
+    """The port's tensor and the golden of a call's record, read through the judge's open files."""
+    key = (rec.expected_ref or {}).get("key")
+    if key is None or judge.outs is None or judge.gold is None or key not in judge.outs or key not in judge.gold:
+        return None, None
+    return (np.asarray(judge.outs.read(key, judge.gold.shape_of(key)), dtype=np.float64),
+            np.asarray(judge.gold.read(key), dtype=np.float64))
+
+
+def advise(diagnose: Callable, judge, report) -> dict | None:
+    """``diagnose(judge, report)``, or why it could not run: a diagnosis is advice, so nothing it
+    raises reaches the verdict (verify's hook)."""
+    try:
+        return diagnose(judge, report)
+    except Exception as exc:  # noqa: BLE001 - advice only: the verdict stands whatever goes wrong here
+        return {"verdict": "error", "text": f"no diagnosis: {type(exc).__name__}: {exc}", "tensor": None, "call": None}
