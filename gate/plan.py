@@ -20,8 +20,8 @@ from gdncheck.fixtures.manifest import select_cases
 
 #: tag -> why a case with it does not run under the interpreter by default.
 INTERPRETER_SKIP_TAGS = {
-    "long": "2048 one-token calls take about 6 minutes per profile under Triton's interpreter "
-            "(~0.18 s a call); it runs on a GPU, or here with --all-cases",
+    "long": "2048 one-token calls take about 3.5 minutes per profile under Triton's interpreter "
+            "(~0.1 s a call); it runs on a GPU, or here with --all-cases",
 }
 
 
