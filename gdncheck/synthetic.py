@@ -118,7 +118,7 @@ def make_weights(
 FAST_HEAD_SHARE = 0.25
 LONG_MEMORY = (32.0, 2048.0)
 WRITE_OFFSET = (-5.0, 2.0)
-SPREAD = {"qkv": 1.0, "z": 1.0, "a": 1.0, "b": 1.5, "out": 0.5, "mlp_in": 1.0, "mlp_down": 0.5}
+SPREAD = {"qk": 3.0, "qkv": 1.0, "z": 1.0, "a": 1.0, "b": 1.5, "out": 0.5, "mlp_in": 1.0, "mlp_down": 0.5}
 MASSIVE = 2
 MASSIVE_SHARE = 0.2
 MASSIVE_SIGNS = (1.0, -1.0)
@@ -155,14 +155,18 @@ def realistic_weights(cfg: GDNConfig, seed: int = 0, *, norm_mode: str | None = 
     produce. q and k before their L2 norm are unit-order too, with squared norms of real layers'
     order: their rows of ``in_proj_qkv`` add a mean of :data:`QK_MEAN` (read from the massive
     channels, signed by the channel's conv-tap sum, so the pre-SiLU mean is ``QK_MEAN·|Σ_j w_j|`` > 0
-    once a sequence has K tokens). Why: at the suite's dk = 8-16 a zero-mean pre-activation leaves
-    every element of some token-heads negative (odds 2^-dk per vector), SiLU takes them near 0 and
-    the squared norm to ~0.03, where an L2-norm eps convention (``max(‖x‖, eps)``) differs from the
-    contract beyond f32 rounding; at dk = 128 that never happens (docs/tolerances.md §1.1). v, z, a
-    and b keep no mean (b its write offset). Each head's write logit b has a mean drawn from
-    :data:`WRITE_OFFSET`, read from the massive channels of :func:`realistic_inputs` (a bias, as real
-    layers read one): some heads write strongly (beta near 1), some weakly (beta near 0.007). The
-    RMSNorm weights (applied as ``1 + w``) spread by a factor ``e^{±0.2}``, the gated norm's by 0.2.
+    once a sequence has K tokens) and have the spread ``SPREAD["qk"]``. Why the mean: at the suite's
+    dk = 8-16 a zero-mean pre-activation leaves every element of some token-heads negative (odds
+    2^-dk per vector), SiLU takes them near 0 and the squared norm to ~0.03, where an L2-norm eps
+    convention (``max(‖x‖, eps)``) differs from the contract beyond f32 rounding; at dk = 128 that
+    never happens (docs/tolerances.md §1.1). Why the spread: with the mean alone (spread 1) a head's keys
+    lie so close together that a correct bf16 port's rounding of k, amplified by the delta rule,
+    hid a bf16 state in the long decode (caught at 6.3 times the bound, not 10); with spread 3 the
+    median cosine between two keys of a head is 0.86 (0.52 with neither). v, z, a and b keep no mean
+    (b its write offset). Each head's write logit b has a mean drawn from :data:`WRITE_OFFSET`, read
+    from the massive channels of :func:`realistic_inputs` (a bias, as real layers read one): some
+    heads write strongly (beta near 1), some weakly (beta near 0.007). The RMSNorm weights (applied as
+    ``1 + w``) spread by a factor ``e^{±0.2}``, the gated norm's by 0.2.
     """
     kind = cfg.mlp_kind(layer)
     if kind != "dense":
@@ -205,6 +209,7 @@ def realistic_weights(cfg: GDNConfig, seed: int = 0, *, norm_mode: str | None = 
         "mlp.down_proj.weight": normal(D, I, scale=s["mlp_down"] / np.sqrt(I)),
     }
     qk_rows = slice(0, 2 * cfg.key_dim)
+    arrays["linear_attn.in_proj_qkv.weight"][qk_rows] *= s["qk"] / s["qkv"]
     offset = uniform(WRITE_OFFSET[0], WRITE_OFFSET[1], Hv)
     add_bias(arrays, "linear_attn.in_proj_b.weight", offset, D)
     conv = arrays["linear_attn.conv1d.weight"][qk_rows].reshape(2 * cfg.key_dim, K)
