@@ -12,7 +12,7 @@ The tolerance table verify applies: bounds per (mode, profile, case recipe, tens
 the envelope of correct low-precision implementations (docs/tolerances.md).
 
   show     print the global bounds per profile (or one case recipe's with --case)
-  derive   re-derive the table from data and write it (about a minute with --jobs 2)"""
+  derive   re-derive the table from data and write it (--suite default: about 5 minutes with --jobs 2)"""
 
 
 def configure(p: argparse.ArgumentParser) -> None:
@@ -29,7 +29,7 @@ def configure(p: argparse.ArgumentParser) -> None:
     d.add_argument("--seeds", default="1,2,3,4", help="comma-separated seeds (default 1,2,3,4; never 0)")
     d.add_argument("--suite", choices=("default", "full"), default="full",
                    help="recipes to derive from (default full: the default suite plus real Qwen3.5 sizes; "
-                        "default alone takes about a minute)")
+                        "default alone takes about 5 minutes with --jobs 2)")
 
 
 def run(args: argparse.Namespace) -> int:
