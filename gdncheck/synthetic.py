@@ -113,14 +113,16 @@ def make_weights(
 #: §1.1 says why each number): the share of value heads that keep transformers' initialisation
 #: (dt_bias = 1: forgetting within a few tokens), the memory (tokens) of the other heads, the range
 #: of the heads' mean write logit b, the spreads of the projections' outputs, and the massive
-#: channels of the residual stream (how many, their share of a token's energy, their signs).
+#: channels of the residual stream (how many, their share of a token's energy, their signs), and the
+#: mean of q and k before their conv's SiLU (in units of each channel's conv-tap sum).
 FAST_HEAD_SHARE = 0.25
 LONG_MEMORY = (32.0, 2048.0)
 WRITE_OFFSET = (-5.0, 2.0)
-SPREAD = {"qkv": 1.0, "z": 1.0, "a": 1.0, "b": 1.5, "out": 0.5, "mlp_in": 1.0, "mlp_down": 0.5}
+SPREAD = {"qk": 3.0, "qkv": 1.0, "z": 1.0, "a": 1.0, "b": 1.5, "out": 0.5, "mlp_in": 1.0, "mlp_down": 0.5}
 MASSIVE = 2
 MASSIVE_SHARE = 0.2
 MASSIVE_SIGNS = (1.0, -1.0)
+QK_MEAN = 4.0
 
 
 def massive_channels(hidden_size: int) -> list[int]:
@@ -149,11 +151,22 @@ def realistic_weights(cfg: GDNConfig, seed: int = 0, *, norm_mode: str | None = 
     tokens). The other heads have a long memory: ``dt_bias = softplus⁻¹(1 / (M·A))`` with the memory
     ``M`` log-uniform over :data:`LONG_MEMORY` tokens, so ``exp(g) ≈ 1 - 1/M`` at ``a = 0`` and the
     token's ``a`` (spread 1) moves the decay rate by a factor ``e^{±1}``. Projections are scaled by
-    ``1/sqrt(fan_in)`` times :data:`SPREAD`, so q and k before their norm, z, a and b have unit-order
-    elements, as real layers produce. Each head's write logit b has a mean drawn from
-    :data:`WRITE_OFFSET`, read from the massive channels of :func:`realistic_inputs` (a bias, as real
-    layers read one): some heads write strongly (beta near 1), some weakly (beta near 0.007). The
-    RMSNorm weights (applied as ``1 + w``) spread by a factor ``e^{±0.2}``, the gated norm's by 0.2.
+    ``1/sqrt(fan_in)`` times :data:`SPREAD`, so z, a and b have unit-order elements, as real layers
+    produce. q and k before their L2 norm are unit-order too, with squared norms of real layers'
+    order: their rows of ``in_proj_qkv`` add a mean of :data:`QK_MEAN` (read from the massive
+    channels, signed by the channel's conv-tap sum, so the pre-SiLU mean is ``QK_MEAN·|Σ_j w_j|`` > 0
+    once a sequence has K tokens) and have the spread ``SPREAD["qk"]``. Why the mean: at the suite's
+    dk = 8-16 a zero-mean pre-activation leaves every element of some token-heads negative (odds
+    2^-dk per vector), SiLU takes them near 0 and the squared norm to ~0.03, where an L2-norm eps
+    convention (``max(‖x‖, eps)``) differs from the contract beyond f32 rounding; at dk = 128 that
+    never happens (docs/tolerances.md §1.1). Why the spread: with the mean alone (spread 1) a head's keys
+    lie so close together that a correct bf16 port's rounding of k, amplified by the delta rule,
+    hid a bf16 state in the long decode (caught at 6.3 times the bound, not 10); with spread 3 the
+    median cosine between two keys of a head is 0.86 (0.52 with neither). v, z, a and b keep no mean
+    (b its write offset). Each head's write logit b has a mean drawn from :data:`WRITE_OFFSET`, read
+    from the massive channels of :func:`realistic_inputs` (a bias, as real layers read one): some
+    heads write strongly (beta near 1), some weakly (beta near 0.007). The RMSNorm weights (applied as
+    ``1 + w``) spread by a factor ``e^{±0.2}``, the gated norm's by 0.2.
     """
     kind = cfg.mlp_kind(layer)
     if kind != "dense":
@@ -195,8 +208,17 @@ def realistic_weights(cfg: GDNConfig, seed: int = 0, *, norm_mode: str | None = 
         "mlp.up_proj.weight": normal(I, D, scale=s["mlp_in"] / np.sqrt(D)),
         "mlp.down_proj.weight": normal(D, I, scale=s["mlp_down"] / np.sqrt(I)),
     }
+    qk_rows = slice(0, 2 * cfg.key_dim)
+    arrays["linear_attn.in_proj_qkv.weight"][qk_rows] *= s["qk"] / s["qkv"]
     offset = uniform(WRITE_OFFSET[0], WRITE_OFFSET[1], Hv)
     add_bias(arrays, "linear_attn.in_proj_b.weight", offset, D)
+    conv = arrays["linear_attn.conv1d.weight"][qk_rows].reshape(2 * cfg.key_dim, K)
+    taps = conv[:, 0].copy()
+    for j in range(1, K):  # elementwise, in tap order: the same sign on every CPU (np.sum may reorder)
+        taps += conv[:, j]
+    qk_mean = np.zeros(cfg.conv_dim)
+    qk_mean[qk_rows] = QK_MEAN * np.where(taps < 0, -1.0, 1.0)
+    add_bias(arrays, "linear_attn.in_proj_qkv.weight", qk_mean, D)
     arrays = {k: round_to_common(v).astype(np.float32) for k, v in arrays.items()}
     return LayerWeights(arrays, stored_dtypes={k: "BF16" for k in arrays}, source=f"realistic(seed={seed})",
                         layer=layer, config=cfg)

@@ -25,7 +25,7 @@ from gdncheck._version import __version__
 from gdncheck.config import GDNConfig
 from gdncheck.conformance.judge.metrics import CaseStats, case_stats, tensor_metrics
 from gdncheck.conformance.judge.packed import as_judged
-from gdncheck.conformance.judge.tolerances import TABLE_FORMAT, recipe_of
+from gdncheck.conformance.judge.tolerances import PROPERTY_ROWS, TABLE_FORMAT, recipe_of
 from gdncheck.env import limit_blas_threads
 from gdncheck.fixtures.build import golden_tensors
 from gdncheck.fixtures.cases import suite
@@ -45,6 +45,9 @@ TABLE_VERSION = 3
 #: the activation dtype dominate it (docs/tolerances.md §3 has the measurement).
 SEQUENTIAL_REAL_SIZE_PROFILES = ("f32",)
 COMMAND = "gdncheck tolerances derive --suite full --jobs 2"
+#: Observations under ``GLOBAL_ONLY + <weights regime>`` go into the ``properties`` rows only (the
+#: property draws: conformance/properties/draws.py): no recipe row, no global row.
+GLOBAL_ONLY = "properties-only: "
 
 
 class Envelope:
@@ -56,13 +59,15 @@ class Envelope:
         self.nmse: dict[tuple, float] = {}
 
     def add(self, mode: str, profile: str, recipe: str, tensor: str, actual, expected, stats: CaseStats,
-            call: int | None = None) -> None:
+            call: int | None = None, nmse: bool = True) -> None:
+        """Add one tensor of one call; ``nmse=False``: its elementwise error only (a judge that does not
+        bound this tensor's NMSE)."""
         key = (mode, profile, recipe, tensor)
         m = tensor_metrics(actual, expected, tensor, profile, stats, call=call)
         if m.nan or m.inf_mismatch:
             raise RuntimeError(f"{recipe} {profile} {tensor}: non-finite values in an emulated run")
         self.elem[key] = max(self.elem.get(key, 0.0), m.max_err)
-        self.nmse[key] = max(self.nmse.get(key, 0.0), m.nmse)
+        self.nmse[key] = max(self.nmse.get(key, 0.0), m.nmse if nmse else 0.0)
 
     def merge(self, other: Envelope) -> None:
         for mine, theirs in ((self.elem, other.elem), (self.nmse, other.nmse)):
@@ -135,48 +140,70 @@ def _observe_isolated(env: Envelope, impl, gold, step: dict, profile: str, recip
                 env.add(STAGE_ISOLATED, profile, recipe, name, outputs[name], gold[key], stats[name], k)
 
 
-def _observe_job(args):
-    i, s, suite_name = args
+def _observe_job(i: int, s: int, suite_name: str) -> Envelope:
     return observe(i, s, suite_name=suite_name)
 
 
+def _extra_job(job):
+    fn, args = job
+    return fn(*args)
+
+
 def derive(seeds=SEEDS, jobs: int = 1, progress: Callable[[str], None] | None = None,
-           suite_name: str = "default") -> dict:
-    """Run every observation over the suite's forward recipes and turn the envelope into the table."""
+           suite_name: str = "default", extra_jobs=(), extra_note: str | None = None) -> dict:
+    """Run every observation over the suite's forward recipes and turn the envelope into the table.
+
+    ``extra_jobs``: ``(fn, args)`` pairs (picklable, top-level ``fn``) whose envelopes join the same
+    pool; the property draws of conformance/properties/draws.py, which the ``tolerances`` command
+    passes (this floor cannot import the properties), observed under :data:`GLOBAL_ONLY` recipe names.
+    ``extra_note`` says in the table what they were."""
     recipes = forward_recipes(suite_name)
     # the real-size recipes first, the largest (last in the suite) first, so that no long job starts last
     first = sorted(range(len(recipes)), key=lambda i: ("real-sizes" not in recipes[i].tags, -i))
-    work = [(i, s, suite_name) for i in first for s in seeds]
+    work = [(_observe_job, (i, s, suite_name)) for i in first for s in seeds] + list(extra_jobs)
+    names = [recipes[i].case_id(s) for i in first for s in seeds] + \
+        [f"{getattr(fn, '__name__', fn)}{args}" for fn, args in extra_jobs]
     env = Envelope()
     if jobs > 1:
         with ProcessPoolExecutor(max_workers=jobs) as pool:
-            for (i, s, _), part in zip(work, pool.map(_observe_job, work)):
+            for name, part in zip(names, pool.map(_extra_job, [(fn, a) for fn, a in work])):
                 env.merge(part)
                 if progress:
-                    progress(recipes[i].case_id(s))
+                    progress(name)
     else:
-        for job in work:
-            env.merge(_observe_job(job))
+        for name, job in zip(names, work):
+            env.merge(_extra_job(job))
             if progress:
-                progress(recipes[job[0]].case_id(job[1]))
+                progress(name)
     doc = table_document(env, seeds, [r.case_id(0) for r in recipes])
     doc["derivation"]["suite"] = suite_name
+    if extra_note:
+        doc["derivation"]["properties_also"] = extra_note
     if suite_name != "full":  # the table says what it was derived from (the committed one: COMMAND)
         doc["derivation"]["command"] = f"gdncheck tolerances derive --suite {suite_name} --jobs {jobs}"
     return doc
 
 
 def table_document(env: Envelope, seeds, cases: list[str]) -> dict:
+    """The table of an envelope. Observations under ``GLOBAL_ONLY + regime`` (the property draws) make
+    the ``properties`` rows only: the envelope of every recipe and every draw."""
     modes: dict = {}
     global_max: dict[tuple, tuple[float, float]] = {}
+    property_max: dict[tuple, tuple[float, float]] = {}
     for (mode, profile, recipe, tensor), value in sorted(env.elem.items()):
         nmse = env.nmse[(mode, profile, recipe, tensor)]
-        prof = modes.setdefault(mode, {}).setdefault(profile, {"global": {}, "cases": {}})
-        prof["cases"].setdefault(recipe, {})[tensor] = _row(value, nmse, PROFILES[profile].eps)
-        e0, n0 = global_max.get((mode, profile, tensor), (0.0, 0.0))
-        global_max[(mode, profile, tensor)] = (max(e0, value), max(n0, nmse))
+        modes.setdefault(mode, {}).setdefault(profile, {"global": {}, "cases": {}})
+        targets = [property_max] if recipe.startswith(GLOBAL_ONLY) else [property_max, global_max]
+        for target in targets:
+            e0, n0 = target.get((mode, profile, tensor), (0.0, 0.0))
+            target[(mode, profile, tensor)] = (max(e0, value), max(n0, nmse))
+        if not recipe.startswith(GLOBAL_ONLY):
+            modes[mode][profile]["cases"].setdefault(recipe, {})[tensor] = _row(value, nmse, PROFILES[profile].eps)
     for (mode, profile, tensor), (value, nmse) in sorted(global_max.items()):
         modes[mode][profile]["global"][tensor] = _row(value, nmse, PROFILES[profile].eps)
+    if any(recipe.startswith(GLOBAL_ONLY) for (_m, _p, recipe, _t) in env.elem):
+        for (mode, profile, tensor), (value, nmse) in sorted(property_max.items()):
+            modes[mode][profile].setdefault(PROPERTY_ROWS, {})[tensor] = _row(value, nmse, PROFILES[profile].eps)
     return {
         "format": TABLE_FORMAT,
         "version": TABLE_VERSION,
@@ -187,7 +214,8 @@ def table_document(env: Envelope, seeds, cases: list[str]) -> dict:
                       "per-call NMSE of the emulated layer against the float64 reference, over the recipe rebuilt at "
                       "every seed and run with every placement and summation order; bound = margin x envelope, at "
                       "least one ulp of the profile dtype (elem) or its square (nmse). 'global' is the envelope over "
-                      "all recipes.",
+                      "all recipes; 'properties' (where present) the envelope over all recipes and the property draws "
+                      "that 'properties_also' names.",
             "margin_elem": MARGIN_ELEM,
             "margin_nmse": MARGIN_NMSE,
             "floor": "elem >= eps(profile), nmse >= eps(profile)^2",
@@ -220,16 +248,28 @@ def merge_recipes(table: dict, part: dict) -> dict:
         for profile, rows in profiles.items():
             mine = out["modes"].setdefault(mode, {}).setdefault(profile, {"global": {}, "cases": {}})
             mine["cases"].update(rows["cases"])
-            for tensor, row in rows["global"].items():
-                old = mine["global"].get(tensor, {"observed_elem": 0.0, "observed_nmse": 0.0})
-                if row["observed_elem"] <= old["observed_elem"] and row["observed_nmse"] <= old["observed_nmse"]:
-                    continue  # the row as written (re-rounding it could move its last digit)
-                mine["global"][tensor] = _row(max(old["observed_elem"], row["observed_elem"]),
-                                              max(old["observed_nmse"], row["observed_nmse"]), PROFILES[profile].eps)
-            mine["global"] = dict(sorted(mine["global"].items()))
+            _widen_rows(mine.setdefault("global", {}), rows["global"], profile)
+            # the property rows envelope every recipe: the part's widen them (by its own property rows
+            # where it has them, else by its global rows)
+            if PROPERTY_ROWS in mine or PROPERTY_ROWS in rows:
+                have = mine.setdefault(PROPERTY_ROWS, dict(mine["global"]))
+                _widen_rows(have, rows.get(PROPERTY_ROWS, rows["global"]), profile)
             mine["cases"] = dict(sorted(mine["cases"].items()))
     out["derivation"]["cases"] = list(dict.fromkeys(out["derivation"]["cases"] + part["derivation"]["cases"]))
     return out
+
+
+def _widen_rows(have: dict, part: dict, profile: str) -> None:
+    """``have`` (tensor -> row) made the envelope of itself and ``part``, in place, sorted."""
+    for tensor, row in part.items():
+        old = have.get(tensor, {"observed_elem": 0.0, "observed_nmse": 0.0})
+        if row["observed_elem"] <= old["observed_elem"] and row["observed_nmse"] <= old["observed_nmse"]:
+            continue  # the row as written (re-rounding it could move its last digit)
+        have[tensor] = _row(max(old["observed_elem"], row["observed_elem"]),
+                            max(old["observed_nmse"], row["observed_nmse"]), PROFILES[profile].eps)
+    ordered = dict(sorted(have.items()))
+    have.clear()
+    have.update(ordered)
 
 
 def _row(elem: float, nmse: float, floor: float) -> dict:

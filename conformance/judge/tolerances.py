@@ -11,6 +11,9 @@ low-precision port strays depends on the case's conditioning (a decayed state re
 orthogonal query, saturated gates, a long memory) far more than on anything else, so each case gets
 the envelope earned by its own recipe at other seeds. A case the table does not know (a fixture
 built from a checkpoint, the full suite) gets the ``global`` bound: the envelope over every recipe.
+A layer the property suite generates gets the ``properties`` bound (:meth:`ToleranceTable.property_bound`):
+the envelope over every recipe and over a stratified sample of the properties' own draws, which
+visit edges no checkpoint has (docs/tolerances.md §3).
 """
 
 from __future__ import annotations
@@ -32,6 +35,8 @@ TABLE_PATH = Path(__file__).with_name("tolerances.json")
 TABLE_FORMAT = "gdncheck-tolerances"
 #: a table larger than this is refused unread (the packaged one is about 0.3 MB)
 MAX_TABLE_BYTES = 64 * 1024 * 1024
+#: The rows that judge a layer the property suite generates (end to end only).
+PROPERTY_ROWS = "properties"
 
 
 class ToleranceError(GDNError):
@@ -50,7 +55,7 @@ class Bound:
     mode: str
     elem: float
     nmse: float
-    source: str  # "case <recipe>" or "global"
+    source: str  # "case <recipe>", "global" or "properties"
 
     def to_json(self) -> dict:
         return {"elem": self.elem, "nmse": self.nmse, "source": self.source, "profile": self.profile,
@@ -90,6 +95,21 @@ class ToleranceTable:
                                  f"{source}) must be {{elem, nmse}} of finite non-negative numbers, found {row!r}")
         return Bound(tensor, profile, mode, float(values[0]), float(values[1]), source)
 
+    def property_bound(self, tensor: str, profile: str) -> Bound:
+        """The end-to-end bound of a layer the property suite generates: the ``properties`` row (a
+        table without one: the global row)."""
+        rows = self.data["modes"].get(END_TO_END, {}).get(profile, {}).get(PROPERTY_ROWS, {})
+        if not isinstance(rows, dict) or tensor not in rows:
+            return self.bound(tensor, profile, END_TO_END, None)
+        row = rows[tensor]
+        values = [row.get(k) if isinstance(row, dict) else None for k in ("elem", "nmse")]
+        if not all(isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v) and v >= 0
+                   for v in values):
+            raise ToleranceError(f"the tolerance table {self.source}: the bound of {tensor!r} ({profile}, "
+                                 f"{END_TO_END}, {PROPERTY_ROWS}) must be {{elem, nmse}} of finite non-negative "
+                                 f"numbers, found {row!r}")
+        return Bound(tensor, profile, END_TO_END, float(values[0]), float(values[1]), PROPERTY_ROWS)
+
     def describe(self) -> dict:
         return {"format": TABLE_FORMAT, "version": self.version, "sha256": self.sha256, "path": self.source,
                 "derivation": self.data.get("derivation", {})}
@@ -115,8 +135,9 @@ def _load(path: str) -> ToleranceTable:
         raise ToleranceError(f"{path}: expected 'version' an integer, found {version!r}")
     if not isinstance(modes, dict) or not all(isinstance(m, dict) and all(
             isinstance(p, dict) and isinstance(p.get("global", {}), dict) and isinstance(p.get("cases", {}), dict)
-            for p in m.values()) for m in modes.values()):
-        raise ToleranceError(f"{path}: expected 'modes' as {{mode: {{profile: {{global, cases}}}}}} objects")
+            and isinstance(p.get(PROPERTY_ROWS, {}), dict) for p in m.values()) for m in modes.values()):
+        raise ToleranceError(f"{path}: expected 'modes' as {{mode: {{profile: {{global, cases[, properties]}}}}}} "
+                             "objects")
     return ToleranceTable(data, hashlib.sha256(raw).hexdigest(), str(path))
 
 

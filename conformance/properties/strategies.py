@@ -114,7 +114,9 @@ def _v_rows(cfg: GDNConfig, head: int) -> slice:
 
 def _qk_eps(cfg: GDNConfig, w: dict) -> None:
     qkv = w["linear_attn.in_proj_qkv.weight"]
-    f = 8e-4 * np.sqrt(16.0 / cfg.head_k_dim)  # realistic squared norms grow with dk: about 0.1 dk
+    # realistic pre-SiLU squared norms grow with dk (several dk, with synthetic.QK_MEAN); SiLU's slope
+    # near 0 is 1/2: q and k come out with squared norms near 1e-6, the eps
+    f = 2e-4 * np.sqrt(16.0 / cfg.head_k_dim)
     qkv[: cfg.head_k_dim] *= f
     qkv[cfg.key_dim: cfg.key_dim + cfg.head_k_dim] *= f
 

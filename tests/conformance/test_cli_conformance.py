@@ -6,6 +6,8 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from gdncheck.cli import main
 
 
@@ -67,3 +69,17 @@ def test_fixtures_list_check_and_tolerances_show(capsys):
     assert main(["tolerances", "show", "--case", "long-decode_T2548_Hk1_Hv2_dk8_dv8_s0"]) == 0
     text = capsys.readouterr().out
     assert "case long-decode_T2548_Hk1_Hv2_dk8_dv8" in text and "recurrent_state" in text
+
+
+def test_tolerances_show_properties(capsys):
+    """--properties prints the rows that judge generated layers: the packaged table's numbers."""
+    from gdncheck.conformance.judge.tolerances import load_table
+
+    assert main(["tolerances", "show", "--properties"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].endswith("properties; elem = scaled elementwise error, nmse = per-call NMSE")
+    core = next(line.split() for line in lines if line.startswith("core "))
+    want = load_table().data["modes"]["end_to_end"]["bf16"]["properties"]["core"]["elem"]
+    assert float(core[3]) == pytest.approx(want, rel=1e-2)  # columns: f32 elem, f32 nmse, bf16 elem, ...
+    assert main(["tolerances", "show", "--properties", "--case", "decode_T12"]) == 2
+    assert "expected --properties alone" in capsys.readouterr().err

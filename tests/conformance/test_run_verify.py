@@ -88,7 +88,9 @@ def test_summary_carries_what_reports_need(fixtures_dir, tmp_path):
     case = doc["cases"][0]
     assert case["status"] == "fail" and case["first_divergence"]["stage"] == "delta_rule"
     core = next(r for r in case["records"] if r["tensor"] == "core" and r["call"] == 1)
-    assert core["verdict"] == "fail" and core["first_bad_token"] > 100  # the drift builds up along the decode
+    # the drift builds up along the decode: not on its first token, and within the first 256 tokens of a
+    # realistic long memory (issue 13's goal; measured: token 10)
+    assert core["verdict"] == "fail" and 0 < core["first_bad_token"] <= 256
     assert core["first_bad_position"] == _call_start(fixtures_dir, "long-decode", 1) + core["first_bad_token"]
     assert len(core["token_profile"]["token"]) <= 64 and max(core["token_profile"]["max_err"]) > core["bound"]["elem"]
     assert core["min_tolerance"]["elem"] == core["metrics"]["max_err"] > core["bound"]["elem"]

@@ -87,6 +87,13 @@ def test_merging_a_partial_derivation_only_widens_the_globals():
     assert rows["global"]["core"]["observed_nmse"] == 1e-10  # ... but its nmse kept: the envelope of both
     assert rows["global"]["router_logits"]["elem"] == pytest.approx(4 * 4e-6, rel=0.01)
     assert merged["derivation"]["cases"] == ["a_T1", "m_T2"]
+    assert "properties" not in rows  # neither side has property rows
+    # a base with property rows: the part's recipes widen them too (they envelope every recipe)
+    base["modes"]["end_to_end"]["f32"]["properties"] = {"core": derive._row(2e-5, 1e-10, EPS["f32"]),
+                                                        "out": derive._row(5e-5, 1e-10, EPS["f32"])}
+    rows = derive.merge_recipes(base, part)["modes"]["end_to_end"]["f32"]["properties"]
+    assert rows["core"]["observed_elem"] == 3e-5 and rows["router_logits"]["elem"] > 0  # widened by the part
+    assert rows["out"]["observed_elem"] == 5e-5  # kept
     other = json.loads(json.dumps(part))
     other["derivation"]["seeds"] = [1]
     with pytest.raises(ValueError, match="seeds"):
