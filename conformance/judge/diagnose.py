@@ -26,6 +26,7 @@ has NaN; only finite elements are compared. A diagnosis is advice: it never chan
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
@@ -221,8 +222,12 @@ def _read_pair(judge, rec) -> tuple[np.ndarray | None, np.ndarray | None]:
 
 def advise(diagnose: Callable, judge, report) -> dict | None:
     """``diagnose(judge, report)``, or why it could not run: a diagnosis is advice, so nothing it
-    raises reaches the verdict (verify's hook)."""
+    raises reaches the verdict (verify's hook), and nothing it computes reaches the console: the
+    catalogue's mutants overflow and divide by zero by design (a missing L2 norm in bf16), and NumPy's
+    warnings about that are not the user's business."""
     try:
-        return diagnose(judge, report)
+        with warnings.catch_warnings(), np.errstate(all="ignore"):
+            warnings.simplefilter("ignore", RuntimeWarning)
+            return diagnose(judge, report)
     except Exception as exc:  # noqa: BLE001 - advice only: the verdict stands whatever goes wrong here
         return {"verdict": "error", "text": f"no diagnosis: {type(exc).__name__}: {exc}", "tensor": None, "call": None}

@@ -135,3 +135,21 @@ def test_a_diagnosis_never_changes_a_verdict(fixtures_dir, tmp_path):
         s = verify(fixtures_dir, tmp_path / "bad", "f32", cases=[CASE], diagnose=hook)
         assert _verdicts(s) == _verdicts(plain) and s.exit_code == plain.exit_code != 0
     assert s.cases[0].diagnosis["verdict"] == "error" and "catalogue broke" in s.cases[0].diagnosis["text"]
+
+
+def test_the_catalogue_prints_no_numpy_warnings(fixtures_dir, tmp_path):
+    """The catalogue runs mutants that overflow by design (a missing L2 norm in bf16 on sigmoid-edges);
+    verify's console (a real process, as a user runs it) shows the diagnosis, never NumPy's
+    RuntimeWarnings about those candidates."""
+    import subprocess
+    import sys
+
+    from gdncheck.conformance.meta.mutants import MUTANT_BY_NAME
+    from gdncheck.conformance.ports.run import run_impl
+
+    run_impl(MUTANT_BY_NAME["beta_clamped_15"].factory, fixtures_dir, tmp_path, "bf16", cases=["sigmoid-edges"])
+    p = subprocess.run([sys.executable, "-m", "gdncheck", "verify", "--fixtures", str(fixtures_dir), "--outputs",
+                        str(tmp_path), "--profile", "bf16", "--case", "sigmoid-edges"],
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode == 1 and "likely cause: matches: b clamped to ±15 before the sigmoid" in p.stdout
+    assert "Warning" not in p.stderr and "Warning" not in p.stdout, p.stderr
