@@ -13,7 +13,7 @@ import triton
 import triton.language as tl
 
 from .packed import Packed, Snapshots, find_segment
-from .target import empty, interpreting, kernel, next_pow2, reset_flags
+from .target import empty, heads_per_program, interpreting, kernel, next_pow2, reset_flags
 
 
 @triton.jit
@@ -283,13 +283,7 @@ def _heads_per_program(qkv: torch.Tensor, slots: int, BD: int, asked: int | None
     figures, docs/gpu.md), as many as fit ``_INTERPRETER_LANES`` in the interpreter, whose cost is
     one Python step per operation of a program, whatever its width: one program over every slot
     instead of one per slot runs the same arithmetic per element, 2·Hk + Hv times fewer steps."""
-    if asked is not None:
-        if asked < 1 or asked & (asked - 1):
-            raise ValueError(f"conv1d_qk_norm: heads_per_program must be a power of two, found {asked}")
-        return asked
-    if not interpreting(qkv):
-        return 1
-    return max(1, min(next_pow2(slots), _INTERPRETER_LANES // BD))
+    return heads_per_program(qkv, "conv1d_qk_norm", slots, BD, _INTERPRETER_LANES, asked)
 
 
 def conv1d(qkv: torch.Tensor, conv_state: torch.Tensor, weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -11,7 +11,7 @@ import triton
 import triton.language as tl
 
 from .packed import Packed, Snapshots
-from .target import empty, interpreting, kernel, next_pow2, num_sms, reset_flags
+from .target import empty, heads_per_program, interpreting, kernel, next_pow2, num_sms, reset_flags
 
 
 @kernel
@@ -199,13 +199,7 @@ def recurrent_heads(v: torch.Tensor, Hv: int, BK: int, BV: int, asked: int | Non
     if given (tests run each form), 1 on a GPU (the compile table's form), in the interpreter as
     many as fit ``_INTERPRETER_STATE``: its cost is one Python step per operation of a program,
     whatever the width of its tiles, and a token step of one head costs what one of all does."""
-    if asked is not None:
-        if asked < 1 or asked & (asked - 1):
-            raise ValueError(f"delta_rule: heads_per_program must be a power of two, found {asked}")
-        return asked
-    if not interpreting(v):
-        return 1
-    return max(1, min(next_pow2(Hv), _INTERPRETER_STATE // (BK * BV)))
+    return heads_per_program(v, "delta_rule", Hv, BK * BV, _INTERPRETER_STATE, asked)
 
 
 def recurrent_block_v(v: torch.Tensor, B: int, Hv: int, dv: int) -> int:

@@ -162,6 +162,23 @@ def next_pow2(n: int, floor: int = 1) -> int:
     return max(floor, triton.next_power_of_2(int(n)))
 
 
+def heads_per_program(t: torch.Tensor, kernel_name: str, heads: int, head_lanes: int, lanes: int,
+                      asked: int | None = None) -> int:
+    """Heads (or head slots) per program of a kernel that can take several (a power of two): ``asked``
+    if given (tests run each form), 1 on a GPU (a head's tile per program: the compile table's form,
+    docs/gpu.md), under the interpreter as many of the ``heads`` as fit ``lanes`` lanes of
+    ``head_lanes`` each: the interpreter's cost is one Python step per operation of a program whatever
+    the width of its tiles, so one program over every head does the same arithmetic per element in
+    ``heads`` times fewer steps."""
+    if asked is not None:
+        if asked < 1 or asked & (asked - 1):
+            raise ValueError(f"{kernel_name}: heads_per_program must be a power of two, found {asked}")
+        return asked
+    if not interpreting(t):
+        return 1
+    return max(1, min(next_pow2(heads), lanes // head_lanes))
+
+
 def dot_precision(dtype: torch.dtype) -> str:
     """``input_precision`` of ``tl.dot`` in the chunked delta rule, for activations of ``dtype``.
 

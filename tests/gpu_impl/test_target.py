@@ -235,3 +235,24 @@ def test_compiled_matches_interpreted(profile):
     check(outs["cuda"][0], outs["cpu"][0], "forms", profile, "out, compiled vs interpreted")
     check(outs["cuda"][1], outs["cpu"][1], "forms", profile, "state, compiled vs interpreted")
     assert DEVICE.type == "cuda"
+
+
+@needs_interpreter
+def test_heads_per_program_is_one_rule_for_every_kernel(monkeypatch):
+    """target.heads_per_program, which the conv and the recurrent delta rule share: a requested count
+    must be a power of two (the message names the kernel); interpreted, every head up to the lane
+    budget, as a power of two; a tensor that is not interpreted gets one head per program."""
+    from gdncheck.gpu_impl.target import heads_per_program, interpreting
+
+    t = torch.zeros(1, device=DEVICE)
+    assert interpreting(t)
+    assert heads_per_program(t, "k", 6, 16, 8192) == 8  # 6 heads -> next power of two
+    assert heads_per_program(t, "k", 48, 128 * 128, 65536) == 4  # the lane budget caps it
+    assert heads_per_program(t, "k", 48, 128 * 128, 100) == 1  # never below one
+    assert heads_per_program(t, "k", 48, 16, 8192, asked=2) == 2
+    with pytest.raises(ValueError, match=r"^my_kernel: heads_per_program must be a power of two, found 3$"):
+        heads_per_program(t, "my_kernel", 48, 16, 8192, asked=3)
+    import gdncheck.gpu_impl.target as target
+
+    monkeypatch.setattr(target, "interpreting", lambda _t: False)  # as for a compiled (CUDA) tensor
+    assert heads_per_program(t, "k", 48, 16, 8192) == 1
