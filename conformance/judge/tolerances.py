@@ -88,12 +88,7 @@ class ToleranceTable:
         if row is None:
             raise ToleranceError(f"the tolerance table {self.source} has no bound for {tensor!r} ({profile}, {mode}); "
                                  f"regenerate it with gdncheck tolerances derive")
-        values = [row.get(k) if isinstance(row, dict) else None for k in ("elem", "nmse")]
-        if not all(isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v) and v >= 0
-                   for v in values):
-            raise ToleranceError(f"the tolerance table {self.source}: the bound of {tensor!r} ({profile}, {mode}, "
-                                 f"{source}) must be {{elem, nmse}} of finite non-negative numbers, found {row!r}")
-        return Bound(tensor, profile, mode, float(values[0]), float(values[1]), source)
+        return self._checked(row, tensor, profile, mode, source)
 
     def property_bound(self, tensor: str, profile: str) -> Bound:
         """The end-to-end bound of a layer the property suite generates: the ``properties`` row (a
@@ -101,14 +96,16 @@ class ToleranceTable:
         rows = self.data["modes"].get(END_TO_END, {}).get(profile, {}).get(PROPERTY_ROWS, {})
         if not isinstance(rows, dict) or tensor not in rows:
             return self.bound(tensor, profile, END_TO_END, None)
-        row = rows[tensor]
+        return self._checked(rows[tensor], tensor, profile, END_TO_END, PROPERTY_ROWS)
+
+    def _checked(self, row, tensor: str, profile: str, mode: str, source: str) -> Bound:
+        """The bound a table row holds, refused unless it is {elem, nmse} of finite non-negative numbers."""
         values = [row.get(k) if isinstance(row, dict) else None for k in ("elem", "nmse")]
         if not all(isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v) and v >= 0
                    for v in values):
-            raise ToleranceError(f"the tolerance table {self.source}: the bound of {tensor!r} ({profile}, "
-                                 f"{END_TO_END}, {PROPERTY_ROWS}) must be {{elem, nmse}} of finite non-negative "
-                                 f"numbers, found {row!r}")
-        return Bound(tensor, profile, END_TO_END, float(values[0]), float(values[1]), PROPERTY_ROWS)
+            raise ToleranceError(f"the tolerance table {self.source}: the bound of {tensor!r} ({profile}, {mode}, "
+                                 f"{source}) must be {{elem, nmse}} of finite non-negative numbers, found {row!r}")
+        return Bound(tensor, profile, mode, float(values[0]), float(values[1]), source)
 
     def describe(self) -> dict:
         return {"format": TABLE_FORMAT, "version": self.version, "sha256": self.sha256, "path": self.source,
