@@ -116,3 +116,25 @@ def test_new_draws_pass_the_property_bounds(profile):
             _, want = run_calls(Subject.reference(program.cfg, weights), calls)
             _, got = run_calls(emulated(program.cfg, weights, profile=profile, placement="fla"), calls)
             assert not compare_calls(got, want, profile, str(program))
+
+
+def test_a_malformed_property_row_is_refused_in_one_line(tmp_path, capsys):
+    """A table whose property row is no {elem, nmse} of finite non-negative numbers: property_bound
+    refuses it naming the row, and `tolerances show --properties --table` exits 2 with one line."""
+    import json
+
+    from gdncheck.cli import main
+    from gdncheck.conformance.judge.tolerances import ToleranceError
+
+    rows = {"global": {"core": {"elem": 1e-5, "nmse": 1e-10}}, "cases": {},
+            PROPERTY_ROWS: {"core": {"elem": float("nan"), "nmse": 1e-10}}}
+    table = ToleranceTable({"modes": {"end_to_end": {"f32": rows}}}, "0" * 64, "-")
+    with pytest.raises(ToleranceError, match=r"bound of 'core' \(f32, end_to_end, properties\) must be"):
+        table.property_bound("core", "f32")
+    path = tmp_path / "table.json"
+    doc = {"format": "gdncheck-tolerances", "version": 3, "modes": {"end_to_end": {p: dict(rows) for p in
+                                                                                   ("f32", "bf16", "f16")}}}
+    path.write_text(json.dumps(doc).replace("NaN", "-1"))
+    assert main(["tolerances", "show", "--properties", "--table", str(path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "must be {elem, nmse} of finite non-negative numbers" in err, err
