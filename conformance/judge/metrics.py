@@ -238,25 +238,25 @@ def tensor_metrics(actual: np.ndarray, expected: np.ndarray, tensor: str, profil
     bad = nan | inf_bad
     first = _index(int(np.flatnonzero(bad.ravel())[0]), a.shape) if bad.any() else None
     ok = np.isfinite(a) & np.isfinite(e)
-    with np.errstate(invalid="ignore"):
+    # a port may output anything finite: a square or a quotient past float64 is inf, and says so
+    with np.errstate(all="ignore"):
         d = np.where(ok, a - e, 0.0)
-    ev = np.where(ok, e, 0.0)
-    av = np.where(ok, a, 0.0)
-    se = float(np.sum(ev * ev))
-    sd = float(np.sum(d * d))
-    if rule_of(tensor) != "scaled":  # the error is already normalised where the quantity acts
-        fe = np.where(np.isfinite(err), err, 0.0)
-        nmse = float(np.mean(fe * fe)) if fe.size else 0.0
-    else:
-        denom = (stats.mean_square * a.size) if stats is not None else se
-        nmse = sd / denom if denom > 0 else (0.0 if sd == 0 else math.inf)
-    sqnr = math.inf if nmse == 0 else (-10.0 * math.log10(nmse) if math.isfinite(nmse) else -math.inf)
-    absd = np.abs(d)
-    with np.errstate(divide="ignore", invalid="ignore"):
+        ev = np.where(ok, e, 0.0)
+        av = np.where(ok, a, 0.0)
+        se = float(np.sum(ev * ev))
+        sd = float(np.sum(d * d))
+        if rule_of(tensor) != "scaled":  # the error is already normalised where the quantity acts
+            fe = np.where(np.isfinite(err), err, 0.0)
+            nmse = float(np.mean(fe * fe)) if fe.size else 0.0
+        else:
+            denom = (stats.mean_square * a.size) if stats is not None else se
+            nmse = sd / denom if denom > 0 else (0.0 if sd == 0 else math.inf)
+        sqnr = math.inf if nmse == 0 else (-10.0 * math.log10(nmse) if math.isfinite(nmse) else -math.inf)
+        absd = np.abs(d)
         rel = np.where(absd == 0, 0.0, absd / np.abs(ev))
-    ulp = absd / ulp_spacing(ev, profile) if profile in PROFILES else absd
-    na = float(np.sqrt(np.sum(av * av)))
-    cos = 1.0 if na == 0 and se == 0 else (float(np.sum(av * ev)) / (na * math.sqrt(se)) if na and se else 0.0)
+        ulp = absd / ulp_spacing(ev, profile) if profile in PROFILES else absd
+        na = float(np.sqrt(np.sum(av * av)))
+        cos = 1.0 if na == 0 and se == 0 else (float(np.sum(av * ev)) / (na * math.sqrt(se)) if na and se else 0.0)
     finite_err = np.where(np.isfinite(err), err, -1.0)
     size = a.size
     return TensorMetrics(
