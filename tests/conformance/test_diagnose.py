@@ -153,3 +153,42 @@ def test_the_catalogue_prints_no_numpy_warnings(fixtures_dir, tmp_path):
                        capture_output=True, text=True, timeout=300)
     assert p.returncode == 1 and "likely cause: matches: b clamped to ±15 before the sigmoid" in p.stdout
     assert "Warning" not in p.stderr and "Warning" not in p.stdout, p.stderr
+
+
+
+def test_a_mutant_that_overflows_runs_without_numpy_warnings(tmp_path):
+    """The emulated layer models float32 hardware, where an overflow is an infinity and no message:
+    a missing L2 norm overflows on state-norms (its huge state times unnormalised q is past float32:
+    17 RuntimeWarnings once), and ``gdncheck run`` of that mutant, as a port author runs it, shows
+    its progress lines only."""
+    import subprocess
+    import sys
+
+    out = tmp_path / "out"
+    p = subprocess.run([sys.executable, "-m", "gdncheck", "run", "gdncheck.conformance.meta.mutants:missing_l2_norm",
+                        "--profile", "f32", "--case", "state-norms", "--out", str(out)],
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr
+    assert "Warning" not in p.stderr and "Warning" not in p.stdout, p.stderr
+    assert len(list(out.glob("state-norms_*.safetensors"))) == 1
+
+
+def test_the_emulated_layer_overflows_to_inf_silently_in_both_modes():
+    """Whole-layer and stage-isolated calls of the emulated layer: an input past float32's square
+    root gives an infinite mean square in the input norm (x / sqrt(inf) = 0), as a float32 kernel
+    does, with no warning."""
+    import warnings
+
+    from gdncheck.config import GDNConfig
+    from gdncheck.conformance.earn.emulate import emulated
+    from gdncheck.synthetic import make_weights
+
+    cfg = GDNConfig(hidden_size=32, intermediate_size=48, num_k_heads=2, num_v_heads=4, head_k_dim=16,
+                    head_v_dim=8)
+    port = emulated(cfg, make_weights(cfg, seed=0), profile="f32")
+    x = np.full((1, 2, cfg.hidden_size), 1e30, dtype=np.float32)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        _, trace = port.forward(x, port.new_state(1), np.zeros(1, dtype=np.int64))
+        isolated = port.run_stage("input_norm", {"x": x})
+    assert np.all(trace["x_norm"] == 0) and np.all(isolated["x_norm"] == 0)
