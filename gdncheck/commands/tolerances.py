@@ -13,7 +13,7 @@ the envelope of correct low-precision implementations (docs/tolerances.md).
 
   show     print the global bounds per profile (one case recipe's with --case, the property suite's
            with --properties)
-  derive   re-derive the table from data and write it (--suite default: about 8 minutes with --jobs 2)"""
+  derive   re-derive the table from data and write it (--suite default: 4 to 8 minutes with --jobs 2)"""
 
 
 def configure(p: argparse.ArgumentParser) -> None:
@@ -32,7 +32,7 @@ def configure(p: argparse.ArgumentParser) -> None:
     d.add_argument("--seeds", default="1,2,3,4", help="comma-separated seeds (default 1,2,3,4; never 0)")
     d.add_argument("--suite", choices=("default", "full"), default="full",
                    help="recipes to derive from (default full: the default suite plus real Qwen3.5 sizes; "
-                        "default alone takes about 8 minutes with --jobs 2)")
+                        "default alone takes 4 to 8 minutes with --jobs 2)")
 
 
 def run(args: argparse.Namespace) -> int:

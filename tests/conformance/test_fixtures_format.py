@@ -108,11 +108,11 @@ def test_the_suite_covers_the_issue_list(fixtures_dir, manifest):
 def test_the_dimension_mix_is_that_of_real_models(manifest):
     """Most forward cases have dk = dv, Hk > 1, Hv/Hk > 1 and a call that enters with a state (a port
     restricted to dk = dv is judged on nearly everything; a wrong head order cannot hide); dk != dv
-    has cases of its own."""
-    # the serving cases (regime "serving: ...") keep the tiny dk != dv heads of the serving work: what they
-    # judge is the packing and the slots; the mix is that of the dense layer's plain cases
+    has cases of its own. The serving cases have the real mix too (dk = dv = 16, two key heads of two
+    value heads): a dk = dv port is judged on every serving pattern."""
     fwd = [c for c in manifest["cases"] if c["kind"] == "forward"]
     plain = [c for c in fwd if not c["regime"].startswith("serving: ")]
+    serving = [c for c in fwd if c["regime"].startswith("serving: ")]
 
     def real_mix(c):
         cfg = GDNConfig.from_hf(c["config"])
@@ -120,8 +120,12 @@ def test_the_dimension_mix_is_that_of_real_models(manifest):
         return cfg.head_k_dim == cfg.head_v_dim and cfg.num_k_heads > 1 and cfg.head_ratio > 1 and continued
 
     assert sum(map(real_mix, plain)) >= 0.6 * len(plain)
+    assert len(serving) >= 4
+    for c in serving:
+        cfg = GDNConfig.from_hf(c["config"])
+        assert cfg.head_k_dim == cfg.head_v_dim and cfg.num_k_heads > 1 and cfg.head_ratio > 1, c["id"]
     ne = [c for c in fwd if GDNConfig.from_hf(c["config"]).head_k_dim != GDNConfig.from_hf(c["config"]).head_v_dim]
-    assert len(ne) >= 2 and all("dk-ne-dv" in c["tags"] for c in ne)
+    assert 2 <= len(ne) <= 0.1 * len(fwd) and all("dk-ne-dv" in c["tags"] for c in ne), [c["id"] for c in ne]
 
 
 def test_every_case_states_its_regime_and_what_it_exposes(manifest):

@@ -87,8 +87,8 @@ TILED_FAILING = TILED_CASES[:2]
 SERVING_MUTANTS = "gdncheck.conformance.meta.serving_mutants"
 #: the committed serving cases (docs/serving.md): mixed prefill/decode with a padding sequence,
 #: speculative verify + commit, prefix snapshots at and between chunk boundaries
-PACKED_CASE = "packed-mixed_T67_Hk2_Hv4_dk16_dv8_s0"
-SERVING_CASES = [PACKED_CASE, "spec-decode_T38_Hk2_Hv4_dk16_dv8_s0", "prefix-cache_T150_Hk2_Hv4_dk16_dv8_s0"]
+PACKED_CASE = "packed-mixed_T67_Hk2_Hv4_dk16_dv16_s0"
+SERVING_CASES = [PACKED_CASE, "spec-decode_T38_Hk2_Hv4_dk16_dv16_s0", "prefix-cache_T150_Hk2_Hv4_dk16_dv16_s0"]
 
 
 def serving_run(tmp_path_factory, impl: str, cases: list[str], profile: str = "bf16") -> Run:
