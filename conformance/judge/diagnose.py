@@ -36,6 +36,7 @@ from gdncheck.config import GDNConfig
 from gdncheck.stages import STATE_NAMES, STATE_TENSORS, TENSOR_BY_NAME
 
 from .metrics import LOG_DECAY_FLOOR, error_denominator, rule_of
+from .packed import as_judged
 
 #: A candidate that leaves at most this share of the error unexplained matches.
 MATCH = 0.2
@@ -205,6 +206,11 @@ class Diagnoser:
             return None
         self.done += 1
         extra = self.catalogue(judge.entry, judge.profile, judge.mode, rec) if self.catalogue else None
+        # a packed call's stage tensor [total_tokens, ...] as the judge saw it (one row): its case
+        # statistics, and so the residuals' scale, are of that layout (packed.as_judged)
+        step = judge.entry["program"][rec.step]
+        actual, expected = as_judged(actual, step, rec.tensor), as_judged(expected, step, rec.tensor)
+        extra = {k: (cls, as_judged(arr, step, rec.tensor)) for k, (cls, arr) in (extra or {}).items()}
         stats = (getattr(judge, "stats", None) or {}).get(rec.tensor) if rec.tensor not in STATE_NAMES else None
         scale = error_denominator(expected, rec.tensor, judge.profile, stats, rec.call)
         return diagnose_tensor(actual, expected, rec.tensor, call=rec.call, config=judge.entry.get("config"),

@@ -192,3 +192,23 @@ def test_the_emulated_layer_overflows_to_inf_silently_in_both_modes():
         _, trace = port.forward(x, port.new_state(1), np.zeros(1, dtype=np.int64))
         isolated = port.run_stage("input_norm", {"x": x})
     assert np.all(trace["x_norm"] == 0) and np.all(isolated["x_norm"] == 0)
+
+
+def test_a_packed_stage_tensor_is_diagnosed_in_the_judges_layout(fixtures_dir, tmp_path):
+    """A serving case's stage tensors are packed, [total_tokens, ...], and judged as one row; the
+    diagnosis reads them the same way (it raised "input operand has more dimensions than allowed"
+    on the first packed `core` it met, and shifted tokens along the heads axis). A sigmoid in place
+    of softplus, run as a port in another engine's roundings, first shows in spec-decode's packed
+    `core` and is named there."""
+    from gdncheck.conformance.judge.verify import verify
+    from gdncheck.conformance.meta.catalogue import mutant_diagnoser
+    from gdncheck.conformance.meta.mutants import MUTANT_BY_NAME
+    from gdncheck.conformance.ports.run import run_impl
+
+    factory = MUTANT_BY_NAME["softplus_replaced"].factory
+    run_impl(lambda *a, **k: factory(*a, **{**k, "placement": "fp32_once"}), fixtures_dir, tmp_path, "bf16",
+             cases=["spec-decode"])
+    s = verify(fixtures_dir, tmp_path, "bf16", cases=["spec-decode"], diagnose=mutant_diagnoser(fixtures_dir))
+    (c,) = s.cases
+    assert c.status == "fail" and c.first_divergence.tensor == "core"
+    assert c.diagnosis["verdict"] == "matches" and c.diagnosis["candidate"] == "softplus_replaced", c.diagnosis
