@@ -77,3 +77,45 @@ def test_a_port_declares_not_applicable_in_its_outputs(fixtures_dir, tmp_path):
     assert case.status == "not_applicable" and case.not_applicable["op"] == "forward"
     assert "no per-head norm" in case.message and all(r.call == 0 for r in case.records)
     assert len(case.records) == 21 and all(r.verdict == "pass" for r in case.records)  # 20 tensors + seq_len
+
+
+def only_dk_equal_dv(factory):
+    """``factory``'s implementation as a port whose delta rule requires dk = dv (llama.cpp's ggml op):
+    every case with dk != dv is not applicable from its first step."""
+
+    def check(config, program):  # the case's Hugging Face config, before gdncheck parses it
+        dk, dv = config["linear_key_head_dim"], config["linear_value_head_dim"]
+        if dk != dv:
+            raise NotApplicable(f"the delta rule needs dk = dv, found dk {dk}, dv {dv}")
+
+    def make(*args, **kwargs):
+        return factory(*args, **kwargs)
+
+    make.check_case = check
+    return make
+
+
+def test_a_port_restricted_to_dk_equal_dv_is_judged_on_nearly_everything(fixtures_dir, manifest, tmp_path):
+    """A dk = dv port (llama.cpp's delta rule) is judged on every forward case but the few tagged
+    dk-ne-dv: the dense, serving and sparse cases have the dimension mix of real models. dk != dv is
+    part of the contract, so declaring a dense one not applicable fails it, saying why (a case of an
+    optional feature, a sparse block, is not applicable). Such a port with its value heads in the
+    tiled order cannot hide: it fails cases with two key heads that enter with a state, the serving
+    cases among them."""
+    forward = [c for c in manifest["cases"] if c["kind"] == "forward" and not c["id"].startswith("long-decode")]
+    ids = [c["id"] for c in forward]
+    ne = {c["id"] for c in forward if "dk-ne-dv" in c["tags"]}
+    assert 0 < len(ne) <= 0.1 * len(forward)
+    run_impl(only_dk_equal_dv(reference), fixtures_dir, tmp_path / "ok", "f32", cases=ids)
+    s = verify(fixtures_dir, tmp_path / "ok", "f32", cases=ids)
+    by = {c.id: c for c in s.cases}
+    assert all(by[i].status == "pass" for i in ids if i not in ne)
+    for i in ne:
+        assert by[i].status == ("not_applicable" if i.startswith("moe-") else "fail"), (i, by[i].status)
+        assert "the delta rule needs dk = dv, found dk" in by[i].message
+    assert sum(by[i].status == "fail" for i in ne) == 2 and "should run it" in by[sorted(ne)[0]].message
+    tiled = only_dk_equal_dv(MUTANT_BY_NAME["head_grouping_tiled"].factory)
+    run_impl(tiled, fixtures_dir, tmp_path / "tiled", "f32", cases=ids)
+    s = verify(fixtures_dir, tmp_path / "tiled", "f32", cases=ids)
+    failed = {c.id.split("_")[0] for c in s.cases if c.status == "fail" and c.id not in ne}
+    assert {"prefill-decode", "snapshot-replay", "packed-mixed", "spec-decode", "prefix-cache"} <= failed, failed
