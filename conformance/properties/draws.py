@@ -38,7 +38,7 @@ REGIMES = (REALISTIC, *GATE_REGIMES)
 KINDS = (REALISTIC, *INPUT_KINDS)
 #: Every (weights regime, input kind) pair the differential property can draw.
 STRATA = tuple((r, k) for r in REGIMES for k in KINDS)
-#: Programs per stratum and derivation seed (84 strata x 3 x 4 seeds: 1008 programs).
+#: Programs per stratum and derivation seed (91 strata x 3 x 4 seeds: 1092 programs).
 PER_STRATUM = 3
 
 

@@ -44,9 +44,10 @@ INPUT_KINDS = ("normal", "outliers", "tiny", "huge", "repeated", "norm_eps")
 #: draw, the edges of the fixture suite: ``qk_eps`` (key head 0's q, k with squared norms near 1e-6),
 #: ``gated_eps`` (value head 0's core near the gated norm's eps), ``softplus_edges`` (a + dt_bias
 #: ≈ 24, -30, -20 with A = e^16.5, 20), ``sigmoid_tails`` (b ≈ -22 and +22), ``state_norms`` (a
-#: state past 1000 and one near 1e-5), ``decay_one`` (a decay of 1 - 1e-8).
+#: state past 1000 and one near 1e-5), ``decay_one`` (a decay of 1 - 1e-8), ``f16_state`` (decays of
+#: 1 - 2e-4 and writes mostly below an f16 state's rounding, a strong one now and then).
 GATE_REGIMES = ("checkpoint", "fast_decay", "slow_decay", "strong_writes", "weak_writes", "qk_eps", "gated_eps",
-                "softplus_edges", "sigmoid_tails", "state_norms", "decay_one")
+                "softplus_edges", "sigmoid_tails", "state_norms", "decay_one", "f16_state")
 REALISTIC = "realistic"
 
 
@@ -155,8 +156,24 @@ def _decay_one(cfg: GDNConfig, w: dict) -> None:
     w["linear_attn.dt_bias"][0] = inverse_softplus(np.array(1e-6))
 
 
+def _f16_state(cfg: GDNConfig, w: dict) -> None:
+    """The f16-state edge (fixtures/cases.py): A = 1 and decays of 1 − 2.2e-4 and 1 − 1.8e-4 on every
+    token (a nearly constant), writes mostly of beta ≈ 6e-6 (b ≈ −12), which an f16 state cannot take
+    (it moves only by more than 2.4e-4 of itself), and on about one token in twelve a strong one (b's
+    own part ×6; 2 to 15 % of the token-heads over 40 draws: where the fixture case has a control
+    channel, the draw has its tokens' spread)."""
+    w["linear_attn.A_log"][:] = 0.0
+    w["linear_attn.dt_bias"][:] = inverse_softplus(np.resize([2.2e-4, 1.8e-4], cfg.num_v_heads))
+    w["linear_attn.in_proj_a.weight"] *= 0.005
+    b = w["linear_attn.in_proj_b.weight"]
+    b *= 6.0
+    b[:, massive_channels(cfg.hidden_size)] = 0.0
+    add_bias(w, "linear_attn.in_proj_b.weight", np.full(cfg.num_v_heads, -12.0), cfg.hidden_size)
+
+
 _EDGES = {"qk_eps": _qk_eps, "gated_eps": _gated_eps, "softplus_edges": _softplus_edges,
-          "sigmoid_tails": _sigmoid_tails, "state_norms": _state_norms, "decay_one": _decay_one}
+          "sigmoid_tails": _sigmoid_tails, "state_norms": _state_norms, "decay_one": _decay_one,
+          "f16_state": _f16_state}
 
 
 @dataclass(frozen=True)

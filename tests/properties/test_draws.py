@@ -18,7 +18,7 @@ from gdncheck.conformance.properties.strategies import GATE_REGIMES, INPUT_KINDS
 def test_the_sample_is_fixed_and_visits_every_stratum():
     first, again = draws.sample(1), draws.sample(1)
     assert [str(p) for p in first] == [str(p) for p in again]
-    assert len(first) == len(draws.STRATA) * draws.PER_STRATUM == 12 * 7 * 3
+    assert len(first) == len(draws.STRATA) * draws.PER_STRATUM == 13 * 7 * 3
     assert {(p.weights.regime, p.inputs.kind) for p in first} == set(draws.STRATA)
     assert {(r, k) for r in (REALISTIC, *GATE_REGIMES) for k in (REALISTIC, *INPUT_KINDS)} == set(draws.STRATA)
     # another seed draws other programs, but for each stratum's first: Hypothesis' simplest example
