@@ -8,6 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from gdncheck.config import GDNConfig
 from gdncheck.conformance.properties.check import assert_identical
@@ -94,3 +95,37 @@ def test_a_property_failure_names_the_first_tensor_in_pipeline_order():
     with pytest.raises(AssertionError) as e:
         assert_identical({**same, "seq_len": np.ones(3), "out": np.ones(3)}, same, "replay")
     assert str(e.value).startswith("out")  # names outside the stage vocabulary come last
+
+
+#: Each edge of the fixture suite (fixtures/cases.py EDGES) and what the property draws reach it with:
+#: a weights regime, an input kind, or the plain strategy (one head, one-token calls).
+EDGE_DRAWS = {"rmsnorm-eps": ("input", "norm_eps"), "qk-eps": ("weights", "qk_eps"),
+              "gated-eps": ("weights", "gated_eps"), "softplus": ("weights", "softplus_edges"),
+              "sigmoid": ("weights", "sigmoid_tails"), "state-norms": ("weights", "state_norms"),
+              "f16-state": ("weights", "f16_state"), "single": ("program", "one head, one token")}
+
+
+def test_every_edge_of_the_suite_is_drawn():
+    """A new edge case must come with its draw (item 6 of issue 13: the properties explore the same
+    edges): every EDGES entry maps to a regime or input kind the strategies draw, and the single
+    edge (one token, one head) is a program the differential property draws."""
+    from gdncheck.conformance.properties.differential import draw_program
+    from gdncheck.conformance.properties.strategies import INPUT_KINDS
+    from gdncheck.fixtures.cases import EDGES
+
+    assert set(EDGE_DRAWS) == set(EDGES)
+    for edge, (kind, name) in EDGE_DRAWS.items():
+        if kind == "weights":
+            assert name in GATE_REGIMES, edge
+        elif kind == "input":
+            assert name in INPUT_KINDS, edge
+    single = []
+
+    @settings(max_examples=400, database=None, derandomize=True, suppress_health_check=list(HealthCheck))
+    @given(st.data())
+    def collect(data):
+        p = draw_program(data)
+        single.append(p.cfg.num_v_heads == 1 and 1 in p.lengths)
+
+    collect()
+    assert any(single)
