@@ -45,9 +45,9 @@ TABLE_VERSION = 3
 #: the activation dtype dominate it (docs/tolerances.md §3 has the measurement).
 SEQUENTIAL_REAL_SIZE_PROFILES = ("f32",)
 COMMAND = "gdncheck tolerances derive --suite full --jobs 2"
-#: Observations under ``GLOBAL_ONLY + <weights regime>`` go into the ``properties`` rows only (the
+#: Observations under ``PROPERTIES_ONLY + <weights regime>`` go into the ``properties`` rows only (the
 #: property draws: conformance/properties/draws.py): no recipe row, no global row.
-GLOBAL_ONLY = "properties-only: "
+PROPERTIES_ONLY = "properties-only: "
 
 
 class Envelope:
@@ -144,7 +144,7 @@ def _observe_job(i: int, s: int, suite_name: str) -> Envelope:
     return observe(i, s, suite_name=suite_name)
 
 
-def _extra_job(job):
+def _run_job(job):
     fn, args = job
     return fn(*args)
 
@@ -155,7 +155,7 @@ def derive(seeds=SEEDS, jobs: int = 1, progress: Callable[[str], None] | None = 
 
     ``extra_jobs``: ``(fn, args)`` pairs (picklable, top-level ``fn``) whose envelopes join the same
     pool; the property draws of conformance/properties/draws.py, which the ``tolerances`` command
-    passes (this floor cannot import the properties), observed under :data:`GLOBAL_ONLY` recipe names.
+    passes (this floor cannot import the properties), observed under :data:`PROPERTIES_ONLY` recipe names.
     ``extra_note`` says in the table what they were."""
     recipes = forward_recipes(suite_name)
     # the real-size recipes first, the largest (last in the suite) first, so that no long job starts last
@@ -166,13 +166,13 @@ def derive(seeds=SEEDS, jobs: int = 1, progress: Callable[[str], None] | None = 
     env = Envelope()
     if jobs > 1:
         with ProcessPoolExecutor(max_workers=jobs) as pool:
-            for name, part in zip(names, pool.map(_extra_job, [(fn, a) for fn, a in work])):
+            for name, part in zip(names, pool.map(_run_job, work)):
                 env.merge(part)
                 if progress:
                     progress(name)
     else:
         for name, job in zip(names, work):
-            env.merge(_extra_job(job))
+            env.merge(_run_job(job))
             if progress:
                 progress(name)
     doc = table_document(env, seeds, [r.case_id(0) for r in recipes])
@@ -185,7 +185,7 @@ def derive(seeds=SEEDS, jobs: int = 1, progress: Callable[[str], None] | None = 
 
 
 def table_document(env: Envelope, seeds, cases: list[str]) -> dict:
-    """The table of an envelope. Observations under ``GLOBAL_ONLY + regime`` (the property draws) make
+    """The table of an envelope. Observations under ``PROPERTIES_ONLY + regime`` (the property draws) make
     the ``properties`` rows only: the envelope of every recipe and every draw."""
     modes: dict = {}
     global_max: dict[tuple, tuple[float, float]] = {}
@@ -193,15 +193,15 @@ def table_document(env: Envelope, seeds, cases: list[str]) -> dict:
     for (mode, profile, recipe, tensor), value in sorted(env.elem.items()):
         nmse = env.nmse[(mode, profile, recipe, tensor)]
         modes.setdefault(mode, {}).setdefault(profile, {"global": {}, "cases": {}})
-        targets = [property_max] if recipe.startswith(GLOBAL_ONLY) else [property_max, global_max]
+        targets = [property_max] if recipe.startswith(PROPERTIES_ONLY) else [property_max, global_max]
         for target in targets:
             e0, n0 = target.get((mode, profile, tensor), (0.0, 0.0))
             target[(mode, profile, tensor)] = (max(e0, value), max(n0, nmse))
-        if not recipe.startswith(GLOBAL_ONLY):
+        if not recipe.startswith(PROPERTIES_ONLY):
             modes[mode][profile]["cases"].setdefault(recipe, {})[tensor] = _row(value, nmse, PROFILES[profile].eps)
     for (mode, profile, tensor), (value, nmse) in sorted(global_max.items()):
         modes[mode][profile]["global"][tensor] = _row(value, nmse, PROFILES[profile].eps)
-    if any(recipe.startswith(GLOBAL_ONLY) for (_m, _p, recipe, _t) in env.elem):
+    if any(recipe.startswith(PROPERTIES_ONLY) for (_m, _p, recipe, _t) in env.elem):
         for (mode, profile, tensor), (value, nmse) in sorted(property_max.items()):
             modes[mode][profile].setdefault(PROPERTY_ROWS, {})[tensor] = _row(value, nmse, PROFILES[profile].eps)
     return {

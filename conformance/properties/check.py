@@ -75,7 +75,7 @@ def compare_calls(actual: Sequence[dict], expected: Sequence[dict], profile: str
             continue
         stats = None if name in STATE_NAMES else all_stats.get(name)
         for k, (a, e) in enumerate(zip(acts, exp)):
-            bound = global_bound(name, profile, np.size(e))
+            bound = property_bound(name, profile, np.size(e))
             rec = base_record("property", k, "forward", k, name, actual_ref={"file": "-", "key": name})
             judge(rec, np.asarray(a), "F64", np.asarray(e), bound, required=True,
                   subject=f"{name} of call {k}", loc=f"[{what}]", stats=stats)
@@ -85,7 +85,7 @@ def compare_calls(actual: Sequence[dict], expected: Sequence[dict], profile: str
     return failures
 
 
-def global_bound(name: str, profile: str, size: int) -> Bound:
+def property_bound(name: str, profile: str, size: int) -> Bound:
     """The table's bound of a generated layer (its ``properties`` row: the envelope over every recipe and
     the derivation's sample of these draws); its NMSE part only for tensors of at least MIN_NMSE_ELEMENTS."""
     b = load_table().property_bound(name, profile)

@@ -46,7 +46,7 @@ class Program:
 
 def draw_program(data, regime: str | None = None, kind: str | None = None) -> Program:
     """One differential program, every value drawn under its label; ``regime`` and ``kind`` fix the
-    weights' regime and the inputs' kind (the tolerance derivation samples the global rows'
+    weights' regime and the inputs' kind (the tolerance derivation samples the property rows'
     observations from this same draw, stratified by both: conformance/properties/draws.py)."""
     cfg = data.draw(configs(), label="config")
     wd = data.draw(weight_draws(None if regime is None else (regime,)), label="weights")

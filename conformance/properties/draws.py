@@ -21,7 +21,7 @@ from hypothesis import HealthCheck, Phase, given, seed, settings
 from hypothesis import __version__ as hypothesis_version
 from hypothesis import strategies as st
 
-from gdncheck.conformance.earn.derive import GLOBAL_ONLY, Envelope, variants
+from gdncheck.conformance.earn.derive import PROPERTIES_ONLY, Envelope, variants
 from gdncheck.conformance.earn.emulate import emulated
 from gdncheck.conformance.judge.metrics import case_stats
 from gdncheck.env import limit_blas_threads
@@ -65,7 +65,7 @@ def sample(at: int, regime: str | None = None, count: int = PER_STRATUM) -> list
 
 def observe_draws(at: int, regime: str, count: int = PER_STRATUM, profiles=VERIFY_PROFILES) -> Envelope:
     """The envelope of the programs of seed ``at`` with weights of ``regime`` (under the recipe name
-    ``GLOBAL_ONLY + regime``: they make the property rows only)."""
+    ``PROPERTIES_ONLY + regime``: they make the property rows only)."""
     limit_blas_threads()
     env = Envelope()
     for program in sample(at, regime, count):
@@ -87,7 +87,7 @@ def observe_program(env: Envelope, program: Program, profiles=VERIFY_PROFILES, p
             for k, (a, e) in enumerate(zip(got, want)):
                 for name in names:
                     if name in a:
-                        env.add(END_TO_END, profile, GLOBAL_ONLY + program.weights.regime, name, a[name], e[name],
+                        env.add(END_TO_END, profile, PROPERTIES_ONLY + program.weights.regime, name, a[name], e[name],
                                 None if name in STATE_NAMES else stats[name], k,
                                 nmse=e[name].size >= MIN_NMSE_ELEMENTS)
 

@@ -23,7 +23,7 @@ from gdncheck.conformance.judge.verdicts import base_record, judge
 from gdncheck.dtypes import round_to_common
 from gdncheck.weights import LayerWeights
 
-from .check import assert_close, concat_calls, global_bound
+from .check import assert_close, concat_calls, property_bound
 from .differential import consecutive_calls
 from .registry import PropertySkip, Subject, prop, run_calls
 from .strategies import build_inputs, build_weights, configs, group_permutations, input_draws, splits, weight_draws
@@ -148,7 +148,7 @@ def value_head_permutation(subject: Subject, data) -> None:
 
 def _judge_identity(name: str, actual: np.ndarray, predicted: np.ndarray, profile: str, what: str,
                     stats_from: list[np.ndarray] | None = None) -> None:
-    bound = global_bound(name, profile, np.size(predicted))
+    bound = property_bound(name, profile, np.size(predicted))
     rec = base_record("property", 0, "forward", 1, name, actual_ref={"file": "-", "key": name})
     stats = CaseStats(name, stats_from) if stats_from is not None else None
     judge(rec, actual, "F64", predicted, bound, required=True, subject=name, loc=f"[{what}]", stats=stats)

@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 
 from gdncheck.config import GDNConfig
 from gdncheck.dtypes import round_to_common
+from gdncheck.fixtures.cases import F16_STATE_FORGET
 from gdncheck.portable import log
 from gdncheck.synthetic import (
     add_bias,
@@ -163,7 +164,7 @@ def _f16_state(cfg: GDNConfig, w: dict) -> None:
     own part ×6; 2 to 15 % of the token-heads over 40 draws: where the fixture case has a control
     channel, the draw has its tokens' spread)."""
     w["linear_attn.A_log"][:] = 0.0
-    w["linear_attn.dt_bias"][:] = inverse_softplus(np.resize([2.2e-4, 1.8e-4], cfg.num_v_heads))
+    w["linear_attn.dt_bias"][:] = inverse_softplus(np.resize(F16_STATE_FORGET, cfg.num_v_heads))
     w["linear_attn.in_proj_a.weight"] *= 0.005
     b = w["linear_attn.in_proj_b.weight"]
     b *= 6.0

@@ -34,8 +34,8 @@ def test_draws_make_the_property_rows_only():
     """A draw widens the ``properties`` rows, which envelope the recipes too; it makes no recipe row and
     leaves ``global`` (the checkpoint-built fixtures' bound) the recipes' envelope."""
     env = derive.Envelope()
-    for recipe, tensor, elem in (("decode", "core", 1e-5), (derive.GLOBAL_ONLY + "qk_eps", "core", 3e-5),
-                                 ("decode", "out", 2e-5), (derive.GLOBAL_ONLY + "realistic", "out", 1e-5)):
+    for recipe, tensor, elem in (("decode", "core", 1e-5), (derive.PROPERTIES_ONLY + "qk_eps", "core", 3e-5),
+                                 ("decode", "out", 2e-5), (derive.PROPERTIES_ONLY + "realistic", "out", 1e-5)):
         env.elem[("end_to_end", "f32", recipe, tensor)] = elem
         env.nmse[("end_to_end", "f32", recipe, tensor)] = elem * elem
     rows = derive.table_document(env, derive.SEEDS, ["decode_T12"])["modes"]["end_to_end"]["f32"]
@@ -72,8 +72,8 @@ def test_derive_runs_the_extra_jobs_in_its_pool(monkeypatch):
 
 def _one_observation(elem: float) -> derive.Envelope:
     env = derive.Envelope()
-    env.elem[("end_to_end", "bf16", derive.GLOBAL_ONLY + "realistic", "out")] = elem
-    env.nmse[("end_to_end", "bf16", derive.GLOBAL_ONLY + "realistic", "out")] = elem * elem
+    env.elem[("end_to_end", "bf16", derive.PROPERTIES_ONLY + "realistic", "out")] = elem
+    env.nmse[("end_to_end", "bf16", derive.PROPERTIES_ONLY + "realistic", "out")] = elem * elem
     return env
 
 
