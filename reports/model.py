@@ -224,6 +224,17 @@ class CaseView:
         return sorted(fails, key=lambda r: (not r.first, r.step, r.stage_index, tensor_rank(r.tensor)))
 
     @property
+    def diagnosis(self) -> dict | None:
+        """The likely cause as the summary holds it, every field present (None where that diagnosis
+        state has none: a skipped or failed diagnosis names no candidate), so that a page reads any
+        state verify can write."""
+        d = self.raw.get("diagnosis")
+        if not isinstance(d, dict):
+            return None
+        keys = ("verdict", "text", "tensor", "call", "candidate", "source", "residual")
+        return {k: d.get(k) for k in keys}
+
+    @property
     def first_text(self) -> str:
         if self.first and self.first.step in self.serving:
             return packed.first_text(self.first, self.serving[self.first.step])
