@@ -8,12 +8,10 @@ per fixture.
 from __future__ import annotations
 
 import importlib
-import importlib.util
 import inspect
 import os
 import sys
 from collections.abc import Callable, Mapping
-from pathlib import Path
 from typing import Any
 
 from gdncheck.errors import GDNError
@@ -22,83 +20,25 @@ from gdncheck.harness import Implementation
 from . import implementations
 
 
-def parse_spec(spec: object) -> tuple[str, str]:
-    """``MODULE:CALLABLE`` -> ``(MODULE, CALLABLE)``, checked before anything is imported: MODULE a dotted
-    Python module name (``pkg.port``) or the path of an existing ``.py`` file, CALLABLE a dotted attribute
-    name (``factory``, ``Port.create``). Anything else is one :class:`GDNError` naming what was expected
-    and what was found (the CLI, the gate and the pytest plugin share this check)."""
-    expected = (f"expected an implementation {', '.join(repr(n) for n in implementations.BUILTIN)} or "
-                "'MODULE:CALLABLE' (MODULE a dotted module name or an existing .py file, CALLABLE a name)")
-    if not isinstance(spec, str) or ":" not in spec:
-        raise GDNError(f"{expected}, found {spec!r}")
-    module_name, attr = spec.rsplit(":", 1) if _looks_like_file(spec.rsplit(":", 1)[0]) else spec.split(":", 1)
-    if not module_name:
-        raise GDNError(f"{expected}, found {spec!r} (no MODULE before ':')")
-    if not attr:
-        raise GDNError(f"{expected}, found {spec!r} (no CALLABLE after ':')")
-    if not _dotted_name(attr):
-        raise GDNError(f"{expected}, found {spec!r} (CALLABLE {attr!r} is not a Python name)")
-    if _looks_like_file(module_name):
-        path = Path(module_name)
-        if path.suffix != ".py":
-            raise GDNError(f"{expected}, found {spec!r} (MODULE {module_name!r} is a path but not a .py file)")
-        if not path.is_file():
-            raise GDNError(f"{expected}, found {spec!r} (MODULE {module_name!r}: no such .py file)")
-    elif not _dotted_name(module_name):
-        raise GDNError(f"{expected}, found {spec!r} (MODULE {module_name!r} is neither a dotted module name nor "
-                       "a .py file)")
-    return module_name, attr
-
-
-def _dotted_name(text: str) -> bool:
-    return all(part.isidentifier() and part.isascii() for part in text.split("."))
-
-
-def _looks_like_file(text: str) -> bool:
-    return text.endswith(".py") or "/" in text or os.sep in text
-
-
-def _import_file(path: str, spec: str):
-    """The module of a ``.py`` file, imported under a private name (not put in ``sys.modules`` by a
-    name another module could shadow)."""
-    file = Path(path).resolve()
-    name = f"_gdncheck_port_{abs(hash(str(file))):x}"
-    if name in sys.modules:
-        return sys.modules[name]
-    module_spec = importlib.util.spec_from_file_location(name, file)
-    if module_spec is None or module_spec.loader is None:
-        raise GDNError(f"cannot import {path!r} for implementation {spec!r}: expected a Python source file")
-    module = importlib.util.module_from_spec(module_spec)
-    sys.modules[name] = module
-    try:
-        module_spec.loader.exec_module(module)
-    except BaseException:
-        del sys.modules[name]
-        raise
-    return module
-
-
 def load_factory(spec: str) -> Callable[..., Implementation]:
-    """A built-in name (``reference``, ``triton``, ``hf``) or ``MODULE:CALLABLE`` -> the factory
-    (:func:`parse_spec` first: a malformed spec is one :class:`GDNError`, never an import attempt)."""
-    if isinstance(spec, str) and spec in implementations.BUILTIN:
+    """A built-in name (``reference``, ``triton``, ``hf``) or ``MODULE:CALLABLE`` -> the factory."""
+    if spec in implementations.BUILTIN:
         return implementations.BUILTIN[spec]
-    module_name, attr = parse_spec(spec)
+    if ":" not in spec:
+        raise GDNError(
+            f"expected an implementation {', '.join(repr(n) for n in implementations.BUILTIN)} or "
+            f"'MODULE:CALLABLE', found {spec!r}"
+        )
+    module_name, attr = spec.split(":", 1)
     # as `python -m` does: a port's module in the working directory is found (the `gdncheck` console
     # script, unlike `python -m gdncheck`, does not put the working directory on sys.path)
     cwd = os.getcwd()
     if cwd not in sys.path and "" not in sys.path:
         sys.path.append(cwd)
     try:
-        if _looks_like_file(module_name):
-            module = _import_file(module_name, spec)
-        else:
-            module = importlib.import_module(module_name)
+        module = importlib.import_module(module_name)
     except ImportError as exc:
         raise GDNError(f"cannot import module {module_name!r} for implementation {spec!r}: {exc}") from None
-    except Exception as exc:  # noqa: BLE001 - the port's module failed while importing: its bug, not ours
-        raise GDNError(f"cannot import module {module_name!r} for implementation {spec!r}: importing it raised "
-                       f"{type(exc).__name__}: {exc}") from None
     factory = module
     for part in attr.split("."):
         factory = getattr(factory, part, None)
@@ -106,14 +46,6 @@ def load_factory(spec: str) -> Callable[..., Implementation]:
             raise GDNError(f"module {module_name!r} has no attribute {attr!r} (implementation {spec!r})")
     if not callable(factory):
         raise GDNError(f"{spec!r} is not callable; expected a factory(cfg, weights, *, profile, strict)")
-    return factory
-
-
-def load_checked_factory(spec: str, options: Mapping[str, Any] | None = None) -> Callable[..., Implementation]:
-    """:func:`load_factory` then :func:`check_options`: what the CLI does before any case runs, shared
-    by the pytest plugin so that both refuse the same specs the same way."""
-    factory = load_factory(spec)
-    check_options(factory, options or {}, spec)
     return factory
 
 
