@@ -191,7 +191,8 @@ class HFLayer:
             raise TransformersRefused(refusal_code(msg), f"transformers refused the weights: {msg}") from None
         self.layer = layer.to(self.dtype).eval()
         self.tracer = Tracer(self.layer, modeling, cfg, sparse=self.sparse)
-        kernels = [m for m in ("fla", "causal_conv1d", "kernels") if importlib.util.find_spec(m) is not None]
+        kernels = [m for m in ("causal_conv1d", "kernels") if importlib.util.find_spec(m) is not None]
+        # fla's delta-rule kernels are bypassed on the CPU (hf_trace: transformers' own PyTorch rule)
         self.name = (f"transformers {transformers.__version__} {layer_class.__name__} ({profile}, torch "
                      f"{torch.__version__}, {'kernels: ' + ', '.join(kernels) if kernels else 'PyTorch paths'})")
 

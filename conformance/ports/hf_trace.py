@@ -150,6 +150,10 @@ class Tracer:
                 return out
             return conv
         if name in RULE_FUNCTIONS:
+            # transformers binds these to fla's Triton kernels when fla is installed (its
+            # use_kernel_func_from_hub_with_fallback); those need a GPU driver, so on the CPU the port
+            # runs transformers' own PyTorch function, which the decorator keeps as __wrapped__
+            fn = getattr(fn, "__wrapped__", fn)
             signature = inspect.signature(fn)
 
             def rule(*args, **kwargs):
