@@ -77,6 +77,7 @@ class Record:
     expected_ref: dict | None = None
     actual_ref: dict | None = None
     routing: dict | None = None  # a sparse layer's selected_experts routed otherwise (routing.py)
+    convention: dict | None = None  # a convention the port chose where correct engines differ (routing.py)
 
     def to_json(self) -> dict:
         return _clean(asdict(self))

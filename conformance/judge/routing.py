@@ -8,8 +8,16 @@ probabilities, which two correct ports may round differently where two are nearl
 downstream depends on it but a summation order). A token routed otherwise fails the call's
 ``selected_experts`` record with reason ``routing`` and a message naming the token, both expert sets
 and the reference's probability margin there (p_(k) − p_(k+1), and the logit gap): the fixtures keep
-every token's margin beyond any profile's rounding (fixtures/moe_cases.py), so a flip is a bug, except
-at an exact tie, which the reference resolves to the lower expert index and every port must too.
+every token's margin beyond any profile's rounding (fixtures/moe_cases.py), so a flip is a bug.
+
+An exact tie on the k boundary is a convention, not a bug (docs/moe.md, "Ties"): which of equal
+probabilities a top-k keeps is the engine's choice (the reference takes the lower index, CPU
+``torch.topk`` and MLX's ``argpartition`` others), and no trained model meets one. A token whose set
+differs from the reference's only among experts whose float64 logits are exactly equal to the k-th
+is *consistent with the exact ordering*: it passes the routing verdict, the call records the choice
+(``Record.convention``: how many such tokens, lower index, higher index or another choice), and the
+tensors after the routing are judged against the float64 expectation for the port's own set
+(conformance/judge/ties.py). A set that is not consistent with the exact ordering fails, tie or not.
 
 ``routing_weights`` is then judged by expert (each token's slots sorted by expert index) on the
 tokens routed alike; a token routed otherwise is left out of it (its weights belong to other
@@ -36,6 +44,14 @@ class RoutingCheck:
     alike: np.ndarray | None  # [B, T] bool; None where the port wrote no usable selected_experts
     actual_order: np.ndarray | None = None  # [B, T, k]: the port's slots sorted by expert
     gold_order: np.ndarray | None = None  # [B, T, k]: the golden's
+    tied: np.ndarray | None = None  # [B, T] bool: routed otherwise, consistently with the exact ordering
+    actual_sets: np.ndarray | None = None  # [B, T, k] int64: the port's experts, sorted by index
+    probs: np.ndarray | None = None  # [B, T, E] float64: softmax of the golden router_logits
+    normalised: bool = True  # norm_topk_prob: the routing weights renormalised over the top k
+
+    @property
+    def any_tied(self) -> bool:
+        return self.tied is not None and bool(self.tied.any())
 
     def weights(self, actual: np.ndarray | None, expected: np.ndarray) -> tuple[np.ndarray | None, np.ndarray]:
         """``routing_weights`` (port's, golden's) by expert, the tokens routed otherwise given the
@@ -44,6 +60,11 @@ class RoutingCheck:
             return actual, expected
         a = np.take_along_axis(np.asarray(actual, dtype=np.float64), self.actual_order, -1)
         e = np.take_along_axis(np.asarray(expected, dtype=np.float64), self.gold_order, -1)
+        if self.any_tied:  # the port's own experts' weights, from the golden probabilities (float64)
+            p = np.take_along_axis(self.probs, self.actual_sets, -1)
+            if self.normalised:
+                p = p / p.sum(axis=-1, keepdims=True)
+            e = np.where(self.tied[..., None], p, e)
         return np.where(self.alike[..., None], a, e), e
 
 
@@ -60,9 +81,30 @@ def probability_margins(router_logits: np.ndarray, top_k: int) -> tuple[np.ndarr
     return pt[..., 0] - pt[..., 1], lt[..., 0] - lt[..., 1]
 
 
+def tie_consistent(router_logits: np.ndarray, actual_sets: np.ndarray, expected_sets: np.ndarray) -> np.ndarray:
+    """[B, T] bool: the port's set holds the same multiset of float64 logits as the reference's, i.e. it
+    differs (if at all) only among experts exactly tied with the k-th: a choice the exact ordering
+    allows. ``*_sets``: [B, T, k] expert indices."""
+    l = np.asarray(router_logits, dtype=np.float64)
+    la = np.sort(np.take_along_axis(l, actual_sets, -1), axis=-1)
+    le = np.sort(np.take_along_axis(l, expected_sets, -1), axis=-1)
+    return np.all(la == le, axis=-1)
+
+
+def tie_choice(actual_only: list[int], expected_only: list[int]) -> str:
+    """How a port resolved one tie: ``lower index`` (the reference's rule), ``higher index`` (every
+    expert it took above every one it left), or ``other``."""
+    if not actual_only:
+        return "lower index"
+    if min(actual_only) > max(expected_only):
+        return "higher index"
+    return "other"
+
+
 def judge_routing(rec: Record, actual: np.ndarray | None, dtype: str | None, expected: np.ndarray,
-                  router_logits: np.ndarray, *, subject: str, loc: str) -> RoutingCheck:
-    """Fill ``rec`` (the call's ``selected_experts``) and say which tokens were routed alike."""
+                  router_logits: np.ndarray, *, subject: str, loc: str, normalised: bool = True) -> RoutingCheck:
+    """Fill ``rec`` (the call's ``selected_experts``) and say which tokens were routed alike, and which
+    otherwise but consistently with the exact ordering (a tie's convention, module docstring)."""
     rec.expected_shape = list(np.shape(expected))
     if actual is None:
         rec.verdict = "missing"
@@ -81,8 +123,16 @@ def judge_routing(rec: Record, actual: np.ndarray | None, dtype: str | None, exp
     a_sorted, e_sorted = np.sort(a, axis=-1), np.sort(e, axis=-1)
     if a.shape[-1] > 1 and np.any(a_sorted[..., 1:] == a_sorted[..., :-1]):
         return _invalid(rec, "routing", f"routing: {subject} selects an expert twice for one token {loc}")
-    alike = np.all(a_sorted == e_sorted, axis=-1)
-    check = RoutingCheck(rec, alike, np.argsort(a, axis=-1, kind="stable"), np.argsort(e, axis=-1, kind="stable"))
+    same = np.all(a_sorted == e_sorted, axis=-1)
+    tied = ~same & tie_consistent(router_logits, a_sorted, e_sorted)
+    alike = same | tied
+    check = RoutingCheck(rec, alike, np.argsort(a, axis=-1, kind="stable"), np.argsort(e, axis=-1, kind="stable"),
+                         tied=tied, actual_sets=a_sorted, normalised=normalised)
+    if tied.any():
+        lg = np.asarray(router_logits, dtype=np.float64)
+        p = np.exp(lg - lg.max(axis=-1, keepdims=True))
+        check.probs = p / p.sum(axis=-1, keepdims=True)
+        rec.convention = tie_convention(a_sorted, e_sorted, tied, rec.seq_pos)
     bad = np.argwhere(~alike)  # [n, 2]: (row, token), row-major: the first token of the first row first
     if not len(bad):
         return check
@@ -106,15 +156,34 @@ def judge_routing(rec: Record, actual: np.ndarray | None, dtype: str | None, exp
     return check
 
 
+def tie_convention(a_sorted: np.ndarray, e_sorted: np.ndarray, tied: np.ndarray, seq_pos: list[int] | None) -> dict:
+    """``Record.convention`` of a call whose port resolved exact ties otherwise than the reference."""
+    choices, first = {}, []
+    for row, t in np.argwhere(tied):
+        only_a = sorted(set(a_sorted[row, t].tolist()) - set(e_sorted[row, t].tolist()))
+        only_e = sorted(set(e_sorted[row, t].tolist()) - set(a_sorted[row, t].tolist()))
+        choice = tie_choice(only_a, only_e)
+        choices[choice] = choices.get(choice, 0) + 1
+        if len(first) < LISTED:
+            pos = (seq_pos[row] + int(t)) if seq_pos else int(t)
+            first.append({"row": int(row), "token": int(t), "position": int(pos), "actual": a_sorted[row, t].tolist(),
+                          "expected": e_sorted[row, t].tolist()})
+    choice = next(iter(choices)) if len(choices) == 1 else "mixed"
+    return {"kind": "routing_tie", "tokens": int(tied.sum()), "choice": choice, "choices": choices, "first": first,
+            "text": (f"exact ties on the k boundary at {int(tied.sum())} token(s) resolved to the {choice} "
+                     f"(the reference: the lower index); a convention, not a deviation: the tensors after the "
+                     f"routing are judged against float64 for the port's own experts (docs/moe.md, Ties)")}
+
+
 def routing_message(subject: str, tok: dict, n: int, total: int, loc: str) -> str:
     """One line: which token, which experts, the reference's margin there, and what it means."""
     head = (f"routing: {subject}: {n} of {total} token(s) routed to other experts; first token {tok['token']} "
             f"(position {tok['position']}, row {tok['row']}): the port chose {tok['actual']}, the reference "
             f"{tok['expected']} (only the port's: {tok['only_actual']}, only the reference's: {tok['only_expected']})")
     if tok["exact_tie"]:
-        why = ("an exact tie at the k boundary (the k-th and (k+1)-th probabilities are equal): the reference "
-               "takes the lower expert index, as CUDA torch.topk and a stable sort do, and every port must "
-               "(docs/moe.md, Ties)")
+        why = ("an exact tie at the k boundary (the k-th and (k+1)-th probabilities are equal), but the port's "
+               "set is not one the exact ordering allows: it takes an expert below the tie or leaves one above "
+               "it (any of the tied experts would do; docs/moe.md, Ties)")
     else:
         why = (f"the reference's k-th and (k+1)-th probabilities differ by {tok['prob_margin']:.3g} (logit gap "
                f"{tok['logit_margin']:.3g}), more than any profile's rounding can close (the fixtures keep every "
