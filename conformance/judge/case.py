@@ -164,7 +164,8 @@ class CaseJudge:
         op = self.entry["program"][expected["step"]]["op"]
         check = {"expected": expected["code"], "accept": expected["accept"], "step": expected["step"],
                  "actual": err["code"] if err else None, "actual_step": err["step"] if err else None,
-                 "actual_message": err["message"] if err else None, "match": None}
+                 "actual_message": err["message"] if err else None, "match": None,
+                 "raised_by": err["raised_by"] if err else None}
         if err is None:
             rep.status, rep.message = "fail", messages.error_expected(case=self.case, expected=expected, op=op)
         elif err["code"] in expected["accept"] and err["step"] == expected["step"]:

@@ -133,7 +133,7 @@ def raised(meta: dict) -> dict | None:
     if "error_code" not in meta:
         return None
     return {"code": safe_text(meta["error_code"]), "message": safe_text(meta.get("error_message", "")),
-            "step": int(meta["error_step"])}
+            "step": int(meta["error_step"]), "raised_by": safe_text(meta.get("error_raised_by", "implementation"))}
 
 
 def not_applicable(meta: dict, steps: list) -> dict | None:

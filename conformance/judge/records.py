@@ -190,11 +190,16 @@ class Summary:
 
     @property
     def exit_code(self) -> int:
-        """2 inputs unusable, or nothing judged at all; 1 a case fails; else 0. A not_applicable case
-        counts neither way, but a run of nothing else judged nothing (the coverage rule)."""
-        if any(c.status == "error" for c in self.cases) or not any(c.status in ("pass", "fail") for c in self.cases):
+        """2 inputs unusable, or nothing of the port judged; 1 a case fails; else 0. A not_applicable
+        case counts neither way, nor does a case only gdncheck's own config parser answered (the port
+        never called): a run of nothing else judged nothing (the coverage rule)."""
+        if any(c.status == "error" for c in self.cases) or not self.port_judged():
             return 2
         return 1 if any(c.status == "fail" for c in self.cases) else 0
+
+    def port_judged(self) -> list[CaseReport]:
+        """The cases that judged the port: passed or failed, and not answered by gdncheck's own parser."""
+        return [c for c in self.cases if c.status in ("pass", "fail") and not own_check(c)]
 
     def coverage(self) -> dict:
         """What the run judged against what the coverage rule asks (fixtures/FORMAT.md §2): every case
@@ -203,9 +208,13 @@ class Summary:
         required = [c for c in self.cases if not c.features]
         na = [c for c in self.cases if c.not_applicable is not None]
         problems = []
+        own = [c for c in judged if own_check(c)]
         if not judged:
             problems.append("nothing was judged: " + ("no case selected" if not self.cases else
                                                       "every selected case is not applicable or unusable"))
+        elif len(own) == len(judged):
+            problems.append(f"nothing of the port was judged: the {len(own)} judged case(s) were answered by "
+                            "gdncheck's own config parser before the port was called (error_raised_by gdncheck)")
         bad_na = sorted(c.id for c in na if not c.features)
         if bad_na:
             problems.append(f"{len(bad_na)} case(s) every port must run declared not applicable: {', '.join(bad_na)}")
@@ -217,7 +226,7 @@ class Summary:
         for c in na:
             for f in c.features:
                 features[f] = features.get(f, 0) + 1
-        return {"cases": len(self.cases), "judged": len(judged),
+        return {"cases": len(self.cases), "judged": len(judged), "gdncheck_checks": len(own),
                 "required": len(required), "required_judged": sum(c in judged for c in required),
                 "not_applicable": len([c for c in na if c.status == "not_applicable"]),
                 "not_applicable_features": features, "tensors_judged": sum(c.judged for c in self.cases),
@@ -283,3 +292,9 @@ def validate_summary(doc: dict) -> None:
     import jsonschema
 
     jsonschema.Draft202012Validator(summary_schema()).validate(doc)
+
+
+def own_check(case: CaseReport) -> bool:
+    """Whether a case was answered by gdncheck's own config parser, the port never called (its outputs
+    file's ``error_raised_by`` is ``gdncheck``): it judges gdncheck, not the port."""
+    return case.kind == "error" and (case.error_check or {}).get("raised_by") == "gdncheck"

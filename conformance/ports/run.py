@@ -154,6 +154,8 @@ def run_impl(impl: str | Callable, fixtures_dir: str | Path, out_dir: str | Path
         if error:
             meta.update({"error_code": error["code"], "error_message": error["message"],
                          "error_step": str(error["step"])})
+            if error.get("raised_by"):  # gdncheck's own config parser, before the port was called
+                meta["error_raised_by"] = error["raised_by"]
         if na:
             meta.update({"not_applicable": na["reason"], "not_applicable_step": str(na["step"])})
         path = safe_path(out_dir, f"{entry['id']}.safetensors", "outputs file")

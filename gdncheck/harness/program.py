@@ -117,6 +117,7 @@ def _execute(factory, case: CaseInput, profile: str, options, snapshot_dir, capt
     slots: dict[str, Any] = {}
     specs: dict[int, Any] = {}  # verify_spec call -> what its implementation returned for the commit
     step_index = 0
+    parsing = False  # gdncheck's own config parser is running: an error there is gdncheck's, not the port's
     try:
         for step_index, step in enumerate(case.program):  # noqa: B007 - read by the handler below
             op = step["op"]
@@ -124,7 +125,9 @@ def _execute(factory, case: CaseInput, profile: str, options, snapshot_dir, capt
                 check_case = getattr(factory, "check_case", None)
                 if check_case is not None:
                     check_case(dict(case.config), list(case.program))
+                parsing = True
                 cfg = GDNConfig.from_hf(dict(case.config))
+                parsing = False
                 weights = LayerWeights(case.weights, source=f"fixture {case.id}", config=cfg)
                 impl = factory(cfg, weights, profile=profile, strict=bool(step.get("strict", False)),
                                **dict(options or {}))
@@ -167,7 +170,13 @@ def _execute(factory, case: CaseInput, profile: str, options, snapshot_dir, capt
         raise  # the case's fault: never recorded as the implementation's error
     except Exception as exc:  # noqa: BLE001 - any failure of the implementation is a result, not a crash
         res.error = {"code": error_code(exc), "message": str(exc) or type(exc).__name__, "step": step_index}
+        if parsing:  # the port was never asked: its outputs file says so (FORMAT.md §7, error_raised_by)
+            res.error["raised_by"] = RAISED_BY_GDNCHECK
     return res
+
+
+#: ``error_raised_by`` of an error gdncheck's own config parser raised before the port was called.
+RAISED_BY_GDNCHECK = "gdncheck"
 
 
 def _keep_call(res: RunResult, expected, k: int, trace: Mapping[str, np.ndarray], states: Mapping[str, Any]) -> None:

@@ -29,3 +29,11 @@ def forging_name(cfg, weights, *, profile, strict, **options):
     impl = reference(cfg, weights, profile="f64" if profile == "f64" else profile, strict=strict)
     impl.name = "evil" + FORGED
     return impl
+
+
+def dk_eq_dv_only(cfg, weights, *, profile, strict, **options):
+    """The reference, but declaring dk != dv not applicable, as a port of llama.cpp's op (which asserts
+    S_k == S_v) must: it conforms, the dk != dv cases being an optional feature."""
+    if cfg.head_k_dim != cfg.head_v_dim:
+        raise NotApplicable(f"dk = {cfg.head_k_dim} != dv = {cfg.head_v_dim}: this port runs dk = dv only")
+    return reference(cfg, weights, profile="f64" if profile == "f64" else profile, strict=strict)

@@ -43,6 +43,7 @@ def test_every_case_of_the_manifest_states_its_coverage(fixtures_dir, manifest):
     assert by_recipe["packed-mixed"]["features"] == ["packed_calls"]
     assert by_recipe["packed-mismatch"]["features"] == ["seq_len_reset", "packed_calls"]  # a slot at another position
     assert by_recipe["spec-decode"]["features"] == ["packed_calls", "spec_decode"]
+    assert by_recipe["dk-gt-dv"]["features"] == by_recipe["dk-lt-dv"]["features"] == ["dk_ne_dv"]
     assert by_recipe["prefix-cache"]["features"] == ["packed_calls", "prefix_snapshots"]
     assert {f for c in raw["cases"] for f in c["coverage"]["features"]} == set(FEATURES)
 
@@ -124,3 +125,61 @@ def test_the_console_counts_judged_tensors_as_the_coverage_does(fixtures_dir, tm
     doc = json.loads((tmp_path / "verify-summary-f32.json").read_text())
     assert code == 0 and missing == 1 and judged == covered == doc["coverage"]["tensors_judged"]
     assert doc["totals"]["records"] == judged + missing
+
+
+def test_dk_ne_dv_is_an_optional_feature_a_dk_eq_dv_port_conforms_without(fixtures_dir, tmp_path, manifest):
+    """Every released Qwen3.5 / Qwen3-Next checkpoint has dk = dv and llama.cpp asserts it: the dk != dv
+    cases carry the feature ``dk_ne_dv`` (read off the config here, independently), so a port that runs
+    dk = dv only conforms; the cases are still judged for a port that runs them."""
+    from .plugins import dk_eq_dv_only
+
+    unequal = sorted(c["id"] for c in manifest["cases"] if c["kind"] != "error"
+                     and c["config"]["linear_key_head_dim"] != c["config"]["linear_value_head_dim"])
+    assert len(unequal) >= 3  # dk-gt-dv, dk-lt-dv, and a sparse case with dk 16, dv 8
+    assert all("dk_ne_dv" in c["coverage"]["features"] for c in manifest["cases"] if c["id"] in unequal)
+    cases = [*unequal, "prefill_T1_", "decode_T12"]
+    run_impl(dk_eq_dv_only, fixtures_dir, tmp_path, "f32", cases=cases)
+    s = verify(fixtures_dir, tmp_path, "f32", cases=cases)
+    status = {c.id: c.status for c in s.cases}
+    assert {status[i] for i in unequal} == {"not_applicable"}, status
+    assert s.exit_code == 0 and s.coverage()["not_applicable_features"]["dk_ne_dv"] == len(unequal)
+    run_impl("reference", fixtures_dir, tmp_path / "all", "f32", cases=unequal)  # judged when run
+    assert {c.status for c in verify(fixtures_dir, tmp_path / "all", "f32", cases=unequal).cases} == {"pass"}
+
+
+CONFIG_ONLY = ["error-head-ratio", "error-invalid-eps"]  # answered by gdncheck's own parser for a plug-in
+
+
+def test_cases_only_gdncheck_judged_are_nothing_judged(fixtures_dir, tmp_path, capsys):
+    """A config-error case of a Python plug-in is answered by gdncheck's parser before the port is called
+    (its outputs file says ``error_raised_by gdncheck``): a run of only such cases judged gdncheck, not
+    the port, so it is 'nothing judged' (exit 2) in verify, and the gate does not conform."""
+    from gdncheck.safetensors_io import SafetensorsFile
+
+    run_impl(never_applicable, fixtures_dir, tmp_path, "f32", cases=CONFIG_ONLY)
+    meta = SafetensorsFile(next(tmp_path.glob("error-head-ratio*.safetensors"))).metadata
+    assert meta["error_raised_by"] == "gdncheck"
+    code = main(["verify", "--outputs", str(tmp_path), "--profile", "f32", *sum((["--case", c] for c in CONFIG_ONLY), [])])
+    out = capsys.readouterr().out
+    assert code == 2 and "nothing judged" in out and "gdncheck's own config parser" in out, out
+    doc = json.loads((tmp_path / "verify-summary-f32.json").read_text())
+    validate_summary(doc)
+    assert doc["verdict"] == "nothing judged" and doc["coverage"]["gdncheck_checks"] == 2
+    # one case that judged the port is enough: the rule counts what the port was judged on
+    run_impl("reference", fixtures_dir, tmp_path, "f32", cases=["prefill_T1_"])
+    assert verify(fixtures_dir, tmp_path, "f32", cases=[*CONFIG_ONLY, "prefill_T1_"]).exit_code == 0
+    res = run_gate(GateOptions(impl=NEVER, profiles=("f32",), cases=CONFIG_ONLY, out=str(tmp_path / "gate"),
+                               properties=False, jobs=1, rebuild_check=False))
+    validate_gate_summary(res.doc)
+    assert res.exit_code != 0 and res.doc["profiles"]["f32"]["coverage"]["ok"] is False
+
+
+def test_a_port_that_raises_the_config_error_itself_is_judged(fixtures_dir, tmp_path):
+    """A port writing its own outputs (any language) raises the config errors itself: no error_raised_by,
+    so the case judges the port."""
+    from .helpers import perfect_outputs
+
+    perfect_outputs(fixtures_dir, "error-head-ratio", tmp_path,
+                    meta={"error_code": "head_ratio", "error_message": "Hv not a multiple of Hk", "error_step": "0"})
+    s = verify(fixtures_dir, tmp_path, "f32", cases=["error-head-ratio"])
+    assert s.exit_code == 0, [c.message for c in s.cases]
