@@ -17,10 +17,19 @@ The **residual** of a candidate ``c`` is ``‖(a − c) / d‖ / ‖(a − e) / 
 divides an error of that tensor by (its rule: :func:`~.metrics.error_denominator`), so that both
 are measured in the space where the quantity acts (a beta of 3e-7 for 1e-10 is a large error, however
 small in absolute terms): how much of the port's error the candidate leaves unexplained (0: it
-explains all of it; 1: no better than the golden). The best
-candidate with a residual at most :data:`MATCH` is reported as ``matches: <bug class> (residual r)``;
-otherwise ``no known bug class matches`` (with the closest one). NaN must sit where the candidate
-has NaN; only finite elements are compared. A diagnosis is advice: it never changes a verdict.
+explains all of it; 1: no better than the golden). It speaks only on evidence:
+
+- ``matches: <bug class> (residual r)``: the best candidate leaves at most :data:`MATCH` of the error,
+  and every candidate about as good (:data:`EQUALLY_WELL`) is of the same bug class;
+- ``ambiguous: <A> or <B> (residual r)``: two or more bug classes of the catalogue explain it about
+  equally well on this case (the same numbers): the case cannot tell them apart, so none is named
+  alone (a mutant that explains it as well as a transform names the bug: the transform only
+  describes its shape; the transforms nest and their order of preference decides among them);
+- ``no known bug class matches``: nothing explains the error; the closest candidate is kept in the
+  JSON (``closest``) but never shown as a cause.
+
+NaN must sit where the candidate has NaN; only finite elements are compared. A diagnosis is advice:
+it never changes a verdict.
 """
 
 from __future__ import annotations
@@ -54,7 +63,7 @@ Catalogue = Callable[[dict, str, str, object], dict]
 class Diagnosis:
     """The likely cause at a case's first divergence (module docstring)."""
 
-    verdict: str  # "matches" or "none"
+    verdict: str  # "matches", "ambiguous" or "none"
     tensor: str
     call: int | None
     bug_class: str | None  # the best candidate's bug class
@@ -62,17 +71,23 @@ class Diagnosis:
     source: str | None  # "transform" or "mutant"
     residual: float | None  # ‖(a − c) / d‖ / ‖(a − e) / d‖ of the best candidate
     candidates: int  # how many were compared
+    alternatives: tuple[str, ...] = ()  # ambiguous: the other bug classes that explain it as well
+    closest: dict | None = None  # none: the closest candidate {bug_class, candidate, residual}, never shown
 
     def text(self) -> str:
         if self.verdict == "matches":
             return f"matches: {self.bug_class} (residual {self.residual:.2g})"
-        closest = f" (closest: {self.bug_class}, residual {self.residual:.2g})" if self.bug_class else ""
-        return f"no known bug class matches{closest}"
+        if self.verdict == "ambiguous":
+            return (f"ambiguous: {' or '.join((self.bug_class, *self.alternatives))} (residual {self.residual:.2g}; "
+                    "this case cannot tell them apart)")
+        return "no known bug class matches"
 
     def to_json(self) -> dict:
         d = asdict(self)
-        if d["residual"] is not None and not math.isfinite(d["residual"]):
-            d["residual"] = None
+        d["alternatives"] = list(self.alternatives)
+        for doc in (d, d["closest"] or {}):
+            if doc.get("residual") is not None and not math.isfinite(doc["residual"]):
+                doc["residual"] = None
         d["text"] = self.text()
         return d
 
@@ -173,8 +188,17 @@ def diagnose_tensor(actual, expected, tensor: str, *, call: int | None = None, c
     if not finite:
         return Diagnosis("none", tensor, call, None, None, None, None, len(cands))
     best = min(s[0] for s in finite)
-    r, name, cls, source = next(s for s in finite if s[0] <= max(2.0 * best, best + EQUALLY_WELL))
-    return Diagnosis("matches" if r <= MATCH else "none", tensor, call, cls, name, source, r, len(cands))
+    near = [s for s in finite if s[0] <= max(2.0 * best, best + EQUALLY_WELL)]
+    r, name, cls, source = near[0]
+    if r > MATCH:
+        return Diagnosis("none", tensor, call, None, None, None, None, len(cands),
+                         closest={"bug_class": cls, "candidate": name, "residual": r})
+    # a transform describes the error's shape, a mutant names a bug: only mutants of other bug classes
+    # giving the same numbers on this case make it ambiguous (the transforms nest, a sign flip being a
+    # uniform scale being a per-head one: their order of preference decides among them)
+    others = () if source != "mutant" else tuple(dict.fromkeys(
+        c for x, _n, c, src in near if x <= MATCH and c != cls and src == "mutant"))
+    return Diagnosis("ambiguous" if others else "matches", tensor, call, cls, name, source, r, len(cands), others)
 
 
 class Diagnoser:
@@ -213,8 +237,15 @@ class Diagnoser:
         extra = {k: (cls, as_judged(arr, step, rec.tensor)) for k, (cls, arr) in (extra or {}).items()}
         stats = (getattr(judge, "stats", None) or {}).get(rec.tensor) if rec.tensor not in STATE_NAMES else None
         scale = error_denominator(expected, rec.tensor, judge.profile, stats, rec.call)
-        return diagnose_tensor(actual, expected, rec.tensor, call=rec.call, config=judge.entry.get("config"),
-                               extra=extra, scale=scale).to_json()
+        d = diagnose_tensor(actual, expected, rec.tensor, call=rec.call, config=judge.entry.get("config"),
+                            extra=extra, scale=scale).to_json()
+        if d["verdict"] == "none" and rec.reason == "routing" and rec.routing:  # what the routing verdict knows
+            tok = rec.routing["first"][0]
+            d["text"] += ("; the first token routed otherwise sits at an exact tie on the k boundary, but the port "
+                          "took an expert outside the tied ones" if tok["exact_tie"] else
+                          f"; the first token routed otherwise has a probability margin of {tok['prob_margin']:.3g}, "
+                          "beyond any rounding")
+        return d
 
 
 def _read_pair(judge, rec) -> tuple[np.ndarray | None, np.ndarray | None]:

@@ -223,10 +223,12 @@ def diagnose_all(r: KillResult, mutant: Mutant, profile: str, fixtures_dir, dirs
                      diagnose=mutant_diagnoser(fixtures_dir, limit=None, outputs=dirs))
     for c in summary.cases:
         d = c.diagnosis
-        if c.status != "fail" or not d or d.get("verdict") not in ("matches", "none"):
+        if c.status != "fail" or not d or d.get("verdict") not in ("matches", "ambiguous", "none"):
             continue
         r.diagnosed += 1
         named = d.get("candidate") if d["verdict"] == "matches" else None
+        if d["verdict"] == "ambiguous":  # named among equals: counted as such, never as right
+            named = "ambiguous"
         if named == mutant.name:
             r.named_right += 1
         else:

@@ -51,7 +51,30 @@ def test_a_transposed_state_is_recognised():
 def test_noise_matches_nothing(core):
     a = core + 0.3 * np.random.default_rng(3).normal(size=core.shape)
     d = diagnose_tensor(a, core, "core", config=CONFIG)
-    assert d.verdict == "none" and d.residual > MATCH and d.text().startswith("no known bug class matches (closest: ")
+    assert d.verdict == "none" and d.residual is None and d.bug_class is None
+    assert d.text() == "no known bug class matches"  # silent: never "closest: ..." without evidence
+    assert d.closest["residual"] > MATCH and d.to_json()["closest"]["bug_class"]  # kept for the curious
+
+
+def test_two_bug_classes_with_the_same_numbers_are_ambiguous(core):
+    """Two mutants of different bug classes produce the same tensor on this case: neither is named alone."""
+    a = noisy(2.0 * core)
+    d = diagnose_tensor(a, core, "core", config=CONFIG, extra={"doubled": ("the core doubled", 2.0 * core),
+                                                               "gain": ("an output gain of 2", 2.0 * core)})
+    assert d.verdict == "ambiguous" and set((d.bug_class, *d.alternatives)) == {"the core doubled", "an output gain of 2"}
+    assert d.text().startswith("ambiguous: ") and " or " in d.text() and "cannot tell them apart" in d.text()
+    doc = d.to_json()
+    assert doc["verdict"] == "ambiguous" and len(doc["alternatives"]) == 1
+
+
+def test_a_candidate_that_explains_half_the_error_is_not_a_match(core):
+    """A residual of 0.5 (half the error left unexplained) names nothing."""
+    rng = np.random.default_rng(5)
+    err = 0.05 * rng.normal(size=core.shape)
+    cand = core + 0.5 * err  # leaves half of the port's error
+    d = diagnose_tensor(core + err, core, "core", config=CONFIG, extra={"half": ("half of it", cand)})
+    assert d.verdict == "none" and d.text() == "no known bug class matches"
+    assert d.closest["candidate"] == "half" and d.closest["residual"] == pytest.approx(0.5, rel=1e-9)
 
 
 def test_a_mutant_candidate_names_the_bug_and_beats_an_equal_transform(core):

@@ -245,3 +245,16 @@ def test_a_port_breaking_a_tie_below_it_fails_at_routing(judged):
     junit = JUnit()
     add_verify_summary(junit, judged["TieBelow"])
     assert b'type="routing"' in junit.tostring()
+
+
+def test_the_likely_cause_of_a_broken_tie_says_tie(tmp_path):
+    """Without a mutant of the catalogue that breaks ties below, the diagnosis names no bug class and
+    says what the routing verdict knows: an exact tie, resolved outside the tied experts."""
+    from gdncheck.conformance.judge.diagnose import Diagnoser
+
+    ids = [_case("moe-exact-tie")["id"]]
+    run_impl(_factory(TieBelow), FIXTURES, tmp_path, "f32", cases=ids)
+    (case,) = verify(FIXTURES, tmp_path, "f32", cases=ids, diagnose=Diagnoser()).cases
+    assert case.first_divergence.tensor == "selected_experts"
+    assert case.diagnosis["verdict"] == "none" and "exact tie" in case.diagnosis["text"], case.diagnosis
+    assert "closest" not in case.diagnosis["text"]
