@@ -23,7 +23,7 @@ from .errors import CheckpointError, LayerIndexError, ProjectionSizeError
 from .experts import PER_EXPERT, stack_experts
 from .safetensors_io import SafetensorsFile
 from .untrusted import UnsafePathError, safe_path
-from .weights import LayerWeights, layer_weight_names, validate_weights
+from .weights import LayerWeights, check_projection_layout, layer_weight_names, validate_weights
 
 PREFIXES = ("model.language_model.layers.{i}.", "model.layers.{i}.")
 FUSED_QKVZ = "linear_attn.in_proj_qkvz.weight"
@@ -136,6 +136,7 @@ def load_layer(
             raise CheckpointError(f"index lists {full!r} in {file.name}, but that file does not hold it", layer=layer)
         arrays[name] = st.read(full)
         stored[name] = st.dtype_of(full)
+    check_projection_layout(arrays, layer)  # both layouts at once: which to use would be a guess
     if FUSED_QKVZ in arrays or FUSED_BA in arrays:
         _unfuse_qwen3_next(cfg, arrays, stored, layer)
     if moe:

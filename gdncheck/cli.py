@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import io
 import os
 import sys
+from pathlib import PurePath
 
 from ._version import __version__
 from .errors import GDNError
-from .untrusted import OneLineParser, one_line, safe_text
+from .untrusted import OneLineParser, one_line
 
 #: name -> (module, one-line help). Order is the order of ``--help``.
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -51,6 +53,44 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+#: Local names that, in the frames an OSError passed through, hold the path it concerns.
+_PATH_LOCALS = ("path", "filename", "file", "target", "dest")
+
+
+def _path_in_traceback(exc: BaseException) -> str | None:
+    """The file an OSError without a file name concerns (a ``write`` that ran out of space names none),
+    found in the frames it came through, innermost first: an open file object's name, the path a
+    ``pathlib`` method was called on, or a local holding a path."""
+    frames = []
+    tb = exc.__traceback__
+    while tb is not None:
+        frames.append(tb.tb_frame)
+        tb = tb.tb_next
+    for frame in reversed(frames):
+        values = frame.f_locals
+        for value in values.values():
+            if isinstance(value, io.IOBase) and isinstance(getattr(value, "name", None), str):
+                return value.name
+        if isinstance(values.get("self"), PurePath):
+            return str(values["self"])
+        for key in _PATH_LOCALS:
+            if isinstance(values.get(key), PurePath):
+                return str(values[key])
+    return None
+
+
+def os_error_line(exc: OSError) -> str:
+    """One line for a file that could not be read or written: the path(s) it concerns (from the error,
+    else from where it was raised) and why."""
+    names = [str(n) for n in (exc.filename, exc.filename2) if n not in (None, "")]
+    if not names:
+        found = _path_in_traceback(exc)
+        names = [found] if found else []
+    what = " -> ".join(names) if names else "a file (its name unknown)"
+    why = exc.strerror or str(exc) or type(exc).__name__
+    return f"cannot use {one_line(what)}: {one_line(why)}"
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run one command; its exit status. Every failure to run is exit 2 and one line on stderr: a
     gdncheck error (bad input: what was expected, what was found, where), a file that cannot be
@@ -70,8 +110,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{where}: error: {one_line(exc)}", file=sys.stderr)
         return 2
     except OSError as exc:
-        name = f" {exc.filename}" if exc.filename else ""
-        print(f"{where}: error: cannot use{safe_text(name)}: {safe_text(exc.strerror or exc)}", file=sys.stderr)
+        print(f"{where}: error: {os_error_line(exc)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("gdncheck: interrupted", file=sys.stderr)

@@ -29,7 +29,7 @@ from __future__ import annotations
 import contextlib
 import os
 
-from .errors import GDNError
+from .errors import EnvironmentVariableError
 
 KNOWN = {
     "GDN_BLAS_THREADS": "BLAS threads for the float64 reference (default 1)",
@@ -53,18 +53,25 @@ def gdn_vars() -> dict[str, str]:
     return {k: v for k, v in sorted(os.environ.items()) if k.startswith("GDN_")}
 
 
+#: The most BLAS threads ``GDN_BLAS_THREADS`` may ask for (more is a typo, and past a C int it would
+#: overflow threadpoolctl's call).
+MAX_BLAS_THREADS = 4096
+
+
 def blas_threads() -> int:
-    """GDN_BLAS_THREADS (unset or empty: 1); anything but a positive integer is refused."""
+    """GDN_BLAS_THREADS (unset or empty: 1); anything but an integer in ``1..MAX_BLAS_THREADS`` is
+    refused (:class:`EnvironmentVariableError`, one line: what was expected, what was found)."""
     text = os.environ.get("GDN_BLAS_THREADS", "").strip()
     if not text:
         return 1
     try:
-        n = int(text)
+        n = int(text) if len(text) <= 32 else 0
     except ValueError:
         n = 0
-    if n < 1:
-        raise GDNError(f"GDN_BLAS_THREADS: expected a positive integer (BLAS threads for the float64 "
-                         f"reference), found {text!r}")
+    if not 1 <= n <= MAX_BLAS_THREADS:
+        shown = text if len(text) <= 64 else f"{text[:32]}... ({len(text)} characters)"
+        raise EnvironmentVariableError(f"GDN_BLAS_THREADS: expected a positive integer of at most "
+                                       f"{MAX_BLAS_THREADS} (BLAS threads for the float64 reference), found {shown!r}")
     return n
 
 

@@ -70,6 +70,20 @@ class LayerIndexError(ConfigError):
     code = "layer_index"
 
 
+class LayerOptionError(GDNError, ValueError):
+    """A layer option that is none of its choices: ``delta_rule`` not ``auto``, ``recurrent`` or
+    ``chunked``, a ``chunk_size`` that is no positive integer (or, for the Triton layer, none of its
+    kernel's sizes), an unknown ``profile``. A ``ValueError`` too, as these were before."""
+
+    code = "layer_option"
+
+
+class EnvironmentVariableError(GDNError, ValueError):
+    """A ``GDN_*`` environment variable whose value gdncheck cannot use (gdncheck/env.py lists them)."""
+
+    code = "environment_variable"
+
+
 # --- weights and checkpoints ---------------------------------------------------------------
 
 
@@ -93,6 +107,13 @@ class ConvKernelMismatchError(WeightError):
     code = "conv_kernel_mismatch"
 
 
+class ProjectionLayoutError(WeightError):
+    """A layer holding both the fused Qwen3-Next projection (``in_proj_qkvz``, ``in_proj_ba``) and the
+    canonical ones it would be split into: which of the two to use would be a guess."""
+
+    code = "projection_layout"
+
+
 class CheckpointError(GDNError):
     code = "checkpoint"
 
@@ -114,6 +135,13 @@ class InputShapeError(InputError):
 
 class InputDtypeError(InputError):
     code = "input_dtype"
+
+
+class BatchSizeError(InputError, ValueError):
+    """``new_state(batch)``: a batch that is no positive integer, or a state of more elements than
+    gdncheck's bound (checked before anything is allocated). A ``ValueError`` too, as it was before."""
+
+    code = "batch_size"
 
 
 class SeqPosMismatchError(GDNError):

@@ -301,9 +301,26 @@ class WriteError(GDNError):
     code = "write"
 
 
+def _umask() -> int:
+    """The process's umask, read without changing it where Linux tells it (``/proc/self/status``);
+    elsewhere set and restored at once."""
+    try:
+        with open("/proc/self/status", encoding="ascii", errors="replace") as fh:
+            for line in fh:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
 def write_bytes_atomic(path: str | os.PathLike, data: bytes) -> Path:
     """Write ``data`` to ``path`` whole or not at all: a temporary file beside it, then a rename (a
-    link at ``path`` is replaced, never followed). Refuses a folder or a special file at ``path``."""
+    link at ``path`` is replaced, never followed). Refuses a folder or a special file at ``path``.
+    The file gets the mode ``open()`` would give it, ``0o666`` less the umask (``0o644`` under umask
+    022), not the temporary file's private ``0o600``."""
     path = Path(path)
     if path.is_dir() or (path.exists() and not path.is_file()):
         raise WriteError(f"cannot write {path}: it is {'a folder' if path.is_dir() else 'not a regular file'}; "
@@ -315,6 +332,8 @@ def write_bytes_atomic(path: str | os.PathLike, data: bytes) -> Path:
         raise WriteError(f"cannot write {path}: {exc.strerror or exc}") from None
     try:
         with os.fdopen(fd, "wb") as fh:
+            if hasattr(os, "fchmod"):  # POSIX (Windows has no such modes)
+                os.fchmod(fh.fileno(), 0o666 & ~_umask())
             fh.write(data)
         os.replace(tmp, path)
     except BaseException as exc:

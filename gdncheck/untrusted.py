@@ -138,6 +138,22 @@ def read_bounded(path: str | os.PathLike, limit: int, what: str = "file") -> byt
     return data
 
 
+class DuplicateKeyError(ValueError):
+    """A JSON object that names a key twice (raised by :func:`no_duplicate_keys`)."""
+
+
+def no_duplicate_keys(pairs: list) -> dict:
+    """``object_pairs_hook`` for ``json.loads`` of an untrusted file: an object naming a key twice is
+    refused (:class:`DuplicateKeyError`, a ``ValueError``) instead of silently keeping the last value
+    (which another reader, keeping the first, would disagree with)."""
+    out: dict = {}
+    for key, value in pairs:
+        if key in out:
+            raise DuplicateKeyError(f"expected every key of a JSON object once, found {one_line(key, 200)!r} twice")
+        out[key] = value
+    return out
+
+
 def _kind_of(mode: int) -> str:
     if stat.S_ISREG(mode):
         return "file"

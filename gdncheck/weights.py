@@ -17,6 +17,7 @@ from .config import GDNConfig
 from .errors import (
     ConvKernelMismatchError,
     MissingWeightError,
+    ProjectionLayoutError,
     ProjectionSizeError,
     WeightError,
     WeightShapeError,
@@ -106,13 +107,36 @@ class LayerWeights(Mapping):
         return f"LayerWeights(layer={self.layer}, source={self.source!r}, {len(self)} tensors)"
 
 
+#: Qwen3-Next's fused projections (docs/math.md §3) -> the canonical weights each is split into.
+FUSED_PROJECTIONS: dict[str, tuple[str, ...]] = {
+    "linear_attn.in_proj_qkvz.weight": ("linear_attn.in_proj_qkv.weight", "linear_attn.in_proj_z.weight"),
+    "linear_attn.in_proj_ba.weight": ("linear_attn.in_proj_b.weight", "linear_attn.in_proj_a.weight"),
+}
+
+
+def check_projection_layout(names, layer: int | None = None) -> None:
+    """Refuse (:class:`ProjectionLayoutError`) a layer whose tensor ``names`` hold a fused Qwen3-Next
+    projection and a canonical one it would be split into: one would silently replace the other."""
+    present = set(names)
+    for fused, parts in FUSED_PROJECTIONS.items():
+        both = [p for p in parts if p in present]
+        if fused in present and both:
+            raise ProjectionLayoutError(
+                f"expected either the fused projection {fused} (Qwen3-Next) or the canonical "
+                f"{' and '.join(parts)} (Qwen3.5), found both {fused} and {', '.join(both)}",
+                layer=layer, name=fused,
+            )
+
+
 def validate_weights(cfg: GDNConfig, weights: Mapping[str, np.ndarray], layer: int | None = None) -> str:
     """Check names and shapes against ``cfg``; return the resolved norm mode (docs/spec.md §5).
 
-    Order: missing weights, conv kernel, projection sizes, norm mode, every other shape, finiteness.
+    Order: the projection layout (fused and canonical both present), missing weights, conv kernel,
+    projection sizes, norm mode, every other shape, finiteness.
     The MLP block is the layer's (:meth:`GDNConfig.mlp_kind`); the sparse block's experts are
     expected stacked (:mod:`gdncheck.experts`; ``load_layer`` stacks a checkpoint's per-expert tensors).
     """
+    check_projection_layout(weights, layer)
     kind = cfg.mlp_kind(layer)
     names = layer_weight_names(cfg, layer)
     missing = [n for n in names if n not in weights]

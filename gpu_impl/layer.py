@@ -42,7 +42,7 @@ import torch
 
 from gdncheck.calls import check_seq_pos, check_state, check_x, rows_to_reset
 from gdncheck.config import GDNConfig
-from gdncheck.errors import InputError, InputShapeError
+from gdncheck.errors import InputError, InputShapeError, LayerOptionError
 from gdncheck.stages import STAGE_TENSORS, layer_tensors
 from gdncheck.weights import expected_shapes, validate_weights
 
@@ -76,6 +76,18 @@ TRACE_ORDER = {kind: tuple(t.name for t in layer_tensors(kind)) for kind in ("de
 #: matrix and the conv weight are held in the profile dtype.
 FP32_PARAMS = ("input_layernorm.weight", "post_attention_layernorm.weight", "linear_attn.norm.weight",
                "linear_attn.A_log", "linear_attn.dt_bias")
+
+
+def _check_options(delta_rule, chunk_size, layer: int | None) -> None:
+    """Refuse (:class:`LayerOptionError`, a ``ValueError`` too) a ``delta_rule`` none of
+    :data:`DELTA_RULE_FORMS` or a ``chunk_size`` none of the chunked kernel's ``CHUNK_SIZES``; ``None``
+    (the layer's own setting) passes."""
+    if delta_rule is not None and (not isinstance(delta_rule, str) or delta_rule not in DELTA_RULE_FORMS):
+        raise LayerOptionError(f"expected delta_rule one of {', '.join(DELTA_RULE_FORMS)}, found {delta_rule!r}",
+                               layer=layer)
+    if chunk_size is not None and (isinstance(chunk_size, bool) or chunk_size not in CHUNK_SIZES):
+        raise LayerOptionError(f"expected chunk_size one of {', '.join(map(str, CHUNK_SIZES))}, found "
+                               f"{chunk_size!r}", layer=layer)
 
 
 class Layer:
@@ -133,12 +145,10 @@ class Layer:
         return layer
 
     def _configure(self, cfg, layer_index, profile, strict, delta_rule, chunk_size) -> None:
-        if profile not in PROFILES:
-            raise ValueError(f"profile must be one of {', '.join(PROFILES)}, found {profile!r}")
-        if delta_rule not in DELTA_RULE_FORMS:
-            raise ValueError(f"delta_rule must be one of {DELTA_RULE_FORMS}, found {delta_rule!r}")
-        if chunk_size not in CHUNK_SIZES:
-            raise ValueError(f"chunk_size must be one of {CHUNK_SIZES}, found {chunk_size!r}")
+        if not isinstance(profile, str) or profile not in PROFILES:
+            raise LayerOptionError(f"expected profile one of {', '.join(PROFILES)}, found {profile!r}",
+                                   layer=layer_index)
+        _check_options(delta_rule, chunk_size, layer_index)
         self.cfg = cfg
         self.layer_index = layer_index
         self.profile = profile
@@ -193,9 +203,8 @@ class Layer:
         x = self._check_input(x, state)
         T = x.shape[1]
         strict = self.strict if strict is None else strict
+        _check_options(delta_rule, chunk_size, self.layer_index)
         form = delta_rule or self.delta_rule
-        if form not in DELTA_RULE_FORMS:
-            raise ValueError(f"delta_rule must be one of {DELTA_RULE_FORMS}, found {form!r}")
         state.flush_warnings(log, self.layer_index)
         pos = self._positions(seq_pos, state)
         if strict:  # must raise before anything changes: the one path that reads the device

@@ -25,6 +25,7 @@ import torch
 
 from gdncheck.calls import PAD_SLOT_ID, rows_to_reset, slots_to_reset
 from gdncheck.config import GDNConfig
+from gdncheck.errors import BatchSizeError
 from gdncheck.snapshot import SNAPSHOT_SCHEMA_VERSION, Snapshot
 
 
@@ -75,13 +76,32 @@ class DeviceSnapshot:
         return cls.from_snapshot(Snapshot.load(path), device)
 
 
+#: The most elements a state of the whole batch may hold (``B·(conv_dim·K + Hv·dk·dv)``), as in
+#: ``gdncheck.reference.state`` (gpu_impl never imports the reference): a batch past it is refused
+#: before anything is allocated, not an out-of-memory error from torch.
+MAX_BATCH_STATE_ELEMENTS = 1 << 31
+
+
+def check_batch(cfg: GDNConfig, batch) -> int:
+    """``batch`` as an int, refused (:class:`BatchSizeError`) unless a positive integer whose state
+    stays within :data:`MAX_BATCH_STATE_ELEMENTS`."""
+    if isinstance(batch, bool) or not isinstance(batch, int | np.integer) or batch < 1:
+        raise BatchSizeError(f"expected batch a positive integer, found {batch!r}")
+    batch = int(batch)
+    per_sequence = cfg.conv_dim * cfg.conv_kernel + cfg.num_v_heads * cfg.head_k_dim * cfg.head_v_dim
+    if batch * per_sequence > MAX_BATCH_STATE_ELEMENTS:
+        raise BatchSizeError(f"expected a batch whose state holds at most {MAX_BATCH_STATE_ELEMENTS} elements "
+                             f"(at most {MAX_BATCH_STATE_ELEMENTS // per_sequence} sequences of {per_sequence}), "
+                             f"found batch {batch} ({batch * per_sequence} elements)")
+    return batch
+
+
 class State:
     """conv_state [B, conv_dim, K], recurrent_state [B, Hv, dk, dv] fp32, seq_len [B] int64 on
     ``device``, and whether the seq-len warning was logged."""
 
     def __init__(self, cfg: GDNConfig, batch: int, *, dtype: torch.dtype, device: torch.device):
-        if not isinstance(batch, int | np.integer) or isinstance(batch, bool) or batch < 1:
-            raise ValueError(f"batch must be a positive integer, found {batch!r}")
+        batch = check_batch(cfg, batch)
         self.cfg = cfg
         self.conv_state = torch.zeros((batch, cfg.conv_dim, cfg.conv_kernel), dtype=dtype, device=device)
         self.recurrent_state = torch.zeros(

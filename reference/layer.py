@@ -14,7 +14,7 @@ import numpy as np
 
 from gdncheck.calls import check_seq_pos, check_state, check_x, rows_to_reset
 from gdncheck.config import GDNConfig
-from gdncheck.errors import InputError
+from gdncheck.errors import InputError, LayerOptionError
 from gdncheck.experts import (
     EXPERTS_DOWN,
     EXPERTS_GATE_UP,
@@ -47,6 +47,18 @@ log = logging.getLogger("gdncheck.reference")
 DELTA_RULE_FORMS = ("auto", "recurrent", "chunked")
 
 
+def check_layer_options(delta_rule, chunk_size, layer: int | None = None) -> None:
+    """Refuse (:class:`LayerOptionError`, a ``ValueError`` too) a ``delta_rule`` that is none of
+    :data:`DELTA_RULE_FORMS` or a ``chunk_size`` that is no positive integer; ``None`` (the layer's
+    own setting) passes."""
+    if delta_rule is not None and (not isinstance(delta_rule, str) or delta_rule not in DELTA_RULE_FORMS):
+        raise LayerOptionError(f"expected delta_rule one of {', '.join(DELTA_RULE_FORMS)}, found {delta_rule!r}",
+                               layer=layer)
+    if chunk_size is not None and (isinstance(chunk_size, bool) or not isinstance(chunk_size, int | np.integer)
+                                   or chunk_size < 1):
+        raise LayerOptionError(f"expected chunk_size a positive integer, found {chunk_size!r}", layer=layer)
+
+
 @dataclass(frozen=True)
 class Params:
     """Weights as float64 arrays, by their Hugging Face names."""
@@ -76,6 +88,7 @@ def layer_forward(
     ``recurrent`` or ``chunked``. ``mlp_kind``: ``dense`` or ``moe`` (default: the config's, for a
     config whose layers all have the same block).
     """
+    check_layer_options(delta_rule, chunk_size)
     eps = cfg.rms_norm_eps
     T = x.shape[1]
     x_norm = input_norm(x, params["input_layernorm.weight"], eps)
@@ -144,13 +157,12 @@ class Layer:
     ):
         if layer_index is None:
             layer_index = getattr(weights, "layer", None)
+        check_layer_options(delta_rule, chunk_size, layer_index)
         self.cfg = cfg
         self.layer_index = layer_index
         self.norm_mode = validate_weights(cfg, weights, layer=layer_index)
         self.mlp_kind = cfg.mlp_kind(layer_index)
         self.params = Params({name: np.array(arr, dtype=np.float64) for name, arr in weights.items()})
-        if delta_rule not in DELTA_RULE_FORMS:
-            raise ValueError(f"delta_rule must be one of {DELTA_RULE_FORMS}, found {delta_rule!r}")
         self.strict = strict
         self.delta_rule = delta_rule
         self.chunk_size = chunk_size
@@ -173,6 +185,7 @@ class Layer:
         x: [B, T, D] floating point; seq_pos: the position of the first token, an int or one per
         sequence. A row whose state ``seq_len`` differs from its ``seq_pos`` is reset to zeros first.
         """
+        check_layer_options(delta_rule, chunk_size, self.layer_index)  # before anything changes
         x = self._check_input(x, state)
         pos = check_seq_pos(seq_pos, np.asarray(seq_pos), state.batch, self.layer_index)
         strict = self.strict if strict is None else strict

@@ -5,7 +5,27 @@ from __future__ import annotations
 import numpy as np
 
 from gdncheck.config import GDNConfig
+from gdncheck.errors import BatchSizeError
 from gdncheck.snapshot import Snapshot
+
+#: The most elements a state of the whole batch may hold (``B·(conv_dim·K + Hv·dk·dv)``; 16 GiB of
+#: float64): a batch past it is refused before anything is allocated, not a MemoryError (or a swap
+#: storm) in NumPy. Qwen3.5's state is about 1.1 M elements per sequence: a batch of about 1900.
+MAX_BATCH_STATE_ELEMENTS = 1 << 31
+
+
+def check_batch(cfg: GDNConfig, batch) -> int:
+    """``batch`` as an int, refused (:class:`BatchSizeError`) unless a positive integer whose state
+    stays within :data:`MAX_BATCH_STATE_ELEMENTS`."""
+    if isinstance(batch, bool) or not isinstance(batch, int | np.integer) or batch < 1:
+        raise BatchSizeError(f"expected batch a positive integer, found {batch!r}")
+    batch = int(batch)
+    per_sequence = cfg.conv_dim * cfg.conv_kernel + cfg.num_v_heads * cfg.head_k_dim * cfg.head_v_dim
+    if batch * per_sequence > MAX_BATCH_STATE_ELEMENTS:
+        raise BatchSizeError(f"expected a batch whose state holds at most {MAX_BATCH_STATE_ELEMENTS} elements "
+                             f"(at most {MAX_BATCH_STATE_ELEMENTS // per_sequence} sequences of {per_sequence}), "
+                             f"found batch {batch} ({batch * per_sequence} elements)")
+    return batch
 
 
 class State:
@@ -13,8 +33,7 @@ class State:
     [B, Hv, dk, dv], seq_len [B] (tokens consumed), and whether the seq-len warning was logged."""
 
     def __init__(self, cfg: GDNConfig, batch: int):
-        if not isinstance(batch, int | np.integer) or batch < 1:
-            raise ValueError(f"batch must be a positive integer, found {batch!r}")
+        batch = check_batch(cfg, batch)
         self.cfg = cfg
         self.conv_state = np.zeros((batch, cfg.conv_dim, cfg.conv_kernel))
         self.recurrent_state = np.zeros((batch, cfg.num_v_heads, cfg.head_k_dim, cfg.head_v_dim))

@@ -20,16 +20,38 @@ from gdncheck.harness import Implementation
 from . import implementations
 
 
-def load_factory(spec: str) -> Callable[..., Implementation]:
-    """A built-in name (``reference``, ``triton``, ``hf``) or ``MODULE:CALLABLE`` -> the factory."""
-    if spec in implementations.BUILTIN:
-        return implementations.BUILTIN[spec]
-    if ":" not in spec:
-        raise GDNError(
-            f"expected an implementation {', '.join(repr(n) for n in implementations.BUILTIN)} or "
-            f"'MODULE:CALLABLE', found {spec!r}"
-        )
+def _dotted(name: str) -> bool:
+    """Whether ``name`` is a dotted name of Python identifiers (``pkg.mod``, ``Factory.create``)."""
+    return all(part.isidentifier() for part in name.split("."))
+
+
+def parse_spec(spec: object) -> tuple[str, str] | None:
+    """An implementation name -> ``None`` for a built-in, else ``(MODULE, CALLABLE)``, both dotted
+    names of identifiers; anything else (``':'``, ``'.:x'``, ``'../../etc/passwd:x'``, a relative
+    import, a path) is refused with :class:`GDNError` before anything is imported. The CLI
+    (``gdncheck run``, ``gdncheck gate --impl``) and the pytest plugin (``--gdncheck-impl``) read the
+    name with this one function."""
+    builtins = ", ".join(repr(n) for n in implementations.BUILTIN)
+    if isinstance(spec, str) and spec in implementations.BUILTIN:
+        return None
+    if not isinstance(spec, str) or ":" not in spec:
+        raise GDNError(f"expected an implementation {builtins} or 'MODULE:CALLABLE', found {spec!r}")
     module_name, attr = spec.split(":", 1)
+    for part, what in ((module_name, "MODULE a dotted module name: no file path, no relative import"),
+                       (attr, "CALLABLE a dotted attribute name")):
+        if not _dotted(part):
+            raise GDNError(f"expected an implementation {builtins} or 'MODULE:CALLABLE' ({what}), found {spec!r}")
+    return module_name, attr
+
+
+def load_factory(spec: str) -> Callable[..., Implementation]:
+    """A built-in name (``reference``, ``triton``, ``hf``) or ``MODULE:CALLABLE`` -> the factory
+    (:func:`parse_spec` reads the name). A module that cannot be imported, or whose import raises, and
+    an attribute that is missing or not callable are :class:`GDNError` naming the implementation."""
+    parsed = parse_spec(spec)
+    if parsed is None:
+        return implementations.BUILTIN[spec]
+    module_name, attr = parsed
     # as `python -m` does: a port's module in the working directory is found (the `gdncheck` console
     # script, unlike `python -m gdncheck`, does not put the working directory on sys.path)
     cwd = os.getcwd()
@@ -39,6 +61,9 @@ def load_factory(spec: str) -> Callable[..., Implementation]:
         module = importlib.import_module(module_name)
     except ImportError as exc:
         raise GDNError(f"cannot import module {module_name!r} for implementation {spec!r}: {exc}") from None
+    except Exception as exc:  # noqa: BLE001 - the port's module failed while importing: the port's error, not gdncheck's
+        raise GDNError(f"importing module {module_name!r} for implementation {spec!r} raised "
+                       f"{type(exc).__name__}: {exc}") from None
     factory = module
     for part in attr.split("."):
         factory = getattr(factory, part, None)
@@ -46,6 +71,15 @@ def load_factory(spec: str) -> Callable[..., Implementation]:
             raise GDNError(f"module {module_name!r} has no attribute {attr!r} (implementation {spec!r})")
     if not callable(factory):
         raise GDNError(f"{spec!r} is not callable; expected a factory(cfg, weights, *, profile, strict)")
+    return factory
+
+
+def load_checked_factory(spec: str, options: Mapping[str, Any] | None = None) -> Callable[..., Implementation]:
+    """:func:`load_factory`, then :func:`check_options`: the factory named by ``spec``, refused
+    (:class:`GDNError`, a usage error) unless it can be called as a factory with ``options``. What
+    ``gdncheck run``, ``gdncheck gate`` and the pytest plugin do before any case runs."""
+    factory = load_factory(spec)
+    check_options(factory, options or {}, spec)
     return factory
 
 

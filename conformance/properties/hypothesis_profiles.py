@@ -11,6 +11,8 @@ import os
 
 from hypothesis import HealthCheck, settings
 
+from gdncheck.errors import EnvironmentVariableError
+
 PROFILES = ("dev", "ci", "nightly")
 
 
@@ -25,6 +27,8 @@ def register_profiles() -> str:
                               suppress_health_check=slow_ok)
     name = os.environ.get("GDN_HYPOTHESIS_PROFILE") or ("ci" if os.environ.get("CI") else "dev")
     if name not in PROFILES:
-        raise ValueError(f"GDN_HYPOTHESIS_PROFILE must be one of {', '.join(PROFILES)}, found {name!r}")
+        # a GDNError (and a ValueError, as before): one line and exit 2 from any command
+        raise EnvironmentVariableError(f"GDN_HYPOTHESIS_PROFILE: expected one of {', '.join(PROFILES)}, "
+                                       f"found {name!r}")
     settings.load_profile(name)
     return name

@@ -51,24 +51,34 @@ class _Run:
     """What the session's gdncheck tests share: the options, the fixture suite, the outputs folder."""
 
     def __init__(self, config: pytest.Config):
-        from gdncheck.conformance.ports.plugin import load_factory
+        from gdncheck.conformance.ports.plugin import load_checked_factory
         from gdncheck.errors import GDNError
         from gdncheck.fixtures.manifest import load_manifest
         from gdncheck.fixtures.packaged import default_suite
+        from gdncheck.untrusted import one_line
 
         opt = config.option
         self.spec: str = opt.gdncheck_impl
         self.profile: str = opt.gdncheck_profile
         self.stage_isolated: bool = opt.gdncheck_stage_isolated
         try:
-            self.factory = load_factory(self.spec)  # a typo is one usage error, before anything runs
+            # the CLI's own checks (parse_spec, check_options): a typo, a path, a callable that is no
+            # factory (os:getcwd) is one usage error before anything runs, not one failure per case
+            self.factory = load_checked_factory(self.spec)
+        except GDNError as exc:
+            raise pytest.UsageError(f"gdncheck: --gdncheck-impl: {one_line(exc)}") from None
+        try:
             self.fixtures = Path(opt.gdncheck_fixtures) if opt.gdncheck_fixtures else default_suite()
             self.manifest = load_manifest(self.fixtures)
         except GDNError as exc:
-            raise pytest.UsageError(f"gdncheck: {exc}") from None
+            raise pytest.UsageError(f"gdncheck: {one_line(exc)}") from None
         self.keep = opt.gdncheck_out is not None
-        self.out = Path(opt.gdncheck_out) if self.keep else Path(tempfile.mkdtemp(prefix="gdncheck-pytest-"))
-        self.out.mkdir(parents=True, exist_ok=True)
+        try:
+            self.out = Path(opt.gdncheck_out) if self.keep else Path(tempfile.mkdtemp(prefix="gdncheck-pytest-"))
+            self.out.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise pytest.UsageError(f"gdncheck: --gdncheck-out {one_line(opt.gdncheck_out)}: expected a folder to "
+                                    f"write into, found {one_line(exc.strerror or exc)}") from None
 
     def close(self) -> None:
         if not self.keep:
