@@ -13,6 +13,9 @@
 ``hf``
     Hugging Face transformers' own ``Qwen3_5DecoderLayer`` and cache (:mod:`.hf`; the ``hf`` extra),
     profiles ``f32``, ``bf16`` (and ``f16``) on the CPU; what it cannot express is reported not applicable.
+``mlx``
+    Apple MLX's own ``mlx_lm.models.qwen3_5.DecoderLayer`` and ``ArraysCache`` (:mod:`.mlx`; the ``mlx``
+    extra), profiles ``f32`` and ``bf16``; what it cannot express is reported not applicable.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from gdncheck.fixtures.reference_impl import reference_f64
 from gdncheck.harness import LayerAdapter, module_stage_runner
 
 from .hf import hf
+from .mlx import mlx
 
 
 def reference(cfg: GDNConfig, weights, *, profile: str = "f64", strict: bool = False, placement: str = "hf",
@@ -93,4 +97,4 @@ def triton(cfg: GDNConfig, weights, *, profile: str = "f32", strict: bool = Fals
                    stage_runner=runner, serving=serving, serving_options={"capture": capture})
 
 
-BUILTIN = {"reference": reference, "triton": triton, "hf": hf}
+BUILTIN = {"reference": reference, "triton": triton, "hf": hf, "mlx": mlx}
