@@ -12,12 +12,12 @@ worst shard's: each shard already applied every rule (known failures, coverage) 
 
 from __future__ import annotations
 
-import json
 from dataclasses import fields
 from pathlib import Path
 
 from gdncheck.conformance.judge.records import CaseReport, FirstDivergence, Record, Summary
 from gdncheck.errors import GDNError
+from gdncheck.untrusted import loads_untrusted
 
 from . import summary as gs
 from .report import gate_junit, write_report
@@ -31,7 +31,7 @@ class MergeError(GDNError):
 
 def _read_json(path: Path, what: str) -> dict:
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
+        return loads_untrusted(path.read_bytes())
     except FileNotFoundError:
         raise MergeError(f"expected {what} at {path}, found nothing") from None
     except (OSError, UnicodeDecodeError, ValueError) as exc:

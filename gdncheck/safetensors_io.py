@@ -23,6 +23,7 @@ import numpy as np
 
 from .dtypes import bf16_bits_to_f32, f32_to_bf16_bits
 from .errors import CheckpointError, GDNError, SafetensorsFormatError
+from .untrusted import no_surrogates
 
 _NUMPY_OF = {
     "F64": np.dtype("<f8"),
@@ -132,6 +133,7 @@ class SafetensorsFile(Mapping):
             )
         try:
             header = json.loads(bytes(self._data[8 : 8 + n]).decode("utf-8"), object_pairs_hook=_no_duplicates)
+            header = no_surrogates(header)  # names and metadata from a port: safe once, where they enter
         except RecursionError:
             raise SafetensorsFormatError(f"{self.path}: expected a header JSON nested at most {MAX_HEADER_DEPTH} "
                                          f"levels, found one nested deeper") from None

@@ -32,9 +32,11 @@ class UnsafePathError(GDNError):
 
 
 # C0 and C1 controls, DEL, the line and paragraph separators, and the Unicode format controls that
-# reorder or hide text (bidirectional embeddings, overrides and isolates; zero-width marks; BOM)
-_UNSAFE = re.compile("[\x00-\x1f\x7f-\x9f\u200b-\u200f\u2028-\u202e\u2060-\u2069\ufeff]")
-_UNSAFE_KEEP_NL = re.compile("[\x00-\x09\x0b-\x1f\x7f-\x9f\u200b-\u200f\u2028-\u202e\u2060-\u2069\ufeff]")
+# reorder or hide text (bidirectional embeddings, overrides and isolates; zero-width marks; BOM), and
+# lone surrogates (no UTF-8 writer can write one: a print, an HTML or XML file would fail on it)
+_UNSAFE = re.compile("[\x00-\x1f\x7f-\x9f\u200b-\u200f\u2028-\u202e\u2060-\u2069\ufeff\ud800-\udfff]")
+_UNSAFE_KEEP_NL = re.compile("[\x00-\x09\x0b-\x1f\x7f-\x9f\u200b-\u200f\u2028-\u202e\u2060-\u2069\ufeff"
+                             "\ud800-\udfff]")
 _NAMED = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
 
 
@@ -136,6 +138,34 @@ def read_bounded(path: str | os.PathLike, limit: int, what: str = "file") -> byt
     if len(data) > limit:  # grew while read
         raise UnsafePathError(f"{what} {path}: expected at most {limit} bytes, found more")
     return data
+
+
+#: A lone UTF-16 surrogate: JSON's "\\udc80" decodes to one, and no UTF-8 writer can write it.
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def no_surrogates(value):
+    """``value`` with every string in it (keys too, at any depth) free of lone surrogates, each one
+    replaced by U+FFFD: what a file said stays readable, and no later print, HTML, XML or JSON write
+    can fail on it (a string from a file is made safe once, where it enters)."""
+    if isinstance(value, str):
+        return _SURROGATE.sub("\ufffd", value) if _SURROGATE.search(value) else value
+    if isinstance(value, dict):
+        return {no_surrogates(k): no_surrogates(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [no_surrogates(v) for v in value]
+    return value
+
+
+def loads_untrusted(raw: bytes | str):
+    """The JSON document of an untrusted file (a port's outputs header, a manifest, a summary, a name
+    or tolerance table): a key given twice refused (:class:`DuplicateKeyError`), every string freed
+    of lone surrogates (:func:`no_surrogates`). Raises ``ValueError`` (``UnicodeDecodeError``,
+    ``json.JSONDecodeError``, :class:`DuplicateKeyError`) or ``RecursionError`` as ``json.loads`` does."""
+    import json
+
+    text = raw.decode("utf-8") if isinstance(raw, bytes | bytearray) else raw
+    return no_surrogates(json.loads(text, object_pairs_hook=no_duplicate_keys))
 
 
 class DuplicateKeyError(ValueError):

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import copy
 import hashlib
-import json
 import math
 import re
 from collections import Counter
@@ -29,7 +28,7 @@ from gdncheck.conformance.judge.records import (
 )
 from gdncheck.errors import GDNError
 from gdncheck.stages import PIPELINE_ORDER, STAGE_NAMES, TENSOR_BY_NAME, tensor_rank
-from gdncheck.untrusted import UnsafePathError, read_bounded
+from gdncheck.untrusted import UnsafePathError, loads_untrusted, read_bounded
 
 from . import packed
 
@@ -63,7 +62,7 @@ def load_summary(summary: str | Path | dict) -> CheckedSummary:
     else:
         path = Path(summary)
         try:
-            doc = json.loads(read_bounded(path, MAX_SUMMARY_BYTES, "summary").decode("utf-8"))
+            doc = loads_untrusted(read_bounded(path, MAX_SUMMARY_BYTES, "summary"))
         except FileNotFoundError:
             raise ReportInputError(f"no summary file {path}: write one with `gdncheck verify ... --summary {path}`") \
                 from None
@@ -71,7 +70,7 @@ def load_summary(summary: str | Path | dict) -> CheckedSummary:
             raise ReportInputError(str(exc)) from None
         except RecursionError:
             raise ReportInputError(f"{path}: expected a JSON verify summary, found JSON nested too deep") from None
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        except (OSError, ValueError) as exc:  # not UTF-8, not JSON, a key twice
             raise ReportInputError(f"{path}: expected a JSON verify summary, found unreadable content ({exc})") \
                 from None
     if not isinstance(doc, dict) or doc.get("schema") != SUMMARY_SCHEMA:

@@ -9,6 +9,7 @@ A file that is gone or unreadable gives a note, never an exception.
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -109,6 +110,11 @@ class CaseFiles:
         """A record's tensor as verify judged it: a packed call's stream tensor, ``[total_tokens, ...]``
         in the file, as one row ``[1, total_tokens, ...]``."""
         lay = self.serving.get(rec["step"])
+        declared, expected = rec.get("shape"), rec.get("expected_shape")
+        if side == "actual" and declared is not None and expected is not None and \
+                math.prod(declared) != math.prod(expected):  # bounded by the golden: a declared 3 GB is never read
+            return None, (f"outputs tensor {(rec.get(ref_key) or {}).get('key')} has shape {list(declared)}, not the "
+                          f"golden's {list(expected)}: not read")
         arr, note = self.read(side, rec.get(ref_key), packed.judged_shape(lay, rec["tensor"], rec.get(shape_key)))
         return (packed.as_seen(arr, lay, rec["tensor"]) if arr is not None else None), note
 

@@ -21,7 +21,6 @@ are always reported.
 
 from __future__ import annotations
 
-import json
 import math
 import re
 from pathlib import Path
@@ -31,6 +30,7 @@ import numpy as np
 
 from gdncheck.fixtures.manifest import FixtureError
 from gdncheck.stages import KNOWN_TENSORS, TENSOR_ORDER
+from gdncheck.untrusted import loads_untrusted
 
 NAMES_DIR = Path(__file__).with_name("names")
 NAMES_FORMAT = "gdncheck-names"
@@ -139,7 +139,7 @@ def load_names(spec: str | None) -> NameTable | None:
     try:
         if path.stat().st_size > MAX_TABLE_BYTES:
             raise FixtureError(f"name table {path}: more than {MAX_TABLE_BYTES} bytes")
-        doc = json.loads(path.read_text(encoding="utf-8"))
+        doc = loads_untrusted(path.read_bytes())
     except RecursionError:
         raise FixtureError(f"name table {path}: not usable JSON (nested too deep)") from None
     except (OSError, ValueError) as exc:

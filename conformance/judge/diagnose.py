@@ -253,6 +253,9 @@ def _read_pair(judge, rec) -> tuple[np.ndarray | None, np.ndarray | None]:
     key = (rec.expected_ref or {}).get("key")
     if key is None or judge.outs is None or judge.gold is None or key not in judge.outs or key not in judge.gold:
         return None, None
+    shape = tuple(judge.gold.shape_of(key))
+    if tuple(judge.outs.shape_of(key, shape)) != shape:  # bounded by the header: never more than the golden
+        return None, None
     return (np.asarray(judge.outs.read(key, judge.gold.shape_of(key)), dtype=np.float64),
             np.asarray(judge.gold.read(key), dtype=np.float64))
 

@@ -19,7 +19,6 @@ visit edges no checkpoint has (docs/tolerances.md §3).
 from __future__ import annotations
 
 import hashlib
-import json
 import math
 import re
 from dataclasses import dataclass
@@ -29,7 +28,7 @@ from pathlib import Path
 from gdncheck.errors import GDNError
 from gdncheck.harness import END_TO_END
 from gdncheck.profiles import VERIFY_PROFILES
-from gdncheck.untrusted import UnsafePathError, read_bounded
+from gdncheck.untrusted import UnsafePathError, loads_untrusted, read_bounded
 
 TABLE_PATH = Path(__file__).with_name("tolerances.json")
 TABLE_FORMAT = "gdncheck-tolerances"
@@ -116,7 +115,7 @@ class ToleranceTable:
 def _load(path: str) -> ToleranceTable:
     try:
         raw = read_bounded(path, MAX_TABLE_BYTES, "tolerance table")
-        data = json.loads(raw)
+        data = loads_untrusted(raw)
     except FileNotFoundError:
         raise ToleranceError(f"expected a tolerance table at {path}, found none") from None
     except UnsafePathError as exc:

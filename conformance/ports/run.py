@@ -49,7 +49,7 @@ from gdncheck.harness.program import ProgramError
 from gdncheck.profiles import RUN_PROFILES
 from gdncheck.safetensors_io import SafetensorsFile, write_safetensors
 from gdncheck.stages import layer_stage_names, stage_outputs
-from gdncheck.untrusted import safe_path, safe_text
+from gdncheck.untrusted import no_surrogates, safe_path, safe_text
 from gdncheck.weights import LayerWeights
 
 from .plugin import check_options, load_factory, parse_options
@@ -149,7 +149,8 @@ def run_impl(impl: str | Callable, fixtures_dir: str | Path, out_dir: str | Path
                 progress(report.cases[-1])
             continue
         meta = {"format": OUTPUTS_FORMAT, "format_version": OUTPUTS_FORMAT_VERSION, "case": entry["id"],
-                "implementation": impl_name or name, "profile": profile, "mode": mode_name(stage_isolated),
+                "implementation": no_surrogates(str(impl_name or name)), "profile": profile,
+                "mode": mode_name(stage_isolated),
                 "fixture_sha256": entry["sha256"], "generator": f"gdncheck {__version__}", "command": command}
         if error:
             meta.update({"error_code": error["code"], "error_message": error["message"],
