@@ -187,6 +187,8 @@ class Summary:
     tool: dict
     cases: list[CaseReport] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    #: verify's max_fail stopped judging early: {max_fail, cases_judged, cases_not_judged}; None: it did not
+    stopped_early: dict | None = None
 
     @property
     def exit_code(self) -> int:
@@ -276,6 +278,7 @@ class Summary:
             "totals": self.totals(),
             "coverage": self.coverage(),
             "notes": self.notes,
+            "stopped_early": self.stopped_early,
             "cases": [c.to_json() for c in self.cases],
         })
 

@@ -38,7 +38,8 @@ def verify(fixtures_dir: str | Path, outputs_dir: str | Path, profile: str, *, c
            tags: list[str] | None = None, shard: tuple[int, int] | None = None, stage_isolated: bool = False,
            tolerances: str | Path | ToleranceTable | None = None,
            progress: Callable[[CaseReport], None] | None = None, names: str | None = None,
-           diagnose: Callable | None = None, manifest_sha256: str | None = None) -> Summary:
+           diagnose: Callable | None = None, manifest_sha256: str | None = None,
+           max_fail: int | None = None) -> Summary:
     """Verify the outputs in ``outputs_dir`` against the fixtures in ``fixtures_dir`` at ``profile``.
 
     ``cases`` (ids or id prefixes), ``tags`` and ``shard=(i, n)`` select cases; ``names`` reads the
@@ -47,7 +48,10 @@ def verify(fixtures_dir: str | Path, outputs_dir: str | Path, profile: str, *, c
     cannot start: the fixture folder unusable (no readable manifest, another manifest than the pinned
     one), a selection of no case (:class:`~gdncheck.fixtures.manifest.SelectionError`), an unknown
     name table or profile. ``diagnose`` (a :class:`~.diagnose.Diagnoser`) names the likely cause of
-    each failing case at its first divergence; it never changes a verdict.
+    each failing case at its first divergence; it never changes a verdict. ``max_fail`` stops judging
+    once that many cases fail: the cases left are not judged, and the summary says so (a note, and
+    ``summary.stopped_early``: ``{max_fail, cases_judged, cases_not_judged}``, else None); its verdict
+    stays "does not conform", never a pass.
     """
     table = tolerances if isinstance(tolerances, ToleranceTable) else load_table(tolerances)
     name_table = load_names(names)
@@ -79,7 +83,8 @@ def verify(fixtures_dir: str | Path, outputs_dir: str | Path, profile: str, *, c
             if progress:
                 progress(summary.cases[-1])
     impls: dict[str, dict] = {}  # case -> the metadata of its usable outputs file
-    for entry in entries:
+    failed = 0
+    for done, entry in enumerate(entries, 1):
         judge = CaseJudge(Path(fixtures_dir), Path(outputs_dir), entry, profile, table, stage_isolated, name_table)
         report = judge.run()
         if diagnose is not None and report.status == "fail":
@@ -89,6 +94,14 @@ def verify(fixtures_dir: str | Path, outputs_dir: str | Path, profile: str, *, c
         summary.cases.append(report)
         if progress:
             progress(report)
+        failed += report.status == "fail"
+        if max_fail is not None and failed >= max_fail and done < len(entries):
+            left = len(entries) - done
+            summary.stopped_early = {"max_fail": max_fail, "cases_judged": len(summary.cases),
+                                     "cases_not_judged": left}
+            summary.notes.append(f"stopped early: {failed} case(s) failed (max_fail {max_fail}), so {left} of the "
+                                 f"{len(entries)} selected case(s) were not judged")
+            break
     summary.implementation = _implementation(impls, profile, summary)
     return summary
 

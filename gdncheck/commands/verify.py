@@ -22,7 +22,14 @@ not start (a selection of no case, a bad path).
 Coverage (fixtures/FORMAT.md §2): a case that needs no optional feature must be judged (declaring it
 not applicable fails it), a case that judged no tensor is no pass, and a run that judged nothing
 never exits 0. An earlier summary at the same path is removed before anything runs, so a run that
-stops early leaves no stale verdict behind."""
+stops early leaves no stale verdict behind.
+
+A failing port reads from the top: passing cases stream by as they are judged (-q drops them);
+then the failing cases in groups (how many first diverge at each stage and tensor, how many have
+each likely cause), one line per failing case, and the full text (message, repro line, likely
+cause) of the first --details N of them. --max-fail N (-x: 1) stops judging after N failing
+cases; the summary says so (stopped_early) and the verdict stays "does not conform". Colour only
+on a terminal, never with NO_COLOR set."""
 
 
 def configure(p: argparse.ArgumentParser) -> None:
@@ -49,7 +56,44 @@ def configure(p: argparse.ArgumentParser) -> None:
                         "known bug class on the case (docs/meta.md)")
     p.add_argument("--fixtures-sha256", metavar="SHA256",
                    help="refuse a fixture folder whose manifest.json has another sha256 (pin a vendored suite)")
+    p.add_argument("--details", type=details_count, default=None, metavar="N|all",
+                   help=f"print the full text (message, repro line, likely cause) of N failing cases: the first "
+                        f"of each first-divergence group, then the next in order; every other failing case gets "
+                        f"one line (default {DETAILS}, all with --verbose; 'all': every failing case)")
+    p.add_argument("--max-fail", type=positive_count, default=None, metavar="N",
+                   help="stop judging after N failing cases: the cases left are not judged, the summary says so "
+                        "(stopped_early) and the verdict is 'does not conform' (exit 1; 2 if some inputs were "
+                        "unusable), never a pass")
+    p.add_argument("-x", dest="max_fail", action="store_const", const=1,
+                   help="stop judging at the first failing case (--max-fail 1)")
     add_output_arguments(p, json_what="the summary (also written to --summary's file unless that is '-')")
+
+
+#: failing cases whose full text verify prints by default (the others: one line each)
+DETAILS = 3
+
+
+def details_count(text: str) -> int | str:
+    """``--details``: a count (0 or more), or ``all``."""
+    if text == "all":
+        return "all"
+    try:
+        n = int(text)
+    except ValueError:
+        n = -1
+    if n < 0:
+        raise argparse.ArgumentTypeError(f"expected a number of cases (0 or more) or 'all', found {text!r}")
+    return n
+
+
+def positive_count(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"expected a number of failing cases (1 or more), found {text!r}")
+    return n
 
 
 def run(args: argparse.Namespace) -> int:
@@ -70,17 +114,19 @@ def run(args: argparse.Namespace) -> int:
     def say(text: str) -> None:
         con.say(safe_text(text, keep_newlines=True))
 
+    failures = []  # failing cases: printed after judging, under their groups
+    judged = [0]
+
     def progress(c):
-        text = safe_text(case_text(c), keep_newlines=True)  # each piece one line, port strings made visible
-        (con.progress if c.status in ("pass", "not_applicable") else con.say)(text)
-        if c.status == "fail" and c.diagnosis:
-            say(f"      likely cause: {safe_text(c.diagnosis['text'])}")
-        if args.verbose and c.status == "fail":
-            for r in c.records:
-                if r.verdict == "fail" and r.message != c.message:
-                    say(f"      also: {safe_text(r.message)}")
-        for note in c.notes:
-            con.progress(safe_text(f"      note: {safe_text(note)}", keep_newlines=True))
+        judged[0] += 1
+        if c.status == "fail":
+            failures.append(c)
+        else:
+            text = con.mark(safe_text(case_text(c), keep_newlines=True))  # port strings made visible
+            (con.progress if c.status in ("pass", "not_applicable") else con.say)(text)
+            for note in c.notes:
+                con.progress(safe_text(f"      note: {safe_text(note)}", keep_newlines=True))
+        con.status(f"judged {judged[0]} case(s)" + (f", {len(failures)} failing" if failures else ""))
 
     # every path checked, and the stale results removed, before anything is judged
     outputs = Path(args.outputs)
@@ -100,10 +146,20 @@ def run(args: argparse.Namespace) -> int:
     for stale in (path if to_file else None, junit_path):
         if stale is not None and stale.is_file():
             stale.unlink()
-    summary = verify(args.fixtures, args.outputs, args.profile, cases=args.case, tags=args.tag,
-                     shard=parse_shard(args.shard), stage_isolated=args.stage_isolated, tolerances=args.tolerances,
-                     progress=progress, names=args.names, diagnose=diagnoser(args),
-                     manifest_sha256=args.fixtures_sha256)
+    try:
+        summary = verify(args.fixtures, args.outputs, args.profile, cases=args.case, tags=args.tag,
+                         shard=parse_shard(args.shard), stage_isolated=args.stage_isolated,
+                         tolerances=args.tolerances, progress=progress, names=args.names, diagnose=diagnoser(args),
+                         manifest_sha256=args.fixtures_sha256, max_fail=args.max_fail)
+    except KeyboardInterrupt:  # the failing cases held back so far are not lost with the run
+        con.clear_status()
+        for c in failures:
+            con.say(con.mark(safe_text(f"FAIL  {c.id}: first divergence {c.first_divergence}")))
+        raise
+    finally:
+        con.clear_status()
+    doc = summary.to_json()
+    stopped = summary.stopped_early
     if to_file:
         summary.write(path)
     if junit_path:
@@ -112,23 +168,178 @@ def run(args: argparse.Namespace) -> int:
         junit = JUnit("gdncheck verify")
         add_verify_summary(junit, summary)
         junit.write(junit_path)
+    if failures:
+        for line in failure_lines(failures, doc, args, con, path if to_file else None):
+            con.say(line)
     t = summary.totals()
     for note in summary.notes:
         say(f"note: {safe_text(note)}")
     say(summary.coverage_line())
-    say(f"{summary.verdict()}: {t['passed']}/{t['cases']} cases pass, {t['failed']} fail, {t['errors']} unusable, "
+    early = (f"; stopped early after {stopped['max_fail']} failing case(s), {stopped['cases_not_judged']} case(s) "
+             f"not judged" if stopped else "")
+    con.say(con.mark(safe_text(
+        f"{summary.verdict()}: {t['passed']}/{t['cases']} cases pass, {t['failed']} fail, {t['errors']} unusable, "
         f"{t['not_applicable']} not applicable; "
         f"{t['records'] - t['records_missing']} tensors judged, {t['records_failed']} failed, "
-        f"{t['records_missing']} not provided "
+        f"{t['records_missing']} not provided{early} "
         f"[{safe_text(summary.implementation.get('name'))}, profile {args.profile}, {summary.mode}]; summary: "
-        f"{path if to_file else 'stdout'}")
+        f"{path if to_file else 'stdout'}")))
     if args.report:
         from gdncheck.reports import write_report
 
-        index = write_report(summary.to_json(), args.report, fixtures_dir=args.fixtures, outputs_dir=args.outputs)
+        index = write_report(doc, args.report, fixtures_dir=args.fixtures, outputs_dir=args.outputs)
         con.progress(safe_text(f"report: {index}"))
-    con.emit_json(summary.to_json())
+    con.emit_json(doc)
     return summary.exit_code
+
+
+def failure_lines(failures: list, doc: dict, args: argparse.Namespace, con: Console, summary_path) -> list[str]:
+    """The failing cases, after judging: their groups (first divergence, likely cause), then one line
+    per case, the full text of the ``--details`` first (one per first-divergence group first)."""
+    import os
+
+    from gdncheck.untrusted import one_line, safe_text
+
+    from .grouping import failure_groups
+
+    try:
+        groups = failure_groups(doc)
+    except Exception as exc:  # noqa: BLE001 - the groups are a reading aid: never lose the cases and the verdict
+        if os.environ.get("GDN_DEBUG"):
+            raise
+        groups = None
+        problem = safe_text(f"(the failing cases could not be grouped: {type(exc).__name__}: {exc}; a gdncheck bug)")
+    given = getattr(args, "details", None)  # None: not given (--verbose then means all)
+    limit = None if given == "all" or (given is None and args.verbose) else DETAILS if given is None else given
+    shown = pick_details([c.id for c in failures], groups, limit)
+    repro = Repro(args)
+    lines = groups.lines() if groups is not None else [problem]
+    for c in failures:
+        lines.append(con.mark(safe_text(f"FAIL  {c.id}: first divergence {c.first_divergence}")))
+        if c.id not in shown:
+            continue
+        if c.message:
+            lines.append(f"      {one_line(c.message)}")
+        lines.append(f"      repro: {safe_text(repro(c))}")
+        if c.diagnosis:
+            lines.append(f"      likely cause: {safe_text(c.diagnosis.get('text'))}")
+        if args.verbose:
+            lines += [f"      also: {safe_text(r.message)}" for r in c.records
+                      if r.verdict == "fail" and r.message != c.message]
+        if not args.quiet:
+            lines += [f"      note: {safe_text(note)}" for note in c.notes]
+    hidden = len(failures) - len(shown)
+    if hidden:
+        where = f"; the summary {summary_path} holds every one" if summary_path else ""
+        lines.append(safe_text(f"({hidden} failing case(s) on one line only: --details all prints each one's "
+                               f"message, repro and likely cause{where})"))
+    return lines
+
+
+def pick_details(failing: list[str], groups, limit: int | None) -> set[str]:
+    """The failing cases whose full text is printed: the first case of each first-divergence group
+    (most cases first), then the next cases in order, ``limit`` in all (None: every one)."""
+    if limit is None:
+        return set(failing)
+    picked: list[str] = []
+    for g in groups.stages if groups is not None else []:
+        if len(picked) < limit and g.cases and g.cases[0] not in picked:
+            picked.append(g.cases[0])
+    for case in failing:
+        if len(picked) >= limit:
+            break
+        if case not in picked:
+            picked.append(case)
+    return set(picked)
+
+
+class Repro:
+    """A failing case's repro line as the console prints it: the run that made its outputs (from the
+    outputs' metadata) and this verify, with the paths as the user typed them (a relative path stays
+    relative), the default fixture folder left out (it is the default), verify's own options
+    (``--names``, ``--tolerances``) kept, and the case named by the shortest id prefix that selects it
+    alone in the suite. The summary's ``repro`` field keeps the judge's full form."""
+
+    def __init__(self, args: argparse.Namespace):
+        from gdncheck.fixtures.manifest import DEFAULT_DIR
+
+        self.args = args
+        self.default = str(DEFAULT_DIR)
+        self.ids = _suite_ids(args.fixtures)
+
+    def _is_default(self, folder: str) -> bool:
+        """``folder`` is the default suite as argparse fills it in (not typed: a typed path is kept)."""
+        import os
+
+        return os.path.normpath(str(folder)) == os.path.normpath(self.default)
+
+    def case(self, case_id: str) -> str:
+        """The shortest prefix of ``case_id`` at a ``_`` boundary that no other case of the suite starts with."""
+        if not self.ids or case_id not in self.ids:
+            return case_id
+        parts = case_id.split("_")
+        for k in range(1, len(parts)):
+            prefix = "_".join(parts[:k])
+            if sum(i.startswith(prefix) for i in self.ids) == 1:
+                return prefix
+        return case_id
+
+    def verify_command(self, case: str) -> list[str]:
+        a = self.args
+        cmd = ["gdncheck", "verify"]
+        if not self._is_default(a.fixtures):
+            cmd += ["--fixtures", a.fixtures]
+        cmd += ["--outputs", a.outputs, "--profile", a.profile]
+        cmd += ["--stage-isolated"] if a.stage_isolated else []
+        cmd += ["--names", a.names] if a.names else []
+        cmd += ["--tolerances", a.tolerances] if a.tolerances else []
+        return cmd + ["--case", case]
+
+    def run_command(self, c) -> str | None:
+        """The run command the judge put in front of its repro (the outputs' ``command``), without a
+        ``--fixtures`` that names the default suite."""
+        import shlex
+        from pathlib import Path
+
+        from gdncheck.conformance.judge.messages import repro as judge_repro
+
+        a = self.args
+        tail = f" --case {c.id} && " + judge_repro(str(Path(a.fixtures)), str(Path(a.outputs)), a.profile, c.id,
+                                                    stage_isolated=a.stage_isolated)
+        text = c.repro or ""
+        if not text.endswith(tail) or len(text) == len(tail):
+            return None
+        command = text[:-len(tail)]
+        try:
+            words = shlex.split(command)
+        except ValueError:
+            return command
+        at = next((i for i in range(len(words) - 1) if words[:2] == ["gdncheck", "run"]
+                   and words[i] == "--fixtures" and self._is_default(words[i + 1])), None)
+        if at is None:
+            return command
+        return shlex.join(words[:at] + words[at + 2:])
+
+    def __call__(self, c) -> str:
+        import shlex
+
+        case = self.case(c.id)
+        verify = shlex.join(self.verify_command(case))
+        run = self.run_command(c)
+        return f"{run} --case {shlex.quote(case)} && {verify}" if run else verify
+
+
+def _suite_ids(fixtures: str) -> list[str] | None:
+    """Every case id of the fixture suite's manifest (broken entries too), or None when unreadable."""
+    from gdncheck.errors import GDNError
+    from gdncheck.fixtures.manifest import load_manifest
+
+    problems: list = []
+    try:
+        manifest = load_manifest(fixtures, problems)
+    except (GDNError, OSError, ValueError):
+        return None
+    return [str(e["id"]) for e in manifest["cases"]] + [str(p.case) for p in problems]
 
 
 def diagnoser(args: argparse.Namespace):

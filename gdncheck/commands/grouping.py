@@ -1,0 +1,99 @@
+"""The failing cases of a verify summary in groups: where they first diverge, and their likely causes.
+
+``gdncheck verify`` prints these groups above its one line per failing case, so that a port failing
+every case reads "32 first diverge at gated_norm/core_gated" before 32 case lines. The first
+divergence groups are the Markdown summary's (:func:`gdncheck.reports.model.build`'s
+``first_stages``: a stage, or the reason of a failure without a tensor), each split by the tensor
+that diverges there; the likely causes group the cases by their diagnosis (docs/verify.md, "The
+likely cause"): the bug class a case matches, or why it has none. Both count cases of status
+``fail`` only, each case once.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+
+from gdncheck.untrusted import safe_text
+
+#: groups of one kind printed; the others are counted on one line
+MAX_GROUPS = 6
+#: the likely-cause group of cases without a diagnosis (none asked for, or nothing to compare)
+NO_DIAGNOSIS = "no diagnosis"
+
+
+@dataclass
+class Group:
+    label: str
+    cases: list[str] = field(default_factory=list)  # case ids, in the summary's order
+
+    @property
+    def count(self) -> int:
+        return len(self.cases)
+
+
+@dataclass
+class Groups:
+    cases: int  # cases in the summary
+    failed: list[str]  # the failing cases' ids, in the summary's order
+    stages: list[Group]  # first divergence: "stage/tensor" (or the stage, or a reason), most cases first
+    causes: list[Group]  # likely cause, most cases first
+
+    def lines(self, limit: int = MAX_GROUPS) -> list[str]:
+        """``32 of 50 case(s) fail:`` then a line per group (count, what), at most ``limit`` of each kind."""
+        if not self.failed:
+            return []
+        width = len(str(len(self.failed)))
+        out = [f"{len(self.failed)} of {self.cases} case(s) fail:"]
+        causes = [] if [g.label for g in self.causes] == [NO_DIAGNOSIS] else self.causes  # --diagnose 0
+        for kind, groups, say in (("stage", self.stages, "first diverge at "), ("cause", causes, "likely cause: ")):
+            for g in groups[:limit]:
+                out.append(safe_text(f"  {g.count:>{width}} {say}{g.label}"))
+            rest = groups[limit:]
+            if rest:
+                what = "first diverge elsewhere" if kind == "stage" else "have other likely causes"
+                out.append(f"  {sum(g.count for g in rest):>{width}} {what} ({len(rest)} more group(s): "
+                           f"see the summary)")
+        return out
+
+
+def cause_label(diagnosis: dict | None) -> str:
+    """The likely-cause group of a failing case's diagnosis (the summary's ``diagnosis``)."""
+    if not isinstance(diagnosis, dict):  # --diagnose 0, or nothing to compare (the port raised)
+        return NO_DIAGNOSIS
+    verdict = diagnosis.get("verdict")
+    if verdict == "matches":
+        return f"matches: {diagnosis.get('bug_class') or diagnosis.get('candidate')}"
+    if verdict == "none":
+        return "no known bug class matches"
+    if verdict == "skipped":
+        return str(diagnosis.get("text") or "not diagnosed")
+    return "no diagnosis (the diagnosis failed: see the case)"
+
+
+def failure_groups(doc: dict) -> Groups:
+    """The groups of a verify summary document (``Summary.to_json()`` or a summary file's JSON)."""
+    from gdncheck.reports.model import build  # the Markdown summary's grouping, not a copy of it
+
+    # the view of the failing cases only, without their records: the groups read a case's first
+    # divergence and diagnosis, nothing else (a view of every record costs a second on a large suite)
+    view = build({**doc, "cases": [{**c, "records": []} for c in doc["cases"] if c.get("status") == "fail"]})
+    failing = view.cases
+    stages: list[Group] = []
+    for key, _ in view.first_stages:  # stage (or reason), most cases first
+        members = view.first_cases[key]
+        by_tensor = Counter(c.first.tensor for c in members)
+        for tensor, _ in by_tensor.most_common():
+            label = f"{key}/{tensor}" if tensor and key != tensor else key
+            stages.append(Group(label, [c.id for c in members if c.first.tensor == tensor]))
+    grouped = {i for g in stages for i in g.cases}
+    lost = [c.id for c in failing if c.id not in grouped]
+    if lost:
+        stages.append(Group("no recorded first divergence", lost))
+    causes: dict[str, Group] = {}
+    for c in failing:
+        label = cause_label(c.raw.get("diagnosis"))
+        causes.setdefault(label, Group(label)).cases.append(c.id)
+    # a named bug class first, then the cases without one; most cases first, ties in order of appearance
+    ordered = sorted(causes.values(), key=lambda g: (not g.label.startswith("matches: "), -g.count))
+    return Groups(len(doc["cases"]), [c.id for c in failing], stages, ordered)
