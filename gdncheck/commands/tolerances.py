@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from gdncheck.harness.outputs import END_TO_END, MODES
+from gdncheck.harness.outputs import END_TO_END, MODES, STAGE_ISOLATED
 from gdncheck.profiles import VERIFY_PROFILES
 
 DESCRIPTION = """\
@@ -13,21 +13,26 @@ the envelope of correct low-precision implementations (docs/tolerances.md).
 
   show     print the global bounds per profile (one case recipe's with --case, the property suite's
            with --properties)
-  derive   re-derive the table from data and write it (--suite default: 4 to 8 minutes with --jobs 2)"""
+  derive   re-derive the table from data and write it; by default from --suite full, the committed
+           suite's recipes plus real Qwen3.5 sizes (21 minutes and 7.7 GB with --jobs 2 when last
+           measured, for table v2); --suite default, the committed suite's recipes alone, takes 4 to 8
+           minutes with --jobs 2 but drops the real-size rows (docs/tolerances.md)"""
 
 
 def configure(p: argparse.ArgumentParser) -> None:
     sub = p.add_subparsers(dest="action", metavar="ACTION", required=True)
     s = sub.add_parser("show", help="print bounds")
-    s.add_argument("--mode", choices=MODES, default=END_TO_END)
+    s.add_argument("--mode", choices=MODES, default=END_TO_END,
+                   help=f"the bounds of whole programs ({END_TO_END}, the default) or of each stage run alone "
+                        f"from golden inputs ({STAGE_ISOLATED}: verify --stage-isolated)")
     s.add_argument("--case", help="a case id or recipe (default: the global bounds)")
     s.add_argument("--properties", action="store_true",
                    help="the bounds of layers the property suite generates (end to end; not with --case)")
     s.add_argument("--table", help="table file (default: the packaged one)")
-    d = sub.add_parser("derive", help="re-derive the table")
+    d = sub.add_parser("derive", help="re-derive the table (default --suite full)")
     d.add_argument("--out", help="where to write it (default: conformance/judge/tolerances.json of a source "
                         "checkout; an installed gdncheck needs --out)")
-    d.add_argument("--jobs", type=int, default=1)
+    d.add_argument("--jobs", type=int, default=1, help="worker processes running the observations (default 1)")
     d.add_argument("-q", "--quiet", action="store_true", help="no line per observation: the file written only")
     d.add_argument("--seeds", default="1,2,3,4", help="comma-separated seeds (default 1,2,3,4; never 0)")
     d.add_argument("--suite", choices=("default", "full"), default="full",
