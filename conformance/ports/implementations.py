@@ -16,6 +16,9 @@
 ``mlx``
     Apple MLX's own ``mlx_lm.models.qwen3_5.DecoderLayer`` and ``ArraysCache`` (:mod:`.mlx`; the ``mlx``
     extra), profiles ``f32`` and ``bf16``; what it cannot express is reported not applicable.
+``fla``
+    flash-linear-attention's gated delta rule (``fla.ops.gated_delta_rule``; :mod:`.fla`, the ``fla`` extra),
+    stage-isolated only (``--stage-isolated``), ``--option kernel=naive|naive_chunk|fused_recurrent|chunk``.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from gdncheck.errors import GDNError
 from gdncheck.fixtures.reference_impl import reference_f64
 from gdncheck.harness import LayerAdapter, module_stage_runner
 
+from .fla import fla
 from .hf import hf
 from .mlx import mlx
 
@@ -97,4 +101,4 @@ def triton(cfg: GDNConfig, weights, *, profile: str = "f32", strict: bool = Fals
                    stage_runner=runner, serving=serving, serving_options={"capture": capture})
 
 
-BUILTIN = {"reference": reference, "triton": triton, "hf": hf, "mlx": mlx}
+BUILTIN = {"reference": reference, "triton": triton, "hf": hf, "mlx": mlx, "fla": fla}

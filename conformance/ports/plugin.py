@@ -1,4 +1,4 @@
-"""Loading an implementation by name: a built-in (``reference``, ``triton``, ``hf``, ``mlx``) or a plug-in
+"""Loading an implementation by name: a built-in (``reference``, ``triton``, ``hf``, ``mlx``, ``fla``) or a plug-in
 ``MODULE:CALLABLE`` (the port contract, :mod:`gdncheck.harness.contract`; docs/plugins.md),
 and the ``--option KEY=VALUE`` pairs passed to its factory, checked before anything runs
 (:func:`check_options`): an option the factory does not take is a usage error, not one raised case
@@ -45,7 +45,7 @@ def parse_spec(spec: object) -> tuple[str, str] | None:
 
 
 def load_factory(spec: str) -> Callable[..., Implementation]:
-    """A built-in name (``reference``, ``triton``, ``hf``, ``mlx``) or ``MODULE:CALLABLE`` -> the factory
+    """A built-in name (``reference``, ``triton``, ``hf``, ``mlx``, ``fla``) or ``MODULE:CALLABLE`` -> the factory
     (:func:`parse_spec` reads the name). A module that cannot be imported, or whose import raises, and
     an attribute that is missing or not callable are :class:`GDNError` naming the implementation."""
     parsed = parse_spec(spec)
@@ -107,6 +107,7 @@ BUILTIN_OPTIONS: dict[str, tuple[str, ...]] = {
     "triton": ("device", "capture", "delta_rule", "chunk_size"),
     "hf": (),
     "mlx": (),
+    "fla": ("kernel", "chunk_size", "device"),
 }
 #: Parameters every factory receives from the runner, never from ``--option``.
 RUNNER_PARAMS = ("cfg", "weights", "profile", "strict")

@@ -15,15 +15,17 @@ Run an implementation over the fixture cases and write its outputs in the port f
 
 IMPL is `reference` (the float64 reference in profile f64; its precision emulation in f32, bf16,
 f16), `triton` (gdncheck.gpu_impl, on GDN_DEVICE), `hf` (Hugging Face transformers' own layer and
-cache, the hf extra; what it cannot express is reported not applicable), or MODULE:CALLABLE, a
-factory of the plug-in contract: CALLABLE(cfg, weights, *, profile, strict, **options) ->
-implementation (docs/plugins.md)."""
+cache, the hf extra), `mlx` (Apple MLX's mlx-lm Qwen3.5 layer, the mlx extra), `fla`
+(flash-linear-attention's gated delta rule, stage-isolated, the fla extra; --option kernel=...) — an
+engine's adapter reports what the engine cannot express not applicable (docs/engines.md) —, or
+MODULE:CALLABLE, a factory of the plug-in contract: CALLABLE(cfg, weights, *, profile, strict,
+**options) -> implementation (docs/plugins.md)."""
 
 
 def configure(p: argparse.ArgumentParser) -> None:
     from gdncheck.fixtures.manifest import DEFAULT_DIR
 
-    p.add_argument("impl", metavar="IMPL", help="reference | triton | hf | MODULE:CALLABLE")
+    p.add_argument("impl", metavar="IMPL", help="reference | triton | hf | mlx | fla | MODULE:CALLABLE")
     p.add_argument("--fixtures", default=str(DEFAULT_DIR), help=f"fixture folder (default {DEFAULT_DIR})")
     p.add_argument("--out", required=True, help="folder for the outputs (created; never a fixture suite, inside one "
                                                 "or around the one in use)")
