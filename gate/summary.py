@@ -57,6 +57,7 @@ def profile_section(summary: Summary, path: Path, known: dict[str, XFail], secon
     return {
         "verdict": VERDICTS[code] if code != 2 else summary.verdict(), "exit_code": code,
         "totals": summary.totals(), "coverage": summary.coverage(), "summary": str(path),
+        "tolerances": {k: summary.tolerances.get(k) for k in ("sha256", "shipped_sha256", "shipped", "looser_bounds")},
         "implementation": safe_text(summary.implementation.get("name")), "seconds": round(seconds, 2),
         "failures": [{"case": c.id, "status": c.status,
                       "first_divergence": c.first_divergence and c.first_divergence.to_json(),

@@ -14,6 +14,12 @@ built from a checkpoint, the full suite) gets the ``global`` bound: the envelope
 A layer the property suite generates gets the ``properties`` bound (:meth:`ToleranceTable.property_bound`):
 the envelope over every recipe and over a stratified sample of the properties' own draws, which
 visit edges no checkpoint has (docs/tolerances.md §3).
+
+The table a release ships is pinned (:data:`SHIPPED_SHA256`, docs/tolerances.md "Pinned"): the packaged
+file must hash to it, or nothing is judged with it. Another table (``--tolerances``) may be stricter
+freely; one that loosens any shipped bound is refused unless asked for by name
+(``allow_looser=True``, ``--allow-looser-tolerances``), and then every verdict judged with it says so
+(:attr:`ToleranceTable.looser`, the summary's ``tolerances.looser_bounds`` and a note).
 """
 
 from __future__ import annotations
@@ -36,6 +42,11 @@ TABLE_FORMAT = "gdncheck-tolerances"
 MAX_TABLE_BYTES = 64 * 1024 * 1024
 #: The rows that judge a layer the property suite generates (end to end only).
 PROPERTY_ROWS = "properties"
+#: sha256 of the packaged tolerances.json this release ships (re-derived tables update it: it is the
+#: one line a review sees change when a bound moves)
+SHIPPED_SHA256 = "1d3f3f30eb5d84f89d95c1e229896a79315dc5a19786d5a5b3d384445d776b16"
+#: how many loosened bounds an error message lists
+LISTED_LOOSER = 3
 
 
 class ToleranceError(GDNError):
@@ -66,6 +77,7 @@ class ToleranceTable:
     data: dict
     sha256: str
     source: str
+    looser: tuple[str, ...] = ()  # the shipped bounds this table loosens (allowed by name only)
 
     @property
     def version(self) -> int:
@@ -108,7 +120,33 @@ class ToleranceTable:
 
     def describe(self) -> dict:
         return {"format": TABLE_FORMAT, "version": self.version, "sha256": self.sha256, "path": self.source,
-                "derivation": self.data.get("derivation", {})}
+                "derivation": self.data.get("derivation", {}), "shipped_sha256": SHIPPED_SHA256,
+                "shipped": self.sha256 == SHIPPED_SHA256, "looser_bounds": len(self.looser)}
+
+    def loosened(self, shipped: ToleranceTable) -> tuple[str, ...]:
+        """Every bound of this table looser than the one ``shipped`` applies to the same lookup (a row the
+        shipped table lacks is compared with the bound the shipped table would use there)."""
+        out = []
+        for mode, profiles in self.data["modes"].items():
+            for profile, sections in profiles.items():
+                rows = [("global", None, sections.get("global", {})),
+                        (PROPERTY_ROWS, None, sections.get(PROPERTY_ROWS, {}))]
+                rows += [("case", recipe, r) for recipe, r in sections.get("cases", {}).items() if isinstance(r, dict)]
+                for section, recipe, tensors in rows:
+                    for tensor in tensors:
+                        mine = self._checked(tensors[tensor], tensor, profile, mode, section)
+                        try:
+                            if section == PROPERTY_ROWS:
+                                theirs = shipped.property_bound(tensor, profile)
+                            else:
+                                theirs = shipped.bound(tensor, profile, mode, f"{recipe}_s0" if recipe else None)
+                        except ToleranceError:
+                            continue  # a tensor the shipped table never judges
+                        if mine.elem > theirs.elem or mine.nmse > theirs.nmse:
+                            where = f"{mode} {profile} {recipe or section} {tensor}"
+                            out.append(f"{where}: elem {mine.elem:.3g} / nmse {mine.nmse:.3g} > shipped "
+                                       f"{theirs.elem:.3g} / {theirs.nmse:.3g}")
+        return tuple(out)
 
 
 @lru_cache(maxsize=4)
@@ -137,5 +175,22 @@ def _load(path: str) -> ToleranceTable:
     return ToleranceTable(data, hashlib.sha256(raw).hexdigest(), str(path))
 
 
-def load_table(path: str | Path | None = None) -> ToleranceTable:
-    return _load(str(Path(path) if path else TABLE_PATH))
+def load_table(path: str | Path | None = None, *, allow_looser: bool = False) -> ToleranceTable:
+    """The packaged table (pinned: :data:`SHIPPED_SHA256`) or the one at ``path``, refused when it loosens
+    a shipped bound unless ``allow_looser`` (module docstring)."""
+    shipped = _load(str(TABLE_PATH))
+    if shipped.sha256 != SHIPPED_SHA256:
+        raise ToleranceError(f"the packaged tolerance table {TABLE_PATH} has sha256 {shipped.sha256}, expected "
+                             f"{SHIPPED_SHA256} (the one this release ships): it was changed; reinstall gdncheck, or "
+                             "name a table with --tolerances (one that loosens a shipped bound also needs "
+                             "--allow-looser-tolerances)")
+    if not path or Path(path).resolve() == TABLE_PATH.resolve():
+        return shipped
+    table = _load(str(Path(path)))
+    looser = table.loosened(shipped)
+    if looser and not allow_looser:
+        shown = "; ".join(looser[:LISTED_LOOSER]) + (f"; and {len(looser) - LISTED_LOOSER} more"
+                                                     if len(looser) > LISTED_LOOSER else "")
+        raise ToleranceError(f"tolerance table {path} loosens {len(looser)} bound(s) of the shipped one ({shown}): "
+                             "pass --allow-looser-tolerances to judge with it anyway (every verdict will say so)")
+    return ToleranceTable(table.data, table.sha256, table.source, looser)

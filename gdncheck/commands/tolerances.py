@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 from gdncheck.harness.outputs import END_TO_END, MODES, STAGE_ISOLATED
 from gdncheck.profiles import VERIFY_PROFILES
@@ -54,8 +55,15 @@ def run(args: argparse.Namespace) -> int:
                             extra_jobs=draws.jobs(seeds), extra_note=draws.note(seeds),
                             progress=None if args.quiet else lambda m: print(f"observed {m}", flush=True))
         path = args.out or tolerances.TABLE_PATH
-        write_bytes_atomic(path, derive.encode_table(doc))
+        data = derive.encode_table(doc)
+        write_bytes_atomic(path, data)
         print(f"wrote {path}")
+        import hashlib
+
+        sha = hashlib.sha256(data).hexdigest()
+        if sha != tolerances.SHIPPED_SHA256 and Path(path).resolve() == tolerances.TABLE_PATH.resolve():
+            print(f"the packaged table changed: set SHIPPED_SHA256 = \"{sha}\" in conformance/judge/tolerances.py "
+                  "(the pin a release ships; until then nothing is judged with it)")
         return 0
     table = tolerances.load_table(args.table)
     if args.properties and (args.case or args.mode != END_TO_END):

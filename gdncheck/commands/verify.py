@@ -42,7 +42,11 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--case", action="append", help="only this case (id or id prefix; repeatable)")
     p.add_argument("--tag", action="append", help="only cases with this tag (repeatable)")
     p.add_argument("--shard", help="I/N: every N-th selected case from the I-th (0-based)")
-    p.add_argument("--tolerances", help="tolerance table (default: the packaged conformance/judge/tolerances.json)")
+    p.add_argument("--tolerances", help="tolerance table (default: the packaged conformance/judge/tolerances.json, "
+                                        "pinned by its sha256); one that loosens a shipped bound is refused unless "
+                                        "--allow-looser-tolerances")
+    p.add_argument("--allow-looser-tolerances", action="store_true",
+                   help="judge with a --tolerances table that loosens shipped bounds; every verdict then says so")
     p.add_argument("--summary", help="where to write the JSON summary (default OUTPUTS/verify-summary-PROFILE.json; "
                                      "'-': to stdout, as --json)")
     p.add_argument("--junit", help="also write JUnit XML here (one testcase per case and stage; for CI publishers)")
@@ -150,7 +154,8 @@ def run(args: argparse.Namespace) -> int:
         summary = verify(args.fixtures, args.outputs, args.profile, cases=args.case, tags=args.tag,
                          shard=parse_shard(args.shard), stage_isolated=args.stage_isolated,
                          tolerances=args.tolerances, progress=progress, names=args.names, diagnose=diagnoser(args),
-                         manifest_sha256=args.fixtures_sha256, max_fail=args.max_fail)
+                         manifest_sha256=args.fixtures_sha256, max_fail=args.max_fail,
+                         allow_looser_tolerances=args.allow_looser_tolerances)
     except KeyboardInterrupt:  # the failing cases held back so far are not lost with the run
         con.clear_status()
         for c in failures:
@@ -177,6 +182,8 @@ def run(args: argparse.Namespace) -> int:
     say(summary.coverage_line())
     early = (f"; stopped early after {stopped['max_fail']} failing case(s), {stopped['cases_not_judged']} case(s) "
              f"not judged" if stopped else "")
+    looser = summary.tolerances.get("looser_bounds") or 0
+    early += f"; with a tolerance table looser than the shipped one at {looser} bound(s)" if looser else ""
     con.say(con.mark(safe_text(
         f"{summary.verdict()}: {t['passed']}/{t['cases']} cases pass, {t['failed']} fail, {t['errors']} unusable, "
         f"{t['not_applicable']} not applicable; "
@@ -293,6 +300,7 @@ class Repro:
         cmd += ["--stage-isolated"] if a.stage_isolated else []
         cmd += ["--names", a.names] if a.names else []
         cmd += ["--tolerances", a.tolerances] if a.tolerances else []
+        cmd += ["--allow-looser-tolerances"] if getattr(a, "allow_looser_tolerances", False) else []
         return cmd + ["--case", case]
 
     def run_command(self, c) -> str | None:

@@ -98,3 +98,77 @@ def test_merging_a_partial_derivation_only_widens_the_globals():
     other["derivation"]["seeds"] = [1]
     with pytest.raises(ValueError, match="seeds"):
         derive.merge_recipes(base, other)
+
+
+# --- the shipped table is pinned (issue 26 item 6) ------------------------------------------------------
+def _scaled_table(tmp_path, factor: float, name: str = "tol.json"):
+    """The packaged table with every elem and nmse bound multiplied by ``factor``, consistently."""
+    import json
+
+    from gdncheck.conformance.judge.tolerances import TABLE_PATH
+
+    doc = json.loads(TABLE_PATH.read_text())
+    for profiles in doc["modes"].values():
+        for sections in profiles.values():
+            cases = sections.get("cases", {}).values()
+            for rows in [sections.get("global", {}), sections.get("properties", {}), *cases]:
+                for row in rows.values():
+                    row["elem"] *= factor
+                    row["nmse"] *= factor
+    path = tmp_path / name
+    path.write_text(json.dumps(doc))
+    return path
+
+
+def test_the_packaged_table_is_the_one_the_release_pins():
+    import hashlib
+
+    from gdncheck.conformance.judge.tolerances import SHIPPED_SHA256, TABLE_PATH
+
+    assert hashlib.sha256(TABLE_PATH.read_bytes()).hexdigest() == SHIPPED_SHA256
+    d = load_table().describe()
+    assert d["shipped"] is True and d["sha256"] == d["shipped_sha256"] == SHIPPED_SHA256 and d["looser_bounds"] == 0
+
+
+@pytest.mark.parametrize("factor", [3.0, 10.0, 1e6])
+def test_a_looser_table_is_refused_unless_named(tmp_path, factor):
+    from gdncheck.conformance.judge.tolerances import ToleranceError
+
+    path = _scaled_table(tmp_path, factor)
+    with pytest.raises(ToleranceError, match=r"loosens \d+ bound\(s\) of the shipped one .*--allow-looser-tolerances"):
+        load_table(path)
+    table = load_table(path, allow_looser=True)
+    assert len(table.looser) > 100 and table.describe()["looser_bounds"] == len(table.looser)
+    assert load_table(_scaled_table(tmp_path, 0.5, "strict.json")).looser == ()  # stricter: free
+
+
+def test_a_state_off_by_a_tenth_percent_does_not_conform_by_a_looser_table(fixtures_dir, tmp_path, capsys):
+    """The attack: --tolerances with a table 1e6 looser made a recurrent state off by 0.1 % conform. Now
+    it is exit 2 and one line; named explicitly, the verdict says it was judged with a looser table."""
+    from gdncheck.cli import main
+
+    from .helpers import perfect_outputs
+
+    def off(t):
+        for k in [k for k in t if k.endswith("recurrent_state")]:
+            t[k] = (t[k] * 1.001).astype(t[k].dtype)
+
+    perfect_outputs(fixtures_dir, "decode_T12", tmp_path / "out", alter=off)
+    base = ["verify", "--outputs", str(tmp_path / "out"), "--profile", "f32", "--case", "decode_T12"]
+    assert main(base) == 1
+    capsys.readouterr()
+    path = _scaled_table(tmp_path, 1e6)
+    code = main([*base, "--tolerances", str(path)])
+    cap = capsys.readouterr()
+    assert code == 2 and "loosens" in cap.err + cap.out and "Traceback" not in cap.err + cap.out
+    code = main([*base, "--tolerances", str(path), "--allow-looser-tolerances"])
+    out = capsys.readouterr().out
+    assert "with a tolerance table looser than the shipped one" in out and "loosens" in out, out
+
+
+def test_a_changed_packaged_table_is_refused(monkeypatch):
+    from gdncheck.conformance.judge import tolerances as tol
+
+    monkeypatch.setattr(tol, "SHIPPED_SHA256", "0" * 64)
+    with pytest.raises(tol.ToleranceError, match="it was changed"):
+        tol.load_table()
