@@ -161,6 +161,20 @@ def check_slots(slots, n: int, pool_size: int, layer: int | None) -> np.ndarray:
     return ids
 
 
+def check_free_slots(slots, pool_size: int, layer: int | None) -> np.ndarray:
+    """``free``: the slots of finished requests, each in ``[0, pool_size)``. The padding id is refused
+    too: it names no slot (a padding sequence has none to free), and in Python and NumPy it would
+    index the last slot. A slot may be named twice (freeing is idempotent). Returns int64 [M]."""
+    ids = _ints(np.atleast_1d(np.asarray(slots)) if np.ndim(slots) == 0 else slots, None, "slots to free", layer)
+    bad = (ids < 0) | (ids >= pool_size)
+    if bad.any():
+        m = int(np.flatnonzero(bad)[0])
+        what = " (the padding id names no slot)" if ids[m] == PAD_SLOT_ID else ""
+        raise SlotIndexError(f"expected slots to free in [0, {pool_size}) (the pool's size), found slot {ids[m]}"
+                             f"{what} at entry {m}", layer=layer)
+    return ids
+
+
 def _check_distinct(ids: np.ndarray, owners: list[str], layer: int | None) -> None:
     first: dict[int, str] = {}
     for slot, owner in zip(ids.tolist(), owners):

@@ -58,6 +58,7 @@ from gdncheck.calls import (
     PAD_SLOT_ID,
     check_accepted,
     check_cu_seqlens,
+    check_free_slots,
     check_packed_x,
     check_seq_pos,
     check_slots,
@@ -98,10 +99,10 @@ class StatePool(State):
         return self.batch
 
     def free(self, slots) -> None:
-        """Zero the given slots and set their seq_len to 0 (a finished request). The padding id names
-        no slot and is skipped; any other id outside ``[0, size)`` is refused."""
-        ids = check_slots(slots, len(np.atleast_1d(np.asarray(slots))), self.size, None)
-        self.reset(ids[ids != PAD_SLOT_ID])
+        """Zero the given slots and set their seq_len to 0 (a finished request). Every id must be a
+        slot, in ``[0, size)``; the padding id names none and is refused like any other
+        (``slot_index``, docs/serving.md §3)."""
+        self.reset(check_free_slots(slots, self.size, None))
 
     def __repr__(self) -> str:
         return f"StatePool(size={self.size}, seq_len={self.seq_len.tolist()}, device={self.device})"

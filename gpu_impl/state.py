@@ -77,9 +77,9 @@ class DeviceSnapshot:
 
 
 #: The most elements a state of the whole batch may hold (``B·(conv_dim·K + Hv·dk·dv)``), as in
-#: ``gdncheck.reference.state`` (gpu_impl never imports the reference): a batch past it is refused
-#: before anything is allocated, not an out-of-memory error from torch.
-MAX_BATCH_STATE_ELEMENTS = 1 << 31
+#: ``gdncheck.reference.state`` but higher (a GPU batch of 8192 real-size states is 4.6e9 elements;
+#: gpu_impl never imports the reference): a batch past it is refused before anything is allocated.
+MAX_BATCH_STATE_ELEMENTS = 1 << 36  # 2^36 fp32 elements: 256 GiB, beyond any one GPU (an H200 holds 141 GB)
 
 
 def check_batch(cfg: GDNConfig, batch) -> int:

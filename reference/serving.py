@@ -16,7 +16,8 @@ The API (every function takes the reference :class:`Layer` first and any :class:
   -> (out, trace)``
 - ``verify_spec(layer, pool, x, cu_seqlens, seq_pos, slots) -> (out, trace, SpecVerify)``
 - ``commit(spec, accepted) -> None``
-- ``StatePool(cfg, size)``, with ``free(slots)``; its ``snapshot()`` / ``restore()`` are State's.
+- ``StatePool(cfg, size)``, with ``free(slots)`` (slots in ``[0, size)``: -1 is refused); its
+  ``snapshot()`` / ``restore()`` are State's.
 
 Their names are ``gdncheck.calls.SERVING_OPS`` (with each one's fields), the padding id
 ``gdncheck.calls.PAD_SLOT_ID``, the per-token states of a verify ``gdncheck.calls.SPEC_STEP_TENSORS``.
@@ -58,6 +59,7 @@ from gdncheck.calls import (
     PAD_SLOT_ID,
     check_accepted,
     check_cu_seqlens,
+    check_free_slots,
     check_packed_x,
     check_seq_pos,
     check_slots,
@@ -98,9 +100,11 @@ class StatePool(State):
         return self.batch
 
     def free(self, slots) -> None:
-        """Zero the given slots and set their seq_len to 0 (a finished request; a strict engine does this
-        before a slot takes a new request, which the seq-len rule would otherwise refuse)."""
-        self.reset(np.asarray(slots, dtype=np.int64))
+        """Zero the given slots and set their seq_len to 0, both (a finished request; a strict engine
+        does this before a slot takes a new request, which the seq-len rule would otherwise refuse).
+        Every id must be a slot, in ``[0, size)``: the padding id is refused (``slot_index``), never
+        taken for the last slot."""
+        self.reset(check_free_slots(slots, self.size, None))
 
     def __repr__(self) -> str:
         return f"StatePool(size={self.size}, seq_len={self.seq_len.tolist()})"

@@ -24,7 +24,7 @@ from gdncheck.fixtures.manifest import (
     select_cases,
     sha256_file,
 )
-from gdncheck.harness import mode_name
+from gdncheck.harness import call_steps, is_packed, mode_name
 from gdncheck.profiles import VERIFY_PROFILES, choices
 
 from .aliases import load_names
@@ -78,9 +78,13 @@ def verify(fixtures_dir: str | Path, outputs_dir: str | Path, profile: str, *, c
                              f"one (--allow-looser-tolerances; {table.source}): a verdict here is not the release's")
     if stage_isolated:
         skipped = [e["id"] for e in entries if e["kind"] == "error"]
-        entries = [e for e in entries if e["kind"] != "error"]
+        serving = [e["id"] for e in entries if e["kind"] != "error" and _only_packed(e)]
+        entries = [e for e in entries if e["kind"] != "error" and e["id"] not in serving]
         if skipped:
             summary.notes.append(f"stage-isolated mode: {len(skipped)} expected-error case(s) not applicable")
+        if serving:  # FORMAT.md §8: packed calls are judged end to end only
+            summary.notes.append(f"stage-isolated mode: {len(serving)} serving case(s) not applicable (their calls are "
+                                 "packed, judged end to end only: FORMAT.md §8)")
     for p in problems:
         if not cases or any(p.case.startswith(c) for c in cases):
             summary.cases.append(CaseReport(p.case, "unknown", [], "error", problem=p.message))
@@ -108,6 +112,12 @@ def verify(fixtures_dir: str | Path, outputs_dir: str | Path, profile: str, *, c
             break
     summary.implementation = _implementation(impls, profile, summary)
     return summary
+
+
+def _only_packed(entry: dict) -> bool:
+    """Whether every call of a case is a packed serving call (nothing a stage-isolated run judges)."""
+    calls = call_steps(entry["program"])
+    return bool(calls) and all(is_packed(s) for s in calls)
 
 
 def _implementation(impls: dict[str, dict], profile: str, summary: Summary) -> dict:

@@ -28,11 +28,12 @@ from gdncheck.weights import LayerWeights
 
 from .moe_mutants import MOE_MUTANTS
 from .mutants import MUTANTS, Mutant
-from .serving_mutants import SERVING_MUTANTS
+from .serving_mutants import SERVING_MISREADINGS, SERVING_MUTANTS
 
 #: Every known bug class: the dense layer's mutants, the sparse block's and the serving patterns'
-#: (those two only on a case carrying their ``case_tags``): the kill matrix's catalogue.
-ALL_MUTANTS: tuple[Mutant, ...] = MUTANTS + MOE_MUTANTS + SERVING_MUTANTS
+#: (those two only on a case carrying their ``case_tags``): the kill matrix's catalogue, and the
+#: serving contract's misreadings (run on their tagged cases too).
+ALL_MUTANTS: tuple[Mutant, ...] = MUTANTS + MOE_MUTANTS + SERVING_MUTANTS + SERVING_MISREADINGS
 
 #: How many failing cases one verify run diagnoses by default (each runs every mutant once).
 DEFAULT_LIMIT = 8

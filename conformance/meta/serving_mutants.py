@@ -16,6 +16,17 @@ whose packed calls run as plain calls on one-row copies of their slots
 - ``snapshot_chunk_late``: a prefix snapshot after o tokens holds the state one chunk (64 tokens)
   later, or at the end of the sequence.
 
+And four misreadings of the contract (issue 24 item 3; :data:`SERVING_MISREADINGS`), each a
+plausible reading of docs/serving.md that a correct port gets wrong in one place:
+
+- ``commit_writes_reset``: ``commit(0)`` for a slot the verify read as zeros (its seq_pos did not
+  match) writes the reset state, zeros with ``seq_len = seq_pos``; the contract keeps the slot as
+  it was (§4: "a reset the verify's seq-len rule applied to its reading is not written either");
+- ``snapshot_seq_len_offset``: a prefix snapshot's ``seq_len`` is the offset o, not
+  ``seq_pos + o`` (the same for a sequence at position 0);
+- ``free_noop``: ``free`` does nothing (the seq-len rule resets a reused slot at position 0 anyway);
+- ``free_keeps_seq_len``: ``free`` zeros the states but keeps the slot's ``seq_len``.
+
 Each is a :class:`ServingMutant`, run by the kill matrix on the cases tagged with its
 ``case_tags``. Every one is also a plug-in factory (``gdncheck run
 gdncheck.conformance.meta.serving_mutants:NAME``).
@@ -112,8 +123,55 @@ def _late_snapshots(layer, pool, x, cu, pos, slots, snap_seq, snap_offset, snap_
     return out, trace
 
 
+@dataclass
+class _ResetSpec(plain.PlainSpec):
+    """A verify's steps, and which of its sequences' slots the seq-len rule read as zeros."""
+
+    seq_pos: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    was_reset: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=bool))
+
+
+def _verify_noting_resets(layer, pool, x, cu, pos, slots):
+    ids = np.asarray(slots)
+    pos = np.broadcast_to(np.asarray(pos, dtype=np.int64), ids.shape)
+    seen = np.array([int(pool.seq_len[s]) if s != PAD_SLOT_ID else p for s, p in zip(ids.tolist(), pos.tolist())])
+    out, trace, spec = plain.verify_spec(layer, pool, x, cu, pos, slots)
+    return out, trace, _ResetSpec(spec.pool, spec.slots, spec.lengths, spec.steps, pos.copy(),
+                                  (ids != PAD_SLOT_ID) & (seen != pos))
+
+
+def _commit_writing_reset(spec: _ResetSpec, accepted) -> None:
+    """commit(n >= 1) right; commit(0) of a slot the verify read as zeros writes those zeros, at
+    seq_len = seq_pos (the state "after 0 tokens" of the reading)."""
+    plain.commit(spec, accepted)
+    for i, slot in enumerate(spec.slots.tolist()):
+        if slot != PAD_SLOT_ID and int(accepted[i]) == 0 and spec.was_reset[i]:
+            spec.pool.conv_state[slot] = 0
+            spec.pool.recurrent_state[slot] = 0
+            spec.pool.seq_len[slot] = spec.seq_pos[i]
+
+
+def _snapshots_at_offset(layer, pool, x, cu, pos, slots, snap_seq, snap_offset, snap_slot):
+    """The right states; each destination's seq_len the offset alone."""
+    out, trace = plain.prefix_snapshots(layer, pool, x, cu, pos, slots, snap_seq, snap_offset, snap_slot)
+    for o, d in zip(np.asarray(snap_offset).tolist(), np.asarray(snap_slot).tolist()):
+        pool.seq_len[d] = o
+    return out, trace
+
+
+def _free_noop(pool, slots) -> None:
+    """Nothing freed: the slot keeps its state and its seq_len."""
+
+
+def _free_keeping_seq_len(pool, slots) -> None:
+    """Both states zeroed, the seq_len kept."""
+    for s in np.asarray(slots, dtype=np.int64).tolist():
+        pool.conv_state[s] = 0
+        pool.recurrent_state[s] = 0
+
+
 def _serving(**overrides) -> SimpleNamespace:
-    """plain_serving's four patterns with some replaced."""
+    """plain_serving's four patterns with some replaced (and ``free``, the harness's, when given)."""
     base = {n: getattr(plain, n) for n in ("forward_packed", "prefix_snapshots", "verify_spec", "commit")}
     return SimpleNamespace(**{**base, **overrides})
 
@@ -131,6 +189,9 @@ class ServingMutant(Mutant):
         layer = EmulatedLayer(cfg, weights, profile=profile, placement=placement, strict=strict, **kw)
         adapter = emulated_adapter(layer, f"mutant {self.name} ({profile}, placement {placement})")
         adapter._serving = self.serving
+        free = getattr(self.serving, "free", None)
+        if free is not None:  # the harness's free (a reset of the rows) replaced by the mutant's
+            adapter.free = free
         return adapter
 
 
@@ -148,7 +209,25 @@ SERVING_MUTANTS: tuple[ServingMutant, ...] = (
     ServingMutant("snapshot_chunk_late", EmulatedLayer, "conv1d", bug_class="prefix snapshot one chunk late",
                   serving=_serving(prefix_snapshots=_late_snapshots), case_tags=("prefix-cache",)),
 )
-SERVING_MUTANT_BY_NAME = {m.name: m for m in SERVING_MUTANTS}
+
+#: Misreadings of the contract (module docstring), each first seen at ``stage`` in call ``call[1]`` of
+#: the recipe ``call[0]``: the pool's conv state (stage conv1d) where a state is wrong, the pool's
+#: seq_len (the pseudo-stage ``state``, an exact check) where only the bookkeeping is.
+SERVING_MISREADINGS: tuple[ServingMutant, ...] = (
+    ServingMutant("commit_writes_reset", EmulatedLayer, "conv1d", ("spec-decode", 7),
+                  bug_class="commit(0) writes the reset a mismatched slot was read with",
+                  serving=_serving(verify_spec=_verify_noting_resets, commit=_commit_writing_reset),
+                  case_tags=("spec-decode",)),
+    ServingMutant("snapshot_seq_len_offset", EmulatedLayer, "state", ("prefix-cache", 2),
+                  bug_class="prefix snapshot seq_len = offset, not seq_pos + offset",
+                  serving=_serving(prefix_snapshots=_snapshots_at_offset), case_tags=("prefix-cache",)),
+    ServingMutant("free_noop", EmulatedLayer, "conv1d", ("packed-mixed", 3), bug_class="free does nothing",
+                  serving=_serving(free=_free_noop), case_tags=("packed", "slots")),
+    ServingMutant("free_keeps_seq_len", EmulatedLayer, "state", ("packed-mixed", 3),
+                  bug_class="free keeps the slot's seq_len",
+                  serving=_serving(free=_free_keeping_seq_len), case_tags=("packed", "slots")),
+)
+SERVING_MUTANT_BY_NAME = {m.name: m for m in SERVING_MUTANTS + SERVING_MISREADINGS}
 
 # module-level factories, so that `gdncheck run gdncheck.conformance.meta.serving_mutants:NAME` works
-globals().update({m.name: m.factory for m in SERVING_MUTANTS})
+globals().update({m.name: m.factory for m in SERVING_MUTANTS + SERVING_MISREADINGS})

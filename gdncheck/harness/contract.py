@@ -33,6 +33,8 @@ from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
+from gdncheck.calls import check_free_slots
+
 
 class NotApplicable(Exception):  # noqa: N818 - a verdict, not an error
     """The implementation cannot express this case or call; the message says why (docs/plugins.md).
@@ -160,7 +162,8 @@ class LayerAdapter:
     def free(self, pool, slots) -> None:
         """Zero the slots and their seq_len (a finished request): the state's ``reset(rows)``."""
         self._pattern("free")  # refused where the serving patterns do not run
-        pool.reset(np.asarray(slots, dtype=np.int64))
+        size = len(pool.seq_len)  # the pool's slots (NumPy or torch, on any device)
+        pool.reset(check_free_slots(slots, size, None))  # -1 or out of range: slot_index, nothing freed
 
 
 def error_code(exc: BaseException) -> str:

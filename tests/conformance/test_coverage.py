@@ -42,7 +42,7 @@ def test_every_case_of_the_manifest_states_its_coverage(fixtures_dir, manifest):
     # the serving patterns, read off the program's steps (a port without them may skip these cases)
     assert by_recipe["packed-mixed"]["features"] == ["packed_calls"]
     assert by_recipe["packed-mismatch"]["features"] == ["seq_len_reset", "packed_calls"]  # a slot at another position
-    assert by_recipe["spec-decode"]["features"] == ["packed_calls", "spec_decode"]
+    assert by_recipe["spec-decode"]["features"] == ["seq_len_reset", "packed_calls", "spec_decode"]
     assert by_recipe["dk-gt-dv"]["features"] == by_recipe["dk-lt-dv"]["features"] == ["dk_ne_dv"]
     assert by_recipe["prefix-cache"]["features"] == ["packed_calls", "prefix_snapshots"]
     assert {f for c in raw["cases"] for f in c["coverage"]["features"]} == set(FEATURES)
@@ -183,3 +183,13 @@ def test_a_port_that_raises_the_config_error_itself_is_judged(fixtures_dir, tmp_
                     meta={"error_code": "head_ratio", "error_message": "Hv not a multiple of Hk", "error_step": "0"})
     s = verify(fixtures_dir, tmp_path, "f32", cases=["error-head-ratio"])
     assert s.exit_code == 0, [c.message for c in s.cases]
+
+
+def test_stage_isolated_skips_the_serving_cases_so_the_reference_conforms(fixtures_dir, tmp_path):
+    """FORMAT.md §8: packed calls are judged end to end only. Before, verify failed the serving cases
+    stage-isolated as 'nothing judged', so not even gdncheck's own reference could conform there."""
+    cases = ["packed-mixed", "spec-decode", "decode_T12"]
+    run_impl("reference", fixtures_dir, tmp_path, "f32", cases=cases, stage_isolated=True)
+    s = verify(fixtures_dir, tmp_path, "f32", cases=cases, stage_isolated=True)
+    assert [c.id.split("_")[0] for c in s.cases] == ["decode"] and s.exit_code == 0
+    assert any("2 serving case(s) not applicable" in n for n in s.notes), s.notes

@@ -53,6 +53,36 @@ def test_serving_cases_follow_the_schema_and_cover_issue_14(suite_dir):
     assert freed and all(s["op"] != "free" or s["slots"] for s in steps)
 
 
+def test_serving_cases_cover_the_misreadings_of_issue_24(suite_dir):
+    """What the contract's misreadings need to show (conformance/meta/serving_mutants.py): a commit of 0
+    for a slot its verify read as zeros, a snapshot of a sequence at seq_pos > 0 continued from, and a
+    freed slot that the next call does not name (its pool recorded after the free)."""
+    commit_0_of_reset = snapshot_later = continued = freed_unnamed = False
+    for case in _manifest(suite_dir)["cases"]:
+        program, seq_len, resets, snapped = case["program"], [0] * case["batch"], {}, {}
+        for i, step in enumerate(program):
+            op = step["op"]
+            if op == "verify_spec":
+                resets[step["call"]] = [s != PAD_SLOT_ID and seq_len[s] != p
+                                        for s, p in zip(step["slots"], step["seq_pos"])]
+            if op == "commit":
+                commit_0_of_reset |= any(r and n == 0 for r, n in zip(resets[step["of_call"]], step["accepted"]))
+            if op == "prefix_snapshots":
+                for j, o, d in zip(step["snap_seq"], step["snap_offset"], step["snap_slot"]):
+                    if step["seq_pos"][j] > 0:
+                        snapshot_later, snapped[d] = True, step["seq_pos"][j] + o
+            if op in ("forward_packed", "prefix_snapshots", "verify_spec"):
+                continued |= any(snapped.get(s) == p for s, p in zip(step["slots"], step["seq_pos"]))
+            if op == "free":
+                after = next(s for s in program[i + 1:] if "seq_len_after" in s)
+                freed_unnamed |= bool(set(step["slots"]) - set(after["slots"]))
+                for s in step["slots"]:
+                    seq_len[s] = 0
+            if "seq_len_after" in step:
+                seq_len = list(step["seq_len_after"])
+    assert commit_0_of_reset and snapshot_later and continued and freed_unnamed
+
+
 def test_goldens_equal_plain_calls_of_the_layer(suite_dir):
     """The stored pool after each packed call equals the state of plain calls of the layer, one per
     sequence (the definition, docs/serving.md), computed here independently of the golden builder."""

@@ -370,10 +370,13 @@ def test_pool_must_fit_the_layer():
                                           device=DEVICE), x, cu, 0, [0])
     pool = G.StatePool.for_layer(lay, 3)
     pool.seq_len.fill_(4)
-    pool.free([PAD_SLOT_ID, 2])
+    pool.free([2])
     assert pool.seq_len.tolist() == [4, 4, 0]
     with pytest.raises(E.SlotIndexError):
         pool.free([3])
+    with pytest.raises(E.SlotIndexError):  # the padding id names no slot: refused, nothing freed
+        pool.free([PAD_SLOT_ID, 0])
+    assert pool.seq_len.tolist() == [4, 4, 0]
 
 
 # --- the device layout: no host read, grids from shapes -------------------------------------------
