@@ -50,7 +50,7 @@ from gdncheck.fixtures.manifest import (
     sha256_file,
 )
 from gdncheck.profiles import VERIFY_PROFILES
-from gdncheck.untrusted import safe_text
+from gdncheck.untrusted import folder_lock, safe_text
 
 from . import summary as gs
 from .folders import OUTPUTS_MARKER, REPORT_MARKER, FolderError, check_owned, fresh, remove_stale
@@ -216,6 +216,11 @@ def run_gate(opts: GateOptions, progress: Callable[[float, float, dict], None] |
         if Path(opts.junit).is_dir():
             raise CouldNotRun(f"--junit {opts.junit} is a folder; expected the name of a file to write")
         refuse_output_in_suite(Path(opts.junit).parent, None, "--junit")
+    with folder_lock(out, "gate --out"):  # one writer per folder: a second gate into OUT is refused
+        return _run_gate(opts, out, result, start, progress)
+
+
+def _run_gate(opts: GateOptions, out: Path, result: GateResult, start: float, progress) -> GateResult:
     remove_stale(out / "gate-summary.json", out / "gate-junit.xml", *([Path(opts.junit)] if opts.junit else []))
     try:
         setup = plan(opts, result)

@@ -12,6 +12,10 @@ Two rules, one function each, used by every command:
   returns, ANSI escape sequences, backspaces, line breaks) and the invisible Unicode controls that
   reorder or hide text are shown as escapes (``\\x1b``, ``\\r``, ``\\u202e``), so no string can
   forge, overwrite or hide a verdict line.
+
+And one rule for the folders gdncheck writes: :func:`folder_lock` — one writer per folder (``run``,
+``verify``, ``gate``, ``report``, ``fixtures build|export`` hold it while they write; a second
+writer is refused with one line naming the first).
 """
 
 from __future__ import annotations
@@ -216,3 +220,166 @@ class OneLineParser(argparse.ArgumentParser):
 
     def error(self, message: str):
         self.exit(2, f"{self.prog}: error: {safe_text(message)} (usage: {self.prog} --help)\n")
+
+
+# --- one writer per folder -----------------------------------------------------------------------
+
+#: The lock file a writing command holds in a folder it writes (removed when it is done).
+LOCK_NAME = ".gdncheck.lock"
+#: A lock file beside a folder that is replaced as a whole (a report, a fixture suite being built):
+#: ``.NAME.gdncheck.lock`` in its parent.
+LOCK_SUFFIX = ".gdncheck.lock"
+
+
+class FolderBusyError(GDNError):
+    """A folder another gdncheck process is writing (it holds the folder's lock)."""
+
+    code = "folder_busy"
+
+
+def lock_file_of(folder: str | os.PathLike, *, beside: bool = False) -> Path:
+    """Where the lock of ``folder`` lives: ``FOLDER/.gdncheck.lock``, or (``beside``: a folder that is
+    replaced as a whole, or must be empty) ``PARENT/.NAME.gdncheck.lock``."""
+    folder = Path(folder)
+    if beside:
+        return folder.absolute().parent / f".{folder.absolute().name}{LOCK_SUFFIX}"
+    return folder / LOCK_NAME
+
+
+def is_lock_name(name: str) -> bool:
+    """Whether ``name`` (a file name inside a folder) is that of a gdncheck lock file."""
+    return name == LOCK_NAME or (name.startswith(".") and name.endswith(LOCK_SUFFIX))
+
+
+def _holder(text: str) -> dict:
+    try:
+        doc = loads_untrusted(text)
+    except (ValueError, RecursionError):
+        return {}
+    return doc if isinstance(doc, dict) else {}
+
+
+def _describe(holder: dict) -> str:
+    pid, command, started = holder.get("pid"), holder.get("command"), holder.get("started")
+    if not isinstance(pid, int):
+        return "another gdncheck process (it has not written its pid yet)"
+    return (f"gdncheck process {pid} ({one_line(command, 300) if isinstance(command, str) else 'command unknown'}"
+            + (f", since {one_line(started, 40)}" if isinstance(started, str) else "") + ")")
+
+
+def _alive(pid: object) -> bool:
+    if not isinstance(pid, int) or pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # EPERM: someone else's process, alive
+        return True
+    return True
+
+
+class FolderLock:
+    """The lock of one folder, held by this process (:func:`folder_lock`)."""
+
+    def __init__(self, folder: Path, path: Path, fd: int, note: str | None):
+        self.folder, self.path, self._fd, self.note = folder, path, fd, note
+
+    def release(self) -> None:
+        if self._fd < 0:
+            return
+        import fcntl
+
+        try:  # removed first (if still ours), so that a process that opened it before sees it gone
+            st, mine = os.stat(self.path, follow_symlinks=False), os.fstat(self._fd)
+            if (st.st_dev, st.st_ino) == (mine.st_dev, mine.st_ino):
+                os.unlink(self.path)
+        except OSError:
+            pass
+        try:
+            fcntl.flock(self._fd, fcntl.LOCK_UN)
+        finally:
+            os.close(self._fd)
+            self._fd = -1
+
+    def __enter__(self) -> FolderLock:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.release()
+
+
+def folder_lock(folder: str | os.PathLike, what: str = "folder", *, command: str | None = None,
+                beside: bool = False, note=None) -> FolderLock:
+    """Take the lock of ``folder`` (one writer per folder), or raise :class:`FolderBusyError`: another
+    process holds it (one line naming that process's pid, its command, and the folder).
+
+    The lock is ``fcntl.flock`` on :func:`lock_file_of` (made, with the folder when ``beside`` is
+    False; the parent when True), which holds the pid, the command and the start time of its holder
+    and is removed on :meth:`FolderLock.release` (a context manager: ``with folder_lock(out): ...``).
+    The kernel releases a lock whose process ended, so a lock file left by a process that was killed
+    is taken over; ``note(text)`` (default: a line on stderr) is told so. Where ``fcntl`` does not
+    exist (Windows) nothing is locked."""
+    import json
+    import shlex
+    import sys
+    import time
+
+    folder = Path(folder)
+    path = lock_file_of(folder, beside=beside)
+    try:
+        import fcntl
+    except ImportError:  # pragma: no cover - Windows: no advisory locks of this kind
+        return FolderLock(folder, path, -1, None)
+    if command is None:
+        command = shlex.join(["gdncheck", *sys.argv[1:]]) if sys.argv and sys.argv[0] else "gdncheck"
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UnsafePathError(f"cannot use {what} {folder}: {exc.strerror or exc}") from None
+    flags = os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+    for _ in range(20):  # retried only when the file was removed (released) between open and flock
+        try:
+            fd = os.open(path, flags, 0o666)
+        except OSError as exc:
+            raise UnsafePathError(f"cannot lock {what} {folder}: {path} {exc.strerror or exc} (expected gdncheck's "
+                                  f"own lock file, or nothing, there)") from None
+        try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                raise UnsafePathError(f"cannot lock {what} {folder}: {path} is not a regular file")
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                holder = _holder(os.pread(fd, 4096, 0).decode("utf-8", "replace"))
+                raise FolderBusyError(f"{what} {folder} is being written by {_describe(holder)}: one writer per "
+                                      f"folder; wait for it to finish, or choose another folder") from None
+            st, mine = os.stat(path, follow_symlinks=False), os.fstat(fd)
+        except FileNotFoundError:
+            os.close(fd)
+            continue
+        except BaseException:
+            os.close(fd)
+            raise
+        if (st.st_dev, st.st_ino) != (mine.st_dev, mine.st_ino):
+            os.close(fd)  # released and removed by its holder after we opened it: take the new one
+            continue
+        break
+    else:  # pragma: no cover - 20 holders in a row
+        raise FolderBusyError(f"{what} {folder}: its lock changed hands 20 times while taken; try again")
+    try:
+        left = _holder(os.pread(fd, 4096, 0).decode("utf-8", "replace"))
+        message = None
+        if left:
+            gone = "which is gone" if not _alive(left.get("pid")) else "which no longer holds it"
+            message = (f"note: took over the lock of {what} {folder} left by {_describe(left)}, {gone} (it stopped "
+                       f"without releasing it; what it wrote there may be incomplete)")
+            (note or (lambda text: print(safe_text(text), file=sys.stderr)))(message)
+        record = {"pid": os.getpid(), "command": no_surrogates(command),
+                  "started": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, (json.dumps(record) + "\n").encode("utf-8"), 0)
+    except BaseException:
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        os.close(fd)
+        raise
+    return FolderLock(folder, path, fd, message)

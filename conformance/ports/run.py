@@ -6,10 +6,21 @@ once the case has run (a case whose fixture is unusable is skipped and reported;
 is left). An exception the implementation raises is a result: its code, message and step go into
 the outputs file, and ``verify`` judges them. :class:`~gdncheck.harness.NotApplicable` goes in as metadata
 ``not_applicable`` (the reason) and ``not_applicable_step``.
+
+Every outputs file carries ``run_config``: the implementation, options, profile and mode of the run
+that wrote it (:func:`run_config`). With ``lock=True`` (the ``gdncheck run`` command) a run holds the
+lock of its folder (:func:`gdncheck.untrusted.folder_lock`: one writer per folder) and refuses a
+folder that holds the outputs of another run (:func:`runs_in`) unless ``overwrite``. Before any
+case runs, every file name the run will write is computed (:func:`plan_names`): a case whose
+snapshot file is named like another case's outputs file, like a summary, or as another case's
+snapshot file, or whose file name is longer than a file system takes, is skipped and reported.
 """
 
 from __future__ import annotations
 
+import contextlib
+import json
+import re
 import shlex
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -49,7 +60,7 @@ from gdncheck.harness.program import ProgramError
 from gdncheck.profiles import RUN_PROFILES
 from gdncheck.safetensors_io import SafetensorsFile, write_safetensors
 from gdncheck.stages import layer_stage_names, stage_outputs
-from gdncheck.untrusted import no_surrogates, safe_path, safe_text
+from gdncheck.untrusted import folder_lock, is_lock_name, no_surrogates, one_line, safe_path, safe_text
 from gdncheck.weights import LayerWeights
 
 from .plugin import check_options, load_factory, parse_options
@@ -105,11 +116,172 @@ def default_command(impl: str, fixtures_dir, out_dir, profile: str, options: Map
             f"--out {shlex.quote(str(out_dir))} --profile {profile}{opts}{iso}")
 
 
+def run_config(name: str, profile: str, options: Mapping | None, stage_isolated: bool) -> str:
+    """The ``run_config`` metadata of a run's outputs files: what makes two runs' outputs one run's
+    (the implementation as given, its options, the profile, the mode), and not the paths, the
+    selection or the shard: shards and reruns of cases into one folder are one run."""
+    return json.dumps({"implementation": name, "options": {str(k): str(v) for k, v in sorted((options or {}).items())},
+                       "profile": profile, "mode": mode_name(stage_isolated)}, sort_keys=True)
+
+
+#: The largest header :func:`runs_in` reads to find an outputs file's run (a larger one: not judged here)
+_RUN_HEADER_MAX = 16 * 1024 * 1024
+
+
+def _outputs_metadata(path: Path) -> dict | None:
+    """The metadata of a port-format outputs file, or None (not one, or unreadable: verify says why)."""
+    import struct
+
+    from gdncheck.untrusted import loads_untrusted
+
+    try:
+        with open(path, "rb") as fh:
+            head = fh.read(8)
+            if len(head) < 8:
+                return None
+            (n,) = struct.unpack("<Q", head)
+            if n > _RUN_HEADER_MAX:
+                return None
+            header = loads_untrusted(fh.read(n))
+    except (OSError, ValueError, RecursionError):
+        return None
+    meta = header.get("__metadata__") if isinstance(header, dict) else None
+    if not isinstance(meta, dict) or meta.get("format") != OUTPUTS_FORMAT:
+        return None
+    if not all(isinstance(v, str) for v in meta.values()):
+        return None
+    return meta
+
+
+def run_of(meta: Mapping[str, str]) -> tuple[str, str]:
+    """``(key, description)`` of the run an outputs file's metadata says made it: its ``run_config``
+    (gdncheck run), else its ``command``, else its implementation name; with its profile and mode."""
+    if "run_config" in meta:
+        key = "run_config " + meta["run_config"]
+    elif "command" in meta:
+        key = "command " + meta["command"]
+    else:
+        key = "implementation " + meta.get("implementation", "")
+    key += f" | profile {meta.get('profile')} | mode {meta.get('mode')}"
+    text = (f"implementation {meta.get('implementation', '?')!r}, profile {meta.get('profile', '?')}"
+            + (f", mode {meta['mode']}" if "mode" in meta else "")
+            + (f", command {meta['command']!r}" if "command" in meta else ""))
+    return key, one_line(text, 400)
+
+
+def runs_in(folder: str | Path) -> dict[str, tuple[str, list[str]]]:
+    """The runs whose outputs files lie in ``folder`` (its ``*.safetensors`` of format
+    ``gdncheck-outputs``; snapshot files and unreadable files are left out): ``{key: (description,
+    [file names])}``, keys as :func:`run_of` gives them."""
+    runs: dict[str, tuple[str, list[str]]] = {}
+    folder = Path(folder)
+    if not folder.is_dir():
+        return runs
+    for path in sorted(folder.iterdir()):
+        if not path.name.endswith(".safetensors") or path.name.startswith(".") or path.is_symlink() \
+                or not path.is_file():
+            continue
+        meta = _outputs_metadata(path)
+        if meta is None:
+            continue
+        key, text = run_of(meta)
+        runs.setdefault(key, (text, []))[1].append(path.name)
+    return runs
+
+
+def mixed_runs_message(folder: str | Path, runs: Mapping[str, tuple[str, list[str]]], flag: str = "--outputs") -> str:
+    """One line saying that ``folder`` holds the outputs of several runs, and of which."""
+    parts = [f"{text}: {len(files)} file(s), e.g. {files[0]}" for text, files in runs.values()]
+    return one_line(f"{flag} {folder} holds the outputs files of {len(runs)} different runs ({'; '.join(parts)}); "
+                    f"verify judges one run's outputs, never a mix: run each into its own folder (or rerun with "
+                    f"gdncheck run --overwrite)", 3000)
+
+
+def _other_runs(out_dir: Path, key: str, overwrite: bool) -> None:
+    """Refuse (``overwrite`` False) or remove (True) the outputs files of runs other than ``key`` in
+    ``out_dir``, with the verify summaries that judged them."""
+    others = {k: v for k, v in runs_in(out_dir).items() if k != key}
+    if not others:
+        return
+    if not overwrite:
+        text, files = next(iter(others.values()))
+        count = sum(len(f) for _, f in others.values())
+        raise GDNError(one_line(f"--out {out_dir} holds {count} outputs file(s) of another run ({text}; e.g. "
+                                f"{files[0]}): this run would mix with them and verify would judge both; choose "
+                                f"another folder, or pass --overwrite to remove them first", 3000))
+    for _, files in others.values():
+        for name in files:
+            with contextlib.suppress(FileNotFoundError):
+                (out_dir / name).unlink()
+    for stale in out_dir.glob("verify-summary-*.json"):  # the verdicts of what was removed
+        if stale.is_file() and not stale.is_symlink():
+            stale.unlink()
+
+
+#: File names a run never writes: verify's summaries, gdncheck's lock files and folder markers
+_RESERVED = re.compile(r"^(verify-summary-[^/]*\.json|gate-summary\.json|gate-junit\.xml|\.gdncheck[^/]*)$")
+#: The longest file name (one path component) most file systems take, in bytes (NAME_MAX)
+NAME_MAX = 255
+
+
+def plan_names(entries: list[dict], stage_isolated: bool = False) -> dict[str, str]:
+    """Every file name a run of ``entries`` will write into its folder, checked before anything runs:
+    ``{case id: why it cannot run}`` for each case whose outputs or snapshot file name is too long
+    (over :data:`NAME_MAX` bytes), reserved (a verify summary, a lock file), or is another use's file
+    (another case's outputs file, another case's snapshot file: the later one loses). Names that
+    differ only in case are one file on macOS and Windows, so they collide too."""
+    uses: dict[str, str] = {}  # casefolded name -> its use
+    problems: dict[str, str] = {}
+    for entry in entries:  # the outputs files first: a case's own name is the first claim on it
+        uses.setdefault(f"{entry['id']}.safetensors".casefold(), f"the outputs file of case {entry['id']}")
+    for entry in entries:
+        cid = entry["id"]
+        name = f"{cid}.safetensors"
+        owner = uses.get(name.casefold())
+        if len(name.encode("utf-8")) > NAME_MAX:
+            problems[cid] = (f"its outputs file name {one_line(name, 80)!r} is {len(name.encode('utf-8'))} bytes long, "
+                             f"over the {NAME_MAX} a file system takes")
+            continue
+        if owner != f"the outputs file of case {cid}":
+            problems[cid] = f"its outputs file {name!r} is also {owner} (names that differ only in case are one file)"
+            continue
+        if stage_isolated:
+            continue  # no program step runs, so no snapshot file is written
+        own: set[str] = set()
+        for i, step in enumerate(entry.get("program", [])):
+            if step.get("op") != "save" or not isinstance(step.get("file"), str):
+                continue
+            snap = step["file"]
+            use = f"the snapshot file of step {i} of case {cid}"
+            folded = snap.casefold()
+            if any(len(part.encode("utf-8")) > NAME_MAX for part in snap.split("/")):
+                problems[cid] = (f"{use}, {one_line(snap, 80)!r}, has a name over the {NAME_MAX} bytes a file "
+                                 f"system takes")
+                break
+            if _RESERVED.match(snap.rsplit("/", 1)[-1]) or is_lock_name(snap.rsplit("/", 1)[-1]):
+                problems[cid] = (f"{use} is named {snap!r}, a name gdncheck keeps for its own files (verify summaries, "
+                                 f"lock files): the summary would replace it, or it the summary")
+                break
+            if folded in uses and folded not in own:
+                problems[cid] = f"{use} is named {snap!r}, which is also {uses[folded]}: it would overwrite it"
+                break
+            own.add(folded)
+        else:
+            for folded in own:
+                uses.setdefault(folded, f"the snapshot file of case {cid}")
+    return problems
+
+
 def run_impl(impl: str | Callable, fixtures_dir: str | Path, out_dir: str | Path, profile: str, *,
              cases: list[str] | None = None, tags: list[str] | None = None, shard: tuple[int, int] | None = None,
              options: Mapping | list[str] | None = None, stage_isolated: bool = False, command: str | None = None,
-             progress: Callable[[CaseRun], None] | None = None) -> RunReport:
-    """Run ``impl`` (``reference``, ``triton``, ``MODULE:CALLABLE`` or a factory) over the selected cases."""
+             progress: Callable[[CaseRun], None] | None = None, lock: bool = False,
+             overwrite: bool = False) -> RunReport:
+    """Run ``impl`` (``reference``, ``triton``, ``MODULE:CALLABLE`` or a factory) over the selected cases.
+
+    ``lock``: hold the lock of ``out_dir`` while writing, and refuse a folder holding another run's
+    outputs files unless ``overwrite`` (then they are removed first); the ``gdncheck run`` command
+    passes it (the gate owns its folders whole and runs one case per call)."""
     if profile not in RUN_PROFILES:
         raise GDNError(f"expected --profile one of {', '.join(RUN_PROFILES)}, found {profile!r}")
     options = parse_options(options) if isinstance(options, list) else dict(options or {})
@@ -126,8 +298,22 @@ def run_impl(impl: str | Callable, fixtures_dir: str | Path, out_dir: str | Path
         if not entries:
             raise SelectionError("stage-isolated mode runs no expected-error case, and the selection holds only "
                                  "those")
-    out_dir.mkdir(parents=True, exist_ok=True)
+    names = plan_names(entries, stage_isolated)  # every file name known before anything is written
     command = command or default_command(name, fixtures_dir, out_dir, profile, options, stage_isolated)
+    config = run_config(name, profile, options, stage_isolated)
+    with contextlib.ExitStack() as held:
+        if lock:
+            held.enter_context(folder_lock(out_dir, "--out", command=command))
+            _other_runs(out_dir, run_of({"run_config": config, "profile": profile,
+                                         "mode": mode_name(stage_isolated)})[0], overwrite)
+        out_dir.mkdir(parents=True, exist_ok=True)
+        return _run_cases(factory, name, fixtures_dir, out_dir, profile, entries, problems, names, cases, options,
+                          stage_isolated, command, config, progress)
+
+
+def _run_cases(factory, name, fixtures_dir: Path, out_dir: Path, profile: str, entries: list[dict],
+               problems: list[CaseProblem], names: dict[str, str], cases, options, stage_isolated: bool,
+               command: str, config: str, progress) -> RunReport:
     report = RunReport(name, profile, str(out_dir))
     for p in problems:
         if not cases or any(p.case.startswith(c) for c in cases):
@@ -135,6 +321,11 @@ def run_impl(impl: str | Callable, fixtures_dir: str | Path, out_dir: str | Path
             if progress:
                 progress(report.cases[-1])
     for entry in entries:
+        if entry["id"] in names:
+            report.cases.append(CaseRun(entry["id"], "skipped", f"not run, nothing written: {names[entry['id']]}"))
+            if progress:
+                progress(report.cases[-1])
+            continue
         try:
             inp, gold = load_case_input(fixtures_dir, entry)
             na = None
@@ -151,7 +342,8 @@ def run_impl(impl: str | Callable, fixtures_dir: str | Path, out_dir: str | Path
         meta = {"format": OUTPUTS_FORMAT, "format_version": OUTPUTS_FORMAT_VERSION, "case": entry["id"],
                 "implementation": no_surrogates(str(impl_name or name)), "profile": profile,
                 "mode": mode_name(stage_isolated),
-                "fixture_sha256": entry["sha256"], "generator": f"gdncheck {__version__}", "command": command}
+                "fixture_sha256": entry["sha256"], "generator": f"gdncheck {__version__}", "command": command,
+                "run_config": config}
         if error:
             meta.update({"error_code": error["code"], "error_message": error["message"],
                          "error_step": str(error["step"])})

@@ -70,6 +70,7 @@ def _build(args) -> int:
     from gdncheck.errors import GDNError
     from gdncheck.fixtures.build import build_checkpoint_suite, build_suite
     from gdncheck.installed import refuse_write_into_package
+    from gdncheck.untrusted import folder_lock
 
     progress = None if args.quiet else print
     if args.from_checkpoint:
@@ -77,11 +78,13 @@ def _build(args) -> int:
             raise GDNError("--from-checkpoint needs --layer N (the GDN layer to take)")
         out = args.out or f"fixtures-checkpoint-l{args.layer}"
         refuse_write_into_package(out, "--out")  # before the build, not after it
-        doc = build_checkpoint_suite(args.from_checkpoint, args.layer, out, prune=args.prune, progress=progress)
+        with folder_lock(out, "--out", beside=True):  # one writer per suite (beside it: a suite holds only its files)
+            doc = build_checkpoint_suite(args.from_checkpoint, args.layer, out, prune=args.prune, progress=progress)
     else:
         out = args.out or f"fixtures-{args.suite}"
         refuse_write_into_package(out, "--out")
-        doc = build_suite(args.suite, out, jobs=args.jobs, names=args.case, prune=args.prune, progress=progress)
+        with folder_lock(out, "--out", beside=True):
+            doc = build_suite(args.suite, out, jobs=args.jobs, names=args.case, prune=args.prune, progress=progress)
     size = sum(c["bytes"] for c in doc["cases"])
     print(f"wrote manifest.json ({len(doc['cases'])} cases, {size / 1e6:.1f} MB) to {out}")
     return 0
@@ -129,8 +132,12 @@ def _path(args) -> int:
 
 def _export(args) -> int:
     from gdncheck.fixtures.packaged import export_suite
+    from gdncheck.installed import refuse_write_into_package
+    from gdncheck.untrusted import folder_lock
 
-    doc = export_suite(args.dest)
+    refuse_write_into_package(args.dest, "export folder")  # before the lock beside it is written
+    with folder_lock(args.dest, "export folder", beside=True):  # one writer per folder (beside it: DIR must be empty)
+        doc = export_suite(args.dest)
     if not args.quiet:
         size = sum(c["bytes"] for c in doc["cases"])
         print(f"exported the {doc['suite']} suite ({len(doc['cases'])} cases, {size / 1e6:.1f} MB, checksums verified) "

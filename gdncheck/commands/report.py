@@ -34,7 +34,13 @@ def run(args: argparse.Namespace) -> int:
     doc = load_summary(args.summary)
     index = None
     if args.out:
-        index = write_report(doc, args.out, fixtures_dir=args.fixtures, outputs_dir=args.outputs, top_k=args.top_k)
+        from gdncheck.reports.site import check_report_folder
+        from gdncheck.untrusted import folder_lock
+
+        check_report_folder(args.out)  # refused before anything, the lock too, is written beside it
+        with folder_lock(args.out, "--out", beside=True):  # one writer per folder (it is replaced whole)
+            index = write_report(doc, args.out, fixtures_dir=args.fixtures, outputs_dir=args.outputs,
+                                 top_k=args.top_k)
     if args.markdown:
         emit_markdown(markdown_summary(doc, report=str(index) if index else None), args.markdown)
     if not args.quiet:

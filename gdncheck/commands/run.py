@@ -13,6 +13,11 @@ DESCRIPTION = """\
 Run an implementation over the fixture cases and write its outputs in the port format
 (fixtures/FORMAT.md §7), one safetensors file per case, for `gdncheck verify`.
 
+One writer per folder: the run holds --out's lock (.gdncheck.lock) until it ends, and a second
+command writing there is refused (exit 2). A --out holding another run's outputs (another
+implementation, options, profile or mode) is refused unless --overwrite; reruns and shards of the
+same run into one folder are one run.
+
 IMPL is `reference` (the float64 reference in profile f64; its precision emulation in f32, bf16,
 f16), `triton` (gdncheck.gpu_impl, on GDN_DEVICE), `hf` (Hugging Face transformers' own layer and
 cache, the hf extra), `mlx` (Apple MLX's mlx-lm Qwen3.5 layer, the mlx extra), `fla`
@@ -37,6 +42,10 @@ def configure(p: argparse.ArgumentParser) -> None:
                    help="passed to the factory (reference: placement=hf|fla|fp32_once|metrale, chunk_size=N)")
     p.add_argument("--stage-isolated", action="store_true",
                    help="run each stage alone from golden inputs (needs run_stage; FORMAT.md §8)")
+    p.add_argument("--overwrite", action="store_true",
+                   help="remove the outputs files of another run (another implementation, options, profile or mode) "
+                        "found in --out, and the verify summaries there, before running; without it such a folder "
+                        "is refused (verify never judges a mix of runs)")
     add_output_arguments(p)
 
 
@@ -106,7 +115,7 @@ def run(args: argparse.Namespace) -> int:
 
     rep = run_impl(args.impl, args.fixtures, args.out, args.profile, cases=args.case, tags=args.tag,
                    shard=parse_shard(args.shard), options=options, stage_isolated=args.stage_isolated,
-                   command=command, progress=progress)
+                   command=command, progress=progress, lock=True, overwrite=args.overwrite)
     skipped = rep.skipped
     na = sum(c.status == "not_applicable" for c in rep.cases)
     con.say(safe_text(f"ran {len(rep.cases) - len(skipped)} case(s) with {rep.implementation} ({args.profile}) into "

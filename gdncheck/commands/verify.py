@@ -103,8 +103,7 @@ def positive_count(text: str) -> int:
 def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from gdncheck.commands.run import output_file, parse_shard
-    from gdncheck.conformance.judge.verify import verify
+    from gdncheck.commands.run import output_file
     from gdncheck.errors import GDNError
     from gdncheck.fixtures.manifest import refuse_output_in_suite
     from gdncheck.testing import case_text
@@ -147,9 +146,35 @@ def run(args: argparse.Namespace) -> int:
         from gdncheck.reports.site import check_report_folder
 
         check_report_folder(args.report)
-    for stale in (path if to_file else None, junit_path):
-        if stale is not None and stale.is_file():
-            stale.unlink()
+    from contextlib import ExitStack
+
+    from gdncheck.conformance.ports.run import mixed_runs_message, runs_in
+    from gdncheck.untrusted import folder_lock
+
+    with ExitStack() as held:  # one writer per folder: the outputs folder (judged; the summary's) and --report's
+        try:
+            refuse_output_in_suite(outputs, None, "--outputs")
+            in_suite = False
+        except GDNError:  # a suite given as the outputs folder: only read, never written (not even a lock)
+            in_suite = True
+        if not in_suite:
+            held.enter_context(folder_lock(outputs, "--outputs"))
+        if args.report:
+            held.enter_context(folder_lock(args.report, "--report", beside=True))
+        for stale in (path if to_file else None, junit_path):
+            if stale is not None and stale.is_file():
+                stale.unlink()
+        runs = runs_in(outputs)
+        if len(runs) > 1:  # never a mix of runs judged as one
+            raise GDNError(mixed_runs_message(outputs, runs))
+        return _judge(args, con, say, path, junit_path, to_file, failures, progress)
+
+
+def _judge(args, con, say, path, junit_path, to_file, failures, progress) -> int:
+    from gdncheck.commands.run import parse_shard
+    from gdncheck.conformance.judge.verify import verify
+    from gdncheck.untrusted import safe_text
+
     try:
         summary = verify(args.fixtures, args.outputs, args.profile, cases=args.case, tags=args.tag,
                          shard=parse_shard(args.shard), stage_isolated=args.stage_isolated,
