@@ -26,6 +26,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "fixtures": ("gdncheck.commands.fixtures", "build, check or list the golden fixtures for ports"),
     "run": ("gdncheck.commands.run", "run an implementation over the fixtures, writing port-format outputs"),
     "verify": ("gdncheck.commands.verify", "judge a port's outputs against the goldens (exit 0/1/2)"),
+    "engines": ("gdncheck.commands.engines", "run and verify every installed engine: the cross-engine matrix"),
     "report": ("gdncheck.commands.report", "write the HTML diff report of a verify summary (and CI summaries)"),
     "tolerances": ("gdncheck.commands.tolerances", "show or re-derive the earned tolerance table"),
     "gate": ("gdncheck.commands.gate", "the CI conformance gate: fixtures, run, verify, properties (exit 0/1/2)"),

@@ -1,0 +1,405 @@
+"""The engines of the cross-engine conformance matrix (``gdncheck engines``, docs/engines.md).
+
+:data:`ENGINES` is the registry: for each engine the implementation gdncheck runs (a built-in name, or
+the plug-in it stands for until it is one), how it is judged (``end_to_end``: the engine's whole layer
+and state on every case; ``stage_isolated``: each stage it has run alone from the golden inputs,
+fixtures/FORMAT.md §8), the profiles it supports, the ``--option`` values it runs with (and those it
+takes), the modules it needs (probed with :func:`importlib.util.find_spec`, which imports nothing of
+the engine) with the ``pip install`` line that brings them, and the distributions whose versions
+(:func:`importlib.metadata.version`) the matrix reports.
+
+:func:`classify` reads one case of a verify summary (its status, records, ``not_applicable``, routing
+``convention``, ``error_check``) and names what the case shows about the engine:
+
+``deviation``
+    a real deviation of the engine from the float64 reference: the first diverging stage and tensor
+    with the ratio error / bound from verify's record (or, for an expected-error case, what was
+    expected and what the engine did instead).
+``convention``
+    a declared convention where correct engines differ (a routing tie resolved to the higher index:
+    the records' ``convention``); the case passes.
+``missing_feature``
+    what the engine cannot express: the case's ``not_applicable`` reason (or, stage-isolated, a case
+    of which the engine judged no tensor).
+``engine_crash``
+    the engine raised something that is no error code of FORMAT.md §6 (a ``ZeroDivisionError`` deep in
+    its constructor), even where the adapter's mapping makes the case pass.
+``unusable``
+    verify could not judge the case (status ``error``): inputs unusable or a gdncheck bug.
+
+The class always comes from the summary. :data:`FINDINGS`, keyed by (engine, case id prefix, profile or
+``'*'``), only adds what a summary cannot know: the explanation and the repro script. An entry explains
+a case only when its class and its ``expect`` (fields of the adjudication) are what the summary shows;
+a failing case (or a deviation, a crash, an unusable case) that no entry explains is marked
+``unexplained``, and an entry whose class or adjudication differs says so (``mismatch``): the matrix
+never hides a new failure behind an old explanation. An entry that matches a case which ran clean is
+reported ``stale``.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from importlib.metadata import PackageNotFoundError, version
+from typing import Any
+
+from gdncheck import errors
+
+JUDGED = ("end_to_end", "stage_isolated")
+CLASSES = ("deviation", "convention", "missing_feature", "engine_crash", "unusable")
+#: classes that need an explanation (a FINDINGS entry); the others explain themselves in the summary
+NEEDS_EXPLANATION = ("deviation", "engine_crash", "unusable")
+
+
+@dataclass(frozen=True)
+class Engine:
+    """One engine of the matrix."""
+
+    name: str
+    impl: str  # the implementation spec gdncheck runs: a built-in name ...
+    judged: str  # end_to_end | stage_isolated
+    profiles: tuple[str, ...]
+    modules: tuple[str, ...]  # top-level modules it needs (find_spec: nothing of the engine is imported)
+    packages: tuple[str, ...]  # distributions whose versions are reported
+    install: str | None  # the pip line that installs it (None: always there)
+    about: str
+    fallback: str | None = None  # ... or the plug-in it stands for while ``impl`` is no built-in
+    options: Mapping[str, Any] = field(default_factory=dict)  # the --option values it runs with
+    option_values: Mapping[str, tuple] = field(default_factory=dict)  # the options it takes, and their values
+    baseline: bool = False
+
+    @property
+    def stage_isolated(self) -> bool:
+        return self.judged == "stage_isolated"
+
+    def spec(self) -> str:
+        """What ``gdncheck run`` is given: the built-in name, or the plug-in while there is none."""
+        from . import implementations  # the built-ins import numpy and the judge: only a run needs them
+
+        if self.impl in implementations.BUILTIN or self.fallback is None:
+            return self.impl
+        return self.fallback
+
+
+ENGINES: dict[str, Engine] = {e.name: e for e in (
+    Engine("reference", "reference", "end_to_end", ("f32", "bf16"), (), ("gdncheck",), None,
+           "the baseline: gdncheck's float64 reference with the profile's roundings emulated (placement hf); "
+           "every case passes by construction", baseline=True),
+    Engine("hf", "hf", "end_to_end", ("f32", "bf16"), ("transformers", "torch"), ("transformers", "torch"),
+           "pip install -e '.[hf]' (transformers, torch)",
+           "Hugging Face transformers' Qwen3_5DecoderLayer / Qwen3_5MoeDecoderLayer and DynamicCache on the CPU "
+           "(conformance/ports/hf.py)"),
+    Engine("mlx", "mlx", "end_to_end", ("f32", "bf16"), ("mlx", "mlx_lm"), ("mlx", "mlx-lm"),
+           "pip install \"mlx[cpu]\" mlx-lm",
+           "Apple MLX: mlx-lm's qwen3_5 / qwen3_5_moe DecoderLayer and ArraysCache (conformance/ports/mlx.py)"),
+    Engine("fla", "fla", "stage_isolated", ("f32", "bf16"), ("fla", "einops", "torch"), ("fla-core", "torch"),
+           "pip install fla-core einops",
+           "flash-linear-attention's gated delta rule (fla-core), the delta_rule stage alone from golden "
+           "inputs (conformance/ports/fla.py)",
+           fallback="gdncheck.conformance.ports.fla:fla", options={"kernel": "naive"},
+           option_values={"kernel": ("naive", "naive_chunk", "fused_recurrent", "chunk"),
+                          "chunk_size": (16, 32, 64)}),
+)}
+
+
+def engine(name: str) -> Engine:
+    """The registered engine ``name``; :class:`~gdncheck.errors.GDNError` naming the known ones otherwise."""
+    if name not in ENGINES:
+        raise errors.GDNError(f"expected an engine {', '.join(ENGINES)}, found {name!r}")
+    return ENGINES[name]
+
+
+# --- probing -----------------------------------------------------------------------------------------
+@dataclass
+class Probe:
+    installed: bool
+    missing: list[str]
+    versions: dict[str, str | None]
+
+    def hint(self, eng: Engine) -> str | None:
+        """``not installed: pip install ...`` for an engine that is not, else None."""
+        if self.installed:
+            return None
+        return f"not installed ({', '.join(self.missing)} missing): {eng.install or 'see docs/engines.md'}"
+
+
+def module_available(name: str) -> bool:
+    """Whether the top-level module ``name`` can be imported here, without importing it."""
+    try:
+        return importlib.util.find_spec(name) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def package_version(dist: str) -> str | None:
+    try:
+        return version(dist)
+    except PackageNotFoundError:
+        return None
+
+
+def probe(eng: Engine) -> Probe:
+    """Is ``eng`` installed (every module it needs found), and which versions of its packages."""
+    missing = [m for m in eng.modules if not module_available(m)]
+    return Probe(not missing, missing, {p: package_version(p) for p in eng.packages})
+
+
+# --- the known findings ------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Finding:
+    """What the summary cannot say about a case: why, and a standalone script that shows it."""
+
+    cls: str
+    explanation: str
+    repro: str | None = None  # a script's path from the repository root (examples/engines/repros/)
+    expect: Mapping[str, Any] = field(default_factory=dict)  # adjudication fields the summary must show
+    #: the finding may not occur on every machine (a tie order left to a C++ library or SIMD path): never stale
+    may_not_occur: bool = False
+
+
+REPROS = "examples/engines/repros"
+_NOTHING_JUDGED = ("fla-core ships kernels, not the Qwen3.5 layer: stage-isolated, the adapter runs the delta_rule "
+                   "stage only, and this case's fixture keeps no delta_rule inputs ({what}), so no tensor is judged "
+                   "and the coverage rule fails it; a limit of a one-stage adapter, not an fla deviation")
+
+FINDINGS: dict[tuple[str, str, str], Finding] = {
+    ("mlx", "error-input-dtype", "*"): Finding(
+        "deviation", "MLX computes the layer on an int32 x (its ops promote it) instead of refusing it; the "
+        "result is the layer on the promoted input, so the caller's bug goes unnoticed",
+        f"{REPROS}/mlx_int32_input.py", {"kind": "error_check", "expected": "input_dtype", "actual": None}),
+    ("mlx", "error-moe-missing-moe-size", "*"): Finding(
+        "engine_crash", "mlx-lm's TextModelArgs defaults a missing moe_intermediate_size to 0 and SwitchLinear's "
+        "constructor divides by it (math.sqrt(1 / input_dims)): a ZeroDivisionError that names neither the key "
+        "nor the config; the adapter maps it to config_error, which the case accepts as its family",
+        f"{REPROS}/mlx_missing_moe_size.py", {"exception": "ZeroDivisionError"}),
+    ("mlx", "moe-", "bf16"): Finding(
+        "missing_feature", "SwitchGLU's expert matmuls run mx.gather_mm, whose CPU kernel (GatherMM::eval) "
+        "supports float32 only: the sparse block in bf16 cannot run on MLX's CPU backend",
+        None, {"kind": "not_applicable"}),
+    ("mlx", "moe-exact-tie", "f32"): Finding(
+        "convention", "mlx-lm routes with mx.argpartition, which may keep another of exactly tied experts at the "
+        "k boundary than the reference's lower index (measured here: the higher); docs/moe.md, Ties",
+        None, {}, may_not_occur=True),
+    ("hf", "moe-exact-tie", "*"): Finding(
+        "convention", "transformers routes with torch.topk, whose CPU kernel keeps whichever of exactly tied "
+        "experts at the k boundary its C++ library's selection leaves (the reference: the lower index; which one "
+        "depends on the machine); docs/moe.md, Ties",
+        None, {}, may_not_occur=True),
+    ("fla", "real-heads", "*"): Finding(
+        "missing_feature", _NOTHING_JUDGED.format(what="a real-heads case keeps no *_in state"),
+        None, {"kind": "nothing_judged"}),
+}
+
+
+Key = tuple[str, str, str]  # (engine, case id prefix, profile or '*')
+
+
+def find_entry(engine_name: str, case_id: str, profile: str,
+               table: Mapping[Key, Finding] | None = None) -> tuple[Key, Finding] | None:
+    """The FINDINGS entry for a case: this engine, the longest case id prefix, this profile before ``'*'``."""
+    table = FINDINGS if table is None else table
+    hits = [(k, f) for k, f in table.items()
+            if k[0] == engine_name and case_id.startswith(k[1]) and k[2] in (profile, "*")]
+    if not hits:
+        return None
+    return max(hits, key=lambda kf: (kf[0][2] != "*", len(kf[0][1])))
+
+
+# --- classification ----------------------------------------------------------------------------------
+def error_codes() -> set[str]:
+    """Every error code of gdncheck (FORMAT.md §6 and the others of gdncheck/errors.py)."""
+    codes, todo = set(), [errors.GDNError]
+    while todo:
+        cls = todo.pop()
+        todo.extend(cls.__subclasses__())
+        code = getattr(cls, "code", None)
+        if isinstance(code, str):
+            codes.add(code)
+    return codes
+
+
+#: Python exceptions that are a crash, never a check: the engine did not refuse the input, it broke on it
+CRASHES = ("ZeroDivisionError", "OverflowError", "FloatingPointError", "IndexError", "KeyError", "AttributeError",
+           "NameError", "UnboundLocalError", "AssertionError", "RecursionError", "SystemError", "UnicodeError")
+_CRASH = re.compile(r"\b(" + "|".join(CRASHES) + r")\b")
+_RAISED = re.compile(r"^the implementation raised (\S+) at step (\d+)")
+
+
+def crash_of(code: str | None, message: str | None) -> str | None:
+    """The crash a raised error stands for: a code that is no gdncheck code (an exception's class name
+    taken for one), or a crash exception named in the message; else None."""
+    if code and code not in error_codes():
+        return code
+    found = _CRASH.search(message or "")
+    return found.group(1) if found else None
+
+
+def _ratio(rec: Mapping[str, Any]) -> dict | None:
+    """error / bound of a record: the largest of max_err / elem bound and nmse / nmse bound."""
+    metrics, bound = rec.get("metrics") or {}, rec.get("bound") or {}
+    best = None
+    for measure, err_key, bound_key in (("elem", "max_err", "elem"), ("nmse", "nmse", "nmse")):
+        err, lim = metrics.get(err_key), bound.get(bound_key)
+        if isinstance(err, int | float) and isinstance(lim, int | float) and lim > 0:
+            r = float(err) / float(lim)
+            if best is None or r > best["ratio"]:
+                best = {"ratio": r, "measure": measure}
+    return best
+
+
+def _first_failing(case: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    fd = case.get("first_divergence") or {}
+    fails = [r for r in case.get("records", []) if r.get("verdict") == "fail"]
+    for r in fails:
+        if (r.get("step"), r.get("stage"), r.get("tensor")) == (fd.get("step"), fd.get("stage"), fd.get("tensor")):
+            return r
+    return fails[0] if fails else None
+
+
+def conventions_of(case: Mapping[str, Any]) -> list[dict]:
+    return [r["convention"] for r in case.get("records", []) if r.get("convention")]
+
+
+def classify(case: Mapping[str, Any]) -> dict | None:
+    """What one case of a verify summary shows about the engine: ``{class, adjudication, detail}``, or
+    None for a clean pass."""
+    status, fd = case.get("status"), case.get("first_divergence") or {}
+    ec, na = case.get("error_check") or {}, case.get("not_applicable")
+    if status == "error":
+        return {"class": "unusable", "adjudication": {"kind": "error"}, "detail": case.get("problem")}
+    if status == "not_applicable":
+        return {"class": "missing_feature", "detail": na.get("reason"),
+                "adjudication": {"kind": "not_applicable", "step": na.get("step"), "op": na.get("op")}}
+    if status == "pass":
+        crash = crash_of(ec.get("actual"), ec.get("actual_message")) if ec.get("actual") else None
+        if crash:
+            return {"class": "engine_crash", "detail": ec.get("actual_message"),
+                    "adjudication": {"kind": "crash", "exception": crash, "code": ec.get("actual"),
+                                     "step": ec.get("actual_step"), "accepted_as": ec.get("match")}}
+        conv = conventions_of(case)
+        if conv:
+            choices = sorted({c.get("choice") for c in conv})
+            return {"class": "convention", "detail": conv[0].get("text"),
+                    "adjudication": {"kind": conv[0].get("kind"), "choice": choices[0] if len(choices) == 1
+                                     else "mixed", "tokens": sum(int(c.get("tokens") or 0) for c in conv),
+                                     "calls": len(conv)}}
+        return None
+    # status fail
+    reason = fd.get("reason")
+    if reason in ("error_expected", "wrong_error"):
+        crash = crash_of(ec.get("actual"), ec.get("actual_message")) if ec.get("actual") else None
+        adj = {"kind": "error_check", "reason": reason, "expected": ec.get("expected"), "actual": ec.get("actual"),
+               "step": ec.get("step"), "actual_step": ec.get("actual_step")}
+        if crash:
+            return {"class": "engine_crash", "detail": ec.get("actual_message"),
+                    "adjudication": {**adj, "kind": "crash", "exception": crash, "code": ec.get("actual")}}
+        return {"class": "deviation", "detail": case.get("message"), "adjudication": adj}
+    if reason == "raised":
+        m = _RAISED.match(case.get("message") or "")
+        code = m.group(1) if m else None
+        crash = crash_of(code, case.get("message"))
+        adj = {"kind": "raised", "code": code, "step": fd.get("step"), "op": fd.get("op")}
+        if crash:
+            return {"class": "engine_crash", "detail": case.get("message"),
+                    "adjudication": {**adj, "kind": "crash", "exception": crash}}
+        return {"class": "deviation", "detail": case.get("message"), "adjudication": adj}
+    if reason == "nothing_judged":
+        return {"class": "missing_feature", "detail": case.get("message"),
+                "adjudication": {"kind": "nothing_judged", "step": fd.get("step"), "op": fd.get("op")}}
+    if reason == "not_applicable":  # a case every port must run, declared not applicable: fails
+        return {"class": "missing_feature", "detail": case.get("message"),
+                "adjudication": {"kind": "required_not_applicable", "step": fd.get("step"), "op": fd.get("op"),
+                                 "reason": (na or {}).get("reason")}}
+    rec = _first_failing(case) or {}
+    ratio = _ratio(rec) or {}
+    diagnosis = case.get("diagnosis") or {}
+    adj = {"kind": "routing" if reason == "routing" else "tensor", "reason": reason, "step": fd.get("step"),
+           "call": fd.get("call"), "stage": fd.get("stage"), "tensor": fd.get("tensor"), "token": fd.get("token"),
+           "ratio": ratio.get("ratio"), "measure": ratio.get("measure"),
+           "likely_cause": diagnosis.get("text") if diagnosis.get("verdict") == "matches" else None}
+    if reason == "routing":
+        adj["tokens_routed_otherwise"] = (rec.get("routing") or {}).get("tokens_routed_otherwise")
+    return {"class": "deviation", "detail": case.get("message"), "adjudication": adj}
+
+
+def explain(found: dict, engine_name: str, case_id: str, profile: str, status: str,
+            table: Mapping[tuple[str, str, str], Finding] | None = None) -> dict:
+    """``found`` (:func:`classify`) with what FINDINGS adds: the entry's key, explanation and repro when it
+    explains the case; ``unexplained`` when the case needs an explanation no entry gives; ``mismatch``
+    when an entry names the case but another class or adjudication than the summary shows."""
+    out = dict(found)
+    hit = find_entry(engine_name, case_id, profile, table)
+    needs = status == "fail" or found["class"] in NEEDS_EXPLANATION
+    out.update(finding=None, explanation=None, repro=None, mismatch=None)
+    if hit is not None:
+        key, entry = hit
+        adj = found["adjudication"]
+        wrong = [f"{k} {adj.get(k)!r} (FINDINGS: {v!r})" for k, v in entry.expect.items() if adj.get(k) != v]
+        if entry.cls != found["class"]:
+            wrong.insert(0, f"class {found['class']} (FINDINGS: {entry.cls})")
+        if wrong:
+            out["mismatch"] = (f"FINDINGS entry {list(key)} does not explain this case: the summary shows "
+                               + "; ".join(wrong))
+        else:
+            out.update(finding=list(key), explanation=entry.explanation, repro=entry.repro)
+    out["unexplained"] = bool(out["mismatch"]) or (needs and out["finding"] is None)
+    return out
+
+
+def case_findings(summary: Mapping[str, Any], engine_name: str, profile: str,
+                  table: Mapping[tuple[str, str, str], Finding] | None = None) -> tuple[list[dict], list[list[str]]]:
+    """Every non-clean case of a verify summary, classified and explained; and the stale FINDINGS keys
+    (an entry for this engine and profile whose cases all ran clean)."""
+    out, used, clean = [], set(), []
+    for case in summary.get("cases", []):
+        found = classify(case)
+        if found is None:
+            clean.append(case["id"])
+            continue
+        item = {"case": case["id"], "status": case.get("status"), **explain(found, engine_name, case["id"], profile,
+                                                                            case.get("status"), table)}
+        item["gdncheck_repro"] = case.get("repro")
+        out.append(item)
+        if item["finding"]:
+            used.add(tuple(item["finding"]))
+    table = FINDINGS if table is None else table
+    stale = []
+    for key in table:
+        if key[0] != engine_name or key[2] not in (profile, "*") or key in used or table[key].may_not_occur:
+            continue
+        matched = [c for c in clean if c.startswith(key[1]) and find_entry(engine_name, c, profile, table)[0] == key]
+        if matched:
+            stale.append([*key])
+    return out, stale
+
+
+def profile_result(summary: Mapping[str, Any], engine_name: str, profile: str,
+                   table: Mapping[tuple[str, str, str], Finding] | None = None) -> dict:
+    """One cell of the matrix from a verify summary: counts, the worst passing ratio, the findings."""
+    cases = summary.get("cases", [])
+    counts = {s: sum(c.get("status") == s for c in cases) for s in ("pass", "fail", "not_applicable", "error")}
+    counts["cases"] = len(cases)
+    worst = None
+    for c in cases:
+        for r in c.get("records", []):
+            if r.get("verdict") != "pass":
+                continue
+            ratio = _ratio(r)
+            if ratio and (worst is None or ratio["ratio"] > worst["ratio"]):
+                worst = {**ratio, "case": c["id"], "stage": r.get("stage"), "tensor": r.get("tensor"),
+                         "call": r.get("call")}
+    findings, stale = case_findings(summary, engine_name, profile, table)
+    by_class = {k: sum(f["class"] == k for f in findings) for k in CLASSES}
+    conventions: dict[tuple, list[str]] = {}
+    for f in findings:
+        if f["class"] == "convention":
+            conventions.setdefault((f["adjudication"]["kind"], f["adjudication"]["choice"]), []).append(f["case"])
+    return {"status": "ran", "verdict": summary.get("verdict"), "exit_code": summary.get("exit_code"),
+            "mode": summary.get("mode"), "implementation": (summary.get("implementation") or {}).get("name"),
+            "counts": counts, "tensors_judged": (summary.get("coverage") or {}).get("tensors_judged"),
+            "worst_ratio": worst, "findings": findings, "findings_by_class": by_class,
+            "unexplained": sum(f["unexplained"] for f in findings), "stale_findings": stale,
+            "conventions": [{"kind": k, "choice": ch, "cases": v} for (k, ch), v in conventions.items()],
+            "notes": list(summary.get("notes", []))}
