@@ -189,7 +189,8 @@ MOE_STAGES: tuple[Stage, ...] = (
         (TensorSpec("routing_weights", ("T", "top_k"), "routing"),
          TensorSpec("selected_experts", ("T", "top_k"), "routing", kind="index")),
         "p = softmax(router_logits); selected_experts = the top_k experts by p, descending, exact ties "
-        "to the lower index; routing_weights = p[selected] / sum(p[selected]) (norm_topk_prob) or p[selected]",
+        "to the lower index in the goldens (any tied expert is a port's convention); routing_weights = "
+        "p[selected] / sum(p[selected]) (norm_topk_prob) or p[selected]",
         ("router_logits",),
     ),
     Stage(

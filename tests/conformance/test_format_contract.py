@@ -61,3 +61,53 @@ def test_manifest_vocabulary_names_what_the_case_files_hold():
     for name, shape in vocab["state_tensors"].items():
         if name != "seq_len":
             assert len(shape) == len(f.read(f"calls.0.{name}").shape) and shape[0] == "B"
+
+
+def test_the_moe_vocabulary_names_what_a_sparse_case_file_holds():
+    """``layer_kinds.moe``: the sparse block's stages with their stage-isolated inputs, every one a key of
+    a sparse case file, in pipeline order between post_norm and mlp."""
+    manifest = json.loads((DEFAULT_DIR / "manifest.json").read_text())
+    moe = manifest["vocabulary"]["layer_kinds"]["moe"]
+    names = [s["name"] for s in moe]
+    assert names.index("post_norm") < names.index("router") < names.index("routing") < names.index("experts") \
+        < names.index("mlp") and "shared_expert" in names
+    assert next(s for s in moe if s["name"] == "mlp")["inputs"] == ["experts_out", "shared_out"]
+    assert manifest["vocabulary"]["layer_kinds"]["dense"] == manifest["vocabulary"]["stages"]
+    case = next(c for c in manifest["cases"] if c["kind"] == "forward" and c["config"].get("num_experts")
+                and c["state_in"])
+    f = SafetensorsFile(DEFAULT_DIR / case["file"])
+    for stage in moe[1:]:
+        for name in stage["inputs"]:
+            assert f"calls.0.{name}" in f, (stage["name"], name)
+
+
+def _error_table(text: str) -> dict[str, list[str]]:
+    """FORMAT.md §6's table: code -> its family, as written (read here with plain string splitting)."""
+    section = text.split("## 6. Expected errors", 1)[1].split("\n## ", 1)[0]
+    rows = {}
+    for line in section.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) == 3 and cells[0].startswith("`"):
+            family = [] if cells[1] in ("—", "") else [f.strip(" `") for f in cells[1].split(",")]
+            rows[cells[0].strip("`")] = family
+    return rows
+
+
+def test_the_error_table_holds_every_code_the_suite_expects_with_its_family():
+    """Every expected error of the default suite is a row of FORMAT.md §6 whose family is the case's
+    ``accept`` after the code; every row's code is a class of gdncheck/errors.py."""
+    import inspect
+
+    from gdncheck import errors
+
+    table = _error_table((DEFAULT_DIR.parent / "FORMAT.md").read_text())
+    manifest = json.loads((DEFAULT_DIR / "manifest.json").read_text())
+    expected = {c["expected_error"]["code"]: c["expected_error"]["accept"] for c in manifest["cases"]
+                if c["kind"] == "error"}
+    assert len(expected) >= 15
+    for code, accept in expected.items():
+        assert code in table, f"FORMAT.md §6 has no row for {code!r}, which a committed case expects"
+        assert table[code] == accept[1:], (code, table[code], accept)
+    codes = {cls.code for _, cls in inspect.getmembers(errors, inspect.isclass)
+             if issubclass(cls, errors.GDNError) and isinstance(getattr(cls, "code", None), str)}
+    assert set(table) <= codes, set(table) - codes
