@@ -117,9 +117,12 @@ def locate_token(rec: Record, step: dict) -> None:
         return
     t = rec.first_bad_token
     seq, j = sequence_of(step, t)
+    as_one_row = f", first at token {t} (position {rec.first_bad_position}, row {rec.first_bad_row})"
     rec.first_bad_row, rec.first_bad_token = seq.index, j
     rec.first_bad_position = seq.seq_pos + j
-    if rec.message:
+    if rec.message:  # the detail said it as if the stream were one row at sequence 0's position
+        rec.message = rec.message.replace(as_one_row, f", first at sequence {seq.index}'s {token_word(step)} {j} "
+                                                      f"(position {rec.first_bad_position})", 1)
         where = "the padding sequence" if seq.padding else f"slot {seq.slot}"
         rec.message += (f" [packed call: stream token {t} is sequence {seq.index} ({where}, {seq.length} "
                         f"tokens), its {token_word(step)} {j} at position {rec.first_bad_position}]")

@@ -95,3 +95,24 @@ def test_the_triton_pool_refuses_the_same_ids():
     assert pool.seq_len.tolist() == [4, 4, 4]
     pool.free([2])
     assert pool.seq_len.tolist() == [4, 4, 0]
+
+
+def test_a_packed_failure_detail_line_names_the_sequence_not_one_row():
+    """The detail of a packed record said 'first at token 9 (position 9, row 0)', as if the stream were one
+    row at sequence 0's position, while the headline named the sequence: both now say the sequence."""
+    from gdncheck.conformance.judge import messages
+    from gdncheck.conformance.judge.packed import locate_token
+    from gdncheck.conformance.judge.records import Record
+
+    step = {"op": "forward_packed", "call": 0, "cu_seqlens": [0, 4, 10], "seq_pos": [0, 20], "slots": [1, 0]}
+    msg = messages.bound_failure(subject="core (delta_rule) of call 0", metrics={
+        "numel": 10, "max_err": 2.0, "max_err_index": [0, 9], "nmse": 1.0, "sqnr_db": 0.0},
+        bound={"source": "global", "profile": "f32", "elem": 1e-5, "nmse": 1e-9}, actual=1.0, expected=0.0,
+        allowed=1e-5, over=1, first=(9, 9, 0), elem_failed=True, loc="[here]")
+    rec = Record(case="c", step=1, op="forward_packed", call=0, tensor="core", stage="delta_rule", stage_index=6,
+                 verdict="fail", message=msg, first_bad_token=9, first_bad_position=9, first_bad_row=0)
+    locate_token(rec, step)
+    assert (rec.first_bad_row, rec.first_bad_token, rec.first_bad_position) == (1, 5, 25)
+    assert "(position 9, row 0)" not in rec.message
+    assert "first at sequence 1's token 5 (position 25)" in rec.message
+    assert "stream token 9 is sequence 1 (slot 0, 6 tokens), its token 5 at position 25" in rec.message
