@@ -92,3 +92,22 @@ def default_case_id(recipe: str) -> str:
     if len(found) != 1:
         raise LookupError(f"expected one case of recipe {recipe!r} in {DEFAULT_DIR}, found {found}")
     return found[0]
+
+
+#: transformers' delta-rule functions that its hub-kernel decorator binds to fla's Triton kernels when fla
+#: is installed (they need a GPU driver): on the CPU a test runs transformers' own PyTorch function
+TRANSFORMERS_RULES = ("torch_chunk_gated_delta_rule", "torch_recurrent_gated_delta_rule")
+TRANSFORMERS_GDN_MODULES = ("qwen3_5.modeling_qwen3_5", "qwen3_5_moe.modeling_qwen3_5_moe",
+                            "qwen3_next.modeling_qwen3_next")
+
+
+def transformers_torch_rules(monkeypatch) -> None:
+    """Point transformers' GDN modules at their own PyTorch delta rules (``__wrapped__``) for one test."""
+    import importlib
+
+    for name in TRANSFORMERS_GDN_MODULES:
+        module = importlib.import_module(f"transformers.models.{name}")
+        for fn in TRANSFORMERS_RULES:
+            f = getattr(module, fn, None)
+            if f is not None and hasattr(f, "__wrapped__"):
+                monkeypatch.setattr(module, fn, f.__wrapped__)

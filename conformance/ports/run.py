@@ -169,10 +169,11 @@ def run_of(meta: Mapping[str, str]) -> tuple[str, str]:
     return key, one_line(text, 400)
 
 
-def runs_in(folder: str | Path) -> dict[str, tuple[str, list[str]]]:
+def runs_in(folder: str | Path, *, gdncheck_runs_only: bool = False) -> dict[str, tuple[str, list[str]]]:
     """The runs whose outputs files lie in ``folder`` (its ``*.safetensors`` of format
     ``gdncheck-outputs``; snapshot files and unreadable files are left out): ``{key: (description,
-    [file names])}``, keys as :func:`run_of` gives them."""
+    [file names])}``, keys as :func:`run_of` gives them. ``gdncheck_runs_only``: only files ``gdncheck
+    run`` wrote (they carry ``run_config``); a port writing its own outputs names its runs its own way."""
     runs: dict[str, tuple[str, list[str]]] = {}
     folder = Path(folder)
     if not folder.is_dir():
@@ -182,7 +183,7 @@ def runs_in(folder: str | Path) -> dict[str, tuple[str, list[str]]]:
                 or not path.is_file():
             continue
         meta = _outputs_metadata(path)
-        if meta is None:
+        if meta is None or (gdncheck_runs_only and "run_config" not in meta):
             continue
         key, text = run_of(meta)
         runs.setdefault(key, (text, []))[1].append(path.name)

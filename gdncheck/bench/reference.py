@@ -46,12 +46,15 @@ def delta_inputs(cfg: GDNConfig, T: int, seed: int = 0):
 
 
 def hf_chunk_rule():
-    """transformers' ``torch_chunk_gated_delta_rule`` or None when transformers is not installed."""
+    """transformers' ``torch_chunk_gated_delta_rule`` or None when transformers is not installed: its own
+    PyTorch function, which the decorator keeps as ``__wrapped__`` (with fla installed, the module name is
+    bound to fla's Triton kernel, which needs a GPU driver)."""
     try:
         from transformers.models.qwen3_5 import modeling_qwen3_5 as m
     except Exception:  # noqa: BLE001 - any import failure means "not available"
         return None
-    return getattr(m, "torch_chunk_gated_delta_rule", None)
+    fn = getattr(m, "torch_chunk_gated_delta_rule", None)
+    return getattr(fn, "__wrapped__", fn)
 
 
 def layer_matmuls(layer, x: np.ndarray, chunk_size: int = CHUNK) -> Callable[[], object]:

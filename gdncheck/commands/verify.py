@@ -29,7 +29,12 @@ then the failing cases in groups (how many first diverge at each stage and tenso
 each likely cause), one line per failing case, and the full text (message, repro line, likely
 cause) of the first --details N of them. --max-fail N (-x: 1) stops judging after N failing
 cases; the summary says so (stopped_early) and the verdict stays "does not conform". Colour only
-on a terminal, never with NO_COLOR set."""
+on a terminal, never with NO_COLOR set.
+
+Known failures (--xfails FILE, the format of the gate's gate/xfails.txt: IMPL PROFILE CASE WHAT
+# reason; docs/verify.md): a case that fails only where an entry allows (its tensors or stages)
+is printed "xfail" with the entry's reason and does not make the exit status 1; an entry whose
+case passes now is stale: a warning (note) naming its line, the exit status unchanged."""
 
 
 def configure(p: argparse.ArgumentParser) -> None:
@@ -70,6 +75,10 @@ def configure(p: argparse.ArgumentParser) -> None:
                         "unusable), never a pass")
     p.add_argument("-x", dest="max_fail", action="store_const", const=1,
                    help="stop judging at the first failing case (--max-fail 1)")
+    p.add_argument("--xfails", metavar="FILE",
+                   help="known failures (IMPL PROFILE CASE WHAT  # reason, one a line; docs/verify.md): a case "
+                        "failing only in the listed tensors or stages is a known failure, not exit 1; a listed "
+                        "case that passes is reported stale (a warning)")
     add_output_arguments(p, json_what="the summary (also written to --summary's file unless that is '-')")
 
 
@@ -132,6 +141,10 @@ def run(args: argparse.Namespace) -> int:
         con.status(f"judged {judged[0]} case(s)" + (f", {len(failures)} failing" if failures else ""))
 
     # every path checked, and the stale results removed, before anything is judged
+    if getattr(args, "xfails", None):  # a malformed known-failures file: exit 2 before anything is touched
+        from gdncheck.conformance.judge.xfails import load_xfails
+
+        load_xfails(args.xfails)
     outputs = Path(args.outputs)
     if not outputs.is_dir():  # a typo would judge every case "no outputs file", and make the folder for the summary
         raise GDNError(f"--outputs {outputs}: expected the port's outputs folder, found "
@@ -164,7 +177,7 @@ def run(args: argparse.Namespace) -> int:
         for stale in (path if to_file else None, junit_path):
             if stale is not None and stale.is_file():
                 stale.unlink()
-        runs = runs_in(outputs)
+        runs = runs_in(outputs, gdncheck_runs_only=True)
         if len(runs) > 1:  # never a mix of runs judged as one
             raise GDNError(mixed_runs_message(outputs, runs))
         return _judge(args, con, say, path, junit_path, to_file, failures, progress)
@@ -180,7 +193,7 @@ def _judge(args, con, say, path, junit_path, to_file, failures, progress) -> int
                          shard=parse_shard(args.shard), stage_isolated=args.stage_isolated,
                          tolerances=args.tolerances, progress=progress, names=args.names, diagnose=diagnoser(args),
                          manifest_sha256=args.fixtures_sha256, max_fail=args.max_fail,
-                         allow_looser_tolerances=args.allow_looser_tolerances)
+                         allow_looser_tolerances=args.allow_looser_tolerances, xfails=getattr(args, "xfails", None))
     except KeyboardInterrupt:  # the failing cases held back so far are not lost with the run
         con.clear_status()
         for c in failures:
@@ -196,11 +209,19 @@ def _judge(args, con, say, path, junit_path, to_file, failures, progress) -> int
         from gdncheck.reports.junit import JUnit, add_verify_summary
 
         junit = JUnit("gdncheck verify")
-        add_verify_summary(junit, summary)
+        add_verify_summary(junit, summary, known={c: k["reason"] for c, k in summary.known_failures().items()})
         junit.write(junit_path)
-    if failures:
-        for line in failure_lines(failures, doc, args, con, path if to_file else None):
+    known = summary.known_failures()
+    real = [c for c in failures if c.id not in known]
+    if real:
+        shown = {**doc, "cases": [c for c in doc["cases"] if c["id"] not in known]} if known else doc
+        for line in failure_lines(real, shown, args, con, path if to_file else None):
             con.say(line)
+    for c in failures:
+        if c.id in known:
+            k = known[c.id]
+            say(f"xfail {c.id}: known failure ({summary.xfails['file']}:{k['line']}: {k['reason']}); first "
+                f"divergence {c.first_divergence}")
     t = summary.totals()
     for note in summary.notes:
         say(f"note: {safe_text(note)}")
@@ -209,8 +230,11 @@ def _judge(args, con, say, path, junit_path, to_file, failures, progress) -> int
              f"not judged" if stopped else "")
     looser = summary.tolerances.get("looser_bounds") or 0
     early += f"; with a tolerance table looser than the shipped one at {looser} bound(s)" if looser else ""
+    fail = f"{t['failed'] - len(known)} fail" + (f", {len(known)} known failure(s)" if known else "")
+    stale = len((summary.xfails or {}).get("stale", []))
+    fail += f", {stale} stale known-failure entry(ies)" if stale else ""
     con.say(con.mark(safe_text(
-        f"{summary.verdict()}: {t['passed']}/{t['cases']} cases pass, {t['failed']} fail, {t['errors']} unusable, "
+        f"{summary.verdict()}: {t['passed']}/{t['cases']} cases pass, {fail}, {t['errors']} unusable, "
         f"{t['not_applicable']} not applicable; "
         f"{t['records'] - t['records_missing']} tensors judged, {t['records_failed']} failed, "
         f"{t['records_missing']} not provided{early} "

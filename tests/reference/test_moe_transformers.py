@@ -17,7 +17,7 @@ import torch  # noqa: E402
 
 from gdncheck.checkpoint import load_layer, read_config  # noqa: E402
 from gdncheck.reference import Layer, routing_margin  # noqa: E402
-from tests.helpers import rel_err  # noqa: E402
+from tests.helpers import rel_err, transformers_torch_rules  # noqa: E402
 
 #: fp32 accuracy: transformers computes in float32 (observed ≤ 4e-7 here), the reference in float64
 FP32 = 1e-5
@@ -28,6 +28,12 @@ MIN_LOGIT_MARGIN = 1e-3
 SMALL = dict(vocab_size=16, hidden_size=32, num_attention_heads=2, num_key_value_heads=1, head_dim=16,
              linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=8, linear_value_head_dim=4,
              moe_intermediate_size=12, shared_expert_intermediate_size=20, num_experts=8, num_experts_per_tok=3)
+
+
+@pytest.fixture(autouse=True)
+def _torch_rules(monkeypatch):
+    """transformers' own PyTorch rules, not fla's kernels (which need a GPU) when fla is installed."""
+    transformers_torch_rules(monkeypatch)
 
 
 def _perturb(layer, seed):
