@@ -90,3 +90,43 @@ def test_a_tensor_declared_huge_is_never_read_by_the_diagnosis_or_the_report(fix
     assert "shape" in out and "Traceback" not in out + r.stderr.decode("utf-8", "replace")
     rss_mb = int(out.rsplit("maxrss_kb", 1)[1].split()[0]) / 1024
     assert rss_mb < 1024, f"peak memory {rss_mb:.0f} MB: the declared 3 GiB tensor was read"
+
+
+def test_a_tampered_suite_says_its_goldens_do_not_reproduce(fixtures_dir, tmp_path):
+    """Weights of a case changed and the manifest's sha256 recomputed: the case files match the manifest,
+    a correct port fails, and before this the likely cause blamed it ('head grouping tiled'). Now the case
+    and the summary say the golden does not reproduce from its recipe, and no bug class is named."""
+    import hashlib
+    import shutil
+
+    from gdncheck.conformance.judge.verify import verify
+    from gdncheck.conformance.ports.run import run_impl
+    from gdncheck.safetensors_io import SafetensorsFile, write_safetensors
+
+    fx = tmp_path / "fx"
+    shutil.copytree(fixtures_dir, fx)
+    manifest = json.loads((fx / "manifest.json").read_text())
+    entry = next(c for c in manifest["cases"] if c["id"].startswith("decode_T12"))
+    path = fx / entry["file"]
+    f = SafetensorsFile(path)
+    tensors = {k: np.array(f.read(k)) for k in f}
+    dtypes = {k: f.dtype_of(k) for k in f}
+    key = "weights.linear_attn.A_log"
+    tensors[key] = (tensors[key].astype(np.float32) * 2.0).astype(tensors[key].dtype)  # exact in bf16 too
+    meta = dict(f.metadata)
+    del f
+    write_safetensors(path, tensors, meta, dtypes)
+    entry["sha256"] = hashlib.sha256(path.read_bytes()).hexdigest()
+    entry["bytes"] = path.stat().st_size
+    (fx / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")
+    run_impl("reference", fx, tmp_path / "out", "f32", cases=["decode_T12", "prefill_T1_"])
+    from gdncheck.conformance.meta.catalogue import mutant_diagnoser
+
+    s = verify(fx, tmp_path / "out", "f32", cases=["decode_T12", "prefill_T1_"], diagnose=mutant_diagnoser(fx))
+    by = {c.id.split("_")[0]: c for c in s.cases}
+    assert by["prefill"].status == "pass"
+    case = by["decode"]
+    assert case.status == "fail"
+    assert any("does not reproduce from its recipe" in n for n in case.notes), case.notes
+    assert "does not reproduce" in case.diagnosis["text"] and case.diagnosis["verdict"] == "none"
+    assert any("goldens do not reproduce" in n for n in s.notes)
