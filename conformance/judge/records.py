@@ -189,15 +189,24 @@ class Summary:
     notes: list[str] = field(default_factory=list)
     #: verify's max_fail stopped judging early: {max_fail, cases_judged, cases_not_judged}; None: it did not
     stopped_early: dict | None = None
+    #: verify's xfails: {file, entries, known_failures: [{case, tensors, reason, line}], stale: [entry]};
+    #: None: no known-failures file
+    xfails: dict | None = None
 
     @property
     def exit_code(self) -> int:
-        """2 inputs unusable, or nothing of the port judged; 1 a case fails; else 0. A not_applicable
-        case counts neither way, nor does a case only gdncheck's own config parser answered (the port
-        never called): a run of nothing else judged nothing (the coverage rule)."""
+        """2 inputs unusable, or nothing of the port judged; 1 a case fails (a known failure of the
+        xfails file does not); else 0. A not_applicable case counts neither way, nor does a case only
+        gdncheck's own config parser answered (the port never called): a run of nothing else judged
+        nothing (the coverage rule)."""
         if any(c.status == "error" for c in self.cases) or not self.port_judged():
             return 2
-        return 1 if any(c.status == "fail" for c in self.cases) else 0
+        known = self.known_failures()
+        return 1 if any(c.status == "fail" and c.id not in known for c in self.cases) else 0
+
+    def known_failures(self) -> dict[str, dict]:
+        """case id -> its known-failure entry ``{case, tensors, reason, line}`` (verify's xfails)."""
+        return {k["case"]: k for k in (self.xfails or {}).get("known_failures", [])}
 
     def port_judged(self) -> list[CaseReport]:
         """The cases that judged the port: passed or failed, and not answered by gdncheck's own parser."""
@@ -279,6 +288,7 @@ class Summary:
             "coverage": self.coverage(),
             "notes": self.notes,
             "stopped_early": self.stopped_early,
+            "xfails": self.xfails,
             "cases": [c.to_json() for c in self.cases],
         })
 

@@ -9,6 +9,7 @@ the JSON atomically.
 
 from __future__ import annotations
 
+import json
 import platform
 from collections.abc import Callable
 from pathlib import Path
@@ -33,6 +34,7 @@ from .diagnose import advise
 from .provenance import Provenance
 from .records import CaseReport, Summary
 from .tolerances import ToleranceTable, load_table
+from .xfails import Tally, XFail, failing_names, load_xfails
 
 
 def verify(fixtures_dir: str | Path, outputs_dir: str | Path, profile: str, *, cases: list[str] | None = None,
@@ -40,7 +42,8 @@ def verify(fixtures_dir: str | Path, outputs_dir: str | Path, profile: str, *, c
            tolerances: str | Path | ToleranceTable | None = None,
            progress: Callable[[CaseReport], None] | None = None, names: str | None = None,
            diagnose: Callable | None = None, manifest_sha256: str | None = None,
-           max_fail: int | None = None, allow_looser_tolerances: bool = False) -> Summary:
+           max_fail: int | None = None, allow_looser_tolerances: bool = False,
+           xfails: str | Path | list[XFail] | None = None) -> Summary:
     """Verify the outputs in ``outputs_dir`` against the fixtures in ``fixtures_dir`` at ``profile``.
 
     ``cases`` (ids or id prefixes), ``tags`` and ``shard=(i, n)`` select cases; ``names`` reads the
@@ -52,8 +55,15 @@ def verify(fixtures_dir: str | Path, outputs_dir: str | Path, profile: str, *, c
     each failing case at its first divergence; it never changes a verdict. ``max_fail`` stops judging
     once that many cases fail: the cases left are not judged, and the summary says so (a note, and
     ``summary.stopped_early``: ``{max_fail, cases_judged, cases_not_judged}``, else None); its verdict
-    stays "does not conform", never a pass.
+    stays "does not conform", never a pass. ``xfails`` (a known-failures file or its entries:
+    :mod:`.xfails`) sets known failures apart: a failing case an entry covers stays ``fail`` but is
+    listed in ``summary.xfails["known_failures"]`` and counts neither in the exit code nor towards
+    ``max_fail``; an entry of a case that passed is listed stale (and noted).
     """
+    xfails_file = None
+    if isinstance(xfails, str | Path):
+        xfails_file, xfails = str(xfails), load_xfails(xfails)
+    tally = Tally(xfails, profile) if xfails is not None else None
     table = tolerances if isinstance(tolerances, ToleranceTable) else load_table(
         tolerances, allow_looser=allow_looser_tolerances)
     name_table = load_names(names)
@@ -97,18 +107,19 @@ def verify(fixtures_dir: str | Path, outputs_dir: str | Path, profile: str, *, c
     for done, entry in enumerate(entries, 1):
         judge = CaseJudge(Path(fixtures_dir), Path(outputs_dir), entry, profile, table, stage_isolated, name_table)
         report = judge.run()
+        known = tally.see(report, _impl_names(judge.meta)) if tally is not None else None
         tampered = provenance.check(entry) if report.status == "fail" else None
         if tampered:  # the goldens, not the port: said on the case, and instead of a bug class
             report.notes.append(tampered)
             report.diagnosis = {"verdict": "none", "text": tampered, "tensor": None, "call": None}
-        elif diagnose is not None and report.status == "fail":
+        elif diagnose is not None and report.status == "fail" and known is None:  # a known failure's cause is known
             report.diagnosis = advise(diagnose, judge, report)
         if judge.meta:
             impls[entry["id"]] = judge.meta
         summary.cases.append(report)
         if progress:
             progress(report)
-        failed += report.status == "fail"
+        failed += report.status == "fail" and known is None
         if max_fail is not None and failed >= max_fail and done < len(entries):
             left = len(entries) - done
             summary.stopped_early = {"max_fail": max_fail, "cases_judged": len(summary.cases),
@@ -119,7 +130,36 @@ def verify(fixtures_dir: str | Path, outputs_dir: str | Path, profile: str, *, c
     if provenance.note():
         summary.notes.append(provenance.note())
     summary.implementation = _implementation(impls, profile, summary)
+    if tally is not None:
+        summary.xfails = _xfails_section(tally, xfails_file, summary)
     return summary
+
+
+def _impl_names(meta: dict | None) -> list[str]:
+    """The names a known-failures entry's IMPL may give a case's implementation: as it names itself
+    (the outputs' ``implementation``) and as ``gdncheck run`` was given it (``run_config``)."""
+    meta = meta or {}
+    names = [meta["implementation"]] if isinstance(meta.get("implementation"), str) else []
+    try:
+        given = json.loads(meta.get("run_config") or "{}").get("implementation")
+    except (ValueError, AttributeError):
+        given = None
+    return names + ([given] if isinstance(given, str) else [])
+
+
+def _xfails_section(tally: Tally, file: str | None, summary: Summary) -> dict:
+    """The summary's ``xfails``: the known failures set apart, the stale entries (each noted)."""
+    files = sorted({x.file for x in tally.xfails if x.file})
+    where = file or (files[0] if len(files) == 1 else None)
+    stale = tally.stale()
+    for x in stale:
+        summary.notes.append(f"stale known failure ({x.where()}: {x.impl} {x.profile} {x.case} "
+                             f"{','.join(x.tensors)}): the case passes in {summary.profile} now; delete the entry")
+    by_id = {c.id: c for c in summary.cases}
+    return {"file": where or "", "entries": len(tally.xfails),
+            "known_failures": [{"case": case, "tensors": failing_names(by_id[case]), "reason": x.reason,
+                                "line": x.line} for case, x in tally.known.items()],
+            "stale": [x.to_json() for x in stale]}
 
 
 def _only_packed(entry: dict) -> bool:

@@ -214,7 +214,8 @@ def _judge(args, con, say, path, junit_path, to_file, failures, progress) -> int
     known = summary.known_failures()
     real = [c for c in failures if c.id not in known]
     if real:
-        shown = {**doc, "cases": [c for c in doc["cases"] if c["id"] not in known]} if known else doc
+        shown = {**doc, "cases": [{**c, "status": "known failure"} if c["id"] in known else c  # not grouped
+                                  for c in doc["cases"]]} if known else doc
         for line in failure_lines(real, shown, args, con, path if to_file else None):
             con.say(line)
     for c in failures:

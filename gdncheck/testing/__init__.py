@@ -37,16 +37,18 @@ class NonConformance(AssertionError):
 
 
 def case_text(c: CaseReport) -> str:
-    """verify's console text of one case (``gdncheck verify`` prints the same lines): each piece a port
-    wrote on one line, its control characters made visible (:mod:`gdncheck.untrusted`)."""
+    """verify's console text of one case (``gdncheck verify`` prints the same lines; a failing case's
+    likely cause when it was diagnosed): each piece a port wrote on one line, its control characters
+    made visible (:mod:`gdncheck.untrusted`)."""
     if c.status == "pass":
         return f"pass  {c.id}"
     if c.status == "error":
         return f"ERROR {one_line(c.id)}: {one_line(c.problem)}"
     if c.status == "not_applicable":
         return f"n/a   {one_line(c.id)}: {one_line(c.message)}"
+    cause = f"\n      likely cause: {safe_text((c.diagnosis or {}).get('text'))}" if c.diagnosis else ""
     return (f"FAIL  {c.id}: first divergence {c.first_divergence}\n      {one_line(c.message)}\n"
-            f"      repro: {safe_text(c.repro)}")
+            f"      repro: {safe_text(c.repro)}{cause}")
 
 
 def check_conformance(impl: str | Callable, profile: str = "f32", *, fixtures: str | Path | None = None,

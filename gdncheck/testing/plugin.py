@@ -2,15 +2,27 @@
 test run.
 
     pytest --gdncheck-impl myport:factory --gdncheck-profile bf16 [--gdncheck-fixtures DIR]
+           [--gdncheck-option KEY=VALUE ...] [--gdncheck-xfails FILE] [--gdncheck-out DIR]
            [--gdncheck-stage-isolated] [--gdncheck-properties] [-k decode] [-m "not long"]
 
 Without ``--gdncheck-impl`` it does nothing. With it, the session gets one test per fixture case,
 whose id is the case id (``gdncheck-bf16::decode_T12_Hk2_Hv4_dk16_dv16_s0``) and whose markers are the
 case's tags plus ``gdncheck_case``, so ``-k`` and ``-m`` select as usual. A test runs the
 implementation over its case as ``gdncheck run`` does and judges it as ``gdncheck verify`` does; a
-failure is verify's own text (the first divergence, its message, the repro line), a case the
-implementation declares not applicable is a skip with its reason. ``--gdncheck-properties`` adds one
-test per property of the Hypothesis property suite (marker ``gdncheck_property``).
+failure is verify's own text (the first divergence, its message, the repro line, the likely cause
+as ``gdncheck verify`` names it), a case the implementation declares not applicable is a skip with its
+reason. ``--gdncheck-properties`` adds one test per property of the Hypothesis property suite (marker
+``gdncheck_property``).
+
+``--gdncheck-option KEY=VALUE`` (repeatable) goes to the factory as ``gdncheck run --option`` does, an
+option it does not take refused before anything runs. ``--gdncheck-xfails FILE`` (the known-failures
+format of ``gdncheck verify --xfails`` and the gate) marks each listed case ``xfail(strict=True)``: a
+case failing only where its entry allows is XFAIL with the entry's reason, one failing beyond it
+FAILED, one that passes XPASS(strict), a failure (the entry is stale: delete it).
+
+The outputs are kept where the repro lines point: ``--gdncheck-out DIR``, else ``.gdncheck-out/``
+under pytest's rootdir, which the plugin owns (a marker file, a ``.gitignore``; replaced whole at
+the start of each run, never a folder it did not make) and names in the header.
 
 The plugin is loaded by every pytest run where gdncheck is installed, so importing it must stay
 cheap: gdncheck's judge is imported when the first test runs.
@@ -18,8 +30,8 @@ cheap: gdncheck's judge is imported when the first test runs.
 
 from __future__ import annotations
 
+import functools
 import shutil
-import tempfile
 from pathlib import Path
 
 import pytest
@@ -43,15 +55,31 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     g.addoption("--gdncheck-hypothesis-profile", default="ci", choices=("dev", "ci", "nightly"),
                 help="Hypothesis profile of the property tests (default ci: derandomized)")
     g.addoption("--gdncheck-out", metavar="DIR",
-                help="keep the implementation's outputs here (for gdncheck verify / report); default: a temporary "
-                     "folder removed at the end")
+                help=f"write the implementation's outputs here, kept for the repro lines and gdncheck verify / "
+                     f"report (default: {DEFAULT_OUT}/ under pytest's rootdir, replaced at each run)")
+    g.addoption("--gdncheck-option", action="append", default=[], metavar="KEY=VALUE",
+                help="an option for the implementation's factory (repeatable; as gdncheck run --option: one it "
+                     "does not take is refused before anything runs)")
+    g.addoption("--gdncheck-xfails", metavar="FILE",
+                help="known failures (IMPL PROFILE CASE WHAT  # reason; docs/verify.md): listed cases are "
+                     "xfail(strict=True): failing only in the listed tensors or stages XFAIL, passing XPASS(strict)")
+    g.addoption("--gdncheck-diagnose", type=int, default=8, metavar="N",
+                help="name the likely cause of the first N failing cases (default 8; 0: none), as gdncheck "
+                     "verify --diagnose does")
+
+
+#: the default outputs folder, under pytest's rootdir
+DEFAULT_OUT = ".gdncheck-out"
+#: the marker of an outputs folder the plugin made (and so may replace)
+MARKER = ".gdncheck-pytest"
 
 
 class _Run:
     """What the session's gdncheck tests share: the options, the fixture suite, the outputs folder."""
 
     def __init__(self, config: pytest.Config):
-        from gdncheck.conformance.ports.plugin import load_checked_factory
+        from gdncheck.conformance.judge.xfails import load_xfails
+        from gdncheck.conformance.ports.plugin import load_checked_factory, parse_options
         from gdncheck.errors import GDNError
         from gdncheck.fixtures.manifest import load_manifest
         from gdncheck.fixtures.packaged import default_suite
@@ -62,27 +90,72 @@ class _Run:
         self.profile: str = opt.gdncheck_profile
         self.stage_isolated: bool = opt.gdncheck_stage_isolated
         try:
-            # the CLI's own checks (parse_spec, check_options): a typo, a path, a callable that is no
-            # factory (os:getcwd) is one usage error before anything runs, not one failure per case
-            self.factory = load_checked_factory(self.spec)
+            self.options = parse_options(opt.gdncheck_option)
         except GDNError as exc:
-            raise pytest.UsageError(f"gdncheck: --gdncheck-impl: {one_line(exc)}") from None
+            raise pytest.UsageError(f"gdncheck: --gdncheck-option: {one_line(exc)}") from None
+        try:
+            # the CLI's own checks (parse_spec, check_options): a typo, a path, a callable that is no
+            # factory (os:getcwd), an option it does not take is one usage error before anything runs,
+            # not one failure per case
+            self.factory = load_checked_factory(self.spec, self.options)
+        except GDNError as exc:
+            flags = "--gdncheck-impl" + (" / --gdncheck-option" if self.options else "")
+            raise pytest.UsageError(f"gdncheck: {flags}: {one_line(exc)}") from None
+        try:
+            self.xfails = load_xfails(opt.gdncheck_xfails) if opt.gdncheck_xfails else None
+        except GDNError as exc:
+            raise pytest.UsageError(f"gdncheck: --gdncheck-xfails: {one_line(exc)}") from None
+        self.diagnose = opt.gdncheck_diagnose
+        self._diagnoser = None
         try:
             self.fixtures = Path(opt.gdncheck_fixtures) if opt.gdncheck_fixtures else default_suite()
             self.manifest = load_manifest(self.fixtures)
         except GDNError as exc:
             raise pytest.UsageError(f"gdncheck: {one_line(exc)}") from None
-        self.keep = opt.gdncheck_out is not None
+        given = opt.gdncheck_out is not None
+        self.out = (Path(opt.gdncheck_out) if given else Path(config.rootpath) / DEFAULT_OUT).absolute()
         try:
-            self.out = Path(opt.gdncheck_out) if self.keep else Path(tempfile.mkdtemp(prefix="gdncheck-pytest-"))
-            self.out.mkdir(parents=True, exist_ok=True)
+            if given:
+                self.out.mkdir(parents=True, exist_ok=True)
+            elif hasattr(config, "workerinput"):  # a pytest-xdist worker: the controller made it
+                self.out.mkdir(parents=True, exist_ok=True)
+            else:
+                _fresh_folder(self.out)
         except OSError as exc:
-            raise pytest.UsageError(f"gdncheck: --gdncheck-out {one_line(opt.gdncheck_out)}: expected a folder to "
+            raise pytest.UsageError(f"gdncheck: --gdncheck-out {one_line(self.out)}: expected a folder to "
                                     f"write into, found {one_line(exc.strerror or exc)}") from None
 
-    def close(self) -> None:
-        if not self.keep:
-            shutil.rmtree(self.out, ignore_errors=True)
+    def diagnoser(self):
+        """The likely-cause hook of verify, one for the session (its limit counts the session's cases)."""
+        if self.diagnose <= 0:
+            return None
+        if self._diagnoser is None:
+            from gdncheck.conformance.meta.catalogue import mutant_diagnoser
+
+            self._diagnoser = mutant_diagnoser(self.fixtures, limit=self.diagnose)
+        return self._diagnoser
+
+    def xfail_of(self, case: str):
+        """The first known-failures entry that speaks of ``case`` for this implementation, or None."""
+        return next((x for x in self.xfails or () if x.applies(self.spec, self.profile, case)), None)
+
+
+def _fresh_folder(out: Path) -> None:
+    """Make the default outputs folder anew: one the plugin made before (its marker) is replaced
+    whole, so no outputs file of an earlier run is judged or mixed into this run's; any other folder
+    holding anything is refused (it is someone's), never emptied."""
+    if out.exists() and not out.is_dir():
+        raise pytest.UsageError(f"gdncheck: {out}: expected the plugin's outputs folder, found a file "
+                                "(remove it, or give --gdncheck-out DIR)")
+    if out.is_dir() and any(out.iterdir()):
+        if not (out / MARKER).is_file():
+            raise pytest.UsageError(f"gdncheck: {out}: expected the plugin's own outputs folder (with its {MARKER} "
+                                    "marker) or none, found a folder holding other files; it is left as it is "
+                                    "(remove it, or give --gdncheck-out DIR)")
+        shutil.rmtree(out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / MARKER).write_text("the outputs of gdncheck's pytest plugin: replaced whole at each run\n")
+    (out / ".gitignore").write_text("# made by gdncheck's pytest plugin\n*\n")
 
 
 _KEY = pytest.StashKey[_Run]()
@@ -99,10 +172,15 @@ def pytest_configure(config: pytest.Config) -> None:
         config.addinivalue_line("markers", f"{tag}: gdncheck fixture tag")
 
 
-def pytest_unconfigure(config: pytest.Config) -> None:
+def pytest_report_header(config: pytest.Config) -> list[str] | None:
     run = config.stash.get(_KEY, None)
-    if run is not None:
-        run.close()
+    if run is None:
+        return None
+    opts = "".join(f" {k}={v}" for k, v in run.options.items())
+    xf = f", known failures {run.xfails[0].file if run.xfails else config.option.gdncheck_xfails}" \
+        if run.xfails is not None else ""
+    return [f"gdncheck: {run.spec}{opts}, profile {run.profile}{xf}; outputs kept in {run.out} (the repro lines "
+            "point there)"]
 
 
 @pytest.hookimpl(tryfirst=True)  # before -k / -m deselect: the cases are selected like any test
@@ -129,6 +207,10 @@ class Suite(pytest.Collector):
             item.add_marker("gdncheck_case")
             for tag in entry.get("tags", []):
                 item.add_marker(tag)
+            x = run.xfail_of(entry["id"])
+            if x is not None:  # strict: a listed case that passes (a stale entry) fails
+                item.add_marker(pytest.mark.xfail(reason=f"known failure ({x.where()}): {x.reason}", strict=True,
+                                                  raises=KnownFailure))
             out.append(item)
         return out
 
@@ -145,6 +227,10 @@ class Suite(pytest.Collector):
 
 class NonConforming(Exception):
     """A case or property that does not conform; its text is the whole failure report."""
+
+
+class KnownFailure(NonConforming):
+    """A case that fails only where its known-failures entry allows (an expected failure, XFAIL)."""
 
 
 class _Item(pytest.Item):
@@ -171,13 +257,27 @@ class CaseItem(_Item):
         case = self.entry["id"]
         if run.stage_isolated and self.entry["kind"] == "error":
             pytest.skip("stage-isolated mode: an expected-error case is judged end to end only")
-        run_impl(run.spec, run.fixtures, run.out, run.profile, cases=[case], stage_isolated=run.stage_isolated)
-        summary = verify(run.fixtures, run.out, run.profile, cases=[case], stage_isolated=run.stage_isolated)
+        run_impl(run.spec, run.fixtures, run.out, run.profile, cases=[case], options=run.options,
+                 stage_isolated=run.stage_isolated)
+        summary = verify(run.fixtures, run.out, run.profile, cases=[case], stage_isolated=run.stage_isolated,
+                         diagnose=run.diagnoser(), xfails=run.xfails)
         report = next(c for c in summary.cases if c.id == case)
         if report.status == "not_applicable":
             pytest.skip(f"not applicable: {report.message}")
+        marked = self.get_closest_marker("xfail") is not None
+        known = summary.known_failures().get(case)
+        if known is not None:
+            text = f"known failure ({summary.xfails['file']}:{known['line']}: {known['reason']})"
+            if not marked:  # an entry naming the implementation as it names itself: known at run time only
+                pytest.xfail(text)
+            raise KnownFailure(f"{text}\n{case_text(report)}")
         if report.status != "pass":
             raise NonConforming(case_text(report))
+        stale = (summary.xfails or {}).get("stale")
+        if stale and not marked:  # strict, as a marked case's XPASS(strict)
+            x = stale[0]
+            raise NonConforming(f"stale known failure ({summary.xfails['file']}:{x['line']}: {x['reason']}): the "
+                                f"case passes now; delete the entry")
 
     def reportinfo(self):
         run = self.config.stash[_KEY]
@@ -190,7 +290,8 @@ class PropertyItem(_Item):
         from gdncheck.conformance.properties.runner import format_result, run_property
 
         run = self.config.stash[_KEY]
-        r = run_property(self.name, Subject(run.spec, run.profile, run.factory),
+        factory = functools.partial(run.factory, **run.options) if run.options else run.factory
+        r = run_property(self.name, Subject(run.spec, run.profile, factory),
                          hypothesis_profile=self.config.getoption("gdncheck_hypothesis_profile"),
                          max_examples=self.config.getoption("gdncheck_max_examples"))
         if r.status == "skip":

@@ -1,0 +1,172 @@
+"""Known failures (xfails): cases an implementation is known to fail, each with its reason. One
+format for ``gdncheck verify --xfails``, ``gdncheck gate --xfails`` and ``pytest --gdncheck-xfails``
+(like array-api-tests' xfails file and the ONNX backend runner's exclusions).
+
+A plain-text file, one entry a line, ``#`` starting the reason (a line of only a comment is one)::
+
+    IMPL  PROFILE  CASE  WHAT  # reason
+    triton   f32  wide-d1024_T4_Hk1_Hv2_dk16_dv16  core_gated,attn_out  # why, and where it is tracked
+    myport:factory  *  decode_  delta_rule  # a stage: any of its tensors may fail
+
+- ``IMPL``: ``*``, or the implementation as given (the ``--impl`` / ``--gdncheck-impl`` spec, or the
+  ``gdncheck run`` spec recorded in the outputs' ``run_config``) or as it names itself (the
+  outputs' ``implementation`` metadata: what a port in another language writes);
+- ``PROFILE``: ``*`` or ``f32``, ``bf16``, ``f16``;
+- ``CASE``: a case id or id prefix;
+- ``WHAT``: the only things allowed to fail, comma-separated: tensor names (``core``), stage names
+  (``delta_rule``: every tensor of that stage, the states it writes too), ``state`` (``seq_len``),
+  ``snapshot`` (saved snapshot files); or ``*``: any failure of the case, one without a failing
+  tensor too (it raised, raised the wrong error).
+
+A failing case whose every failing tensor is covered by an applicable entry is a *known failure*
+with the entry's reason; one failing beyond it still fails. An applicable entry that covers no
+failure of a case that passed is *stale* (the case passes now). What a stale entry does is the
+caller's: the gate and verify warn, the pytest plugin fails it (``XPASS(strict)``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+from gdncheck.errors import GDNError
+from gdncheck.profiles import VERIFY_PROFILES
+from gdncheck.stages import (
+    MOE_STAGE_NAMES,
+    STAGE_NAMES,
+    STATE_STAGE,
+    TENSOR_ORDER,
+    moe_layer_tensor_names,
+)
+from gdncheck.untrusted import UnsafePathError, one_line, read_bounded
+
+#: a known-failures file larger than this is refused unread
+MAX_XFAILS_BYTES = 4 * 1024 * 1024
+#: the group name of saved snapshot files (records of a ``save`` step)
+SNAPSHOT = "snapshot"
+#: every name WHAT may hold (besides ``*``)
+NAMES = frozenset((*TENSOR_ORDER, *moe_layer_tensor_names(), "seq_len", *STAGE_NAMES, *MOE_STAGE_NAMES,
+                   STATE_STAGE, SNAPSHOT))
+FORMAT = "IMPL PROFILE CASE WHAT  # reason"
+
+
+@dataclass(frozen=True)
+class XFail:
+    impl: str
+    profile: str
+    case: str
+    tensors: tuple[str, ...]  # tensor and stage names; ("*",) for any failure
+    reason: str
+    line: int
+    file: str = ""
+
+    def applies(self, impl: str | Iterable[str], profile: str, case: str) -> bool:
+        """Whether the entry speaks of this case: ``impl`` one name or several (the spec, the name)."""
+        names = {impl} if isinstance(impl, str) else set(impl)
+        return (self.impl == "*" or self.impl in names) and self.profile in ("*", profile) \
+            and case.startswith(self.case)
+
+    def covers(self, tensors: set[str]) -> bool:
+        """Whether every one of these failing names (tensors; stages too) is allowed to fail."""
+        return self.tensors == ("*",) or tensors <= set(self.tensors)
+
+    def covers_case(self, report) -> bool:
+        """Whether the entry covers the failure of this failing case: every failing record named by
+        its tensor, its stage (``state`` for ``seq_len``) or, for a saved snapshot, ``snapshot``."""
+        if self.tensors == ("*",):
+            return True
+        allowed = set(self.tensors)
+        failing = [r for r in report.records if r.verdict == "fail"]
+        return bool(failing) and all(allowed & _names_of(r) for r in failing)
+
+    def where(self) -> str:
+        return f"{self.file}:{self.line}" if self.file else f"line {self.line}"
+
+    def to_json(self) -> dict:
+        return {"impl": self.impl, "profile": self.profile, "case": self.case, "tensors": list(self.tensors),
+                "reason": self.reason, "line": self.line}
+
+
+def _names_of(record) -> set[str]:
+    names = {record.tensor, getattr(record, "stage", None) or STATE_STAGE}
+    if getattr(record, "op", None) == "save":
+        names.add(SNAPSHOT)
+    return names
+
+
+def load_xfails(path: str | Path) -> list[XFail]:
+    """The entries of a known-failures file; a :class:`GDNError` naming the file and line for one
+    that cannot be read or is malformed (four fields, a reason, a known profile and names)."""
+    path = Path(path)
+    try:
+        text = read_bounded(path, MAX_XFAILS_BYTES, "known-failures file").decode("utf-8")
+    except UnsafePathError as exc:
+        raise GDNError(str(exc)) from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise GDNError(f"cannot read the known-failures file {path}: {exc}") from None
+    out = []
+    for n, raw in enumerate(text.splitlines(), 1):
+        body, _, reason = raw.partition("#")
+        fields = body.split()
+        if not fields:
+            continue
+        where = f"{one_line(path)}:{n}"
+        if len(fields) != 4:
+            raise GDNError(f"{where}: expected '{FORMAT}', found {one_line(raw.strip())!r}")
+        if not reason.strip():
+            raise GDNError(f"{where}: a known failure needs its reason after '#'")
+        impl, profile, case, what = fields
+        if profile != "*" and profile not in VERIFY_PROFILES:
+            raise GDNError(f"{where}: expected PROFILE '*' or one of {', '.join(VERIFY_PROFILES)}, found "
+                           f"{one_line(profile)!r}")
+        names = tuple(what.split(","))
+        unknown = [x for x in names if x not in NAMES] if names != ("*",) else []
+        if unknown:
+            raise GDNError(f"{where}: expected WHAT '*' or tensor and stage names (gdncheck/stages.py, 'state', "
+                           f"'snapshot'), found {', '.join(one_line(u)[:60] for u in unknown)!r}")
+        out.append(XFail(impl, profile, case, names, one_line(reason.strip()), n, str(path)))
+    return out
+
+
+class Tally:
+    """The entries of one profile's run, told each case as it is judged: which entry covers a
+    failing case (:meth:`see`), and at the end which entries are stale (:meth:`stale`)."""
+
+    def __init__(self, xfails: Iterable[XFail], profile: str):
+        self.xfails = list(xfails)
+        self.profile = profile
+        self.known: dict[str, XFail] = {}  # case id -> the entry that covers its failure
+        self._used: set[XFail] = set()
+        self._passed: set[XFail] = set()
+
+    def see(self, report, impl: str | Iterable[str]) -> XFail | None:
+        """The entry that covers this case's failure (None: it passed, or fails beyond every entry)."""
+        names = [impl] if isinstance(impl, str) else list(impl)
+        for x in self.xfails:
+            if not x.applies(names, self.profile, report.id):
+                continue
+            if report.status == "pass":
+                self._passed.add(x)
+            elif report.status == "fail" and report.id not in self.known and x.covers_case(report):
+                self.known[report.id] = x
+                self._used.add(x)
+        return self.known.get(report.id)
+
+    def stale(self) -> list[XFail]:
+        """The entries of a case that passed and that covered no failure, in file order."""
+        return sorted(self._passed - self._used, key=lambda x: (x.file, x.line))
+
+
+def classify(xfails: list[XFail], impl: str | Iterable[str], profile: str,
+             case_reports) -> tuple[dict[str, XFail], list[XFail]]:
+    """(case id -> the entry that covers its failure, stale entries: those of a case that passed)."""
+    tally = Tally(xfails, profile)
+    for c in case_reports:
+        tally.see(c, impl)
+    return tally.known, tally.stale()
+
+
+def failing_names(report) -> list[str]:
+    """The tensors a failing case fails in, in the order of its records (for the reports)."""
+    return sorted({r.tensor for r in report.records if r.verdict == "fail"})
