@@ -130,3 +130,23 @@ def test_a_tampered_suite_says_its_goldens_do_not_reproduce(fixtures_dir, tmp_pa
     assert any("does not reproduce from its recipe" in n for n in case.notes), case.notes
     assert "does not reproduce" in case.diagnosis["text"] and case.diagnosis["verdict"] == "none"
     assert any("goldens do not reproduce" in n for n in s.notes)
+
+
+def test_report_markdown_never_appends_through_a_link(fixtures_dir, tmp_path):
+    """``report --markdown LINK`` appended to the link's target; now it is exit 2, one line, the target as
+    it was. A regular file is appended to (a CI job summary)."""
+    perfect_outputs(fixtures_dir, "decode_T12", tmp_path / "out")
+    assert _cli("verify", "--outputs", tmp_path / "out", "--profile", "f32", "--case", "decode_T12").returncode == 0
+    summary = tmp_path / "out" / "verify-summary-f32.json"
+    target = tmp_path / "elsewhere.txt"
+    target.write_text("precious\n")
+    link = tmp_path / "summary.md"
+    link.symlink_to(target)
+    r = _cli("report", summary, "--markdown", link)
+    err = r.stderr.decode("utf-8", "replace")
+    assert r.returncode == 2 and "symbolic link" in err and len(err.strip().splitlines()) == 1, err
+    assert target.read_text() == "precious\n"
+    real = tmp_path / "job-summary.md"
+    real.write_text("before\n")
+    assert _cli("report", summary, "--markdown", real).returncode == 0
+    assert real.read_text().startswith("before\n") and len(real.read_text()) > 20

@@ -122,11 +122,25 @@ class CaseJudge:
             self.outs = NamedOutputs(SafetensorsFile(path), self.names, inputs.dims(self.entry))
             inputs.check_outputs_meta(self.entry, self.outs.metadata, self.stage_isolated)
             self.report.notes.extend(safe_text(n) for n in self.outs.notes())
+            self.report.notes.extend(self._calls_not_in_program())
         except GDNError as exc:
             return safe_text(f"outputs unusable: {exc}")
         self.meta = self.outs.metadata
         self.report.repro = self._repro()  # now with the command that made the outputs, if it says
         return None
+
+    def _calls_not_in_program(self) -> list[str]:
+        """A note for outputs tensors of calls the program does not have (they are never judged)."""
+        calls = {str(step["call"]) for step in call_steps(self.entry["program"])}
+        extra = sorted({key.split(".")[1] for key in self.outs.file if key.startswith("calls.")
+                        and len(key.split(".")) >= 3 and key.split(".")[1] not in calls},
+                       key=lambda c: (len(c), c))
+        if not extra:
+            return []
+        shown = ", ".join(safe_text(c)[:40] for c in extra[:10]) + (f" and {len(extra) - 10} more" if len(extra) > 10
+                                                                   else "")
+        return [f"outputs tensors of call(s) {shown} ignored: the case's program has no such call (its calls: "
+                f"{', '.join(sorted(calls, key=int))})"]
 
     def _finish(self) -> CaseReport:
         """The case's status from its records, then the coverage rule (fixtures/coverage.py): a case
@@ -266,7 +280,10 @@ class CaseJudge:
     def judge_seq_len(self, i: int, step: dict, loc: str) -> None:
         key = call_key(step["call"], "seq_len")
         actual, dtype = _read(self.outs, key, (len(step["seq_len_after"]),), SEQ_LEN_DTYPES)
-        if actual is None:
+        if actual is None:  # optional (FORMAT.md §7), but counted as not provided, as any tensor is
+            self.report.records.append(Record(
+                case=self.case, step=i, op=step["op"], call=step["call"], tensor="seq_len", stage=STATE_STAGE,
+                stage_index=STATE_STAGE_INDEX, verdict="missing", expected_shape=[len(step["seq_len_after"])]))
             return
         rec = Record(case=self.case, step=i, op=step["op"], call=step["call"], tensor="seq_len", stage=STATE_STAGE,
                      stage_index=STATE_STAGE_INDEX, verdict="pass", dtype=dtype, shape=list(actual.shape),

@@ -53,5 +53,19 @@ def emit_markdown(text: str, dest: str) -> None:
     if dest == "-":
         print(text, end="")
         return
-    with open(dest, "a", encoding="utf-8") as f:
+    import os
+    import stat
+
+    from gdncheck.errors import GDNError
+
+    try:  # never through a link: appending through one writes to whatever it points at
+        fd = os.open(dest, os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0), 0o666)
+    except OSError as exc:
+        if os.path.islink(dest):
+            raise GDNError(f"--markdown {dest} is a symbolic link, expected a file to append to (a CI job "
+                           f"summary file): it is not followed") from None
+        raise GDNError(f"--markdown {dest}: cannot append to it ({exc.strerror or exc})") from None
+    with os.fdopen(fd, "a", encoding="utf-8") as f:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise GDNError(f"--markdown {dest} is not a regular file, expected a file to append to")
         f.write(text)

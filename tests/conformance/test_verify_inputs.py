@@ -219,3 +219,20 @@ def test_a_sparse_case_is_judged_with_its_block_tensors(fixtures_dir, tmp_path):
     assert case.status == "pass", case.problem
     routed = [r for r in case.records if r.tensor == "selected_experts"]
     assert routed and all(r.verdict == "pass" and r.dtype == "I32" for r in routed)
+
+
+def test_an_outputs_tensor_of_no_call_is_noted_and_a_missing_seq_len_counted(fixtures_dir, tmp_path):
+    """Issue 26 leftovers: a tensor of a call the program does not have was ignored without a word, and a
+    missing seq_len was not counted as not provided."""
+    def extra(t):
+        t["calls.7.out"] = t["calls.0.out"]
+        for k in [k for k in t if k.endswith(".seq_len")]:
+            del t[k]
+
+    perfect_outputs(fixtures_dir, "decode_T12", tmp_path, alter=extra)
+    (case,) = verify(fixtures_dir, tmp_path, "f32", cases=["decode_T12"]).cases
+    assert case.status == "pass"
+    assert any("call(s) 7 ignored" in n and "no such call" in n for n in case.notes), case.notes
+    missing = [r for r in case.records if r.verdict == "missing"]
+    calls = [s for s in case_entry(fixtures_dir, "decode_T12")["program"] if s["op"] in ("forward", "decode")]
+    assert {r.tensor for r in missing} == {"seq_len"} and len(missing) == len(calls)

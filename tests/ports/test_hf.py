@@ -77,7 +77,9 @@ def test_transformers_conforms_on_every_case_it_can_express(fixtures_dir, tmp_pa
             problems.append(f"{c.id}: {c.status}: {c.message or c.problem}")
     assert not problems, "\n".join(problems)
     t = s.totals()
-    assert t["not_applicable"] == len(NOT_APPLICABLE) and t["records_missing"] == 0  # every stage tensor exposed
+    # every stage tensor exposed; only seq_len is not provided (transformers' cache keeps no position)
+    missing = {r.tensor for c in s.cases for r in c.records if r.verdict == "missing"}
+    assert t["not_applicable"] == len(NOT_APPLICABLE) and missing <= {"seq_len"}, missing
     # the weight and input errors transformers does catch are reported with the expected codes
     caught = {c.id.split("_")[0]: c.error_check["match"] for c in s.cases if c.kind == "error" and c.status == "pass"}
     assert caught == {"error-norm-weight-size": "exact", "error-projection-size": "exact",
