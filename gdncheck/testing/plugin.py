@@ -159,6 +159,37 @@ def _fresh_folder(out: Path) -> None:
 
 
 _KEY = pytest.StashKey[_Run]()
+#: a case test's user property: what judged it, ``port``, ``gdncheck`` (its own config parser, the port never
+#: called) or ``none`` (not applicable, skipped)
+JUDGED = "gdncheck_judged"
+class _Coverage:
+    """The coverage rule in pytest (registered by :func:`pytest_configure` when the plugin is active):
+    counts what judged each case test — on the controller too under pytest-xdist, whose reports carry
+    the user property — and makes a session that judged nothing of the port (every case not applicable,
+    or answered by gdncheck's own config parser before the port was called) an error, never a pass."""
+
+    def __init__(self, config: pytest.Config):
+        self.config = config
+        self.counts: dict[str, int] = {}
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        if report.when != "call":
+            return
+        for key, value in getattr(report, "user_properties", ()):
+            if key == JUDGED:
+                self.counts[value] = self.counts.get(value, 0) + 1
+
+    def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
+        if hasattr(self.config, "workerinput") or not self.counts or self.counts.get("port", 0):
+            return
+        own, none = self.counts.get("gdncheck", 0), self.counts.get("none", 0)
+        line = (f"gdncheck: nothing of the port was judged: of {own + none} case test(s), {own} were answered by "
+                f"gdncheck's own config parser before the port was called and {none} not applicable")
+        reporter = self.config.pluginmanager.get_plugin("terminalreporter")
+        if reporter is not None:
+            reporter.write_line(line, red=True)
+        if session.exitstatus == pytest.ExitCode.OK:
+            session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -166,6 +197,7 @@ def pytest_configure(config: pytest.Config) -> None:
         return
     run = _Run(config)
     config.stash[_KEY] = run
+    config.pluginmanager.register(_Coverage(config), "gdncheck-coverage")
     config.addinivalue_line("markers", "gdncheck_case: a gdncheck conformance case (the plugin's)")
     config.addinivalue_line("markers", "gdncheck_property: a property of gdncheck's Hypothesis suite")
     for tag in sorted({t for c in run.manifest["cases"] for t in c.get("tags", [])}):
@@ -248,6 +280,7 @@ class CaseItem(_Item):
         self.entry = entry
 
     def runtest(self) -> None:
+        from gdncheck.conformance.judge.records import own_check
         from gdncheck.conformance.judge.verify import verify
         from gdncheck.conformance.ports.run import run_impl
 
@@ -262,6 +295,9 @@ class CaseItem(_Item):
         summary = verify(run.fixtures, run.out, run.profile, cases=[case], stage_isolated=run.stage_isolated,
                          diagnose=run.diagnoser(), xfails=run.xfails)
         report = next(c for c in summary.cases if c.id == case)
+        # what judged this case (the coverage rule, counted at the session's end: pytest_sessionfinish)
+        self.user_properties.append((JUDGED, "gdncheck" if own_check(report) else
+                                     "port" if report.status in ("pass", "fail") else "none"))
         if report.status == "not_applicable":
             pytest.skip(f"not applicable: {report.message}")
         marked = self.get_closest_marker("xfail") is not None

@@ -105,3 +105,26 @@ def test_assert_conforms(tmp_path, monkeypatch):
     assert text.splitlines()[0].endswith("1 of 1 case(s) fail, 0 unusable")
     assert f"FAIL  {case}: first divergence call 0, stage input_norm" in text
     assert info.value.summary.exit_code == 1 and (tmp_path / "out" / f"{case}.safetensors").is_file()
+
+
+NEVER = """
+from gdncheck.harness import NotApplicable
+
+def factory(cfg, weights, *, profile, strict=False, **options):
+    raise NotApplicable("this port implements nothing")
+"""
+
+
+def test_a_session_that_judged_nothing_of_the_port_is_an_error(pytester):
+    """Issue 26: narrowed to config-error cases, a port that declares everything not applicable 'passed'
+    them, gdncheck's own parser having answered before the port was called. The session now fails,
+    saying so; with one case that judged the port it passes."""
+    pytester.makepyfile(never=NEVER, myport=PORT)
+    result = pytester.runpytest("--gdncheck-impl", "never:factory", "--gdncheck-profile", "f32", "-p",
+                                "no:cacheprovider", "-k", "error-head-ratio or error-invalid-eps")
+    assert result.ret == pytest.ExitCode.TESTS_FAILED, result.stdout.str()
+    result.stdout.fnmatch_lines(["*gdncheck: nothing of the port was judged: of 2 case test(s), 2 were answered "
+                                 "by gdncheck's own config parser*"])
+    ok = pytester.runpytest("--gdncheck-impl", "myport:factory", "--gdncheck-profile", "f32", "-p",
+                            "no:cacheprovider", "-k", "error-head-ratio or prefill_T1_")
+    assert ok.ret == pytest.ExitCode.OK, ok.stdout.str()
