@@ -20,7 +20,7 @@ Library API (what ``gdncheck report``, ``gdncheck verify --report`` and the gate
   (append it to ``$GITHUB_STEP_SUMMARY``); ``report`` is a path or URL of the site to mention.
 
 Modules: :mod:`.model` (summary → view data), :mod:`.tensors` (reload tensors, errors, pooling,
-worst elements), :mod:`.plots` (matplotlib), :mod:`.site` (Jinja2 pages), :mod:`.summaries`.
+worst elements), :mod:`.plots` (inline SVG, palette-PNG heatmaps), :mod:`.site` (Jinja2 pages), :mod:`.summaries`.
 docs/report.md describes the pages.
 """
 

@@ -45,6 +45,8 @@ GRID_STAGES: tuple[str, ...] = tuple(STAGE_NAMES[1:]) + ("state",)
 #: A sparse layer's block stages, placed in pipeline order where a summary holds them.
 MOE_GRID_STAGES: tuple[str, ...] = tuple(s for s in PIPELINE_ORDER if s not in STAGE_NAMES)
 VERDICT_ORDER = {"fail": 0, "missing": 1, "pass": 2}
+#: failure reasons that leave nothing to plot (no values, or values of the wrong shape)
+NO_VALUES = ("missing_required", "dtype", "shape")
 #: a summary larger than this is refused unread (the default suite's is a few MB)
 MAX_SUMMARY_BYTES = 1 << 30
 
@@ -107,7 +109,8 @@ class RecordView(Record):
     anchor: str
     raw: dict  # the record as the summary holds it (for the tensor loader)
     first: bool = False  # the case's first divergence
-    plots: dict[str, str] = field(default_factory=dict)  # kind -> path relative to the case page
+    featured: bool = False  # plotted: the first divergence or one of the worst (assets.featured)
+    plots: dict = field(default_factory=dict)  # kind -> a PNG's path relative to the case page, or inline SVG
     captions: dict[str, str] = field(default_factory=dict)  # kind -> extra caption text
     heat: dict | None = None  # heatmap layout (assets.heat_layout)
     blocks: list | None = None  # (head or segment, elements over the bound, elements)
@@ -117,6 +120,18 @@ class RecordView(Record):
     sequences: list = field(default_factory=list)  # a packed stream's packed.SequenceError per sequence
     slots: list = field(default_factory=list)  # a serving step's pool state: packed.SlotError per slot
     serving: dict | None = None  # the layout of the record's serving step (packed.layouts)
+
+    @property
+    def sectioned(self) -> bool:
+        """A failing record with a section of its own: plotted, without values (its message says why),
+        or split by sequence or slot; every other failing record is its row in the metrics table."""
+        return self.verdict == "fail" and (self.featured or self.metrics is None or self.reason in NO_VALUES
+                                           or bool(self.slots) or bool(self.sequences))
+
+    @property
+    def link(self) -> str:
+        """Where the page shows this record best: its section, else its metrics row."""
+        return self.anchor if self.sectioned else f"t-{self.anchor}"
 
     @property
     def seq_plots(self) -> list:
@@ -223,6 +238,21 @@ class CaseView:
         return sorted(fails, key=lambda r: (not r.first, r.step, r.stage_index, tensor_rank(r.tensor)))
 
     @property
+    def plotted(self) -> list[RecordView]:
+        """The featured records (plots), the first divergence first."""
+        return [r for r in self.failing if r.featured]
+
+    @property
+    def unplotted(self) -> list[RecordView]:
+        """Failing records with a section but no plots (no values; a serving step's split)."""
+        return [r for r in self.failing if r.sectioned and not r.featured]
+
+    @property
+    def rows_only(self) -> int:
+        """Failing records shown as their metrics row alone."""
+        return sum(not r.sectioned for r in self.failing)
+
+    @property
     def diagnosis(self) -> dict | None:
         """The likely cause as the summary holds it, every field present (None where that diagnosis
         state has none: a skipped or failed diagnosis names no candidate), so that a page reads any
@@ -240,12 +270,12 @@ class CaseView:
         return str(self.first) if self.first else ""
 
     def target(self, stage: str, step: int | None = None) -> str:
-        """Anchor on the case page for a stage (of one step): its first failing tensor's section,
-        else its first row in the metrics tables."""
+        """Anchor on the case page for a stage (of one step): its first failing tensor's section (the
+        first divergence first), else that tensor's row, else the stage's first row in the metrics tables."""
         recs = [r for r in self.records if r.stage == stage and (step is None or r.step == step)]
         fails = [r for r in recs if r.verdict == "fail"]
         if fails:
-            return (fails[0] if step is not None else min(fails, key=lambda r: (not r.first, r.step))).anchor
+            return min(fails, key=lambda r: (not r.first, not r.sectioned, r.step)).link
         return f"t-{recs[0].anchor}" if recs else "pipeline"
 
 

@@ -2,7 +2,8 @@
 
 The site is a folder that opens from ``file://``: one stylesheet beside the index (``style.css``, shared
 by every page: inline, it cost each case page 7 kB), a few lines of inline JavaScript for
-the index filters (the pages read the same without it), PNG plots in ``cases/<case>/``, no network.
+the index filters (the pages read the same without it), heatmap PNGs in ``cases/<case>/`` and the
+line plots inline (SVG), no network.
 Pages come from the Jinja2 templates in ``templates/`` with autoescaping on, so every string from a
 port's files (case and tensor names, metadata, messages) is shown as text.
 """
@@ -69,7 +70,7 @@ def write_report(summary: str | Path | dict, out_dir: str | Path, *, fixtures_di
         env = environment()
         cases_dir = tmp / "cases"
         cases_dir.mkdir()
-        (tmp / "colorbar.png").write_bytes(plots.colorbar())
+        (tmp / "colorbar.svg").write_bytes(plots.colorbar())
         shutil.copyfile(TEMPLATES / "style.css", tmp / "style.css")
         case_tpl = env.get_template("case.html.j2")
         for case in view.cases:

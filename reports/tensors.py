@@ -28,7 +28,7 @@ from . import packed
 
 HEAT_ROWS = 64
 HEAT_COLS = 160
-DRIFT_POINTS = 256
+DRIFT_POINTS = 160  # 3 px a point across a 472 px plot
 STATE_AXES = {"conv_state": ("b", "channel", "slot"), "recurrent_state": ("b", "head", "k", "v")}
 
 

@@ -44,13 +44,6 @@ def tiled_report(tiled, tmp_path_factory):
     return write_report(tiled.doc, tmp_path_factory.mktemp("report") / "site")
 
 
-@pytest.fixture(scope="session")
-def all_failing(tmp_path_factory) -> Run:
-    """norm_weight_plain (w instead of 1 + w) fails every float tensor of every call from input_norm on;
-    on the long decode (2048 tokens) the tensors are the largest of the light cases."""
-    return mutant_run(tmp_path_factory, "norm_weight_plain", ["long-decode"])
-
-
 def tensor_counts(prefixes, from_stage: str) -> tuple[int, int]:
     """(tensors of the cases named by ``prefixes`` at or after ``from_stage`` in pipeline order, every
     tensor verify judges for them: each call's expected list plus its seq_len), from the manifest:

@@ -37,6 +37,9 @@ class Element:
 
 
 VOID = {"meta", "link", "img", "br", "hr", "input", "col", "area", "base", "embed", "source", "wbr"}
+#: end tags HTML lets a page leave out (the metrics tables do): a cell ends at the next cell or row,
+#: a row at the next row (and both at the end of their table section, as any open element does)
+IMPLIED_END = {"td": ("td", "th"), "th": ("td", "th"), "tr": ("td", "th", "tr")}
 
 
 class _Builder(HTMLParser):
@@ -46,6 +49,8 @@ class _Builder(HTMLParser):
         self.cur = self.root
 
     def handle_starttag(self, tag, attrs):
+        while self.cur.tag in IMPLIED_END.get(tag, ()):
+            self.cur = self.cur.parent
         el = Element(tag, dict(attrs), self.cur)
         self.cur.children.append(el)
         self.cur.content.append(el)

@@ -74,11 +74,12 @@ class Browser:
         self.page = None
         self.errors: list[str] = []
 
-    def open(self, url: str, *, javascript: bool = True) -> None:
+    def open(self, url: str, *, javascript: bool = True, viewport: dict | None = None) -> None:
         if self.page is not None:
             self.page.context.close()
         self.errors = []
-        self.page = page = self.chromium.new_context(viewport=VIEWPORT, java_script_enabled=javascript).new_page()
+        self.page = page = self.chromium.new_context(viewport=viewport or VIEWPORT,
+                                                     java_script_enabled=javascript).new_page()
         page.on("console", lambda m: m.type in ("error", "assert") and self.errors.append(f"console: {m.text}"))
         page.on("pageerror", lambda e: self.errors.append(f"exception: {e}"))
         page.on("requestfailed", lambda r: self.errors.append(f"failed load: {r.url} ({r.failure})"))
@@ -167,9 +168,10 @@ def test_failing_case_in_a_browser(browser, tiled, tiled_report, artifacts):
     images = browser.load_images()
     assert images and all(i["ok"] and i["width"] > 0 for i in images), [i for i in images if not i["ok"]]
     assert browser.console_errors() == []
-    failing = sum(r.verdict == "fail" for r in case.records)
-    for kind in ("heatmap", "histogram", "drift"):
-        assert browser.evaluate(f"document.querySelectorAll('section.tensor img.{kind}').length") == failing, kind
+    plotted = browser.evaluate("document.querySelectorAll('section.tensor img.heatmap').length")
+    assert plotted == 3  # the first divergence and the two worst others: not every failing tensor
+    assert browser.evaluate("document.querySelectorAll('section.tensor svg.histogram').length") == plotted
+    assert 1 <= browser.evaluate("document.querySelectorAll('section.tensor svg.drift').length") <= plotted
     assert browser.evaluate("document.querySelector('section.tensor').id") == \
         next(r.anchor for r in case.records if r.first)
     shot = browser.screenshot(artifacts / "report-case.png")
@@ -193,7 +195,87 @@ def test_serving_case_in_a_browser(browser, leak, leak_report, artifacts):
     # a panel figure for each failing stream tensor with a sequence of more than one token
     streams = [r for r in case.records if r.verdict == "fail" and r.tensor in ("qkv_conv", "core", "out")
                and any(n > 1 for n in np.diff(case.serving[r.step]["cu_seqlens"]))]
-    assert browser.evaluate("document.querySelectorAll('figure.seq-plot img').length") == len(streams)
-    assert browser.evaluate("document.querySelector('figure.seq-plot img').naturalWidth") == 528
+    featured = [r for r in streams if r.anchor in browser.evaluate(
+        "Array.from(document.querySelectorAll('section.tensor')).filter(s => s.querySelector('img.heatmap'))"
+        ".map(s => s.id)")]
+    assert featured  # the first divergence is a stream tensor
+    assert browser.evaluate("document.querySelectorAll('figure.seq-plot svg').length") == len(featured)
+    assert browser.evaluate("document.querySelector('figure.seq-plot svg').getBoundingClientRect().width") == 528
     browser.page.locator("figure.seq-plot").first.scroll_into_view_if_needed()
     not_blank(browser.screenshot(artifacts / "report-serving-case.png"))
+
+
+WIDE = {"width": 1400, "height": 900}
+
+
+@pytest.fixture(scope="module")
+def one_token(tmp_path_factory):
+    """norm_weight_plain on the one-token prefill: every call is one token long."""
+    from .conftest import mutant_run
+
+    run = mutant_run(tmp_path_factory, "norm_weight_plain", ["prefill_T1_"])
+    from gdncheck.reports import write_report
+
+    return run, write_report(run.doc, tmp_path_factory.mktemp("one-token") / "site")
+
+
+def plot_elements(b) -> list[dict]:
+    """Every plot element of the page: its kind, whether it holds data (an image that decoded with
+    pixels; an SVG that drew values: its data-points, and a path for them) and its top on the page."""
+    return b.evaluate(
+        "Array.from(document.querySelectorAll('img.plot, svg.plot')).map(e => ({"
+        "kind: e.getAttribute('class'), top: e.getBoundingClientRect().top + window.scrollY, "
+        "data: e.tagName === 'IMG' ? (e.complete && e.naturalWidth > 0) : "
+        "(Number(e.dataset.points) > 0 && e.querySelectorAll('path.data').length > 0)}))")
+
+
+def test_a_case_page_reads_top_down_and_fits_1400_px(browser, tiled, tiled_report, artifacts):
+    """At 1400 × 900: the verdict and the first divergence (its message, the likely cause) come first,
+    then its plots, then the folded tables; nothing is wider than the window, the metrics tables
+    included (they fit their box); the calls other than the first divergence's are folded."""
+    view = build(tiled.doc)
+    for case in (c for c in view.cases if c.status == "fail"):
+        browser.open((tiled_report.parent / "cases" / f"{case.page}.html").as_uri(), viewport=WIDE)
+        browser.load_images()
+        assert browser.console_errors() == []
+        assert browser.evaluate("document.documentElement.scrollWidth") <= 1400
+        assert browser.evaluate("Array.from(document.querySelectorAll('details.call')).every(d => { const o = d.open; "
+                                "d.open = true; const fits = Array.from(d.querySelectorAll('.scroll')).every("
+                                "s => s.scrollWidth <= s.clientWidth); d.open = o; return fits; })")
+        assert browser.evaluate("document.documentElement.scrollWidth") <= 1400
+        first = browser.evaluate("document.getElementById('first').getBoundingClientRect().top + window.scrollY")
+        plots = plot_elements(browser)
+        assert plots and all(p["data"] for p in plots), plots
+        assert first < min(p["top"] for p in plots)  # the first divergence above the first plot
+        assert first < 900  # in the first screen
+        section = browser.evaluate("document.querySelector('section.tensor').id")
+        assert section == next(r.anchor for r in case.records if r.first)
+        pipeline = browser.evaluate("document.getElementById('pipeline').getBoundingClientRect().top + window.scrollY")
+        assert min(p["top"] for p in plots) < pipeline  # the plots before the tables
+        opened = browser.evaluate("Array.from(document.querySelectorAll('details.call')).filter(d => d.open)"
+                                  ".map(d => d.id)")
+        assert opened == [f"call-{case.first.step}"], opened
+    not_blank(browser.screenshot(artifacts / "report-case-1400.png"))
+
+
+def test_a_one_token_call_gets_no_empty_plot(browser, one_token, artifacts):
+    """Every call of the case is one token: the failing tensors' sections show a heatmap and a
+    histogram (the token's elements) and no error-over-tokens curve, and no plot element is empty."""
+    run, report = one_token
+    case = build(run.doc).cases[0]
+    assert case.status == "fail"
+    browser.open((report.parent / "cases" / f"{case.page}.html").as_uri(), viewport=WIDE)
+    browser.load_images()
+    assert browser.console_errors() == []
+    plots = plot_elements(browser)
+    assert plots and all(p["data"] for p in plots), plots
+    assert not [p for p in plots if "drift" in p["kind"]]  # one token: a number, not a curve
+    assert browser.evaluate("document.querySelectorAll('section.tensor.first img.heatmap').length") == 1
+    assert browser.evaluate("document.documentElement.scrollWidth") <= 1400
+    not_blank(browser.screenshot(artifacts / "report-one-token-case.png"))
+
+
+def test_the_index_fits_1400_px(browser, tiled_report):
+    browser.open(tiled_report.as_uri(), viewport=WIDE)
+    assert browser.console_errors() == []
+    assert browser.evaluate("document.documentElement.scrollWidth") <= 1400

@@ -11,10 +11,11 @@ from gdncheck.config import GDNConfig
 from gdncheck.conformance.judge.verify import verify
 from gdncheck.fixtures.manifest import DEFAULT_DIR
 from gdncheck.reports import write_report
+from gdncheck.reports.assets import EXTRA
 from gdncheck.reports.model import build
 
 from ..conformance.helpers import case_entry, perfect_outputs
-from .conftest import TILED_FAILING, tensor_counts
+from .conftest import TILED_FAILING
 from .pages import parse
 
 
@@ -25,6 +26,21 @@ def _moved(doc: dict, side: str) -> dict:
             if r[side] and r[side]["file"]:
                 r[side]["file"] = "/nonexistent/moved/" + r[side]["file"].rsplit("/", 1)[-1]
     return doc
+
+
+def drawable(case: dict, sec) -> bool:
+    """Whether a section's record has an error-over-tokens curve to draw: two tokens, or two calls."""
+    rec = case["records"][int(sec.attrs["id"][1:])]
+    if rec["tensor"] in ("recurrent_state", "conv_state"):
+        return sum(r["tensor"] == rec["tensor"] and r["op"] != "save" for r in case["records"]) > 1
+    return rec["shape"][1] > 1
+
+
+def case_sections(index, doc):
+    """(case, section) for every tensor section of every case page."""
+    for case in build(doc).cases:
+        page = parse(index.parent / "cases" / f"{case.page}.html")
+        yield from ((case.raw, sec) for sec in page.find_all("section", cls="tensor"))
 
 
 def failing_sections(index, doc):
@@ -38,17 +54,18 @@ def failing_sections(index, doc):
 def test_outputs_gone_gives_a_note_and_the_summarys_drift(tiled, tmp_path):
     doc = _moved(tiled.doc, "actual_ref")
     index = write_report(doc, tmp_path / "site")
-    sections = failing_sections(index, doc)
-    assert len(sections) == tensor_counts(TILED_FAILING, "delta_rule")[0]
-    for sec in sections:
+    sections = list(case_sections(index, doc))
+    assert len(sections) == len(TILED_FAILING) * (1 + EXTRA)  # the plotted ones: a first divergence, two worst
+    for case, sec in sections:
         text = sec.text
         assert "outputs file not found" in text and "pass --outputs DIR" in text
-        assert sec.find("img", cls="heatmap") is None and sec.find("img", cls="histogram") is None
+        assert sec.find("img", cls="heatmap") is None and sec.find(cls="histogram") is None
         assert sec.find("table", cls="worst") is None
         assert "max err" in sec.find("div", cls="kv").text  # the summary's numbers are still there
-        drift = sec.find("img", cls="drift")
-        assert drift is not None  # tokens: the summary's per-token profile; states: the summary's per-call errors
-        if "After which call" not in text:
+        drift = sec.find("svg", cls="drift")
+        # tokens: the summary's per-token profile; states: the summary's per-call errors; a one-token call none
+        assert (drift is not None) == drawable(case, sec), sec.find("h3").text
+        if drift is not None and "After which call" not in text:
             assert "per-token profile" in text
     # the same names in another folder: everything is back
     index = write_report(doc, tmp_path / "site", outputs_dir=tiled.outputs)
@@ -81,10 +98,14 @@ def test_tensors_without_values_or_with_nan(tmp_path):
     page = parse(next((index.parent / "cases").glob("*.html")))
     by_tensor = {s.find("h3").text.split(" · ")[-1].split(" — ")[0]: s for s in page.find_all("section", cls="tensor")}
     assert set(by_tensor) == {"z", "core", "out"}
+    first = page.find("div", cls="msg")  # the first divergence's message: in the box above its section
     for name in ("z", "out"):
-        assert by_tensor[name].find("img") is None and by_tensor[name].find("div", cls="msg") is not None
+        rec = next(r for r in doc["cases"][0]["records"] if r["tensor"] == name)
+        assert by_tensor[name].find("img") is None and by_tensor[name].find("svg") is None
+        assert rec["message"] in (by_tensor[name].find("div", cls="msg") or first).text
     dv = GDNConfig.from_hf(dict(case_entry(DEFAULT_DIR, "decode_T12")["config"])).head_v_dim
-    assert f"shape [1, 12, 4, {dv - 1}], but should be [1, 12, 4, {dv}]" in by_tensor["z"].text
+    assert f"shape [1, 12, 4, {dv - 1}], but should be [1, 12, 4, {dv}]" in first.text  # z: the first divergence
+    assert "first" in by_tensor["z"].classes()
     core = by_tensor["core"]
     assert core.find("img", cls="heatmap") is not None and "NaN 1, first at [0, 3, 1, 2]" in core.text
     worst = core.find("table", cls="worst").find("tbody").find_all("tr")[0]

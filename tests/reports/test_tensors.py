@@ -97,7 +97,7 @@ def test_heatmap_colours_follow_the_bound():
     bound = 0.2
     values = np.array([[0.0, bound * 1e-4, bound * 0.5, bound * 2, bound * 5e3, np.nan, np.inf]])
     idx = plots.color_index(values, bound)[0]
-    n = plots.CMAP.N
+    n = plots.N_BINS
     assert idx[0] == n and idx[1] == n  # zero and far under: the "under" colour (white)
     assert idx[2] == 5  # half the bound: the last blue, just under the bound
     assert idx[3] == 6  # twice the bound: the first red
