@@ -1,0 +1,130 @@
+"""doppler's own WGSL linear-attention core (doppler-gpu 0.5.1) on the CPU through WebGPU, judged
+stage-isolated (examples/engines/doppler-webgpu/). The glue tests need only node; the kernel tests
+need `npm ci` in that folder and a WebGPU adapter (doe-gpu, or Dawn over lavapipe with the shim),
+and skip with the reason otherwise."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from gdncheck.conformance.judge.verify import verify
+
+REPO = Path(__file__).resolve().parents[2]
+HERE = REPO / "examples" / "engines" / "doppler-webgpu"
+NODE = shutil.which("node")
+needs_node = pytest.mark.skipif(NODE is None, reason="node (>= 20) is not on PATH")
+
+
+def _read_f32_safetensors(path: Path):
+    raw = path.read_bytes()
+    n = int.from_bytes(raw[:8], "little")
+    header = json.loads(raw[8:8 + n])
+    data = raw[8 + n:]
+    out = {}
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        assert info["dtype"] == "F32"
+        b, e = info["data_offsets"]
+        out[name] = np.frombuffer(data[b:e], dtype="<f4").reshape(info["shape"])
+    return header["__metadata__"], out
+
+
+@needs_node
+def test_the_outputs_writer_stacks_doppler_rows_into_gdncheck_layouts(tmp_path):
+    """Per-sequence buffers in doppler's layouts (conv [conv_dim, K], state [Hv, dk, dv], output
+    [T, Hv*dv]) become [B, ...] tensors with the metadata of a stage-isolated outputs file."""
+    script = """
+import { callTensors, writeCaseOutputs } from './outputs.js';
+const dims = { T: 2, convDim: 6, K: 3, Hv: 2, dk: 3, dv: 2 };
+const row = (b) => ({
+  qkvConv: Float32Array.from({ length: 12 }, (_, i) => 1000 * b + i),
+  coreGated: Float32Array.from({ length: 8 }, (_, i) => 1000 * b + 100 + i),
+  convState: Float32Array.from({ length: 18 }, (_, i) => 1000 * b + 200 + i),
+  recurrentState: Float32Array.from({ length: 12 }, (_, i) => 1000 * b + 300 + i),
+});
+const t = callTensors(3, dims, [row(0), row(1)]);
+writeCaseOutputs(process.argv[1], { id: 'synthetic_case', sha256: 'ab'.repeat(32) }, t, { implementation: 'test' });
+"""
+    proc = subprocess.run([NODE, "--input-type=module", "-e", script, str(tmp_path)], cwd=HERE,
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    meta, t = _read_f32_safetensors(tmp_path / "synthetic_case.safetensors")
+    assert meta["format"] == "gdncheck-outputs" and meta["format_version"] == "1"
+    assert meta["mode"] == "stage_isolated" and meta["case"] == "synthetic_case" and meta["profile"] == "f32"
+    assert t["calls.3.qkv_conv"].shape == (2, 2, 6)
+    assert t["calls.3.core_gated"].shape == (2, 2, 2, 2)
+    assert t["calls.3.conv_state"].shape == (2, 6, 3)
+    assert t["calls.3.recurrent_state"].shape == (2, 2, 3, 2)
+    # row b is sequence b; doppler's [Hv, dk, dv] with v fastest is gdncheck's S[head, k, v]
+    assert t["calls.3.recurrent_state"][1, 1, 2, 0] == 1000 + 300 + (1 * 3 + 2) * 2 + 0
+    assert t["calls.3.conv_state"][0, 4, 2] == 200 + 4 * 3 + 2  # channel 4, newest slot
+    assert t["calls.3.core_gated"][1, 1, 0, 1] == 1000 + 100 + 1 * 4 + 0 * 2 + 1
+
+
+@needs_node
+def test_the_doe_workaround_and_the_diagnostic_patch_are_source_transforms_only():
+    script = """
+import { substituteOverrides, barrierPatch } from './provider.js';
+const src = 'override WORKGROUP_SIZE: u32 = 128u;\\nvar<workgroup> shared_sq: array<f32, WORKGROUP_SIZE>;\\n' +
+  '    let q_norm_scale = head_scale / sqrt(shared_sq[0] + params.qk_l2norm_eps);\\n';
+const r = substituteOverrides(src, { WORKGROUP_SIZE: 64, OTHER: 1 });
+console.log(JSON.stringify({ code: r.code, left: r.constants, patched: barrierPatch(src) }));
+"""
+    proc = subprocess.run([NODE, "--input-type=module", "-e", script], cwd=HERE,
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    r = json.loads(proc.stdout)
+    assert r["code"].startswith("const WORKGROUP_SIZE: u32 = 64u;") and "override" not in r["code"]
+    assert r["left"] == {"OTHER": 1}  # a constant with no override declaration is passed on
+    assert "eps);\n    workgroupBarrier();" in r["patched"]
+
+
+def _run_kernel(fixtures_dir, out, cases, env=None):
+    if NODE is None:
+        pytest.skip("node (>= 20) is not on PATH")
+    if not (HERE / "node_modules" / "doppler-gpu").is_dir():
+        pytest.skip("node_modules not installed: run `npm ci` in examples/engines/doppler-webgpu")
+    args = [NODE, str(HERE / "run.js"), "--fixtures", str(fixtures_dir), "--out", str(out)]
+    for c in cases:
+        args += ["--case", c]
+    proc = subprocess.run(args, capture_output=True, text=True, timeout=600,
+                          env={**os.environ, **(env or {})})
+    if proc.returncode == 3:
+        pytest.skip(f"no WebGPU adapter: {proc.stdout.strip().splitlines()[-1]}")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return verify(fixtures_dir, out, "f32", cases=list(cases), stage_isolated=True)
+
+
+CASES = ["prefill_T1_Hk1_Hv1_dk16_dv16_s0", "wide-d1024_T4_Hk2_Hv4_dk16_dv16_s0",
+         "moe-no-renorm_T12_Hk1_Hv2_dk8_dv8_s0"]
+
+
+def test_doppler_kernel_as_shipped_is_judged_stage_isolated(fixtures_dir, tmp_path):
+    """Its conv stage conforms; its recurrent kernel's shared_sq race fails prefill_T1 and
+    wide-d1024 (dk = dv = 16) wherever subgroups are narrower than 16 lanes (lavapipe: 8). moe-no-renorm
+    (dk = dv = 8) runs within one subgroup there."""
+    s = _run_kernel(fixtures_dir, tmp_path / "o", CASES)
+    judged = [c for c in s.cases if c.status in ("pass", "fail")]
+    assert len(judged) == 3
+    for c in judged:
+        conv = [r.verdict for r in c.records if r.tensor in ("qkv_conv", "conv_state")]
+        assert conv and set(conv) == {"pass"}, (c.id, conv)
+        assert any(r.tensor == "recurrent_state" for r in c.records)
+    prefill = next(c for c in judged if c.id.startswith("prefill_T1"))
+    assert prefill.status == "fail"  # the race (lanes 8..15 of the head read a clobbered norm)
+
+
+def test_the_barrier_patch_makes_the_race_cases_conform(fixtures_dir, tmp_path):
+    """Diagnostic: with a workgroupBarrier() after each read of shared_sq[0] (GDN_DOPPLER_PATCH=barrier),
+    prefill_T1 and wide-d1024 conform stage-isolated: the race is the reason they fail."""
+    s = _run_kernel(fixtures_dir, tmp_path / "p", CASES[:2], env={"GDN_DOPPLER_PATCH": "barrier"})
+    bad = [f"{c.id}: {c.message}" for c in s.cases if c.status == "fail"]
+    assert not bad and sum(c.status == "pass" for c in s.cases) == 2, "\n".join(bad)
