@@ -101,6 +101,14 @@ ENGINES: dict[str, Engine] = {e.name: e for e in (
            fallback="gdncheck.conformance.ports.fla:fla", options={"kernel": "naive"},
            option_values={"kernel": ("naive", "naive_chunk", "fused_recurrent", "chunk"),
                           "chunk_size": (16, 32, 64)}),
+    Engine("llamacpp", "llamacpp", "end_to_end", ("f32", "bf16"), ("llama_cpp", "torch", "transformers"),
+           ("llama-cpp-python", "torch", "transformers"),
+           'CMAKE_ARGS="-DGGML_NATIVE=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TESTS=OFF" pip install '
+           '--no-binary llama-cpp-python "llama-cpp-python==0.3.36" (~20 min to build), and its sdist unpacked in '
+           '~/.cache/gdncheck (the converter)',
+           "llama.cpp's qwen35 model path through llama-cpp-python: convert_hf_to_gguf.py, llama_decode with x as "
+           "embeddings, intermediates by cb_eval, states by its state API (conformance/ports/llamacpp.py)",
+           fallback="gdncheck.conformance.ports.llamacpp:llamacpp"),
 )}
 
 
@@ -164,6 +172,10 @@ _NOTHING_JUDGED = ("fla-core ships kernels, not the Qwen3.5 layer: stage-isolate
                    "stage only, and this case's fixture keeps no delta_rule inputs ({what}), so no tensor is judged "
                    "and the coverage rule fails it; a limit of a one-stage adapter, not an fla deviation")
 
+_LLAMACPP_SOFTPLUS = ("ggml's CPU softplus is (x > 20) ? x : logf(1.0f + expf(x)) in f32: for negative x an absolute "
+                      "error near 6e-8 (relative 7e-4 at x = -11), and exactly 0 below x ~ -16.6, so g = 0 there and "
+                      "that head never decays; llama.cpp's g equals an f32 emulation of the formula to ~1 ulp")
+
 FINDINGS: dict[tuple[str, str, str], Finding] = {
     ("mlx", "error-input-dtype", "*"): Finding(
         "deviation", "MLX computes the layer on an int32 x (its ops promote it) instead of refusing it; the "
@@ -187,6 +199,16 @@ FINDINGS: dict[tuple[str, str, str], Finding] = {
         "experts at the k boundary its C++ library's selection leaves (the reference: the lower index; which one "
         "depends on the machine); docs/moe.md, Ties",
         None, {}, may_not_occur=True),
+    **{("llamacpp", prefix, profile): Finding(
+        "deviation", _LLAMACPP_SOFTPLUS, f"{REPROS}/llamacpp_softplus.py",
+        {"kind": "tensor", "stage": "gates", "tensor": "g"})
+       for prefix, profile in [("softplus-edges", "*"), *((p, "f32") for p in (
+           "prefill-decode", "chunked", "segments", "snapshot-replay", "mismatch-midstream", "batch-positions",
+           "long-decode", "real-heads", "qk-eps", "gated-eps", "state-norms", "prefill_"))]},
+    ("llamacpp", "restore-mismatch", "f32"): Finding(
+        "deviation", _LLAMACPP_SOFTPLUS + "; on this case the g error accumulates into the state (the float64 "
+        "reference with that softplus alone swapped in gives the same state error: 3.9e-12 against 4.1e-12)",
+        f"{REPROS}/llamacpp_softplus.py", {"kind": "tensor", "stage": "delta_rule", "tensor": "recurrent_state"}),
     ("fla", "real-heads", "*"): Finding(
         "missing_feature", _NOTHING_JUDGED.format(what="a real-heads case keeps no *_in state"),
         None, {"kind": "nothing_judged"}),

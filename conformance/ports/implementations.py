@@ -19,6 +19,9 @@
 ``fla``
     flash-linear-attention's gated delta rule (``fla.ops.gated_delta_rule``; :mod:`.fla`, the ``fla`` extra),
     stage-isolated only (``--stage-isolated``), ``--option kernel=naive|naive_chunk|fused_recurrent|chunk``.
+``llamacpp``
+    llama.cpp's Qwen3.5 model path through llama-cpp-python (:mod:`.llamacpp`; built from its sdist), end to
+    end, profiles ``f32`` and ``bf16``; ``--option source=DIR`` (its unpacked sdist: the converter).
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ from gdncheck.harness import LayerAdapter, module_stage_runner
 
 from .fla import fla
 from .hf import hf
+from .llamacpp import llamacpp
 from .mlx import mlx
 
 
@@ -101,4 +105,4 @@ def triton(cfg: GDNConfig, weights, *, profile: str = "f32", strict: bool = Fals
                    stage_runner=runner, serving=serving, serving_options={"capture": capture})
 
 
-BUILTIN = {"reference": reference, "triton": triton, "hf": hf, "mlx": mlx, "fla": fla}
+BUILTIN = {"reference": reference, "triton": triton, "hf": hf, "mlx": mlx, "fla": fla, "llamacpp": llamacpp}

@@ -108,6 +108,7 @@ BUILTIN_OPTIONS: dict[str, tuple[str, ...]] = {
     "hf": (),
     "mlx": (),
     "fla": ("kernel", "chunk_size", "device"),
+    "llamacpp": ("source", "threads"),
 }
 #: Parameters every factory receives from the runner, never from ``--option``.
 RUNNER_PARAMS = ("cfg", "weights", "profile", "strict")

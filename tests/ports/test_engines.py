@@ -110,7 +110,7 @@ def test_an_engine_not_installed_is_a_row_with_its_pip_line(tmp_path, monkeypatc
 
 
 @pytest.mark.parametrize("args, words", [
-    (["--engine", "vllm"], "expected an engine reference, hf, mlx, fla, found 'vllm'"),
+    (["--engine", "vllm"], "expected an engine reference, hf, mlx, fla, llamacpp, found 'vllm'"),
     (["--profile", "f64"], "expected --profile one of"),
     (["--case", "no-such-case"], "no-such-case"),
     (["--option", "kernel=chunk"], "expected --option ENGINE:KEY=VALUE"),
@@ -201,7 +201,7 @@ def test_every_findings_entry_is_of_a_registered_engine_with_an_existing_repro()
 
 
 def test_repros_import_only_the_engine_numpy_and_the_stdlib():
-    allowed = {"mlx", "mlx_lm", "numpy", "transformers", "torch", "fla"} | set(sys.stdlib_module_names)
+    allowed = {"mlx", "mlx_lm", "numpy", "transformers", "torch", "fla", "llama_cpp"} | set(sys.stdlib_module_names)
     scripts = sorted(REPROS.glob("*.py"))
     assert {p.name for p in scripts} >= {"mlx_int32_input.py", "mlx_missing_moe_size.py"}
     for path in scripts:
@@ -217,7 +217,7 @@ def test_the_committed_page_holds_what_the_command_writes(tmp_path):
     from gdncheck.reports.engines import STABLE_BEGIN, stable_part
 
     missing = [n for n, e in registry.ENGINES.items() if not registry.probe(e).installed]
-    if missing:
+    if [n for n in missing if n != "llamacpp"]:  # llama-cpp-python builds for ~20 min: CI does without it
         pytest.skip(f"docs/engines.md is the matrix of every registered engine; not installed here: {missing}")
     page = tmp_path / "docs" / "engines.md"
     page.parent.mkdir()
@@ -227,10 +227,17 @@ def test_the_committed_page_holds_what_the_command_writes(tmp_path):
     assert rc == 0 and m["totals"]["unexplained"] == 0, [f for r in m["engines"] for p in r["results"].values()
                                                          for f in p.get("findings", []) if f["unexplained"]]
     written = page.read_text()
-    assert committed is not None and _links(stable_part(written)) == _links(committed), \
+    assert committed is not None
+    assert _links(_without(stable_part(written), missing)) == _links(_without(committed, missing)), \
         "docs/engines.md is stale: rerun gdncheck engines --markdown docs/engines.md"
     head = (ROOT / "docs" / "engines.md").read_text().split(STABLE_BEGIN)[0]
     assert written.split(STABLE_BEGIN)[0] == head  # the hand-written header is kept
+
+
+def _without(text: str, engines: list[str]) -> str:
+    """The page's rows of the engines that are installed here (an engine not installed is a row of its own)."""
+    return "\n".join(line for line in text.splitlines()
+                     if not any(line.startswith(f"| {e} |") for e in engines))
 
 
 def _links(text: str) -> str:

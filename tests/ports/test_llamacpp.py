@@ -1,0 +1,137 @@
+"""llama.cpp (its qwen35 model path through llama-cpp-python) through the harness: dense dk = dv cases conform in
+f32 and bf16 end to end as a plug-in (``gdncheck run gdncheck.conformance.ports.llamacpp:llamacpp`` then
+``gdncheck verify``), its one deviation (the softplus of g) shows in g alone, mutants of the glue (the state
+layout, the value-head order) are caught at their stage, what llama.cpp cannot express is not applicable with
+its reason, and a machine without llama-cpp-python gets one line saying how to install it."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import numpy as np
+import pytest
+
+from gdncheck.cli import main as cli
+from gdncheck.errors import GDNError
+
+PLUGIN = "gdncheck.conformance.ports.llamacpp:llamacpp"
+
+
+def _module():
+    from gdncheck.conformance.ports import llamacpp as module
+
+    return module
+
+
+def test_a_machine_without_llama_cpp_gets_one_line_saying_how_to_install_it(monkeypatch):
+    module = _module()
+    monkeypatch.setattr(module, "_ENGINE", None)
+    monkeypatch.setitem(sys.modules, "llama_cpp", None)  # find_spec now says: not there
+    with pytest.raises(GDNError) as exc:
+        module.engine()
+    assert str(exc.value) == module.NOT_INSTALLED
+    assert str(exc.value).startswith("implementation 'llamacpp' needs llama-cpp-python (built from its sdist: ")
+    assert "\n" not in str(exc.value)
+
+
+def test_value_heads_map_back_from_tiled_to_grouped():
+    module = _module()
+    Hk, Hv = 2, 6  # grouped: [g0v0 g0v1 g0v2 g1v0 g1v1 g1v2]; tiled: [g0v0 g1v0 g0v1 g1v1 g0v2 g1v2]
+    grouped = np.array([0, 1, 2, 10, 11, 12])
+    tiled = np.array([0, 10, 1, 11, 2, 12])
+    assert np.array_equal(module.heads_to_hf(tiled, 0, Hk, Hv), grouped)
+    assert np.array_equal(module.heads_to_hf(grouped[:3], 0, 1, 3), grouped[:3])  # one key head: nothing moves
+    S = np.arange(2 * 3 * 4).reshape(2, 3, 4)
+    assert module.recurrent_to_format(S).shape == (2, 4, 3)
+
+
+def test_refusal_codes_name_the_tensor_llama_cpp_names():
+    module = _module()
+    assert module.refusal_code("llama_model_load: error loading model: missing tensor 'blk.0.ffn_up.weight'") \
+        == "missing_weight"
+    assert module.refusal_code("tensor 'blk.0.ssm_norm.weight' has wrong shape; expected     4, got     8") \
+        == "norm_weight_size"
+    assert module.refusal_code("tensor 'blk.0.ssm_conv1d.weight' has wrong shape; expected     4,    16, got     3,"
+                               "    16") == "conv_kernel_mismatch"
+    assert module.refusal_code("tensor 'blk.0.attn_qkv.weight' has wrong shape; expected     8,    16, got     8,"
+                               "    17") == "projection_size"
+
+
+@pytest.fixture
+def llama(request):
+    """The engine (llama-cpp-python and the vendored converter), or a skip saying what is missing."""
+    pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed (built from its sdist)")
+    module = _module()
+    try:
+        return module.engine()
+    except GDNError as exc:
+        pytest.skip(str(exc))
+
+
+def _run_verify(tmp_path, profile: str, cases: list[str], name: str = "out") -> tuple[int, dict]:
+    out = tmp_path / f"{name}-{profile}"
+    selection = [a for c in cases for a in ("--case", c)]
+    assert cli(["run", PLUGIN, "--profile", profile, "--out", str(out), "-q", *selection]) == 0
+    rc = cli(["verify", "--outputs", str(out), "--profile", profile, "-q", "--diagnose", "0", *selection])
+    return rc, json.loads((out / f"verify-summary-{profile}.json").read_text())
+
+
+#: dense dk = dv cases that conform in f32: a one-token decode stream (Hv/Hk = 2), a prefill continued by two more
+#: calls (one key head, Hv = 4), gates at the sigmoid's edges over four calls
+CASES_F32 = ["decode_T12", "one-key-head_T68", "sigmoid-edges_T27"]
+
+
+def test_llama_cpp_conforms_on_dense_cases_in_f32(llama, tmp_path):
+    rc, summary = _run_verify(tmp_path, "f32", CASES_F32)
+    statuses = {c["id"].split("_")[0]: c["status"] for c in summary["cases"]}
+    assert rc == 0, statuses
+    assert set(statuses.values()) == {"pass"} and len(statuses) == len(CASES_F32)
+    assert all("llama.cpp" in c.get("implementation", "llama.cpp") for c in summary["cases"])
+
+
+def test_llama_cpp_conforms_on_a_batched_prefill_then_decode_in_bf16(llama, tmp_path):
+    rc, summary = _run_verify(tmp_path, "bf16", ["prefill-decode_T65", "batch-positions_T20"])
+    assert rc == 0 and {c["status"] for c in summary["cases"]} == {"pass"}, [c["status"] for c in summary["cases"]]
+
+
+def test_llama_cpp_softplus_deviation_is_localised_in_g(llama, tmp_path):
+    """ggml's softplus is logf(1 + expf(x)) (examples/engines/repros/llamacpp_softplus.py): in f32 the realistic
+    prefill-then-decode fails in g alone; every other tensor of every call, states included, is within its bound."""
+    rc, summary = _run_verify(tmp_path, "f32", ["prefill-decode_T65"])
+    (c,) = summary["cases"]
+    assert rc == 1 and c["status"] == "fail"
+    assert c["first_divergence"]["stage"] == "gates" and c["first_divergence"]["tensor"] == "g"
+    assert {r["tensor"] for r in c["records"] if r.get("verdict") == "fail"} == {"g"}
+
+
+# --- glue mutants: each must fail verify at its stage ---------------------------------------------------
+MUTANTS = {
+    # llama.cpp's [Hv, dv, dk] state written as it is (dk = dv: the same shape, transposed values)
+    "state_untransposed": ("recurrent_to_format", lambda module: (lambda S: S), "decode_T12", "delta_rule"),
+    # value heads left in the converter's tiled order: the first per-head tensor is in_proj's (qkv's V, z)
+    "heads_left_tiled": ("heads_to_hf", lambda module: (lambda arr, axis, hk, hv: arr), "decode_T12", "in_proj"),
+}
+
+
+@pytest.mark.parametrize("mutant", sorted(MUTANTS))
+def test_glue_mutants_are_caught_at_their_stage(llama, tmp_path, monkeypatch, mutant):
+    module = _module()
+    attr, make, case, stage = MUTANTS[mutant]
+    monkeypatch.setattr(module, attr, make(module))
+    rc, summary = _run_verify(tmp_path, "f32", [case], name=mutant)
+    assert rc == 1
+    (c,) = summary["cases"]
+    assert c["status"] == "fail" and c["first_divergence"]["stage"] == stage, c["first_divergence"]
+
+
+def test_what_llama_cpp_cannot_express_is_not_applicable(llama, tmp_path):
+    cases = ["dk-gt-dv", "per-head-norm", "packed-mixed", "error-head-ratio", "snapshot-replay"]
+    # bf16: snapshot-replay's first call passes there, so it reaches its save; decode_T12 is judged (exit 0, not 2)
+    rc, summary = _run_verify(tmp_path, "bf16", [*cases, "decode_T12"], name="na")
+    by = {c["id"].split("_")[0]: c for c in summary["cases"]}
+    assert all(by[c]["status"] == "not_applicable" for c in cases), {c: by[c]["status"] for c in cases}
+    assert "S_k == S_v" in by["dk-gt-dv"]["not_applicable"]["reason"]
+    assert "per_head" in by["per-head-norm"]["not_applicable"]["reason"]
+    assert "GGML_ASSERT" in by["error-head-ratio"]["not_applicable"]["reason"]
+    assert rc == 0
