@@ -10,8 +10,9 @@ each profile's verify summary (:func:`gdncheck.reports.write_report`) in ``REPOR
 
 from __future__ import annotations
 
-from html import escape
 from pathlib import Path
+
+from markupsafe import Markup
 
 from gdncheck.conformance.judge.records import FirstDivergence
 from gdncheck.reports import write_report as html
@@ -159,12 +160,13 @@ def _verdict_class(code: int | None) -> str:
 
 def index_page(doc: dict, text: str, pages: dict[str, Path], report_dir: Path) -> str:
     """REPORT/index.html: the verdict, a grid of profiles (cases, tensors, properties, verdict) linking
-    each profile's report, the first divergences, failing properties, and the console text."""
-    e = escape
+    each profile's report, the first divergences, failing properties, and the console text; rendered
+    from ``reports/templates/gate.html.j2`` with the reports' Jinja environment (autoescaped)."""
+    from gdncheck.reports.site import environment
+
     impl = doc.get("implementation") or {}
     sel = doc.get("selection") or {}
     props = (doc.get("properties") or {}).get("results", [])
-    cols = ["profile", "cases", "pass", "fail", "unusable", "n/a", "tensors", "failed", "properties", "verdict"]
     rows = []
     for name, v in (doc.get("profiles") or {}).items():
         t = v.get("totals") or {}
@@ -173,43 +175,30 @@ def index_page(doc: dict, text: str, pages: dict[str, Path], report_dir: Path) -
         pcell = f"{sum(r['status'] == 'pass' for r in pr)}/{len(pr)}" + (f" ({pfail} fail)" if pfail else "") \
             if pr else "-"
         code = max(v.get("exit_code", 0), 1 if pfail else 0)
-        label = e(name)
-        if name in pages:
-            label = f'<a href="{e(pages[name].relative_to(report_dir).as_posix())}">{label}</a>'
-        cells = [str(t.get(k, 0)) for k in ("cases", "passed", "failed", "errors", "not_applicable", "records",
-                                            "records_failed")]
-        verdict = v["verdict"] if not pfail else "does not conform"
-        rows.append(f"<tr><td>{label}</td>" + "".join(f"<td>{c}</td>" for c in cells) + f"<td>{e(pcell)}</td>"
-                    f'<td class="verdict {_verdict_class(code)}">{e(verdict)}</td></tr>')
+        rows.append({"name": name, "href": pages[name].relative_to(report_dir).as_posix() if name in pages else None,
+                     "cells": [str(t.get(k, 0)) for k in ("cases", "passed", "failed", "errors", "not_applicable",
+                                                          "records", "records_failed")],
+                     "properties": pcell, "cls": _verdict_class(code),
+                     "verdict": v["verdict"] if not pfail else "does not conform"})
     failures = []
     for name, v in (doc.get("profiles") or {}).items():
         for f in v.get("failures", []):
             where = (str(FirstDivergence.from_json(f["first_divergence"])) if f.get("first_divergence")
                      else "inputs unusable")
-            failures.append(f"<li><b>{e(name)}</b> {e(f['case'])}: {e(where)}<br>{e(f.get('message') or '')}"
-                            + (f"<br><code>{e(f['repro'])}</code>" if f.get("repro") else "") + "</li>")
+            failures.append({"profile": name, "what": f["case"], "where": where, "message": f.get("message") or "",
+                             "repro": f.get("repro")})
     for r in props:
         if r["status"] == "fail":
             first = r["message"].splitlines()[0] if r.get("message") else ""
-            failures.append(f"<li><b>{e(r['profile'])}</b> property {e(r['name'])}: {e(first)}"
-                            + (f"<br><code>{e(r['replay'])}</code>" if r.get("replay") else "") + "</li>")
-    skipped = "".join(f"<li>{e(s['case'])} ({e(', '.join(s['profiles']))}): {e(s['reason'])}</li>"
-                      for s in sel.get("skipped", []))
-    merged = "".join(f"<li>shard {e(m['shard'])}: {e(m['verdict'])}</li>" for m in doc.get("merged", []))
+            failures.append({"profile": r["profile"], "what": f"property {r['name']}", "where": first,
+                             "message": "", "repro": r.get("replay")})
     where = f"{impl.get('spec')} on {impl.get('device', '?')}" + (" (Triton interpreter)" if impl.get("interpreter")
                                                                   else "")
-    return (
-        f'<!doctype html><html lang="en"><head><meta charset="utf-8"><title>gdncheck gate: {e(doc["verdict"])}'
-        f'</title><style>{_STYLE}</style></head><body>'
-        f'<h1>gdncheck gate <span class="badge {_verdict_class(doc.get("exit_code"))}">{e(doc["verdict"])}</span></h1>'
-        f'<p class="meta">{e(where)}; {e(str(sel.get("run", 0)))} case(s) run'
-        + (f"; reason: {e(doc['reason'])}" if doc.get("reason") else "") + "</p>"
-        + (f"<h2>Shards merged</h2><ul>{merged}</ul>" if merged else "")
-        + '<h2>Verdict per profile</h2><table class="grid"><thead><tr>' + "".join(f"<th>{c}</th>" for c in cols)
-        + f'</tr></thead><tbody>{"".join(rows)}</tbody></table>'
-        + (f'<h2>First divergences</h2><ul class="fail">{"".join(failures)}</ul>' if failures else "")
-        + (f"<h2>Not run</h2><ul>{skipped}</ul>" if skipped else "")
-        + f"<details><summary>Console text</summary><pre>{e(text)}</pre></details></body></html>\n")
+    return environment().get_template("gate.html.j2").render(
+        verdict=doc["verdict"], verdict_class=_verdict_class(doc.get("exit_code")), style=Markup(_STYLE),
+        where=where, run=sel.get("run", 0), reason=doc.get("reason"), merged=doc.get("merged", []),
+        cols=["profile", "cases", "pass", "fail", "unusable", "n/a", "tensors", "failed", "properties", "verdict"],
+        rows=rows, failures=failures, skipped=sel.get("skipped", []), text=text)
 
 
 def write_report(report_dir: Path, doc: dict, summaries: dict) -> list[Path]:
