@@ -15,6 +15,7 @@ import numpy as np
 from .config import GDNConfig
 from .errors import (
     AcceptCountError,
+    BatchSizeError,
     CuSeqlensError,
     DuplicateSlotError,
     EmptySequenceError,
@@ -256,3 +257,18 @@ def check_snapshot_requests(snap_seq, snap_offset, snap_slot, lengths: np.ndarra
                     [f"sequence {i}" for i in range(n)] + [f"snapshot request {m}" for m in range(dest.shape[0])],
                     layer)
     return seq, off, dest
+
+
+def check_batch(cfg: GDNConfig, batch, limit: int) -> int:
+    """``new_state(batch)``'s ``batch`` as an int, refused (:class:`~gdncheck.errors.BatchSizeError`) unless a
+    positive integer whose whole state (``B·(conv_dim·K + Hv·dk·dv)`` elements) stays within ``limit``,
+    checked before anything is allocated. The reference and the Triton path each pass their own bound."""
+    if isinstance(batch, bool) or not isinstance(batch, int | np.integer) or batch < 1:
+        raise BatchSizeError(f"expected batch a positive integer, found {batch!r}")
+    batch = int(batch)
+    per_sequence = cfg.conv_dim * cfg.conv_kernel + cfg.num_v_heads * cfg.head_k_dim * cfg.head_v_dim
+    if batch * per_sequence > limit:
+        raise BatchSizeError(f"expected a batch whose state holds at most {limit} elements (at most "
+                             f"{limit // per_sequence} sequences of {per_sequence}), found batch {batch} "
+                             f"({batch * per_sequence} elements)")
+    return batch

@@ -23,9 +23,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from gdncheck import calls
 from gdncheck.calls import PAD_SLOT_ID, rows_to_reset, slots_to_reset
 from gdncheck.config import GDNConfig
-from gdncheck.errors import BatchSizeError
 from gdncheck.snapshot import SNAPSHOT_SCHEMA_VERSION, Snapshot
 
 
@@ -84,16 +84,8 @@ MAX_BATCH_STATE_ELEMENTS = 1 << 36  # 2^36 fp32 elements: 256 GiB, beyond any on
 
 def check_batch(cfg: GDNConfig, batch) -> int:
     """``batch`` as an int, refused (:class:`BatchSizeError`) unless a positive integer whose state
-    stays within :data:`MAX_BATCH_STATE_ELEMENTS`."""
-    if isinstance(batch, bool) or not isinstance(batch, int | np.integer) or batch < 1:
-        raise BatchSizeError(f"expected batch a positive integer, found {batch!r}")
-    batch = int(batch)
-    per_sequence = cfg.conv_dim * cfg.conv_kernel + cfg.num_v_heads * cfg.head_k_dim * cfg.head_v_dim
-    if batch * per_sequence > MAX_BATCH_STATE_ELEMENTS:
-        raise BatchSizeError(f"expected a batch whose state holds at most {MAX_BATCH_STATE_ELEMENTS} elements "
-                             f"(at most {MAX_BATCH_STATE_ELEMENTS // per_sequence} sequences of {per_sequence}), "
-                             f"found batch {batch} ({batch * per_sequence} elements)")
-    return batch
+    stays within :data:`MAX_BATCH_STATE_ELEMENTS` (:func:`gdncheck.calls.check_batch`)."""
+    return calls.check_batch(cfg, batch, MAX_BATCH_STATE_ELEMENTS)
 
 
 class State:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from gdncheck import calls
 from gdncheck.config import GDNConfig
-from gdncheck.errors import BatchSizeError
 from gdncheck.snapshot import Snapshot
 
 #: The most elements a state of the whole batch may hold (``B·(conv_dim·K + Hv·dk·dv)``; 16 GiB of
@@ -16,16 +16,8 @@ MAX_BATCH_STATE_ELEMENTS = 1 << 31
 
 def check_batch(cfg: GDNConfig, batch) -> int:
     """``batch`` as an int, refused (:class:`BatchSizeError`) unless a positive integer whose state
-    stays within :data:`MAX_BATCH_STATE_ELEMENTS`."""
-    if isinstance(batch, bool) or not isinstance(batch, int | np.integer) or batch < 1:
-        raise BatchSizeError(f"expected batch a positive integer, found {batch!r}")
-    batch = int(batch)
-    per_sequence = cfg.conv_dim * cfg.conv_kernel + cfg.num_v_heads * cfg.head_k_dim * cfg.head_v_dim
-    if batch * per_sequence > MAX_BATCH_STATE_ELEMENTS:
-        raise BatchSizeError(f"expected a batch whose state holds at most {MAX_BATCH_STATE_ELEMENTS} elements "
-                             f"(at most {MAX_BATCH_STATE_ELEMENTS // per_sequence} sequences of {per_sequence}), "
-                             f"found batch {batch} ({batch * per_sequence} elements)")
-    return batch
+    stays within :data:`MAX_BATCH_STATE_ELEMENTS` (:func:`gdncheck.calls.check_batch`)."""
+    return calls.check_batch(cfg, batch, MAX_BATCH_STATE_ELEMENTS)
 
 
 class State:

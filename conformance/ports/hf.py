@@ -44,7 +44,7 @@ import numpy as np
 from gdncheck.config import GDNConfig
 from gdncheck.env import blas_threads
 from gdncheck.errors import GDNError
-from gdncheck.harness import SERVING_CALL_OPS, NotApplicable
+from gdncheck.harness import NotApplicable, is_strict, serving_ops
 from gdncheck.profiles import PROFILES, VERIFY_PROFILES
 
 from .hf_trace import Tracer
@@ -66,13 +66,13 @@ def _torch_dtype(profile: str):
 
 def check_case(config: Mapping[str, Any], program: list[Mapping[str, Any]]) -> None:
     """Called before gdncheck parses the config: what transformers cannot be asked at all."""
-    serving = sorted({step["op"] for step in program if step.get("op") in SERVING_CALL_OPS})
+    serving = serving_ops(program)
     if serving:
         raise NotApplicable(f"the serving patterns ({', '.join(serving)}; docs/serving.md) are not a transformers "
                             "feature: Qwen3_5DecoderLayer takes [B, T, D] batches with one cache row per batch row "
                             "(no packed cu_seqlens stream, no slot indices into a state pool, no per-token states "
                             "kept for a speculative commit)")
-    if any(step.get("op") == "construct" and step.get("strict") for step in program):
+    if is_strict(program):
         raise NotApplicable("strict mode (raise seq_pos_mismatch instead of resetting) is not a transformers "
                             "feature: its linear-attention cache keeps no sequence position")
     try:

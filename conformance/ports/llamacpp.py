@@ -90,7 +90,7 @@ import numpy as np
 
 from gdncheck.config import GDNConfig
 from gdncheck.errors import GDNError
-from gdncheck.harness import SERVING_CALL_OPS, NotApplicable
+from gdncheck.harness import NotApplicable, is_strict, serving_ops
 
 log = logging.getLogger("gdncheck.ports.llamacpp")
 
@@ -238,13 +238,13 @@ def _install_log(eng: Engine) -> None:
 # --- what llama.cpp can be asked ------------------------------------------------------------------------
 def check_case(config: Mapping[str, Any], program: list[Mapping[str, Any]]) -> None:
     """Called before gdncheck parses the config: what llama.cpp cannot be asked at all."""
-    serving = sorted({step["op"] for step in program if step.get("op") in SERVING_CALL_OPS})
+    serving = serving_ops(program)
     if serving:
         raise NotApplicable(f"the serving patterns ({', '.join(serving)}; docs/serving.md): a llama_batch holds "
                             "runs of tokens per sequence id, each id one recurrent-memory cell of the context, with no "
                             "padding id (slot -1) and no per-token states kept for a speculative commit; this adapter "
                             "does not map pools of slots onto sequence ids")
-    if any(step.get("op") == "construct" and step.get("strict") for step in program):
+    if is_strict(program):
         raise NotApplicable("strict mode (raise seq_pos_mismatch instead of resetting) is not a llama.cpp feature: an "
                             "embeddings batch of an M-RoPE model (qwen35) may start at any position after the one its "
                             "memory holds, and llama_decode accepts it without an error")

@@ -108,7 +108,7 @@ import numpy as np
 
 from gdncheck.config import GDNConfig
 from gdncheck.errors import GDNError
-from gdncheck.harness import SERVING_CALL_OPS, NotApplicable
+from gdncheck.harness import NotApplicable, is_strict, serving_ops
 
 log = logging.getLogger("gdncheck.ports.mlx")
 
@@ -198,13 +198,13 @@ def _model(eng: Engine, config: Mapping[str, Any]):
 def check_case(config: Mapping[str, Any], program: list[Mapping[str, Any]]) -> None:
     """Called before gdncheck parses the config: what MLX cannot be asked at all, and the configuration
     errors MLX itself refuses (or accepts)."""
-    serving = sorted({step["op"] for step in program if step.get("op") in SERVING_CALL_OPS})
+    serving = serving_ops(program)
     if serving:
         raise NotApplicable(f"the serving patterns ({', '.join(serving)}; docs/serving.md) are not an mlx-lm "
                             "layer feature: qwen3_5.DecoderLayer takes [B, T, D] batches with one ArraysCache row per "
                             "batch row (no packed cu_seqlens stream, no slot indices into a state pool, no per-token "
                             "states kept for a speculative commit)")
-    if any(step.get("op") == "construct" and step.get("strict") for step in program):
+    if is_strict(program):
         raise NotApplicable("strict mode (raise seq_pos_mismatch instead of resetting) is not an mlx-lm feature: "
                             "its ArraysCache keeps no sequence position")
     try:

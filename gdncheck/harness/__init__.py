@@ -23,12 +23,14 @@ from .program import (
     golden_inputs,
     has_input,
     is_packed,
+    is_strict,
+    serving_ops,
 )
 from .stage_runners import method_stage_runner, module_stage_runner
 
 __all__ = [
     "CALL_OPS", "END_TO_END", "MODES", "OUTPUTS_FORMAT", "OUTPUTS_FORMAT_VERSION", "PROGRAM_OPS", "SERVING_CALL_OPS",
     "STAGE_ISOLATED", "CaseInput", "Implementation", "LayerAdapter", "NotApplicable", "RunResult", "call_key",
-    "call_steps", "error_code", "execute", "golden_inputs", "has_input", "is_packed", "method_stage_runner",
-    "mode_name", "module_stage_runner", "to_numpy",
+    "call_steps", "error_code", "execute", "golden_inputs", "has_input", "is_packed", "is_strict",
+    "method_stage_runner", "mode_name", "module_stage_runner", "serving_ops", "to_numpy",
 ]

@@ -75,6 +75,17 @@ def call_steps(program: list[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
     return [step for step in program if step["op"] in CALL_OPS]
 
 
+def serving_ops(program: list[Mapping[str, Any]]) -> list[str]:
+    """The serving steps (:data:`SERVING_CALL_OPS`) a program uses, sorted: what an engine adapter that has
+    no packed calls over slots declares not applicable (its ``check_case``)."""
+    return sorted({step["op"] for step in program if step.get("op") in SERVING_CALL_OPS})
+
+
+def is_strict(program: list[Mapping[str, Any]]) -> bool:
+    """Whether a program constructs its layer in strict mode (``seq_pos_mismatch`` instead of the reset)."""
+    return any(step.get("op") == "construct" and step.get("strict") for step in program)
+
+
 def is_packed(step: Mapping[str, Any]) -> bool:
     """A serving step: its tensors are packed by token ([total_tokens, ...]), its states the whole pool."""
     return step["op"] in SERVING_CALL_OPS
