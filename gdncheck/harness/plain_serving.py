@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from gdncheck.calls import PAD_SLOT_ID
+from gdncheck.calls import PAD_SLOT_ID, check_accepted, check_cu_seqlens, check_slots, check_snapshot_requests
 
 from .contract import to_numpy
 
@@ -47,10 +47,18 @@ def _cat(pieces: list[tuple[Any, dict]]) -> tuple[np.ndarray, dict[str, np.ndarr
     return out, {n: np.concatenate([to_numpy(t[n])[0] for _, t in pieces]) for n in names}
 
 
+def _checked(layer, pool, x, cu_seqlens, slots):
+    """The call's stream and slots checked as every serving port checks them (gdncheck.calls: an empty
+    sequence, a slot outside the pool, a slot named twice are refused before anything runs). Returns
+    (x as NumPy, cu_seqlens, lengths, slots), the last three int64."""
+    x, where = np.asarray(to_numpy(x)), getattr(layer, "layer_index", None)
+    cu, lengths = check_cu_seqlens(cu_seqlens, x.shape[0], where)
+    return x, cu, lengths, check_slots(slots, lengths.shape[0], len(pool.seq_len), where)
+
+
 def _run(layer, pool, x, cu_seqlens, seq_pos, slots, cuts):
     """Each sequence i from its slot, in plain calls split at ``cuts[i]`` (its length last); returns the
     packed (out, trace) and per sequence {offset: a one-row state after that many tokens}."""
-    x = np.asarray(to_numpy(x))
     pieces, states = [], []
     for i, s in enumerate(cu_seqlens[:-1].tolist()):
         one, at, prev = _row(layer, pool, int(slots[i])), {}, 0
@@ -64,7 +72,7 @@ def _run(layer, pool, x, cu_seqlens, seq_pos, slots, cuts):
 
 
 def forward_packed(layer, pool, x, cu_seqlens, seq_pos, slots):
-    lengths = np.diff(cu_seqlens)
+    x, cu_seqlens, lengths, slots = _checked(layer, pool, x, cu_seqlens, slots)
     out, trace, states = _run(layer, pool, x, cu_seqlens, seq_pos, slots, [[int(n)] for n in lengths])
     for i, slot in enumerate(slots.tolist()):
         if slot != PAD_SLOT_ID:
@@ -73,7 +81,9 @@ def forward_packed(layer, pool, x, cu_seqlens, seq_pos, slots):
 
 
 def prefix_snapshots(layer, pool, x, cu_seqlens, seq_pos, slots, snap_seq, snap_offset, snap_slot):
-    lengths = np.diff(cu_seqlens)
+    x, cu_seqlens, lengths, slots = _checked(layer, pool, x, cu_seqlens, slots)
+    snap_seq, snap_offset, snap_slot = check_snapshot_requests(snap_seq, snap_offset, snap_slot, lengths, slots,
+                                                               len(pool.seq_len), getattr(layer, "layer_index", None))
     cuts = [sorted({int(n)} | {int(o) for s, o in zip(snap_seq, snap_offset) if s == i})
             for i, n in enumerate(lengths)]
     out, trace, states = _run(layer, pool, x, cu_seqlens, seq_pos, slots, cuts)
@@ -94,13 +104,14 @@ class PlainSpec:
 
 
 def verify_spec(layer, pool, x, cu_seqlens, seq_pos, slots):
-    lengths = np.diff(cu_seqlens)
+    x, cu_seqlens, lengths, slots = _checked(layer, pool, x, cu_seqlens, slots)
     out, trace, states = _run(layer, pool, x, cu_seqlens, seq_pos, slots,
                               [list(range(1, int(n) + 1)) for n in lengths])
     return out, trace, PlainSpec(pool, slots, lengths, states)
 
 
 def commit(spec: PlainSpec, accepted) -> None:
+    accepted = check_accepted(accepted, spec.lengths, None)
     for i, slot in enumerate(spec.slots.tolist()):
         n = int(accepted[i])
         if slot != PAD_SLOT_ID and n > 0:
