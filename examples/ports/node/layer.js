@@ -306,6 +306,10 @@ export class GDNLayer {
     if (x.shape.length !== 2 || x.shape[1] !== c.D || x.shape[0] !== cu[N]) {
       throw new GDNError('input_shape', `packed x must be [T=${cu[N]}, D=${c.D}], found ${JSON.stringify(x.shape)}`);
     }
+    GDNLayer.checkSlots(slots, pool.batch);
+    for (let i = 0; i < N; i++) {
+      if (cu[i + 1] <= cu[i]) throw new GDNError('empty_sequence', `packed sequence ${i} holds no token (cu_seqlens ${JSON.stringify(cu)})`);
+    }
     const rows = slots.map((slot, i) => { // the seq-len rule per slot, for every sequence before any token
       const one = this.newState(1);
       if (slot === PAD_SLOT_ID) {
@@ -331,6 +335,25 @@ export class GDNLayer {
     }
     for (const v of Object.values(trace)) delete v.n;
     return { trace, rows };
+  }
+
+  // The slots of a packed call (docs/serving.md §3): each -1 (padding) or in [0, S), none named twice.
+  static checkSlots(slots, S) {
+    const seen = new Set();
+    slots.forEach((slot, i) => {
+      if (!Number.isInteger(slot) || (slot !== PAD_SLOT_ID && (slot < 0 || slot >= S))) {
+        throw new GDNError('slot_index', `sequence ${i}: slot ${slot} is neither -1 nor in [0, ${S})`);
+      }
+      if (slot !== PAD_SLOT_ID && seen.has(slot)) throw new GDNError('duplicate_slot', `slot ${slot} named twice in one call`);
+      seen.add(slot);
+    });
+  }
+
+  // `free`: every id a slot in [0, S); -1 names no slot (and would index the last one in many languages).
+  static checkFree(slots, S) {
+    for (const slot of slots) {
+      if (!Number.isInteger(slot) || slot < 0 || slot >= S) throw new GDNError('slot_index', `free: slot ${slot} is not in [0, ${S})`);
+    }
   }
 
   // Copy a one-row state into row `slot` of the pool.

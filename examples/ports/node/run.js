@@ -47,6 +47,24 @@ function readCase(dir, entry) {
 }
 
 // x [B, T, D] -> token j of every sequence, [B, 1, D]
+// A prefix_snapshots call's requests (docs/serving.md §3): a sequence of the call that has a slot, an
+// offset in 1..its length, each (sequence, offset) once, a destination slot in [0, S).
+function checkSnapshots(step, S) {
+  const seen = new Set();
+  (step.snap_seq || []).forEach((i, m) => {
+    const off = step.snap_offset[m];
+    const dest = step.snap_slot[m];
+    const n = step.slots.length;
+    if (!Number.isInteger(i) || i < 0 || i >= n) throw new GDNError('snapshot_request', `snapshot ${m}: sequence ${i} is not one of the call's ${n}`);
+    if (step.slots[i] === PAD_SLOT_ID) throw new GDNError('snapshot_request', `snapshot ${m}: sequence ${i} is a padding sequence`);
+    const len = step.cu_seqlens[i + 1] - step.cu_seqlens[i];
+    if (!Number.isInteger(off) || off < 1 || off > len) throw new GDNError('snapshot_request', `snapshot ${m}: offset ${off}, expected 1..${len}`);
+    if (seen.has(`${i}:${off}`)) throw new GDNError('snapshot_request', `snapshot ${m}: sequence ${i} offset ${off} twice`);
+    seen.add(`${i}:${off}`);
+    if (!Number.isInteger(dest) || dest < 0 || dest >= S) throw new GDNError('slot_index', `snapshot ${m}: destination slot ${dest} is not in [0, ${S})`);
+  });
+}
+
 function tokenSlice(x, j) {
   const [B, T, D] = x.shape;
   const data = new Float32Array(B * D);
@@ -140,6 +158,7 @@ function runCase(st, entry, outDir) {
         case 'forward_packed':
         case 'prefix_snapshots': {
           const snaps = [];
+          checkSnapshots(step, state.batch);
           const wanted = (i, j) => (step.snap_seq || []).flatMap((s, m) => (s === i && step.snap_offset[m] === j ? [m] : []));
           const { trace, rows } = layer.packed(st.tensors[`calls.${step.call}.x`], state, step.cu_seqlens, step.seq_pos,
             step.slots, (i, j, row) => wanted(i, j).forEach((m) => snaps.push([step.snap_slot[m], GDNLayer.cloneState(row)])));
@@ -159,6 +178,10 @@ function runCase(st, entry, outDir) {
         case 'commit': {
           const v = verifies[step.of_call];
           delete verifies[step.of_call];
+          step.accepted.forEach((n, i) => {
+            const k = v.steps[i].length - 1;
+            if (!Number.isInteger(n) || n < 0 || n > k) throw new GDNError('accept_count', `sequence ${i}: accepted ${n}, expected 0..${k} (its draft tokens)`);
+          });
           v.slots.forEach((slot, i) => {
             const n = step.accepted[i];
             if (slot !== PAD_SLOT_ID && n > 0) layer.putRow(state, slot, v.steps[i][n]);
@@ -167,6 +190,7 @@ function runCase(st, entry, outDir) {
           break;
         }
         case 'free':
+          GDNLayer.checkFree(step.slots, state.batch);
           for (const slot of step.slots) layer.putRow(state, slot, layer.newState(1));
           break;
         default:
