@@ -44,7 +44,7 @@ MAX_TABLE_BYTES = 64 * 1024 * 1024
 PROPERTY_ROWS = "properties"
 #: sha256 of the packaged tolerances.json this release ships (re-derived tables update it: it is the
 #: one line a review sees change when a bound moves)
-SHIPPED_SHA256 = "2dbd0fd91d671d0e9db394082ae4ae453aa214c0c1febd5a6e920ada4f95eb73"
+SHIPPED_SHA256 = "c9ebc87c581f3575b9d705c0e4d43c01bb93fcc295465ce87aefd45b00f201fc"
 #: how many loosened bounds an error message lists
 LISTED_LOOSER = 3
 

@@ -24,10 +24,10 @@ from gdncheck.safetensors_io import SafetensorsFile
 #: by 3.3e-5 and failed by up to 460 times the bound.
 MIN_SQUARED_NORM = 1.0
 QK_EDGE = EDGES["qk-eps"]
-#: The serving cases keep the weights and stream of the serving work (make_weights, std 0.02: q/k
-#: squared norms about 1e-3, fixtures/serving_cases.py, not realistic) and fail the convention in f32
-#: at delta_rule: issue 24 item 2 did not change them (measured, not fixed here).
-SERVING_NOT_YET = "serving: "
+#: The serving cases' regime: their layer and streams are realistic (fixtures/serving_cases.py) since
+#: issue 24; before, their q/k squared norms were about 1e-3 and llama.cpp's convention failed all four
+#: in f32 at delta_rule (x2e3 to x1.2e4).
+SERVING = "serving: "
 
 
 def qk_squared_norms(fixtures_dir, entry) -> np.ndarray:
@@ -51,24 +51,13 @@ def _forward(manifest):
     return [c for c in manifest["cases"] if c["kind"] == "forward"]
 
 
-def _params(manifest_cases):
-    out = []
-    for c in manifest_cases:
-        marks = ()
-        if c["regime"].startswith(SERVING_NOT_YET):
-            marks = pytest.mark.xfail(strict=True, reason="serving cases: weights of the serving work, q/k squared "
-                                                          "norms about 1e-3 (not issue 24 item 2's cases)")
-        out.append(pytest.param(c["id"], marks=marks, id=c["id"]))
-    return out
-
-
 def _cases():
     from gdncheck.fixtures.manifest import DEFAULT_DIR, load_manifest
 
     return [c for c in _forward(load_manifest(DEFAULT_DIR)) if c["regime"] != QK_EDGE]
 
 
-@pytest.mark.parametrize("case_id", _params(_cases()))
+@pytest.mark.parametrize("case_id", [c["id"] for c in _cases()])
 def test_every_case_but_the_qk_edge_has_realistic_qk_squared_norms(case_id, fixtures_dir, manifest):
     entry = next(c for c in manifest["cases"] if c["id"] == case_id)
     n = qk_squared_norms(fixtures_dir, entry)
@@ -90,7 +79,7 @@ def _selection(manifest, serving: bool = False) -> list[str]:
     from .conftest import HEAVY_TAGS
 
     return [c["id"] for c in _forward(manifest) if not set(HEAVY_TAGS) & set(c["tags"])
-            and c["regime"].startswith(SERVING_NOT_YET) == serving]
+            and c["regime"].startswith(SERVING) == serving]
 
 
 @pytest.mark.parametrize("profile", ["f32", "bf16"])
@@ -111,8 +100,6 @@ def test_llama_cpp_l2_norm_fails_only_the_qk_edge(profile, fixtures_dir, manifes
             assert c.status == "pass", (c.id, c.message)
 
 
-@pytest.mark.xfail(strict=True, reason="serving cases: weights of the serving work (q/k squared norms about 1e-3): "
-                                       "the convention fails them in f32 at delta_rule")
 def test_llama_cpp_l2_norm_passes_the_serving_cases_in_f32(fixtures_dir, manifest):
     r = kill(MUTANT_BY_NAME["l2norm_eps_max"], "f32", fixtures_dir, cases=_selection(manifest, serving=True))
     assert r.cases == 4 and not r.killed, r.cell()

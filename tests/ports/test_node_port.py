@@ -58,7 +58,9 @@ def test_node_port_refuses_a_bad_lane_count(fixtures_dir, tmp_path, lanes):
 @pytest.mark.skipif(NODE is None, reason="node (>= 20) is not on PATH; the Node.js port cannot run here")
 def test_node_port_runs_the_serving_cases(tmp_path):
     """Packed calls over pool slots, verify + commit and prefix snapshots (FORMAT.md §4.1), every stage
-    tensor and the whole pool after each step, in f32."""
+    tensor and the whole pool after each step, in f32; and the seven serving error cases refused with
+    their codes (a slot outside the pool, named twice, an empty sequence, a bad accept count or snapshot
+    request, freeing the padding id or a slot out of range)."""
     from gdncheck.fixtures.build import build_suite
 
     fixtures = tmp_path / "serving"
@@ -71,5 +73,8 @@ def test_node_port_runs_the_serving_cases(tmp_path):
     bad = [f"{c.id}: {c.message or c.problem}" for c in s.cases if c.status != "pass"]
     assert s.exit_code == 0 and not bad, "\n".join(bad)
     t = s.totals()
-    assert t["passed"] == 4 and t["records_missing"] == 0
+    assert t["passed"] == 11 and t["records_missing"] == 0
+    refused = {c.id.split("_")[0] for c in s.cases if "error" in c.tags}
+    assert refused == {"error-free-padding", "error-free-out-of-range", "error-slot-index", "error-duplicate-slot",
+                       "error-empty-sequence", "error-accept-count", "error-snapshot-request"}
     assert {r.op for c in s.cases for r in c.records} >= {"forward_packed", "prefix_snapshots", "verify_spec", "commit"}
