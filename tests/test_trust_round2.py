@@ -89,7 +89,9 @@ def test_a_tensor_declared_huge_is_never_read_by_the_diagnosis_or_the_report(fix
     assert r.returncode == 1, (out, r.stderr.decode("utf-8", "replace"))
     assert "shape" in out and "Traceback" not in out + r.stderr.decode("utf-8", "replace")
     rss_mb = int(out.rsplit("maxrss_kb", 1)[1].split()[0]) / 1024
-    assert rss_mb < 1024, f"peak memory {rss_mb:.0f} MB: the declared 3 GiB tensor was read"
+    # the process alone (numpy, the judge, the report) peaks near 1 GB here; reading the 3 GiB tensor
+    # would take it past 3 GB
+    assert rss_mb < 2048, f"peak memory {rss_mb:.0f} MB: the declared 3 GiB tensor was read"
 
 
 def test_a_tampered_suite_says_its_goldens_do_not_reproduce(fixtures_dir, tmp_path):
