@@ -10,7 +10,7 @@ from gdncheck.fixtures.manifest import DEFAULT_DIR
 from gdncheck.profiles import VERIFY_PROFILES
 from gdncheck.untrusted import OneLineParser
 
-from .kill_matrix import CATALOGUE, format_matrix, matrix, write_docs
+from .kill_matrix import CATALOGUE, PORT_PLACEMENTS, format_matrix, matrix, write_docs
 
 
 def main(argv=None) -> int:
@@ -26,6 +26,9 @@ def main(argv=None) -> int:
     p.add_argument("--jobs", type=int, default=1, help="processes running the mutants of a profile side by side")
     p.add_argument("--diagnose-case", action="append",
                    help="diagnose only on this case (id or id prefix; repeatable; default: the cases run)")
+    p.add_argument("--port-placement", action="append", choices=PORT_PLACEMENTS,
+                   help="a placement the mutants run in as diagnosed ports (repeatable; default all of "
+                        f"{', '.join(PORT_PLACEMENTS)}; the first gives the per-mutant table)")
     p.add_argument("--verbose", action="store_true", help="print the first failure message of each cell")
     args = p.parse_args(argv)
     limit_blas_threads()
@@ -37,7 +40,7 @@ def main(argv=None) -> int:
 
     results = matrix(profiles, args.fixtures, mutants, tolerances=args.tolerances, cases=args.case,
                      diagnose=not args.no_diagnosis, progress=progress, jobs=args.jobs,
-                     diagnose_cases=args.diagnose_case)
+                     diagnose_cases=args.diagnose_case, placements=tuple(args.port_placement or PORT_PLACEMENTS))
     table = format_matrix(results, profiles, mutants)
     print(table)
     if args.write_docs:

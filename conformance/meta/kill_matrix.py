@@ -41,6 +41,14 @@ CATALOGUE: tuple[Mutant, ...] = MUTANTS + MOE_MUTANTS + SERVING_MUTANTS
 #: The margin a mutant must beat at its own stage wherever its effect exceeds rounding.
 GOAL = 10.0
 
+#: The placements a mutant runs in as the diagnosed "port": never the catalogue's (``hf``), so that the
+#: diagnosis has to see through another engine's roundings, as it must for a real port. The first
+#: (:data:`PORT_PLACEMENT`) gives the per-mutant table; every one a row of the accuracy table.
+PORT_PLACEMENTS = ("fp32_once", "fla", "metrale")
+PORT_PLACEMENT = PORT_PLACEMENTS[0]
+#: How a diagnosis of a mutant's failing case is counted (:func:`judged_as`).
+OUTCOMES = ("right", "ambiguous", "silent", "wrong")
+
 
 def record_margin(rec: Record) -> float:
     """Worst error over bound of one record (module docstring); 0 for a record with nothing judged."""
@@ -74,6 +82,10 @@ class KillResult:
     diagnosed: int = 0  # failing cases of the mutant run as a port that got a diagnosis
     named_right: int = 0  # ... whose likely cause is this mutant's bug class
     named_other: dict[str, int] = field(default_factory=dict)  # what the others were named (None: no match)
+    #: per port placement: {"right", "ambiguous", "silent", "wrong": count} over the failing cases
+    #: diagnosed (:func:`judged_as`), and what the wrong ones named
+    accuracy: dict[str, dict[str, int]] = field(default_factory=dict)
+    wrongly_named: dict[str, dict[str, int]] = field(default_factory=dict)
 
     def diagnosis_cell(self) -> str:
         if not self.diagnosed:
@@ -154,10 +166,12 @@ def result_of(mutant: Mutant, profile: str, summary: Summary, fixtures_dir=DEFAU
 
 
 def matrix(profiles=VERIFY_PROFILES, fixtures_dir=DEFAULT_DIR, mutants=CATALOGUE, tolerances=None, cases=None,
-           diagnose: bool = True, progress=None, jobs: int = 1, diagnose_cases=None) -> list[KillResult]:
+           diagnose: bool = True, progress=None, jobs: int = 1, diagnose_cases=None,
+           placements=PORT_PLACEMENTS) -> list[KillResult]:
     """Every mutant in every profile; with ``diagnose``, also the likely cause verify names for each
-    failing case of each mutant (:func:`diagnose_all`; on ``diagnose_cases`` if given, else on the
-    same cases). ``jobs`` processes run the mutants of a profile side by side."""
+    failing case of each mutant run as a port in each of ``placements`` (:func:`diagnose_all`; on
+    ``diagnose_cases`` if given, else on the same cases). ``jobs`` processes run the mutants of a
+    profile side by side."""
     results = []
     mutants = list(mutants)
     for p in profiles:
@@ -173,7 +187,8 @@ def matrix(profiles=VERIFY_PROFILES, fixtures_dir=DEFAULT_DIR, mutants=CATALOGUE
                     progress(row[-1])
             if diagnose:
                 todo = [pool.submit(_diagnose_job, r, m.name, p, str(fixtures_dir), dirs,
-                                    str(Path(tmp) / f"port-{m.name}"), diagnose_cases or cases, tolerances)
+                                    str(Path(tmp) / f"port-{m.name}"), diagnose_cases or cases, tolerances,
+                                    tuple(placements))
                         for r, m in zip(row, mutants) if r.cases]  # a mutant not run has nothing to diagnose
                 done = {r.mutant: r for r in (f.result() for f in todo)}
                 row = [done.get(r.mutant, r) for r in row]
@@ -196,43 +211,71 @@ def _kill_job(name, profile, fixtures_dir, out_dir, cases, tolerances) -> KillRe
     return r
 
 
-def _diagnose_job(r: KillResult, name, profile, fixtures_dir, dirs, out, cases, tolerances) -> KillResult:
+def _diagnose_job(r: KillResult, name, profile, fixtures_dir, dirs, out, cases, tolerances,
+                  placements=None) -> KillResult:
     logging.getLogger("gdncheck").setLevel(logging.ERROR)
     limit_blas_threads()
-    diagnose_all(r, _by_name(name), profile, fixtures_dir, dirs, Path(out), cases, tolerances)
+    for i, placement in enumerate(placements or PORT_PLACEMENTS):
+        diagnose_all(r, _by_name(name), profile, fixtures_dir, dirs, Path(f"{out}-{placement}"), cases, tolerances,
+                     placement=placement, primary=i == 0)
     return r
 
 
-#: The placement a mutant runs in as the diagnosed "port": not the catalogue's (``hf``), so that the
-#: diagnosis has to see through another engine's roundings, as it must for a real port.
-PORT_PLACEMENT = "fp32_once"
+#: The transforms of the diagnosis (an error's shape read off the expected tensor alone) that describe
+#: a mutant's bug exactly: matching one names that bug.
+TRANSFORM_OF = {"heads_tiled": {"head_grouping_tiled", "state_heads_tiled"}, "state_transposed": {"state_transposed"},
+                "uniform_scale": {"scale_doubled"}}
+
+
+def judged_as(diagnosis: dict, mutant: Mutant) -> str:
+    """``right``: it matches the mutant's bug class (the mutant, another of its class, or a transform
+    that is that bug, :data:`TRANSFORM_OF`); ``ambiguous``: named among equals, the mutant's class one of
+    them; ``silent``: "no known bug class matches"; ``wrong``: it names another class alone, or an
+    ambiguity the mutant's class is not part of."""
+    verdict = diagnosis.get("verdict")
+    if verdict == "none":
+        return "silent"
+    itself = (diagnosis.get("candidate") == mutant.name or diagnosis.get("bug_class") == mutant.bug_class
+              or mutant.name in TRANSFORM_OF.get(diagnosis.get("candidate"), ()))
+    if verdict == "matches" and itself:
+        return "right"
+    if verdict == "ambiguous" and (itself or mutant.bug_class in diagnosis.get("alternatives", ())):
+        return "ambiguous"
+    return "wrong"
 
 
 def diagnose_all(r: KillResult, mutant: Mutant, profile: str, fixtures_dir, dirs: dict[str, Path], out: Path,
-                 cases=None, tolerances=None) -> None:
-    """Run ``mutant`` as a port (placement :data:`PORT_PLACEMENT`) and count the failing cases whose
-    likely cause names it, given the catalogue's outputs in ``dirs`` (every mutant, placement hf)."""
+                 cases=None, tolerances=None, placement: str = PORT_PLACEMENT, primary: bool = True) -> None:
+    """Run ``mutant`` as a port in ``placement`` and count how its failing cases' likely causes judge it
+    (:func:`judged_as`), given the catalogue's outputs in ``dirs`` (every mutant, placement hf);
+    ``primary``: also the per-mutant counts (``diagnosed``, ``named_right``, ``named_other``)."""
     from .catalogue import mutant_diagnoser  # the catalogue runs verify's diagnosis: imported when used
 
     cases = cases_of(mutant, fixtures_dir, cases)
-    factory = functools.partial(mutant.factory, placement=PORT_PLACEMENT)
+    factory = functools.partial(mutant.factory, placement=placement)
     run_impl(factory, fixtures_dir, out, profile, cases=cases,
              command=f"gdncheck run {module_of(mutant)}:{mutant.name} --option placement="
-                     f"{PORT_PLACEMENT} --fixtures {fixtures_dir} --out {out} --profile {profile}")
+                     f"{placement} --fixtures {fixtures_dir} --out {out} --profile {profile}")
     summary = verify(fixtures_dir, out, profile, cases=cases, tolerances=tolerances,
                      diagnose=mutant_diagnoser(fixtures_dir, limit=None, outputs=dirs))
+    tally = r.accuracy.setdefault(placement, dict.fromkeys(OUTCOMES, 0))
+    wrong = r.wrongly_named.setdefault(placement, {})
     for c in summary.cases:
         d = c.diagnosis
         if c.status != "fail" or not d or d.get("verdict") not in ("matches", "ambiguous", "none"):
             continue
+        outcome = judged_as(d, mutant)
+        tally[outcome] += 1
+        if outcome == "wrong":
+            wrong[str(d.get("candidate"))] = wrong.get(str(d.get("candidate")), 0) + 1
+        if not primary:
+            continue
         r.diagnosed += 1
-        named = d.get("candidate") if d["verdict"] == "matches" else None
-        if d["verdict"] == "ambiguous":  # named among equals: counted as such, never as right
-            named = "ambiguous"
-        if named == mutant.name:
+        if outcome == "right":
             r.named_right += 1
         else:
-            r.named_other[str(named)] = r.named_other.get(str(named), 0) + 1
+            named = {"silent": "None", "ambiguous": "ambiguous"}.get(outcome, str(d.get("candidate")))
+            r.named_other[named] = r.named_other.get(named, 0) + 1
 
 
 def format_matrix(results: list[KillResult], profiles=VERIFY_PROFILES, mutants=CATALOGUE) -> str:
@@ -266,6 +309,31 @@ def format_matrix(results: list[KillResult], profiles=VERIFY_PROFILES, mutants=C
             if any((m.name, p) in by for p in profiles):
                 lines.append(f"| `{m.name}` | " + " | ".join(by[(m.name, p)].diagnosis_cell() if (m.name, p) in by
                                                               else "-" for p in profiles) + " |")
+        lines += ["", accuracy_table(results, profiles)]
+    return "\n".join(lines)
+
+
+def accuracy_table(results: list[KillResult], profiles=VERIFY_PROFILES) -> str:
+    """How the likely cause judges the catalogue run as ports, per port placement and profile: of the
+    failing cases diagnosed, how many it names right, ambiguous (the mutant's class among equals),
+    silent ("no known bug class matches"), wrong (another class; which mutants, named as what)."""
+    placements = list(dict.fromkeys(pl for r in results for pl in r.accuracy))
+    lines = ["The likely cause over the whole catalogue run as ports in each placement (failing cases "
+             "diagnosed; right: the mutant's bug class; ambiguous: named among equals, the mutant's class "
+             "one of them; silent: no known bug class matches; wrong: another class):", "",
+             "| placement | profile | diagnosed | right | ambiguous | silent | wrong | wrong: mutant (named) |",
+             "|---|---|---|---|---|---|---|---|"]
+    for pl in placements:
+        for p in profiles:
+            row = [r for r in results if r.profile == p and pl in r.accuracy]
+            if not row:
+                continue
+            n = {k: sum(r.accuracy[pl][k] for r in row) for k in OUTCOMES}
+            total = sum(n.values())
+            which = "; ".join(f"{r.mutant} ({', '.join(f'{k} {v}' for k, v in sorted(r.wrongly_named[pl].items()))})"
+                              for r in row if r.wrongly_named.get(pl)) or "-"
+            cells = " | ".join(f"{n[k]} ({100 * n[k] / total:.0f}%)" if total else "0" for k in OUTCOMES)
+            lines.append(f"| `{pl}` | {p} | {total} | {cells} | {which} |")
     return "\n".join(lines)
 
 

@@ -137,6 +137,30 @@ def test_the_command_writes_the_matrix_with_margins_and_diagnosis_into_the_docs(
     assert float(m["margin"]) >= GOAL
     diag = next(line for line in block.splitlines()[3:] if line.startswith("| `scale_doubled` |"))
     assert diag.endswith("| 1/1 |") or "1/1" in diag, diag  # the one failing case diagnosed as this mutant
+    rows = [line.split(" | ") for line in block.splitlines() if line.startswith("| `") and " | f32 | " in line]
+    assert [r[0] for r in rows] == ["| `fp32_once`", "| `fla`", "| `metrale`"], rows  # one per port placement
+    assert all(r[2:7] == ["1", "1 (100%)", "0 (0%)", "0 (0%)", "0 (0%)"] for r in rows), rows
+
+
+def test_a_likely_cause_is_counted_right_ambiguous_silent_or_wrong():
+    """The accuracy table's four outcomes, from the diagnosis verify wrote (its JSON form)."""
+    from gdncheck.conformance.meta.kill_matrix import judged_as
+    from gdncheck.conformance.meta.mutants import MUTANTS
+
+    tiled = next(m for m in MUTANTS if m.name == "head_grouping_tiled")
+    assert judged_as({"verdict": "matches", "candidate": "head_grouping_tiled", "bug_class": tiled.bug_class}, tiled) \
+        == "right"
+    # a transform of the mutant's class (the error's shape alone) names the same bug
+    assert judged_as({"verdict": "matches", "candidate": "heads_tiled",
+                      "bug_class": "the heads in the tiled order instead of the interleaved one"}, tiled) == "right"
+    assert judged_as({"verdict": "matches", "candidate": "sign_flip", "bug_class": "a sign flipped"}, tiled) == "wrong"
+    assert judged_as({"verdict": "matches", "candidate": "scale_doubled", "bug_class": "q scale doubled"}, tiled) \
+        == "wrong"
+    assert judged_as({"verdict": "ambiguous", "candidate": "state_heads_tiled", "bug_class": "state heads tiled",
+                      "alternatives": [tiled.bug_class]}, tiled) == "ambiguous"
+    assert judged_as({"verdict": "ambiguous", "candidate": "a", "bug_class": "x", "alternatives": ["y"]}, tiled) \
+        == "wrong"
+    assert judged_as({"verdict": "none", "candidate": None, "bug_class": None}, tiled) == "silent"
 
 
 @pytest.mark.parametrize("profile", PROFILES)
