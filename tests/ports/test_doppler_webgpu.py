@@ -1,6 +1,6 @@
 """doppler's own WGSL linear-attention core (doppler-gpu 0.5.1) on the CPU through WebGPU, judged
 stage-isolated (examples/engines/doppler-webgpu/). The glue tests need only node; the kernel tests
-need `npm ci` in that folder and a WebGPU adapter (doe-gpu, or Dawn over lavapipe with the shim),
+need `npm install` in that folder and a WebGPU adapter (doe-gpu, or Dawn over lavapipe with the shim),
 and skip with the reason otherwise."""
 
 from __future__ import annotations
@@ -91,7 +91,7 @@ def _run_kernel(fixtures_dir, out, cases, env=None):
     if NODE is None:
         pytest.skip("node (>= 20) is not on PATH")
     if not (HERE / "node_modules" / "doppler-gpu").is_dir():
-        pytest.skip("node_modules not installed: run `npm ci` in examples/engines/doppler-webgpu")
+        pytest.skip("node_modules not installed: run `npm install` in examples/engines/doppler-webgpu")
     args = [NODE, str(HERE / "run.js"), "--fixtures", str(fixtures_dir), "--out", str(out)]
     for c in cases:
         args += ["--case", c]

@@ -156,8 +156,11 @@ export async function installProvider(name) {
   else throw new Error(`unknown provider ${name} (doe | dawn)`);
   if (name === 'doe') {
     const doe = await import('doe-gpu');
+    // setupGlobals({}) installs its globals into the object it is given, not globalThis: the WebGPU
+    // constants doppler reads (GPUShaderStage, ...) come from the package's `globals`
     for (const k of ['GPUBufferUsage', 'GPUShaderStage', 'GPUMapMode', 'GPUTextureUsage', 'GPUBuffer']) {
-      if (globalThis[k] === undefined && doe[k] !== undefined) globalThis[k] = doe[k];
+      const v = doe[k] ?? doe.globals?.[k] ?? doe.default?.globals?.[k];
+      if (globalThis[k] === undefined && v !== undefined) globalThis[k] = v;
     }
   }
   const wrapped = {

@@ -178,6 +178,12 @@ async function main() {
   const D = await loadDoppler();
   const gpu = await D.device.initDevice(); // doppler's own device initialisation
   if (!gpu) { console.log('no WebGPU adapter: doppler initDevice() returned none'); return 3; }
+  // Every error the device reports (a shader that did not compile, a validation error) fails the case
+  // it happened in: no outputs file is written from a pipeline that did not run.
+  const gpuErrors = [];
+  const onError = (ev) => gpuErrors.push(String(ev?.error?.message ?? ev?.message ?? ev).split('\n')[0]);
+  if (typeof gpu.addEventListener === 'function') gpu.addEventListener('uncapturederror', onError);
+  else gpu.onuncapturederror = onError;
   // Capture the conv_out buffer (qkv_conv) from the kernel's own conv bind group.
   const capture = { convOut: null };
   const createBindGroup = gpu.createBindGroup.bind(gpu);
@@ -200,7 +206,14 @@ async function main() {
     const t0 = performance.now();
     let st;
     try { st = readCase(dir, entry); } catch (err) { unusable++; console.log(`skipped  ${entry.id}: ${err.message}`); continue; }
+    const errorsBefore = gpuErrors.length;
     const { tensors, skipped } = await runCase(D, gpu, entry, st, capture);
+    if (gpuErrors.length > errorsBefore) {
+      unusable++;
+      console.log(`failed   ${entry.id}: the WebGPU device reported ${gpuErrors.length - errorsBefore} error(s), the first: `
+        + `${gpuErrors[errorsBefore].slice(0, 300)}; no outputs written`);
+      continue;
+    }
     writeCaseOutputs(args.out, entry, tensors, {
       implementation: process.env.GDN_DOPPLER_PATCH === 'barrier'
         ? `doppler-gpu ${pkg('doppler-gpu')} linear-attention-core + DIAGNOSTIC barrier patch (not doppler's code)`
