@@ -135,7 +135,10 @@ def read_bounded(path: str | os.PathLike, limit: int, what: str = "file") -> byt
             raise UnsafePathError(f"{what} {path}: expected at most {limit} bytes, found {size}")
         with os.fdopen(fd, "rb") as fh:
             fd = -1
-            data = fh.read(limit + 1)
+            # read(n) allocates n bytes first: the size fstat gave, and the rest up to the limit only if it grew
+            data = fh.read(size + 1)
+            if len(data) > size:
+                data += fh.read(limit + 1 - len(data))
     finally:
         if fd >= 0:
             os.close(fd)
