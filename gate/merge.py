@@ -17,7 +17,7 @@ from pathlib import Path
 
 from gdncheck.conformance.judge.records import CaseReport, FirstDivergence, Record, Summary
 from gdncheck.errors import GDNError
-from gdncheck.untrusted import loads_untrusted
+from gdncheck.untrusted import read_json
 
 from . import summary as gs
 from .report import gate_junit, write_report
@@ -29,21 +29,12 @@ class MergeError(GDNError):
     code = "gate_merge"
 
 
-def _read_json(path: Path, what: str) -> dict:
-    try:
-        return loads_untrusted(path.read_bytes())
-    except FileNotFoundError:
-        raise MergeError(f"expected {what} at {path}, found nothing") from None
-    except (OSError, UnicodeDecodeError, ValueError) as exc:
-        raise MergeError(f"{path}: expected {what} as JSON, found unreadable content ({exc})") from None
-
-
 def load_shard(folder: str | Path) -> tuple[Path, dict]:
     """A shard's gate folder (or its gate-summary.json) and its checked gate summary."""
     folder = Path(folder)
     if folder.is_file():
         folder = folder.parent
-    doc = _read_json(folder / "gate-summary.json", "a gate summary (gdncheck gate --out)")
+    doc = read_json(folder / "gate-summary.json", what="gate summary (gdncheck gate --out)", error=MergeError)
     try:
         gs.validate_gate_summary(doc)
     except Exception as exc:  # noqa: BLE001 - jsonschema's ValidationError, reported as the file's problem
@@ -151,7 +142,8 @@ def merge_gates(folders: list[str | Path], out: str | Path, *, junit: str | Path
         sections = [d["profiles"][p] for _, d in shards if p in (d.get("profiles") or {})]
         if not sections:
             continue
-        parts = [summary_from_json(_read_json(folder / p / f"verify-summary-{p}.json", f"the {p} verify summary"))
+        parts = [summary_from_json(read_json(folder / p / f"verify-summary-{p}.json",
+                                             what=f"verify summary of profile {p}", error=MergeError))
                  for folder, d in shards if p in (d.get("profiles") or {}) and d["profiles"][p].get("totals")]
         path = out / p / f"verify-summary-{p}.json"
         merged = None

@@ -13,6 +13,10 @@ Two rules, one function each, used by every command:
   reorder or hide text are shown as escapes (``\\x1b``, ``\\r``, ``\\u202e``), so no string can
   forge, overwrite or hide a verdict line.
 
+One reader for a JSON file gdncheck does not trust (a manifest, a summary, a name or tolerance table):
+:func:`read_json` — bounded, parsed by :func:`loads_untrusted` (a key twice refused), and every way
+it can fail one line ``PATH: expected a JSON WHAT, found ...`` of the caller's error class.
+
 And one rule for the folders gdncheck writes: :func:`folder_lock` — one writer per folder (``run``,
 ``verify``, ``gate``, ``report``, ``fixtures build|export`` hold it while they write; a second
 writer is refused with one line naming the first).
@@ -24,6 +28,7 @@ import argparse
 import os
 import re
 import stat
+from collections.abc import Callable
 from pathlib import Path, PurePosixPath
 
 from .errors import GDNError
@@ -173,6 +178,37 @@ def loads_untrusted(raw: bytes | str):
 
     text = raw.decode("utf-8") if isinstance(raw, bytes | bytearray) else raw
     return no_surrogates(json.loads(text, object_pairs_hook=no_duplicate_keys))
+
+
+#: The largest JSON file :func:`read_json` reads unless told otherwise (a verify summary of a large
+#: suite is a few MB; ``gdncheck report`` allows a summary this much).
+MAX_JSON_BYTES = 1 << 30
+
+
+def read_json(path: str | os.PathLike, *, what: str, error: Callable[[str], Exception],
+              max_bytes: int = MAX_JSON_BYTES, missing: str | None = None, unreadable: str | None = None,
+              with_raw: bool = False):
+    """The JSON document of the untrusted file ``path`` (a manifest, a summary, a name or tolerance
+    table), else ``error(message)``: one line, ``PATH: expected a JSON WHAT, found ...``.
+
+    The file is read by :func:`read_bounded` (a regular file of at most ``max_bytes``; a device, a
+    pipe or a folder refused unread) and parsed by :func:`loads_untrusted`. ``what`` names the
+    document without an article (``"verify summary"``); ``missing`` replaces the message for a file
+    that does not exist (default ``PATH: expected a WHAT, found nothing``), ``unreadable`` the words
+    before ``(why)`` for content that is no JSON (default ``expected a JSON WHAT, found unreadable
+    content``). ``with_raw``: ``(document, the bytes read)`` (for a caller that hashes the file)."""
+    try:
+        raw = read_bounded(path, max_bytes, what)
+        doc = loads_untrusted(raw)  # a key twice: refused; lone surrogates replaced
+    except FileNotFoundError:
+        raise error(missing or f"{path}: expected {_article(what)}, found nothing") from None
+    except UnsafePathError as exc:  # not a regular file, or too large
+        raise error(str(exc)) from None
+    except RecursionError:
+        raise error(f"{path}: expected a JSON {what}, found JSON nested too deep") from None
+    except (OSError, ValueError) as exc:  # unreadable, not UTF-8 (a ValueError), not JSON, a key twice
+        raise error(f"{path}: {unreadable or f'expected a JSON {what}, found unreadable content'} ({exc})") from None
+    return (doc, raw) if with_raw else doc
 
 
 class DuplicateKeyError(ValueError):

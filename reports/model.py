@@ -28,7 +28,7 @@ from gdncheck.conformance.judge.records import (
 )
 from gdncheck.errors import GDNError
 from gdncheck.stages import PIPELINE_ORDER, STAGE_NAMES, TENSOR_BY_NAME, tensor_rank
-from gdncheck.untrusted import UnsafePathError, loads_untrusted, read_bounded
+from gdncheck.untrusted import read_json
 
 from . import packed
 
@@ -63,18 +63,8 @@ def load_summary(summary: str | Path | dict) -> CheckedSummary:
         doc = copy.deepcopy(summary)
     else:
         path = Path(summary)
-        try:
-            doc = loads_untrusted(read_bounded(path, MAX_SUMMARY_BYTES, "summary"))
-        except FileNotFoundError:
-            raise ReportInputError(f"no summary file {path}: write one with `gdncheck verify ... --summary {path}`") \
-                from None
-        except UnsafePathError as exc:
-            raise ReportInputError(str(exc)) from None
-        except RecursionError:
-            raise ReportInputError(f"{path}: expected a JSON verify summary, found JSON nested too deep") from None
-        except (OSError, ValueError) as exc:  # not UTF-8, not JSON, a key twice
-            raise ReportInputError(f"{path}: expected a JSON verify summary, found unreadable content ({exc})") \
-                from None
+        doc = read_json(path, what="verify summary", error=ReportInputError, max_bytes=MAX_SUMMARY_BYTES,
+                        missing=f"no summary file {path}: write one with `gdncheck verify ... --summary {path}`")
     if not isinstance(doc, dict) or doc.get("schema") != SUMMARY_SCHEMA:
         found = doc.get("schema") if isinstance(doc, dict) else type(doc).__name__
         raise ReportInputError(f"expected a summary of schema {SUMMARY_SCHEMA!r} (gdncheck verify --summary), "

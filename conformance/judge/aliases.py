@@ -30,7 +30,7 @@ import numpy as np
 
 from gdncheck.fixtures.manifest import FixtureError
 from gdncheck.stages import KNOWN_TENSORS, TENSOR_ORDER
-from gdncheck.untrusted import loads_untrusted
+from gdncheck.untrusted import read_json
 
 NAMES_DIR = Path(__file__).with_name("names")
 NAMES_FORMAT = "gdncheck-names"
@@ -136,14 +136,7 @@ def load_names(spec: str | None) -> NameTable | None:
     if not path.is_file():
         raise FixtureError(f"unknown name table {spec!r}: expected one of {', '.join(builtin_tables())} or the path "
                            f"of a {NAMES_FORMAT} JSON file (docs/names.md)")
-    try:
-        if path.stat().st_size > MAX_TABLE_BYTES:
-            raise FixtureError(f"name table {path}: more than {MAX_TABLE_BYTES} bytes")
-        doc = loads_untrusted(path.read_bytes())
-    except RecursionError:
-        raise FixtureError(f"name table {path}: not usable JSON (nested too deep)") from None
-    except (OSError, ValueError) as exc:
-        raise FixtureError(f"name table {path}: not readable JSON ({exc})") from None
+    doc = read_json(path, what="name table", error=FixtureError, max_bytes=MAX_TABLE_BYTES)
     return NameTable(doc, str(path))
 
 

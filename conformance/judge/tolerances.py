@@ -34,7 +34,7 @@ from pathlib import Path
 from gdncheck.errors import GDNError
 from gdncheck.harness import END_TO_END
 from gdncheck.profiles import VERIFY_PROFILES
-from gdncheck.untrusted import UnsafePathError, loads_untrusted, read_bounded
+from gdncheck.untrusted import read_json
 
 TABLE_PATH = Path(__file__).with_name("tolerances.json")
 TABLE_FORMAT = "gdncheck-tolerances"
@@ -154,17 +154,8 @@ class ToleranceTable:
 
 @lru_cache(maxsize=4)
 def _load(path: str) -> ToleranceTable:
-    try:
-        raw = read_bounded(path, MAX_TABLE_BYTES, "tolerance table")
-        data = loads_untrusted(raw)
-    except FileNotFoundError:
-        raise ToleranceError(f"expected a tolerance table at {path}, found none") from None
-    except UnsafePathError as exc:
-        raise ToleranceError(str(exc)) from None
-    except RecursionError:
-        raise ToleranceError(f"{path}: not a usable tolerance table (JSON nested too deep)") from None
-    except (OSError, ValueError) as exc:
-        raise ToleranceError(f"{path}: not a readable tolerance table ({exc})") from None
+    data, raw = read_json(path, what="tolerance table", error=ToleranceError, max_bytes=MAX_TABLE_BYTES,
+                          with_raw=True)
     if not isinstance(data, dict) or data.get("format") != TABLE_FORMAT or "modes" not in data:
         raise ToleranceError(f"{path}: expected a JSON table of format {TABLE_FORMAT!r}")
     version, modes = data.get("version"), data["modes"]
