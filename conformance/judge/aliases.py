@@ -41,6 +41,14 @@ KNOWN_EXTRA = ("x", "seq_len")
 MAX_TABLE_BYTES = 4 * 1024 * 1024
 
 
+class NameTableError(FixtureError):
+    """A name table (``--names``) that cannot be used: not found, not JSON, not of the format, or a
+    width that is no shape symbol of the case. A :class:`FixtureError`, as it was before, so that every
+    caller (and the CLI's exit 2) treats it as before."""
+
+    code = "name_table"
+
+
 def builtin_tables() -> list[str]:
     return sorted(p.stem for p in NAMES_DIR.glob("*.json"))
 
@@ -69,33 +77,33 @@ class NameTable:
 
 
 def check_table(doc, source: str) -> None:
-    """Refuse (:class:`FixtureError`, naming the table and the entry) a table that is not of the format:
+    """Refuse (:class:`NameTableError`, naming the table and the entry) a table that is not of the format:
     the wrong format or version, an entry neither ``as``, ``split`` nor ``not_comparable``, a target that
     is no stage tensor, a ``transpose`` that is no permutation, a ``width`` neither a positive integer nor
     a shape symbol, a prefix that is no regular expression."""
     if not isinstance(doc, dict):
-        raise FixtureError(f"{source}: expected a JSON object, found {type(doc).__name__}")
+        raise NameTableError(f"{source}: expected a JSON object, found {type(doc).__name__}")
     if doc.get("format") != NAMES_FORMAT or doc.get("version") != NAMES_VERSION:
-        raise FixtureError(f"{source}: expected a name table of format {NAMES_FORMAT!r} version {NAMES_VERSION}, "
+        raise NameTableError(f"{source}: expected a name table of format {NAMES_FORMAT!r} version {NAMES_VERSION}, "
                            f"found format {doc.get('format')!r} version {doc.get('version')!r}")
     tensors, prefixes = doc.get("tensors"), doc.get("prefixes", [])
     if not isinstance(tensors, dict) or not all(isinstance(e, dict) for e in tensors.values()):
-        raise FixtureError(f"{source}: expected 'tensors' an object of entries (objects), found {_brief(tensors)}")
+        raise NameTableError(f"{source}: expected 'tensors' an object of entries (objects), found {_brief(tensors)}")
     if not isinstance(doc.get("not_exposed", {}), dict):
-        raise FixtureError(f"{source}: expected 'not_exposed' an object, found {_brief(doc.get('not_exposed'))}")
+        raise NameTableError(f"{source}: expected 'not_exposed' an object, found {_brief(doc.get('not_exposed'))}")
     if not isinstance(prefixes, list) or not all(isinstance(p, str) for p in prefixes):
-        raise FixtureError(f"{source}: expected 'prefixes' a list of regular expressions, found {_brief(prefixes)}")
+        raise NameTableError(f"{source}: expected 'prefixes' a list of regular expressions, found {_brief(prefixes)}")
     for p in prefixes:
         try:
             re.compile(p)
         except re.error as exc:
-            raise FixtureError(f"{source}: prefix {p!r} is not a regular expression ({exc})") from None
+            raise NameTableError(f"{source}: prefix {p!r} is not a regular expression ({exc})") from None
     for name, entry in tensors.items():
         where = f"{source}: entry {name!r}"
         if "split" in entry:
             parts = entry["split"]
             if not isinstance(parts, list) or not parts or not all(isinstance(t, dict) for t in parts):
-                raise FixtureError(f"{where}: expected 'split' a list of parts, found {_brief(parts)}")
+                raise NameTableError(f"{where}: expected 'split' a list of parts, found {_brief(parts)}")
             for t in parts:
                 _check_target(t, where, split=True)
         else:
@@ -103,23 +111,23 @@ def check_table(doc, source: str) -> None:
         tr = entry.get("transpose")
         if tr is not None and (not isinstance(tr, list) or sorted(tr) != list(range(len(tr)))
                                or not all(isinstance(a, int) and not isinstance(a, bool) for a in tr)):
-            raise FixtureError(f"{where}: expected 'transpose' a permutation of the axes [0, 1, ...], found "
+            raise NameTableError(f"{where}: expected 'transpose' a permutation of the axes [0, 1, ...], found "
                                f"{_brief(tr)}")
 
 
 def _check_target(t: dict, where: str, *, split: bool) -> None:
     if "not_comparable" in t:
         if not isinstance(t["not_comparable"], str):
-            raise FixtureError(f"{where}: expected 'not_comparable' a reason (a string)")
+            raise NameTableError(f"{where}: expected 'not_comparable' a reason (a string)")
     elif "as" not in t:
-        raise FixtureError(f"{where}: expected 'as', 'split' or 'not_comparable' (docs/names.md)")
+        raise NameTableError(f"{where}: expected 'as', 'split' or 'not_comparable' (docs/names.md)")
     elif not isinstance(t["as"], str) or (t["as"] not in TENSOR_ORDER and t["as"] not in KNOWN_TENSORS
                                                 and t["as"] not in KNOWN_EXTRA):
-        raise FixtureError(f"{where}: maps to {_brief(t['as'])}, which is not a stage tensor")
+        raise NameTableError(f"{where}: maps to {_brief(t['as'])}, which is not a stage tensor")
     if split:
         w = t.get("width")
         if not (isinstance(w, str) or (isinstance(w, int) and not isinstance(w, bool) and w > 0)):
-            raise FixtureError(f"{where}: expected each split part's 'width' a positive integer or a shape symbol, "
+            raise NameTableError(f"{where}: expected each split part's 'width' a positive integer or a shape symbol, "
                                f"found {_brief(w)}")
 
 
@@ -134,9 +142,9 @@ def load_names(spec: str | None) -> NameTable | None:
         return None
     path = NAMES_DIR / f"{spec}.json" if spec in builtin_tables() else Path(spec)
     if not path.is_file():
-        raise FixtureError(f"unknown name table {spec!r}: expected one of {', '.join(builtin_tables())} or the path "
+        raise NameTableError(f"unknown name table {spec!r}: expected one of {', '.join(builtin_tables())} or the path "
                            f"of a {NAMES_FORMAT} JSON file (docs/names.md)")
-    doc = read_json(path, what="name table", error=FixtureError, max_bytes=MAX_TABLE_BYTES)
+    doc = read_json(path, what="name table", error=NameTableError, max_bytes=MAX_TABLE_BYTES)
     return NameTable(doc, str(path))
 
 
@@ -190,7 +198,7 @@ class NamedOutputs:
         if isinstance(w, int):
             return w
         if w not in self.dims:
-            raise FixtureError(f"name table {self.table.source}: width {w!r} of {key!r} is not a shape symbol "
+            raise NameTableError(f"name table {self.table.source}: width {w!r} of {key!r} is not a shape symbol "
                                f"({', '.join(sorted(self.dims))})")
         return int(self.dims[w])
 

@@ -150,3 +150,16 @@ def test_every_table_is_well_formed():
         for entry in doc["tensors"].values():
             assert sum(k in entry for k in ("as", "split", "not_comparable")) == 1
             assert "note" not in entry or isinstance(entry["note"], str)
+
+
+def test_a_name_table_problem_is_a_name_table_error_and_still_a_fixture_error(tmp_path):
+    from gdncheck.conformance.judge.aliases import NameTableError
+    from gdncheck.errors import error_class_for_code
+
+    bad = tmp_path / "t.json"
+    bad.write_text(json.dumps({"format": "gdncheck-names", "version": 1, "tensors": {"y": {"as": "nope"}}}))
+    for spec in ("vllm", str(bad)):
+        with pytest.raises(NameTableError) as err:
+            load_names(spec)
+        assert isinstance(err.value, FixtureError) and err.value.code == "name_table"
+    assert error_class_for_code("name_table") is NameTableError
