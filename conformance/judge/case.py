@@ -21,7 +21,7 @@ from gdncheck.safetensors_io import SafetensorsFile
 from gdncheck.stages import STATE_NAMES, STATE_STAGE, STATE_STAGE_INDEX, STATE_TENSORS, tensor_rank
 from gdncheck.untrusted import safe_text
 
-from . import inputs, messages, packed
+from . import files, messages, packed
 from .aliases import NamedOutputs, NameTable
 from .metrics import CaseStats, case_stats
 from .records import CaseReport, FirstDivergence, Record
@@ -84,7 +84,7 @@ class CaseJudge:
             self.report.status, self.report.problem = "error", problem
             return self.report
         steps = self.entry["program"]
-        err, na = inputs.raised(self.meta), inputs.not_applicable(self.meta, steps)
+        err, na = files.raised(self.meta), files.not_applicable(self.meta, steps)
         if na is not None:  # judge what ran before the step the implementation cannot express
             self.report.not_applicable = na
             if self.entry["kind"] != "error":
@@ -92,7 +92,7 @@ class CaseJudge:
         elif self.entry["kind"] == "error":
             self.judge_expected_error(err)
         elif err is not None:
-            op = inputs.op_at(steps, err.get("step"))
+            op = files.op_at(steps, err.get("step"))
             self.report.status, self.report.message = "fail", messages.raised(case=self.case, err=err, op=op)
             self.report.first_divergence = FirstDivergence.at_step(err.get("step"), op, "raised")
         else:
@@ -106,7 +106,7 @@ class CaseJudge:
     def _open_golden(self) -> str | None:
         try:
             self.gold = SafetensorsFile(case_file(self.fixtures, self.entry))
-            inputs.check_golden(self.entry, self.gold)
+            files.check_golden(self.entry, self.gold)
         except GDNError as exc:
             return safe_text(f"fixture unusable: {exc}")
         return None
@@ -119,8 +119,8 @@ class CaseJudge:
             if not path.exists():
                 return (f"no outputs file {name} in {self.outputs}: run the implementation on this case first "
                         f"(gdncheck run ... --case {self.case})")
-            self.outs = NamedOutputs(SafetensorsFile(path), self.names, inputs.dims(self.entry))
-            inputs.check_outputs_meta(self.entry, self.outs.metadata, self.stage_isolated)
+            self.outs = NamedOutputs(SafetensorsFile(path), self.names, files.dims(self.entry))
+            files.check_outputs_meta(self.entry, self.outs.metadata, self.stage_isolated)
             self.report.notes.extend(safe_text(n) for n in self.outs.notes())
             self.report.notes.extend(self._calls_not_in_program())
         except GDNError as exc:
@@ -328,7 +328,7 @@ class CaseJudge:
             path = safe_file(self.outputs, file, "snapshot file")
             if not path.exists():
                 return None, path, f"file {file} is not in {self.outputs}"
-            return NamedOutputs(SafetensorsFile(path), self.outs.table, inputs.dims(self.entry)), path, None
+            return NamedOutputs(SafetensorsFile(path), self.outs.table, files.dims(self.entry)), path, None
         except GDNError as exc:
             return None, None, safe_text(str(exc))
 

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from gdncheck.config import GDNConfig
-from gdncheck.conformance.judge.inputs import expected_shape
+from gdncheck.conformance.judge.files import expected_shape
 from gdncheck.conformance.judge.records import validate_summary
 from gdncheck.conformance.judge.verify import verify
 from gdncheck.conformance.ports.run import run_impl

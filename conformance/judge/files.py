@@ -1,6 +1,7 @@
-"""What verify reads of a case before judging it: the golden file checked, the outputs file's
-metadata checked, and what the implementation declared there (an error it raised, a step it cannot
-express). Anything wrong here makes the case unusable (status ``error``), not a failure.
+"""A case's files, checked before verify judges it: the golden file (every tensor the manifest
+promises, float64, finite, of its shape), the outputs file's metadata, and what the implementation
+declared there (an error it raised, a step it cannot express). Anything wrong here makes the case
+unusable (status ``error``), not a failure.
 """
 
 from __future__ import annotations
