@@ -26,7 +26,6 @@ Two OpenBLAS threads on a 2-core VM can stall small batched matmuls 10-100x
 
 from __future__ import annotations
 
-import contextlib
 import os
 
 from .errors import EnvironmentVariableError
@@ -85,13 +84,3 @@ def limit_blas_threads(n: int | None = None):
     except ImportError:  # pragma: no cover - threadpoolctl is a dependency
         return None
     return threadpool_limits(limits=n, user_api="blas")
-
-
-@contextlib.contextmanager
-def blas_limited(n: int | None = None):
-    ctl = limit_blas_threads(n)
-    try:
-        yield
-    finally:
-        if ctl is not None:
-            ctl.restore_original_limits()

@@ -53,11 +53,6 @@ def expert_name(e: int, projection: str) -> str:
     return f"mlp.experts.{e}.{projection}.weight"
 
 
-def is_expert_weight(name: str) -> bool:
-    """Whether ``name`` (prefix removed) is a weight of the sparse block, in either layout."""
-    return name in MOE_WEIGHT_NAMES or PER_EXPERT.match(name) is not None
-
-
 def moe_expected_shapes(cfg: GDNConfig) -> dict[str, tuple[int, ...]]:
     E, D, Im, Is = cfg.num_experts, cfg.hidden_size, cfg.moe_intermediate_size, cfg.shared_expert_intermediate_size
     return {

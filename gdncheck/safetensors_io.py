@@ -216,10 +216,6 @@ class SafetensorsFile(Mapping):
     def shape_of(self, name: str) -> tuple[int, ...]:
         return self._get(name)[1]
 
-    def nbytes_of(self, name: str) -> int:
-        _dtype, _shape, begin, end = self._get(name)
-        return end - begin
-
     def raw(self, name: str) -> np.ndarray:
         """The stored values in their stored dtype (BF16 as uint16 bits), copied."""
         dtype, shape, begin, end = self._get(name)

@@ -65,10 +65,6 @@ def emulate_gpu(*, tf32: bool = True, order: str = "shuffle", seed: int | str = 
         _EMULATION = previous
 
 
-def current() -> Emulation:
-    return _EMULATION
-
-
 # --- bit-level helpers (NumPy, float32) -------------------------------------------------------------
 
 

@@ -76,10 +76,6 @@ def machine_dependent(f: dict) -> bool:
         (f.get("adjudication") or {}).get("kind") == "routing_tie"
 
 
-def _profiles_cell(results: dict, profile: str) -> dict:
-    return results.get(profile) or {}
-
-
 def stable_block(matrix: dict, link_dir: str | Path | None) -> str:
     lines = [STABLE_BEGIN, "", "| engine | how judged | profile | cases | pass | fail | n/a | findings | unexplained |",
              "|---|---|---|---|---|---|---|---|---|"]

@@ -94,11 +94,6 @@ class CaseStats:
 
         self.conditions: dict[int, np.ndarray] = {}  # call -> κ of the gated norm (core_gated only)
 
-    @classmethod
-    def of(cls, tensor: str, expected: np.ndarray) -> CaseStats:
-        """Stats of a tensor seen alone (a one-call case)."""
-        return cls(tensor, [expected])
-
     def condition(self, call: int | None) -> np.ndarray | None:
         return self.conditions.get(call) if call is not None else None
 

@@ -67,10 +67,6 @@ class XFail:
         return (self.impl == "*" or self.impl in names) and self.profile in ("*", profile) \
             and case.startswith(self.case)
 
-    def covers(self, tensors: set[str]) -> bool:
-        """Whether every one of these failing names (tensors; stages too) is allowed to fail."""
-        return self.tensors == ("*",) or tensors <= set(self.tensors)
-
     def covers_case(self, report) -> bool:
         """Whether the entry covers the failure of this failing case: every failing record named by
         its tensor, its stage (``state`` for ``seq_len``) or, for a saved snapshot, ``snapshot``."""
