@@ -25,7 +25,7 @@ from .gated_norm import gated_norm
 from .gates import gates
 from .in_proj import in_proj
 from .input_norm import input_norm
-from .layer import PROFILES, Layer
+from .layer import DTYPES, Layer
 from .mlp import mlp, swiglu
 from .moe import MoEWeights, experts, mlp_moe, moe_block, moe_sum, router, routing, shared_expert
 from .out_proj import out_proj
@@ -37,7 +37,7 @@ from .state import DeviceSnapshot, State
 from .target import fill_allocations, resolve_device
 
 __all__ = [
-    "PROFILES", "DeviceSnapshot", "Layer", "MoEWeights", "State", "conv1d", "conv1d_qk_norm", "conv1d_update",
+    "DTYPES", "DeviceSnapshot", "Layer", "MoEWeights", "State", "conv1d", "conv1d_qk_norm", "conv1d_update",
     "delta_rule_chunked", "delta_rule_recurrent", "fill_allocations", "gated_norm", "gates", "in_proj",
     "input_norm", "mlp", "out_proj", "output", "post_norm", "qk_norm", "residual", "residual_post_norm",
     "resolve_device", "swiglu",

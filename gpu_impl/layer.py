@@ -4,7 +4,7 @@ Fast path of one call (T tokens of B sequences), in the profile's activation dty
 math inside every kernel:
 
     input_norm kernel → one in_proj GEMM (stacked weights) → conv1d + SiLU + q/k L2 norm kernel
-    (decode: the conv state updated in place) → gates kernel (g, beta fp32) → delta rule (fused
+    (a one-token call: the conv state updated in place) → gates kernel (g, beta fp32) → delta rule (fused
     recurrent kernel for T ≤ RECURRENT_MAX_TOKENS, else the chunked WY pipeline; the fp32 state
     updated in place) → gated_norm kernel → out_proj GEMM → residual + post_norm kernel →
     gate/up GEMM → SwiGLU kernel → down GEMM → output add.
@@ -43,6 +43,7 @@ import torch
 from gdncheck.calls import check_seq_pos, check_state, check_x, rows_to_reset
 from gdncheck.config import GDNConfig
 from gdncheck.errors import InputError, InputShapeError, LayerOptionError
+from gdncheck.profiles import PROFILES, VERIFY_PROFILES
 from gdncheck.stages import STAGE_TENSORS, layer_tensors
 from gdncheck.weights import expected_shapes, validate_weights
 
@@ -62,7 +63,8 @@ from .target import resolve_device
 
 log = logging.getLogger("gdncheck.gpu_impl")
 
-PROFILES: dict[str, torch.dtype] = {"f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16}
+#: The torch dtype of each profile the Triton path runs in (gdncheck/profiles.py holds the profiles).
+DTYPES: dict[str, torch.dtype] = {name: getattr(torch, PROFILES[name].torch_dtype) for name in VERIFY_PROFILES}
 DELTA_RULE_FORMS = ("auto", "recurrent", "chunked")
 
 #: ``delta_rule="auto"`` runs the fused recurrent kernel up to this many tokens, else the chunked one.
@@ -145,14 +147,14 @@ class Layer:
         return layer
 
     def _configure(self, cfg, layer_index, profile, strict, delta_rule, chunk_size) -> None:
-        if not isinstance(profile, str) or profile not in PROFILES:
-            raise LayerOptionError(f"expected profile one of {', '.join(PROFILES)}, found {profile!r}",
+        if not isinstance(profile, str) or profile not in DTYPES:
+            raise LayerOptionError(f"expected profile one of {', '.join(DTYPES)}, found {profile!r}",
                                    layer=layer_index)
         _check_options(delta_rule, chunk_size, layer_index)
         self.cfg = cfg
         self.layer_index = layer_index
         self.profile = profile
-        self.dtype = PROFILES[profile]
+        self.dtype = DTYPES[profile]
         self.strict = strict
         self.delta_rule = delta_rule
         self.chunk_size = chunk_size
@@ -287,16 +289,16 @@ class Layer:
         return out, {name: trace[name].contiguous() for name in TRACE_ORDER[self.mlp_kind]}
 
     def _mix(self, qkv, a, b, state: State, reset: torch.Tensor, form: str, chunk_size: int, capture: bool):
-        """The sequence-wise stages of a plain call: conv1d + q/k norm (decode: the conv state in
-        place), gates, the delta rule (the recurrent state in place)."""
+        """The sequence-wise stages of a plain call: conv1d + q/k norm (a one-token call updates the conv
+        state in place), gates, the delta rule (the recurrent state in place)."""
         cfg = self.cfg
         T = qkv.shape[1]
-        decode = T == 1
+        one_token = T == 1
         q, k, v, qkv_conv, conv_state = conv1d_qk_norm(
             qkv, state.conv_state, self.w_conv, cfg.num_k_heads, cfg.head_k_dim, cfg.num_v_heads, cfg.head_v_dim,
-            inplace=decode, capture=capture, reset=reset,
+            inplace=one_token, capture=capture, reset=reset,
         )
-        if not decode:
+        if not one_token:
             state.conv_state.copy_(conv_state)
         del conv_state
         g, beta = gates(a, b, self.A_log, self.dt_bias)

@@ -61,7 +61,7 @@ from gdncheck.config import GDNConfig
 from gdncheck.untrusted import OneLineParser
 
 from .delta_rule_chunked import STATE_CTAS_PER_SM, TEMP_BUDGET, gpu_block_v, slice_rows, temp_bytes_per_token
-from .layer import FP32_PARAMS, PROFILES, RECURRENT_MAX_TOKENS
+from .layer import DTYPES, FP32_PARAMS, RECURRENT_MAX_TOKENS
 from .moe import MOE_BUDGET, slot_bytes_per_token, token_slice
 from .moe_gemm import max_blocks
 from .target import dot_precision
@@ -105,7 +105,7 @@ def temporaries(cfg: GDNConfig, B: int, T: int, chunk: int = 64, budget: int = T
         return 0
     dk, dv, Hv = cfg.head_k_dim, cfg.head_v_dim, cfg.num_v_heads
     per_row = T * temp_bytes_per_token(dk, dv, chunk)
-    nv = -(-dv // gpu_block_v(B, Hv, dv, SMS, dot_precision(PROFILES[profile])))
+    nv = -(-dv // gpu_block_v(B, Hv, dv, SMS, dot_precision(DTYPES[profile])))
     return slice_rows(B * Hv, per_row, budget, max(1, SMS * STATE_CTAS_PER_SM // nv)) * per_row
 
 
@@ -144,7 +144,7 @@ def packed_peak(cfg: GDNConfig, total: int, n: int, profile: str = "bf16", chunk
     if chunked:
         dk, dv, Hv = cfg.head_k_dim, cfg.head_v_dim, cfg.num_v_heads
         per_row = total * temp_bytes_per_token(dk, dv, chunk)
-        nv = -(-dv // gpu_block_v(n, Hv, dv, SMS, dot_precision(PROFILES[profile]), varlen=True))
+        nv = -(-dv // gpu_block_v(n, Hv, dv, SMS, dot_precision(DTYPES[profile]), varlen=True))
         temps = slice_rows(Hv, per_row, budget, max(1, SMS * STATE_CTAS_PER_SM // (nv * n))) * per_row
     return _peak(cfg, total, profile, 0, temps, mlp_kind, moe_budget)
 

@@ -9,11 +9,11 @@ import pytest
 import torch
 import triton
 
-from gdncheck.gpu_impl import PROFILES, resolve_device
+from gdncheck.gpu_impl import DTYPES, resolve_device
 
 #: CUDA on a GPU runner, the interpreter on the CPU (``GDN_DEVICE`` overrides).
 DEVICE = resolve_device()
-PROFILE_NAMES = tuple(PROFILES)
+PROFILE_NAMES = tuple(DTYPES)
 
 
 def rng_for(*key) -> np.random.Generator:
@@ -23,7 +23,7 @@ def rng_for(*key) -> np.random.Generator:
 
 def tensor(x, profile: str = "f32", device=None) -> torch.Tensor:
     """x (float64) rounded to the profile dtype, on the test device."""
-    return torch.tensor(np.asarray(x, dtype=np.float64), dtype=PROFILES[profile], device=device or DEVICE)
+    return torch.tensor(np.asarray(x, dtype=np.float64), dtype=DTYPES[profile], device=device or DEVICE)
 
 
 def fp32(x) -> torch.Tensor:
