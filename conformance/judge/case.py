@@ -1,7 +1,7 @@
 """Judging one case: :class:`CaseJudge` holds what every part of the judging needs (the folders, the
 manifest entry, the profile, the tolerance table, the mode, the name table, the open golden and
-outputs files) and judges the parts in short methods: the program's calls, each call's tensors and
-seq_len, the saved snapshot files, the expected error, and the verdict on the whole case.
+outputs files) and judges the parts in short methods: the program's calls (each by the judge of its
+kind, calls.py), the saved snapshot files, the expected error, and the verdict on the whole case.
 """
 
 from __future__ import annotations
@@ -16,17 +16,16 @@ from gdncheck.config import GDNConfig
 from gdncheck.errors import GDNError
 from gdncheck.fixtures.coverage import coverage_of
 from gdncheck.fixtures.manifest import case_file, safe_file
-from gdncheck.harness import CALL_OPS, END_TO_END, call_key, call_steps, is_packed, mode_name
+from gdncheck.harness import CALL_OPS, END_TO_END, call_key, call_steps, mode_name
 from gdncheck.safetensors_io import SafetensorsFile
-from gdncheck.stages import STATE_NAMES, STATE_STAGE, STATE_STAGE_INDEX, STATE_TENSORS, tensor_rank
+from gdncheck.stages import STATE_TENSORS, tensor_rank
 from gdncheck.untrusted import safe_text
 
 from . import files, messages, packed
 from .aliases import NamedOutputs, NameTable
+from .calls import call_judge, golden_ref, read_checked
 from .metrics import CaseStats, case_stats
-from .records import CaseReport, FirstDivergence, Record
-from .routing import RoutingCheck, judge_routing
-from .ties import tie_expectations
+from .records import CaseReport, FirstDivergence
 from .tolerances import ToleranceTable
 from .verdicts import allowed_dtypes, base_record, judge
 
@@ -213,89 +212,9 @@ class CaseJudge:
         return case_stats(arrays, float(self.entry["config"].get("rms_norm_eps", 1e-6)))
 
     def judge_call(self, i: int, step: dict) -> None:
-        """Every tensor the golden keeps for this call, then (end to end) its seq_len."""
-        k, loc = step["call"], messages.where(self.case, i, step["op"], step["seq_pos"])
-        if is_packed(step):
-            self.report.serving.append(packed.layout(i, step))
-        required = () if self.stage_isolated else tuple(coverage_of(self.entry)["required"])
-        routing = self.judge_routing(i, step, loc) if "selected_experts" in step["expected"] else None
-        tie_expected = {}
-        if routing is not None and routing.any_tied and not is_packed(step):
-            self.report.notes.append(f"call {k}: {routing.record.convention['text']}")
-            if not self.stage_isolated:  # stage-isolated, each stage after the routing gets the golden routing
-                tie_expected = tie_expectations(self.gold, k, self.entry["config"], routing)
-        for name in step["expected"]:
-            if routing is not None and name == "selected_experts":
-                self.report.records.append(routing.record)
-                continue
-            key = call_key(k, name)
-            actual, dtype = _read(self.outs, key, self.gold.shape_of(key), allowed_dtypes(name, self.profile)[0])
-            rec = base_record(self.case, i, step["op"], k, name, seq_pos=list(step["seq_pos"]),
-                              expected_ref=self._golden_ref(key),
-                              actual_ref=self.outs.ref(self.report.outputs_file, key))
-            expected, bound = self.gold.read(key), self.table.bound(name, self.profile, self.mode, self.case)
-            if name in tie_expected:  # the float64 expectation for the port's own experts at a tie (ties.py)
-                expected = tie_expected[name]
-            if name == "routing_weights" and routing is not None:
-                actual, expected = routing.weights(actual, expected)
-            if actual is not None:
-                actual = packed.as_judged(actual, step, name)
-            judge(rec, actual, dtype, packed.as_judged(expected, step, name), bound, required=name in required,
-                  subject=messages.subject(name, rec.stage, k), loc=loc, stats=self.stats.get(name))
-            if is_packed(step):  # a serving step: the failure located by sequence and token, or by slot
-                if name in STATE_NAMES:
-                    before = self.pool_before(i, name, expected.shape) if rec.verdict == "fail" else None
-                    packed.slot_note(rec, step, actual, expected, bound, self.stats.get(name), before=before)
-                else:
-                    packed.locate_token(rec, step)
-            self.report.records.append(rec)
-        if not self.stage_isolated:
-            self.judge_seq_len(i, step, loc)
-
-    def pool_before(self, i: int, name: str, shape: tuple[int, ...]) -> np.ndarray | None:
-        """The port's pool state ``name`` before step ``i``: what it wrote at step ``i - 1`` when that
-        step is a call keeping it (another step between, a ``free``, changes the pool unrecorded)."""
-        if i == 0:
-            return None
-        prev = self.entry["program"][i - 1]
-        if prev["op"] not in CALL_OPS or name not in prev["expected"]:
-            return None
-        arr, dtype = _read(self.outs, call_key(prev["call"], name), tuple(shape), allowed_dtypes(name, self.profile)[0])
-        return arr if isinstance(arr, np.ndarray) and arr.shape == tuple(shape) else None
-
-    def judge_routing(self, i: int, step: dict, loc: str) -> RoutingCheck:
-        """A sparse call's selected experts, as sets per token, before any number (routing.py)."""
-        k, name = step["call"], "selected_experts"
-        key = call_key(k, name)
-        actual, dtype = _read(self.outs, key, self.gold.shape_of(key), INDEX_DTYPES)
-        rec = base_record(self.case, i, step["op"], k, name, seq_pos=list(step["seq_pos"]),
-                          expected_ref=self._golden_ref(key), actual_ref=self.outs.ref(self.report.outputs_file, key))
-        return judge_routing(rec, actual, dtype, self.gold.read(key), self.gold.read(call_key(k, "router_logits")),
-                             subject=messages.subject(name, rec.stage, k), loc=loc,
-                             normalised=self.entry["config"].get("norm_topk_prob", True) is not False)
-
-    def _golden_ref(self, key: str | None) -> dict:
-        return {"file": str(Path(self.fixtures) / self.entry["file"]), "key": key}
-
-    def judge_seq_len(self, i: int, step: dict, loc: str) -> None:
-        key = call_key(step["call"], "seq_len")
-        actual, dtype = _read(self.outs, key, (len(step["seq_len_after"]),), SEQ_LEN_DTYPES)
-        if actual is None:  # optional (FORMAT.md §7), but counted as not provided, as any tensor is
-            self.report.records.append(Record(
-                case=self.case, step=i, op=step["op"], call=step["call"], tensor="seq_len", stage=STATE_STAGE,
-                stage_index=STATE_STAGE_INDEX, verdict="missing", expected_shape=[len(step["seq_len_after"])]))
-            return
-        rec = Record(case=self.case, step=i, op=step["op"], call=step["call"], tensor="seq_len", stage=STATE_STAGE,
-                     stage_index=STATE_STAGE_INDEX, verdict="pass", dtype=dtype, shape=list(actual.shape),
-                     expected_shape=[len(step["seq_len_after"])],
-                     actual_ref={"file": self.report.outputs_file, "key": key})
-        usable = dtype in SEQ_LEN_DTYPES and tuple(actual.shape) == (len(step["seq_len_after"]),)
-        found = np.asarray(actual).ravel().tolist() if usable else f"of dtype {dtype} and shape {list(actual.shape)}"
-        if not usable or found != list(step["seq_len_after"]):
-            rec.verdict, rec.reason = "fail", "seq_len"
-            rec.message = messages.seq_len_failure(subject=f"seq_len after call {step['call']}",
-                                                   actual=found, expected=step["seq_len_after"], loc=loc)
-        self.report.records.append(rec)
+        """Every tensor the golden keeps for this call, then (end to end) its seq_len: the judge of the
+        call's kind does it (calls.py: plain, routed, packed)."""
+        call_judge(self, i, step).judge()
 
     # --- a saved snapshot file -----------------------------------------------------------------------
     def judge_snapshot_file(self, i: int, step: dict) -> None:
@@ -308,7 +227,7 @@ class CaseJudge:
             if gkey is not None and gkey not in self.gold:
                 continue  # the fixture keeps this state only after the last call
             expected = self.gold.read(gkey) if gkey is not None else self._zero_state(spec)
-            rec = base_record(self.case, i, "save", c, name, expected_ref=self._golden_ref(gkey),
+            rec = base_record(self.case, i, "save", c, name, expected_ref=golden_ref(self, gkey),
                               actual_ref=snap.ref(str(path), name) if snap is not None else
                               {"file": str(path) if path else step["file"], "key": name})
             subject = messages.subject(name, rec.stage, c, snapshot=step["file"])
@@ -317,7 +236,7 @@ class CaseJudge:
                 rec.verdict, rec.reason = "fail", "missing_required"
                 rec.message = messages.snapshot_missing(subject=subject, problem=problem, loc=loc)
             else:
-                actual, dtype = _read(snap, name, expected.shape, allowed_dtypes(name, self.profile)[0])
+                actual, dtype = read_checked(snap, name, expected.shape, allowed_dtypes(name, self.profile)[0])
                 judge(rec, actual, dtype, expected, self.table.bound(name, self.profile, END_TO_END, self.case),
                       required=True, subject=subject, loc=loc, stats=self.stats.get(name))
             self.report.records.append(rec)
@@ -336,35 +255,3 @@ class CaseJudge:
         """A state of the case's dimensions before any call: what a snapshot of no call holds."""
         dims = GDNConfig.from_hf(self.entry["config"]).dims()
         return np.zeros((self.entry["batch"], *(dims[s] for s in spec.shape)))
-
-
-#: The dtypes a seq_len output may have (FORMAT.md §7: I32 or I64).
-SEQ_LEN_DTYPES = ("I64", "I32")
-#: The dtypes an index tensor (``selected_experts``) may be written in: any that holds the indices
-#: exactly (FORMAT.md §5; the routing verdict refuses values that are not indices).
-INDEX_DTYPES = ("I64", "I32", "I16", "I8", "U64", "U32", "U16", "U8", "F64", "F32", "F16", "BF16")
-
-
-def _read(outs: NamedOutputs, key: str, shape: tuple[int, ...], allowed: tuple[str, ...]
-          ) -> tuple[np.ndarray | None, str | None]:
-    """(the array, its stored dtype), (None, None) when absent. Its dtype and shape are checked against
-    what the golden expects *before* anything is read: a tensor of another dtype or shape comes back as
-    a zero-cost stand-in of its declared shape (a broadcast view of nothing), which the verdict fails on
-    its dtype or shape without a byte of it being read or allocated."""
-    if key not in outs:
-        return None, None
-    dtype, declared = outs.dtype_of(key), outs.shape_of(key, shape)
-    if dtype in allowed and tuple(declared) == tuple(shape):
-        return outs.read(key, shape), dtype
-    try:
-        return np.broadcast_to(np.zeros((), np.float32), declared), dtype
-    except ValueError:  # a declared size beyond the address space: only its shape is ever looked at
-        return _Declared(tuple(declared)), dtype
-
-
-@dataclass(frozen=True)
-class _Declared:
-    """A tensor known by its declared shape only."""
-
-    shape: tuple[int, ...]
-
