@@ -62,7 +62,8 @@ else
   workers=$(( $(nproc) > 8 ? 8 : $(nproc) ))
   XDIST=()
   "$PY" -c "import xdist" 2>/dev/null && XDIST=(-n "$workers")
-  TESTS=("$ROOT/tests/gpu_impl" "${XDIST[@]}")
+  # the Triton path, and the built-in triton port's stage runner on it (a test of the ports' floor)
+  TESTS=("$ROOT/tests/gpu_impl" "$ROOT/tests/ports/test_triton_moe_stages.py" "${XDIST[@]}")
 fi
 (cd "$RUN_DIR" && "$PY" -m gdncheck.gpu_impl.gpu_check --out "$OUT_DIR" "${ARGS[@]}" -- \
   "${PYTEST_ARGS[@]}" "${TESTS[@]}")

@@ -1,12 +1,16 @@
-"""Test configuration: BLAS threads, Hypothesis profiles, the GDN_* header, GPU skips, the committed suite."""
+"""Test configuration: BLAS threads, Hypothesis profiles, the GDN_* header, GPU skips, the committed suite
+(its folder, manifest and light cases, and a private copy to damage)."""
 
 from __future__ import annotations
+
+import shutil
 
 import pytest
 
 from gdncheck.conformance.properties.hypothesis_profiles import register_profiles
 from gdncheck.env import KNOWN, gdn_vars, limit_blas_threads
 from gdncheck.fixtures.manifest import DEFAULT_DIR, load_manifest
+from tests.helpers import HEAVY_TAGS
 
 limit_blas_threads()
 HYPOTHESIS_PROFILE = register_profiles()
@@ -47,3 +51,16 @@ def fixtures_dir():
 @pytest.fixture(scope="session")
 def manifest():
     return load_manifest(DEFAULT_DIR)
+
+
+@pytest.fixture(scope="session")
+def light_cases(manifest):
+    return [c["id"] for c in manifest["cases"] if not set(HEAVY_TAGS) & set(c["tags"])]
+
+
+@pytest.fixture()
+def fixture_copy(tmp_path):
+    """A private copy of the committed suite, to damage."""
+    dst = tmp_path / "fixtures"
+    shutil.copytree(DEFAULT_DIR, dst)
+    return dst

@@ -34,6 +34,11 @@ def rel_err(a, b) -> float:
     return float(num / denom) if denom > 0 else float(num)
 
 
+#: Tags of the committed cases too heavy to run many times (the real-head-size cases and the 2048-token
+#: decode); the others are the ``light_cases`` fixture (tests/conftest.py).
+HEAVY_TAGS = ("real-heads", "long")
+
+
 #: Unit roundoff of each profile's activation dtype (half its machine epsilon).
 UNIT_ROUNDOFF = {"f32": 2.0**-24, "bf16": 2.0**-8, "f16": 2.0**-11}
 

@@ -1,5 +1,6 @@
 """Every configuration and weight error of docs/spec.md §5: its class, and a message that says what was
-expected, what was found and where."""
+expected, what was found and where. (The weight errors a reference layer meets when it is built:
+tests/reference/test_layer_checks.py.)"""
 
 from __future__ import annotations
 
@@ -8,7 +9,6 @@ import pytest
 
 from gdncheck import errors as E
 from gdncheck.config import GDNConfig
-from gdncheck.reference import Layer
 from gdncheck.synthetic import make_weights
 from gdncheck.weights import validate_weights
 from tests.helpers import tiny_config
@@ -64,41 +64,6 @@ def test_norm_mode_aliases(alias, mode):
 def test_unknown_norm_mode():
     with pytest.raises(E.UnknownNormModeError, match="found 'grouped'"):
         GDNConfig.from_hf({**HF, "linear_norm_mode": "grouped"})
-
-
-def test_norm_mode_inferred_from_weight():
-    cfg = tiny_config()
-    assert Layer(cfg, make_weights(cfg, norm_mode="shared")).norm_mode == "shared"
-    assert Layer(cfg, make_weights(cfg, norm_mode="per_head")).norm_mode == "per_head"
-
-
-@pytest.mark.parametrize("declared,weight_mode,inferred", [("shared", "per_head", "per_head"),
-                                                            ("per_head", "shared", "shared")])
-def test_declared_norm_mode_contradicts_weight(declared, weight_mode, inferred):
-    cfg = tiny_config(norm_mode=declared)
-    w = make_weights(cfg, norm_mode=weight_mode)
-    with pytest.raises(E.NormModeConflictError) as info:
-        Layer(cfg, w, layer_index=5)
-    msg = str(info.value)
-    assert f"declared linear_norm_mode='{declared}'" in msg and f"imply '{inferred}'" in msg
-    assert "layer 5" in msg and "linear_attn.norm.weight" in msg
-
-
-def test_norm_weight_of_neither_size():
-    cfg = tiny_config()
-    w = dict(make_weights(cfg))
-    w["linear_attn.norm.weight"] = np.ones(5, dtype=np.float32)
-    with pytest.raises(E.NormWeightSizeError, match=r"5 elements, expected 3 \(shared.*or 12 \(per_head"):
-        Layer(cfg, w, layer_index=0)
-
-
-def test_missing_weight_is_named():
-    cfg = tiny_config()
-    w = dict(make_weights(cfg))
-    del w["linear_attn.dt_bias"]
-    with pytest.raises(E.MissingWeightError, match="missing 1: linear_attn.dt_bias") as info:
-        Layer(cfg, w, layer_index=2)
-    assert info.value.name == "linear_attn.dt_bias" and info.value.layer == 2
 
 
 def test_projection_sizes_mismatch():

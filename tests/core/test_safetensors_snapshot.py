@@ -1,4 +1,5 @@
-"""The safetensors reader/writer and the snapshot file format."""
+"""The safetensors reader/writer. (A reference state through a snapshot file and back:
+tests/reference/test_layer_checks.py.)"""
 
 from __future__ import annotations
 
@@ -10,11 +11,7 @@ import pytest
 
 from gdncheck import errors as E
 from gdncheck.dtypes import bf16_bits_to_f32, f32_to_bf16_bits, round_to, round_to_common
-from gdncheck.reference import Layer
 from gdncheck.safetensors_io import SafetensorsFile, encode_safetensors, read_safetensors, write_safetensors
-from gdncheck.snapshot import Snapshot
-from gdncheck.synthetic import make_inputs, make_weights
-from tests.helpers import tiny_config
 
 
 def test_bf16_rounding_nearest_even():
@@ -85,49 +82,3 @@ def test_damaged_files_give_clear_errors(tmp_path, damage):
         f = SafetensorsFile(path)
         [f[k] for k in f]
     assert str(path) in str(info.value)
-
-
-def _state():
-    cfg = tiny_config()
-    layer = Layer(cfg, make_weights(cfg))
-    state = layer.new_state(2)
-    layer.forward(make_inputs(cfg, 2, 5, seed=1), state, 0)
-    return cfg, layer, state
-
-
-def test_snapshot_save_load_round_trip(tmp_path):
-    cfg, layer, state = _state()
-    snap = state.snapshot()
-    snap.save(tmp_path / "s.safetensors")
-    loaded = Snapshot.load(tmp_path / "s.safetensors")
-    np.testing.assert_array_equal(loaded.recurrent_state, state.recurrent_state)
-    np.testing.assert_array_equal(loaded.conv_state, state.conv_state)
-    assert loaded.seq_len.tolist() == [5, 5] and loaded.fingerprint == cfg.state_fingerprint()
-    fresh = layer.new_state(2)
-    fresh.restore(loaded)
-    x = make_inputs(cfg, 2, 3, seed=9)
-    a, _ = layer.forward(x, fresh, 5)
-    b, _ = layer.forward(x, state, 5)
-    np.testing.assert_array_equal(a, b)
-
-
-def test_snapshot_file_schema_and_damage_refused(tmp_path):
-    _cfg, _layer, state = _state()
-    path = tmp_path / "s.safetensors"
-    state.snapshot().save(path)
-    f = SafetensorsFile(path)
-    tensors = {k: f.read(k) for k in f}
-    meta = dict(f.metadata)
-    write_safetensors(tmp_path / "v2.safetensors", tensors, {**meta, "schema_version": "2"})
-    with pytest.raises(E.SnapshotSchemaError, match="expected snapshot schema version 1, found '2'"):
-        Snapshot.load(tmp_path / "v2.safetensors")
-    tensors["recurrent_state"] = tensors["recurrent_state"] + 1e-3
-    write_safetensors(tmp_path / "bad.safetensors", tensors, meta)
-    with pytest.raises(E.SnapshotCorruptError, match="sha256"):
-        Snapshot.load(tmp_path / "bad.safetensors")
-    (tmp_path / "trunc.safetensors").write_bytes(path.read_bytes()[:-16])
-    with pytest.raises(E.SnapshotCorruptError, match="damaged"):
-        Snapshot.load(tmp_path / "trunc.safetensors")
-    write_safetensors(tmp_path / "other.safetensors", {"x": np.ones(2)})
-    with pytest.raises(E.SnapshotSchemaError, match="gdncheck-snapshot"):
-        Snapshot.load(tmp_path / "other.safetensors")

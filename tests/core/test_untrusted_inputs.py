@@ -133,21 +133,6 @@ def test_a_snapshot_file_is_bound_to_its_tensors(tmp_path):
             Snapshot.load(path)
 
 
-def test_a_snapshot_of_other_dimensions_never_reaches_the_layer(tmp_path):
-    """The measured failure: a restored snapshot of other dimensions failed in NumPy at the next forward."""
-    from gdncheck.reference import Layer
-    from gdncheck.synthetic import make_weights
-
-    cfg = GDNConfig.from_hf(BASE)
-    layer = Layer(cfg, make_weights(cfg, 0))
-    state = layer.new_state(2)
-    path = _snapshot(tmp_path, recurrent_state=np.zeros((2, 2, 4, 8), np.float32),
-                     conv_state=np.zeros((2, 2 * 4 + 2 * 8, 4))).save(tmp_path / "s.safetensors")
-    _resave(path, {}, {"fingerprint": cfg.state_fingerprint()})
-    with pytest.raises(E.SnapshotError):
-        state.restore(Snapshot.load(path))
-
-
 @pytest.mark.parametrize("entry", [{"dtype": ["F32"], "shape": [1], "data_offsets": [0, 4]},
                                    {"dtype": "F32", "shape": [True], "data_offsets": [0, 4]},
                                    {"dtype": "F32", "shape": [1], "data_offsets": [0.0, 4]},

@@ -1,7 +1,7 @@
 """The Triton layer with the sparse mixture-of-experts block against the float64 reference layer, per
-profile: prefill, decode and a short prefill after them, capture mode, slices of tokens, the stage
-runner's isolated block stages; and what a GPU run needs (no host read, grids, the memory model, the
-compile check at real sizes).
+profile: prefill, decode and a short prefill after them, capture mode, slices of tokens; and what a
+GPU run needs (no host read, grids, the memory model, the compile check at real sizes). The built-in
+``triton`` port's isolated block stages: tests/ports/test_triton_moe_stages.py.
 
 Routing is discontinuous, so the block is judged where its inputs are the same: the reference block
 run on the Triton layer's *own* h_norm. There a correct port can only flip a token's routing where
@@ -135,34 +135,6 @@ def test_token_slices_give_the_same_block(monkeypatch):
     for name in ("experts_out", "mlp_out"):
         check(sliced_trace[name], trace[name], "forms", "f32", f"{name}, sliced against whole")
     check(sliced, whole, "forms", "f32", "out, sliced against whole")
-
-
-@pytest.mark.parametrize("profile", ["f32", "bf16"])
-def test_stage_isolated_block_stages(profile):
-    """The built-in ``triton`` implementation's run_stage on golden (reference) inputs: each stage of
-    the block, and ``mlp`` of a sparse layer (the sum), against the reference's stage functions."""
-    from gdncheck.conformance.ports.implementations import triton
-
-    w = _weights()
-    impl = triton(CFG, w, profile=profile, device=str(DEVICE))
-    ref = R.Layer(CFG, w)
-    _, gold = ref.forward(make_inputs(CFG, 2, 9, seed=7), ref.new_state(2), 0)
-    inputs = {name: gold[name] for name in ("h_norm", "router_logits", "routing_weights", "selected_experts",
-                                            "experts_out", "shared_out")}
-    got = {}
-    for stage in ("router", "routing", "experts", "shared_expert", "mlp"):
-        got.update(impl.run_stage(stage, inputs))
-    decided = routing_decided(gold["router_logits"], K, profile)
-    assert decided.mean() >= 0.8
-    sel, weights = by_expert(got["selected_experts"].cpu().numpy(), to_np(got["routing_weights"]))
-    gold_sel, gold_weights = by_expert(gold["selected_experts"], gold["routing_weights"])
-    np.testing.assert_array_equal(sel[decided], gold_sel[decided])
-    alike = (sel == gold_sel).all(-1)
-    check(weights[alike], gold_weights[alike], "stage", profile, "routing_weights (stage-isolated)")
-    for name in ("router_logits", "shared_out"):
-        check(got[name], gold[name], "stage", profile, f"{name} (stage-isolated)")
-    for name in ("experts_out", "mlp_out"):  # from the golden routing: every token
-        check(got[name], gold[name], "stage", profile, f"{name} (stage-isolated)")
 
 
 # --- what a GPU run needs ----------------------------------------------------------------------------

@@ -4,14 +4,13 @@ On a narrowed selection the command writes a valid matrix in which every case th
 classified from verify's summary and explained by a known finding; an engine that is not installed is a
 row with its pip line; bad input is exit 2 and one line; a wrong FINDINGS entry and a glue error (the mlx
 adapter leaving MLX's [Hv, dv, dk] state untransposed) show as unexplained findings at their stage, never
-hidden; the committed docs/engines.md holds what the command writes for its stable part."""
+hidden. That the committed docs/engines.md holds what the command writes for its stable part (the page of
+reports/engines.py): tests/reports/test_engines_page.py."""
 
 from __future__ import annotations
 
 import ast
 import json
-import re
-import shutil
 import sys
 from pathlib import Path
 
@@ -210,37 +209,3 @@ def test_repros_import_only_the_engine_numpy_and_the_stdlib():
                 [node.module] if isinstance(node, ast.ImportFrom) and node.level == 0 else []
             for n in names:
                 assert n.split(".")[0] in allowed, f"{path.name} imports {n}"
-
-
-@pytest.mark.slow
-def test_the_committed_page_holds_what_the_command_writes(tmp_path):
-    from gdncheck.reports.engines import STABLE_BEGIN, stable_part
-
-    missing = [n for n, e in registry.ENGINES.items() if not registry.probe(e).installed]
-    if [n for n in missing if n != "llamacpp"]:  # llama-cpp-python builds for ~20 min: CI does without it
-        pytest.skip(f"docs/engines.md is the matrix of every registered engine; not installed here: {missing}")
-    page = tmp_path / "docs" / "engines.md"
-    page.parent.mkdir()
-    shutil.copy(ROOT / "docs" / "engines.md", page)
-    committed = stable_part(page.read_text())
-    # the command's default diagnosis, as the page was written with (its likely causes are in the findings)
-    rc, m = _engines(tmp_path, "--markdown", str(page), name="full", diagnose=8)
-    assert rc == 0 and m["totals"]["unexplained"] == 0, [f for r in m["engines"] for p in r["results"].values()
-                                                         for f in p.get("findings", []) if f["unexplained"]]
-    written = page.read_text()
-    assert committed is not None
-    assert _links(_without(stable_part(written), missing)) == _links(_without(committed, missing)), \
-        "docs/engines.md is stale: rerun gdncheck engines --markdown docs/engines.md"
-    head = (ROOT / "docs" / "engines.md").read_text().split(STABLE_BEGIN)[0]
-    assert written.split(STABLE_BEGIN)[0] == head  # the hand-written header is kept
-
-
-def _without(text: str, engines: list[str]) -> str:
-    """The page's rows of the engines that are installed here (an engine not installed is a row of its own)."""
-    return "\n".join(line for line in text.splitlines()
-                     if not any(line.startswith(f"| {e} |") for e in engines))
-
-
-def _links(text: str) -> str:
-    """The repro links as from the repository root (the copy's page lies elsewhere than docs/)."""
-    return re.sub(r"\]\([^)]*?(examples/engines/repros/)", r"](\1", text)

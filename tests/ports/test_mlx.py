@@ -1,14 +1,13 @@
 """Apple MLX (mlx-lm's own Qwen3.5 layer) through the harness: a few dense cases conform in f32 and bf16 as a
-plug-in (``gdncheck run gdncheck.conformance.ports.mlx:mlx`` then ``gdncheck verify``), mutants of the glue
-(the state layout, the norm fold, the head order) are caught at their stage, and a machine without MLX gets
-one line saying how to install it."""
+plug-in (``gdncheck run gdncheck.conformance.ports.mlx:mlx`` then ``gdncheck verify``), and a machine
+without MLX gets one line saying how to install it. Mutants of the glue (the state layout, the norm fold,
+the head order), caught at their stage: tests/meta/test_mlx_glue_mutants.py."""
 
 from __future__ import annotations
 
 import json
 import sys
 
-import numpy as np
 import pytest
 
 from gdncheck.cli import main as cli
@@ -92,44 +91,6 @@ def test_the_adapter_drives_mlx_lm_own_layer_and_restores_its_modules(fixtures_d
     assert "g" not in names  # MLX computes exp(g) only (module docstring)
     # the conv state's K-1 newest columns are MLX's cache; the oldest is its conv window's
     assert res.outputs["calls.0.conv_state"].shape[-1] == inp.config["linear_conv_kernel_dim"]
-
-
-# --- glue mutants: each must fail verify at its stage ---------------------------------------------------
-def _tiled(S: np.ndarray, cfg_heads: tuple[int, int]) -> np.ndarray:
-    from gdncheck.conformance.meta.mutants import tiled_order
-
-    return np.ascontiguousarray(S[:, tiled_order(*cfg_heads)])
-
-
-def _sanitize_without_fold(model, ckpt):
-    """A converter that hands mlx-lm its conv weights already in MLX's [C, K, 1] layout: mlx-lm's sanitize
-    then takes the checkpoint for a sanitized one and folds no 1 + w into the RMSNorm weights."""
-    ckpt = {k: (v.moveaxis(2, 1) if k.endswith("conv1d.weight") else v) for k, v in ckpt.items()}
-    return model.sanitize(ckpt)
-
-
-MUTANTS = {
-    # MLX's [Hv, dv, dk] state written as it is (dk != dv: a shape failure; the stage is the same)
-    "state_untransposed": ("recurrent_to_format", lambda module: (lambda S: S), "dk-gt-dv_T63", "delta_rule"),
-    "state_untransposed_square": ("recurrent_to_format", lambda module: (lambda S: S), "prefill-decode_T65",
-                                  "delta_rule"),
-    "norm_w_not_one_plus_w": ("sanitize", lambda module: _sanitize_without_fold, "prefill-decode_T65",
-                              "input_norm"),
-    "state_heads_tiled": ("recurrent_to_format",
-                          lambda module: (lambda S, f=module.recurrent_to_format: _tiled(f(S), (2, 6))),
-                          "prefill-decode_T65", "delta_rule"),
-}
-
-
-@pytest.mark.parametrize("mutant", sorted(MUTANTS))
-def test_glue_mutants_are_caught_at_their_stage(tmp_path, monkeypatch, mutant):
-    module = _mlx_module()
-    attr, make, case, stage = MUTANTS[mutant]
-    monkeypatch.setattr(module, attr, make(module))
-    rc, summary = _run_verify(tmp_path, "f32", [case], name=mutant)
-    assert rc == 1
-    (c,) = summary["cases"]
-    assert c["status"] == "fail" and c["first_divergence"]["stage"] == stage, c["first_divergence"]
 
 
 # --- what MLX cannot express ----------------------------------------------------------------------------

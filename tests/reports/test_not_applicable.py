@@ -8,7 +8,7 @@ import pytest
 
 from gdncheck.conformance.judge.verify import verify
 from gdncheck.reports import text_summary, write_report
-from tests.conformance.helpers import perfect_outputs
+from tests.fixtures.outputs import perfect_outputs
 from tests.helpers import default_case_id
 
 from .pages import parse

@@ -13,8 +13,8 @@ from gdncheck.fixtures.manifest import DEFAULT_DIR
 from gdncheck.reports import write_report
 from gdncheck.reports.assets import EXTRA
 from gdncheck.reports.model import build
+from tests.fixtures.outputs import case_entry, perfect_outputs
 
-from ..conformance.helpers import case_entry, perfect_outputs
 from .conftest import TILED_FAILING
 from .pages import parse
 

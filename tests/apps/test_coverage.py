@@ -15,11 +15,10 @@ from gdncheck.conformance.judge.verify import verify
 from gdncheck.conformance.ports.run import run_impl
 from gdncheck.fixtures.manifest import SCHEMA_PATH
 from gdncheck.gate import GateOptions, run_gate, validate_gate_summary
+from tests.apps.plugins import never_applicable
+from tests.fixtures.outputs import perfect_outputs
 
-from .helpers import perfect_outputs
-from .plugins import never_applicable
-
-NEVER = "tests.conformance.plugins:never_applicable"
+NEVER = "tests.apps.plugins:never_applicable"
 
 
 def test_every_case_of_the_manifest_states_its_coverage(fixtures_dir, manifest):
@@ -131,7 +130,7 @@ def test_dk_ne_dv_is_an_optional_feature_a_dk_eq_dv_port_conforms_without(fixtur
     """Every released Qwen3.5 / Qwen3-Next checkpoint has dk = dv and llama.cpp asserts it: the dk != dv
     cases carry the feature ``dk_ne_dv`` (read off the config here, independently), so a port that runs
     dk = dv only conforms; the cases are still judged for a port that runs them."""
-    from .plugins import dk_eq_dv_only
+    from tests.apps.plugins import dk_eq_dv_only
 
     unequal = sorted(c["id"] for c in manifest["cases"] if c["kind"] != "error"
                      and c["config"]["linear_key_head_dim"] != c["config"]["linear_value_head_dim"])
@@ -159,7 +158,8 @@ def test_cases_only_gdncheck_judged_are_nothing_judged(fixtures_dir, tmp_path, c
     run_impl(never_applicable, fixtures_dir, tmp_path, "f32", cases=CONFIG_ONLY)
     meta = SafetensorsFile(next(tmp_path.glob("error-head-ratio*.safetensors"))).metadata
     assert meta["error_raised_by"] == "gdncheck"
-    code = main(["verify", "--outputs", str(tmp_path), "--profile", "f32", *sum((["--case", c] for c in CONFIG_ONLY), [])])
+    code = main(["verify", "--outputs", str(tmp_path), "--profile", "f32",
+                 *sum((["--case", c] for c in CONFIG_ONLY), [])])
     out = capsys.readouterr().out
     assert code == 2 and "nothing judged" in out and "gdncheck's own config parser" in out, out
     doc = json.loads((tmp_path / "verify-summary-f32.json").read_text())
@@ -177,7 +177,7 @@ def test_cases_only_gdncheck_judged_are_nothing_judged(fixtures_dir, tmp_path, c
 def test_a_port_that_raises_the_config_error_itself_is_judged(fixtures_dir, tmp_path):
     """A port writing its own outputs (any language) raises the config errors itself: no error_raised_by,
     so the case judges the port."""
-    from .helpers import perfect_outputs
+    from tests.fixtures.outputs import perfect_outputs
 
     perfect_outputs(fixtures_dir, "error-head-ratio", tmp_path,
                     meta={"error_code": "head_ratio", "error_message": "Hv not a multiple of Hk", "error_step": "0"})

@@ -13,9 +13,8 @@ from gdncheck import safetensors_io
 from gdncheck.cli import main
 from gdncheck.fixtures.manifest import load_manifest
 from gdncheck.gate import GateOptions, run_gate
+from tests.fixtures.outputs import perfect_outputs
 from tests.helpers import default_case_id
-
-from .helpers import perfect_outputs
 
 
 def _digests(folder) -> dict[str, int]:

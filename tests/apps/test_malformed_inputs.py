@@ -12,9 +12,8 @@ import pytest
 
 from gdncheck.cli import main
 from gdncheck.conformance.judge.verify import verify
+from tests.fixtures.outputs import perfect_outputs
 from tests.helpers import default_case_id
-
-from .helpers import perfect_outputs
 
 GOOD, BAD = "prefill_T1_", "decode_T12"
 GOOD_ID, BAD_ID = default_case_id("prefill"), default_case_id("decode")
@@ -155,7 +154,7 @@ def test_paths_that_are_not_what_they_should_be(fixtures_dir, tmp_path, capsys):
     assert not (tmp_path / "nowhere").exists()  # a mistyped --outputs is not made to hold a summary
 
 
-@pytest.mark.parametrize("spec", ["os:getcwd", "json:dumps", "tests.conformance.plugins:FORGED"])
+@pytest.mark.parametrize("spec", ["os:getcwd", "json:dumps", "tests.apps.plugins:FORGED"])
 def test_a_callable_that_is_no_factory_is_a_usage_error_before_anything_runs(tmp_path, capsys, spec):
     """It ran every case, recorded each as 'raised TypeError', and exited 0."""
     code = main(["run", spec, "--out", str(tmp_path / "o"), "--profile", "f32", "--case", GOOD])

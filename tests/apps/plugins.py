@@ -1,4 +1,4 @@
-"""Plug-in factories that attack the tool (loaded by name: ``tests.conformance.plugins:NAME``): one
+"""Plug-in factories that attack the tool (loaded by name: ``tests.apps.plugins:NAME``): one
 that declares every case not applicable, one whose words carry terminal control sequences."""
 
 from __future__ import annotations

@@ -17,8 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from gdncheck.untrusted import loads_untrusted, no_surrogates, safe_text
-
-from .conformance.helpers import case_entry, perfect_outputs
+from tests.fixtures.outputs import case_entry, perfect_outputs
 
 GDNCHECK = [sys.executable, "-m", "gdncheck"]
 ENV = dict(os.environ, OPENBLAS_NUM_THREADS="1")

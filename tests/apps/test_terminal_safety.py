@@ -7,9 +7,8 @@ from __future__ import annotations
 import json
 
 from gdncheck.cli import main
-
-from .helpers import perfect_outputs
-from .plugins import FORGED
+from tests.apps.plugins import FORGED
+from tests.fixtures.outputs import perfect_outputs
 
 CASES = ["--case", "prefill_T1_", "--case", "decode_T12"]
 RAW = ("\x1b", "\r", "\u202e")
@@ -25,7 +24,7 @@ def _clean(text: str, verdicts: int = 0) -> None:
 
 def test_run_verify_and_gate_print_a_ports_words_as_visible_text(tmp_path, capsys):
     out = tmp_path / "out"
-    code = main(["run", "tests.conformance.plugins:forging", "--out", str(out), "--profile", "f32", *CASES])
+    code = main(["run", "tests.apps.plugins:forging", "--out", str(out), "--profile", "f32", *CASES])
     text = capsys.readouterr().out
     assert code == 0 and "refused" in text and "\\x1b[2K" in text  # shown, escaped
     _clean(text)
@@ -33,7 +32,7 @@ def test_run_verify_and_gate_print_a_ports_words_as_visible_text(tmp_path, capsy
     text = capsys.readouterr().out
     assert code == 1 and "\\r\\x1b[2K" in text
     _clean(text)
-    code = main(["gate", "--impl", "tests.conformance.plugins:forging_name", "--profiles", "f32", *CASES,
+    code = main(["gate", "--impl", "tests.apps.plugins:forging_name", "--profiles", "f32", *CASES,
                  "--no-properties", "--no-rebuild-check", "--jobs", "1", "--out", str(tmp_path / "gate"), "-q"])
     text = capsys.readouterr().out
     assert code == 0, text

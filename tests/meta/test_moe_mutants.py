@@ -1,6 +1,7 @@
-"""The sparse block's mutants (conformance/meta/moe_mutants.py), tested on sparse layers directly (the
-fixture suite has no sparse case yet): each, run like a port through the harness, is first caught at
-its own stage, by at least ten times the bound, in every profile, end to end and stage by stage.
+"""The sparse block's mutants (conformance/meta/moe_mutants.py), tested on sparse layers directly: each,
+run like a port through the harness, is first caught at its own stage, by at least ten times the bound,
+in every profile, end to end and stage by stage; and through the kill matrix on the committed suite's
+sparse cases.
 
 The bound is earned here as ``gdncheck tolerances derive`` earns it (conformance/earn/derive.py): the
 largest scaled error (the judge's metric) of the correct emulated layer over the derivation
@@ -26,7 +27,7 @@ from gdncheck.conformance.meta import kill_matrix
 from gdncheck.conformance.meta.moe_mutants import MOE_MUTANTS, tagged_cases
 from gdncheck.fixtures.reference_impl import reference_f64
 from gdncheck.harness import call_key, call_steps, execute, golden_inputs
-from gdncheck.profiles import PROFILES
+from gdncheck.profiles import PROFILES, VERIFY_PROFILES
 from gdncheck.stages import is_index_tensor, layer_stage_names, stage_of, stage_outputs, stage_rank, tensor_rank
 from gdncheck.synthetic import make_inputs, make_weights
 from tests.helpers import by_expert, moe_case, routing_decided
@@ -165,7 +166,7 @@ def test_moe_mutant_is_caught_at_its_stage_by_ten_times_the_bound(sparse, mutant
 
 def test_the_kill_matrix_runs_them_on_tagged_cases(fixtures_dir, tmp_path):
     """Registered with the kill matrix, run on the cases with their tags (the committed suite's sparse
-    cases: tests/conformance/test_moe_fixtures.py); on a suite without a sparse case each is reported,
+    cases: tests/fixtures/test_moe_fixtures.py); on a suite without a sparse case each is reported,
     not run."""
     assert set(MOE_MUTANTS) <= set(kill_matrix.CATALOGUE)
     assert len(tagged_cases(fixtures_dir, ("moe",))) == 4 and len(tagged_cases(fixtures_dir, ("moe", "no-renorm"))) == 1
@@ -180,3 +181,19 @@ def test_the_kill_matrix_runs_them_on_tagged_cases(fixtures_dir, tmp_path):
     assert (r.killed, r.cases, r.cell()) == (False, 0, "no case") and "no case tagged moe, no-renorm" in r.message
     table = kill_matrix.format_matrix([r], ("bf16",))
     assert "| `softmax_after_topk` (softmax after top-k instead of before) | routing | - | no case |" in table
+
+
+@pytest.mark.parametrize("profile", VERIFY_PROFILES)
+def test_the_moe_mutants_are_killed_at_their_stage_on_the_sparse_fixtures(fixtures_dir, profile):
+    """The kill matrix's sparse bug classes, run like ports over the committed cases with their tags:
+    each caught, first at its own stage, in every case that can show it (routing_not_renormalised
+    is the correct layer on the no-renorm case, so that one passes there)."""
+    from gdncheck.conformance.meta.kill_matrix import kill
+    from gdncheck.conformance.meta.moe_mutants import MOE_MUTANTS
+
+    for mutant in MOE_MUTANTS:
+        r = kill(mutant, profile, fixtures_dir)
+        assert r.killed and r.first_stage == mutant.stage, (mutant.name, r.cell(), r.message)
+        showable = r.cases - (1 if mutant.name == "routing_not_renormalised" else 0)
+        assert r.cases_failed == showable and all(fd.stage == mutant.stage for fd in r.first_by_case.values()), \
+            (mutant.name, r.cell())

@@ -10,7 +10,10 @@ import pytest
 from gdncheck.conformance.earn import derive
 from gdncheck.conformance.judge.tolerances import load_table, recipe_of
 from gdncheck.fixtures.cases import FORWARD_CASES
+from gdncheck.fixtures.moe_cases import TAU_H
+from gdncheck.profiles import VERIFY_PROFILES
 from gdncheck.stages import is_index_tensor
+from tests.fixtures.test_moe_fixtures import _sparse
 
 PROFILES = ("f32", "bf16", "f16")
 #: machine epsilon (the spacing at 1.0) of each profile's dtype: the floor of every bound
@@ -146,8 +149,7 @@ def test_a_state_off_by_a_tenth_percent_does_not_conform_by_a_looser_table(fixtu
     """The attack: --tolerances with a table 1e6 looser made a recurrent state off by 0.1 % conform. Now
     it is exit 2 and one line; named explicitly, the verdict says it was judged with a looser table."""
     from gdncheck.cli import main
-
-    from .helpers import perfect_outputs
+    from tests.fixtures.outputs import perfect_outputs
 
     def off(t):
         for k in [k for k in t if k.endswith("recurrent_state")]:
@@ -172,3 +174,13 @@ def test_a_changed_packaged_table_is_refused(monkeypatch):
     monkeypatch.setattr(tol, "SHIPPED_SHA256", "0" * 64)
     with pytest.raises(tol.ToleranceError, match="it was changed"):
         tol.load_table()
+
+
+# --- the sparse cases' earned h_norm bounds (fixtures/moe_cases.py's TAU_H) ------------------------------
+@pytest.mark.parametrize("profile", VERIFY_PROFILES)
+def test_the_earned_h_norm_bounds_stay_within_the_margins_assumption(manifest, profile):
+    table = load_table()
+    for entry in _sparse(manifest):
+        for mode in table.data["modes"]:
+            b = table.bound("h_norm", profile, mode, entry["id"])
+            assert b.source == f"case {recipe_of(entry['id'])}" and b.elem <= TAU_H

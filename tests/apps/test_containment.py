@@ -14,9 +14,8 @@ from gdncheck.cli import main
 from gdncheck.fixtures.build import check_suite
 from gdncheck.fixtures.manifest import FixtureError, load_manifest, sha256_file
 from gdncheck.gate import GateOptions, run_gate
+from tests.fixtures.outputs import perfect_outputs
 from tests.helpers import default_case_id
-
-from .helpers import perfect_outputs
 
 SNAP = default_case_id("snapshot-replay")
 DECODE = default_case_id("decode")

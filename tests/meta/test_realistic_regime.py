@@ -72,11 +72,11 @@ def test_the_qk_edge_holds_squared_norms_near_eps(fixtures_dir, manifest):
 
 
 #: The narrowed selection: every forward case but the heavy ones (the real head sizes, the long decode:
-#: conftest.HEAVY_TAGS) and the serving cases (below): the qk-eps edge, every other edge, the sparse
+#: HEAVY_TAGS of tests/helpers.py) and the serving cases (below): the qk-eps edge, every other edge, the sparse
 #: cases and the light realistic ones, the smallest squared norms among them (mismatch-midstream 1.06,
 #: dk-lt-dv 1.6 at dk = 8) and the tightest f32 q/k bounds (prefill, decode). About 2 s a profile.
 def _selection(manifest, serving: bool = False) -> list[str]:
-    from .conftest import HEAVY_TAGS
+    from tests.helpers import HEAVY_TAGS
 
     return [c["id"] for c in _forward(manifest) if not set(HEAVY_TAGS) & set(c["tags"])
             and c["regime"].startswith(SERVING) == serving]

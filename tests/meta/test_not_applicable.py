@@ -67,7 +67,7 @@ def test_a_failure_before_the_step_it_cannot_express_is_a_failure(fixtures_dir, 
 
 def test_a_port_declares_not_applicable_in_its_outputs(fixtures_dir, tmp_path):
     """Any port (not only Python plug-ins) writes the metadata of FORMAT.md §7."""
-    from tests.conformance.helpers import perfect_outputs
+    from tests.fixtures.outputs import perfect_outputs
 
     perfect_outputs(fixtures_dir, "per-head-norm", tmp_path,
                     alter=lambda t: [t.pop(k) for k in [k for k in t if not k.startswith("calls.0.")]],

@@ -15,8 +15,7 @@ from gdncheck.conformance.judge.verify import verify
 from gdncheck.conformance.ports.run import run_impl
 from gdncheck.dtypes import round_to
 from gdncheck.fixtures.manifest import FixtureError
-
-from .helpers import case_entry, perfect_outputs
+from tests.fixtures.outputs import case_entry, perfect_outputs
 
 SUBSET = ["decode_T12", "snapshot-replay", "prefill_T1_", "batch-positions", "error-norm-mode-conflict"]
 

@@ -50,7 +50,8 @@ def test_gdn_error_exits_2_without_traceback(monkeypatch, capsys):
     (["gate", "--jobs", "x"], "gdncheck gate: error: argument --jobs: invalid int value: 'x'"),
     (["run"], "the following arguments are required: IMPL, --out, --profile"),
     (["verify", "--profile", "f32\x1b[2Jx"], "\\x1b[2Jx"),  # a control character shown, not obeyed
-    ([], "expected a command (demo, bench, fixtures, run, verify, engines, report, tolerances, gate, template, gpu-bench), found none"),
+    ([], "expected a command (demo, bench, fixtures, run, verify, engines, report, tolerances, gate, template, "
+         "gpu-bench), found none"),
 ])
 def test_usage_errors_are_one_line_and_exit_2(argv, says, capsys):
     """A bad command line: exit 2 and one line on stderr saying what was wrong (argparse would print

@@ -1,0 +1,99 @@
+"""The likely cause of a failure (conformance/judge/diagnose.py): each transform is recognised on a
+tensor built by hand, noise matches nothing, NaN must sit where the candidate has NaN, and the
+diagnosis only advises. Through verify, with the mutant catalogue: tests/meta/test_diagnose_catalogue.py."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from gdncheck.conformance.judge.diagnose import MATCH, Diagnoser, diagnose_tensor, residual, tiled_order
+
+CONFIG = {"hidden_size": 32, "intermediate_size": 48, "linear_num_key_heads": 2, "linear_num_value_heads": 6,
+          "linear_key_head_dim": 4, "linear_value_head_dim": 4, "linear_conv_kernel_dim": 4, "rms_norm_eps": 1e-6}
+
+
+@pytest.fixture()
+def core():
+    return np.random.default_rng(0).normal(size=(1, 9, 6, 4))  # [B, T, Hv, dv]
+
+
+def noisy(x, rel=1e-6, seed=1):
+    return x + rel * np.random.default_rng(seed).normal(size=x.shape) * np.sqrt(np.mean(x * x))
+
+
+def test_tiled_order_by_hand():
+    # Hk = 2, r = 3: interleaved heads 0 1 2 | 3 4 5 belong to key heads 0 | 1; tiled puts them 0 3 1 4 2 5
+    assert tiled_order(2, 6).tolist() == [0, 3, 1, 4, 2, 5]
+
+
+@pytest.mark.parametrize("name,make", [
+    ("uniform_scale", lambda e: 0.25 * e),
+    ("sign_flip", lambda e: -e),
+    ("per_head_scale", lambda e: e * np.array([1.0, 2.0, 0.5, 1.0, 3.0, 1.0])[None, None, :, None]),
+    ("heads_tiled", lambda e: e[:, :, [0, 3, 1, 4, 2, 5]]),
+    ("token_late", lambda e: np.concatenate([e[:, :1] * 0.3, e[:, :-1]], axis=1)),
+])
+def test_each_transform_is_recognised(core, name, make):
+    d = diagnose_tensor(noisy(make(core)), core, "core", call=2, config=CONFIG)
+    assert d.verdict == "matches" and d.candidate == name and d.source == "transform", d
+    assert d.residual < 1e-3 and d.call == 2 and d.text().startswith("matches: ")
+
+
+def test_a_transposed_state_is_recognised():
+    S = np.random.default_rng(2).normal(size=(1, 6, 4, 4))
+    d = diagnose_tensor(noisy(np.swapaxes(S, -1, -2)), S, "recurrent_state", config=CONFIG)
+    assert (d.verdict, d.candidate) == ("matches", "state_transposed")
+
+
+def test_noise_matches_nothing(core):
+    a = core + 0.3 * np.random.default_rng(3).normal(size=core.shape)
+    d = diagnose_tensor(a, core, "core", config=CONFIG)
+    assert d.verdict == "none" and d.residual is None and d.bug_class is None
+    assert d.text() == "no known bug class matches"  # silent: never "closest: ..." without evidence
+    assert d.closest["residual"] > MATCH and d.to_json()["closest"]["bug_class"]  # kept for the curious
+
+
+def test_two_bug_classes_with_the_same_numbers_are_ambiguous(core):
+    """Two mutants of different bug classes produce the same tensor on this case: neither is named alone."""
+    a = noisy(2.0 * core)
+    d = diagnose_tensor(a, core, "core", config=CONFIG, extra={"doubled": ("the core doubled", 2.0 * core),
+                                                               "gain": ("an output gain of 2", 2.0 * core)})
+    assert d.verdict == "ambiguous"
+    assert set((d.bug_class, *d.alternatives)) == {"the core doubled", "an output gain of 2"}
+    assert d.text().startswith("ambiguous: ") and " or " in d.text() and "cannot tell them apart" in d.text()
+    doc = d.to_json()
+    assert doc["verdict"] == "ambiguous" and len(doc["alternatives"]) == 1
+
+
+def test_a_candidate_that_explains_half_the_error_is_not_a_match(core):
+    """A residual of 0.5 (half the error left unexplained) names nothing."""
+    rng = np.random.default_rng(5)
+    err = 0.05 * rng.normal(size=core.shape)
+    cand = core + 0.5 * err  # leaves half of the port's error
+    d = diagnose_tensor(core + err, core, "core", config=CONFIG, extra={"half": ("half of it", cand)})
+    assert d.verdict == "none" and d.text() == "no known bug class matches"
+    assert d.closest["candidate"] == "half" and d.closest["residual"] == pytest.approx(0.5, rel=1e-9)
+
+
+def test_a_mutant_candidate_names_the_bug_and_beats_an_equal_transform(core):
+    a = noisy(2.0 * core)
+    d = diagnose_tensor(a, core, "core", config=CONFIG, extra={"doubled": ("the core doubled", 2.0 * core)})
+    assert (d.verdict, d.candidate, d.source, d.bug_class) == ("matches", "doubled", "mutant", "the core doubled")
+
+
+def test_residual_compares_finite_elements_and_nan_positions():
+    e = np.array([1.0, 2.0, 3.0, 4.0])
+    a = np.array([1.0, np.nan, 3.0, 5.0])
+    assert residual(a, e, np.array([1.0, np.nan, 3.0, 5.0])) == 0.0
+    assert residual(a, e, np.array([1.0, 2.0, 3.0, 5.0])) == math.inf  # a NaN the candidate does not have
+    assert residual(a, e, np.array([1.0, np.nan, 3.0, 4.5])) == pytest.approx(0.5)
+
+
+def test_the_diagnoser_advises_only_and_respects_its_limit():
+    class Report:
+        first_divergence = None
+        records = []
+    assert Diagnoser()(None, Report()) is None  # nothing to diagnose without a first divergence

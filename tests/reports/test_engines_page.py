@@ -1,0 +1,50 @@
+"""The page of ``gdncheck engines --markdown`` (reports/engines.py): the committed docs/engines.md holds
+what the command writes for its stable part, and its hand-written header is kept. The command and its
+matrix: tests/ports/test_engines.py, whose runner this uses."""
+
+from __future__ import annotations
+
+import re
+import shutil
+from pathlib import Path
+
+import pytest
+
+from gdncheck.conformance.ports import engines as registry
+from tests.ports.test_engines import _engines
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.slow
+def test_the_committed_page_holds_what_the_command_writes(tmp_path):
+    from gdncheck.reports.engines import STABLE_BEGIN, stable_part
+
+    missing = [n for n, e in registry.ENGINES.items() if not registry.probe(e).installed]
+    if [n for n in missing if n != "llamacpp"]:  # llama-cpp-python builds for ~20 min: CI does without it
+        pytest.skip(f"docs/engines.md is the matrix of every registered engine; not installed here: {missing}")
+    page = tmp_path / "docs" / "engines.md"
+    page.parent.mkdir()
+    shutil.copy(ROOT / "docs" / "engines.md", page)
+    committed = stable_part(page.read_text())
+    # the command's default diagnosis, as the page was written with (its likely causes are in the findings)
+    rc, m = _engines(tmp_path, "--markdown", str(page), name="full", diagnose=8)
+    assert rc == 0 and m["totals"]["unexplained"] == 0, [f for r in m["engines"] for p in r["results"].values()
+                                                         for f in p.get("findings", []) if f["unexplained"]]
+    written = page.read_text()
+    assert committed is not None
+    assert _links(_without(stable_part(written), missing)) == _links(_without(committed, missing)), \
+        "docs/engines.md is stale: rerun gdncheck engines --markdown docs/engines.md"
+    head = (ROOT / "docs" / "engines.md").read_text().split(STABLE_BEGIN)[0]
+    assert written.split(STABLE_BEGIN)[0] == head  # the hand-written header is kept
+
+
+def _without(text: str, engines: list[str]) -> str:
+    """The page's rows of the engines that are installed here (an engine not installed is a row of its own)."""
+    return "\n".join(line for line in text.splitlines()
+                     if not any(line.startswith(f"| {e} |") for e in engines))
+
+
+def _links(text: str) -> str:
+    """The repro links as from the repository root (the copy's page lies elsewhere than docs/)."""
+    return re.sub(r"\]\([^)]*?(examples/engines/repros/)", r"](\1", text)
