@@ -4,7 +4,7 @@ pyproject's ``package-dir`` maps each top-level folder to a sub-package of ``gdn
 (``reference/`` is ``gdncheck.reference``). setuptools' own discovery (``packages.find``) cannot
 put a prefix in front of what it finds, so this finds the packages below each mapped root itself:
 every folder with an ``__init__.py``. A new sub-package is in the wheel without anyone listing it;
-tests/packaging/test_wheel.py builds the wheel and compares its modules with the source tree's.
+tests/packaging/test_wheel_journey.py builds the wheel and compares its modules with the source tree's.
 """
 
 import sys
