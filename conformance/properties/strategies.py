@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 
 from gdncheck.config import GDNConfig
 from gdncheck.dtypes import round_to_common
-from gdncheck.fixtures.cases import F16_STATE_FORGET
+from gdncheck.fixtures.edge_weights import F16_STATE_FORGET
 from gdncheck.portable import log
 from gdncheck.synthetic import (
     add_bias,
