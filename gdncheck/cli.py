@@ -31,7 +31,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "tolerances": ("gdncheck.commands.tolerances", "show or re-derive the earned tolerance table"),
     "gate": ("gdncheck.commands.gate", "the CI conformance gate: fixtures, run, verify, properties (exit 0/1/2)"),
     "template": ("gdncheck.commands.template", "write a runner template for a port in another language (node)"),
-    "gpu-bench": ("gdncheck.commands.gpu_bench", "benchmark the Triton kernels on a GPU (gpu_impl.bench)"),
+    "gpu-bench": ("gdncheck.commands.gpu_bench", "benchmark the Triton kernels on a GPU (gpu_tools.bench)"),
 }
 
 DESCRIPTION = """\

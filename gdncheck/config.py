@@ -449,6 +449,16 @@ class GDNConfig:
         return GDNConfig(**fields)
 
 
+
+#: Qwen3.5's GDN layer at its real sizes (35B-A3B: D = 2048, Hk = 16, Hv = 32, dk = dv = 128, I = 6144): what
+#: the benchmarks, the compile check and the memory model measure.
+REAL = GDNConfig(hidden_size=2048, intermediate_size=6144, num_k_heads=16, num_v_heads=32, head_k_dim=128,
+                 head_v_dim=128, conv_kernel=4)
+#: The sparse block at Qwen3-Next-80B-A3B's sizes (E = 512, top 10, I_moe = I_shared = 512, D = 2048; Qwen3.5's
+#: MoE models have 256 or 512 experts of that width) on the GDN layer of REAL.
+REAL_MOE = REAL.replace(intermediate_size=None, num_experts=512, num_experts_per_tok=10, moe_intermediate_size=512,
+                        shared_expert_intermediate_size=512)
+
 def state_fingerprint(dims: dict[str, int]) -> str:
     """The state fingerprint of the shape symbols ``Hk, Hv, dk, dv, K, conv_dim`` (other keys ignored):
     what :meth:`GDNConfig.state_fingerprint` gives, and what a snapshot's own shapes give

@@ -9,9 +9,9 @@ tensors' device; ``device=`` / ``GDN_DEVICE`` pick the device. Why this does not
 ``TRITON_INTERPRET`` or on import order: :mod:`.target`. Never imports ``gdncheck.reference``.
 
 Without a GPU (docs/gpu.md): :mod:`.interpreter` makes interpreted launches compute as sm_90 does
-(tf32 dots, program order), :mod:`.compile_check` builds every launch for sm_90 as the JIT does,
-:mod:`.memory` models a call's device memory; on a GPU, :mod:`.bench` and :mod:`.gpu_check`
-(scripts/gpu_check.sh) measure.
+(tf32 dots, program order) and :mod:`.memory` models a call's device memory. The tooling that measures
+and checks these kernels stands apart, in ``gdncheck.gpu_tools``: the compile check builds every launch
+for sm_90 as the JIT does, and on a GPU the benchmark and the GPU check (scripts/gpu_check.sh) measure.
 
 The serving patterns of docs/serving.md (packed calls over a pool of state slots, speculative
 verify and commit, prefix snapshots) are :mod:`.serving`, with the API of

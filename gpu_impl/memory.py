@@ -57,7 +57,7 @@ import argparse
 import sys
 from dataclasses import dataclass
 
-from gdncheck.config import GDNConfig
+from gdncheck.config import REAL, REAL_MOE, GDNConfig
 from gdncheck.untrusted import OneLineParser
 
 from .delta_rule_chunked import STATE_CTAS_PER_SM, TEMP_BUDGET, gpu_block_v, slice_rows, temp_bytes_per_token
@@ -224,7 +224,6 @@ def report(cfg: GDNConfig, B: int, T: int, profile: str, memory: float) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from .compile_check import REAL, REAL_MOE
 
     p = OneLineParser(prog="python -m gdncheck.gpu_impl.memory", description=__doc__,
                       formatter_class=argparse.RawDescriptionHelpFormatter)

@@ -32,7 +32,7 @@ Launches name every argument (``kernel[grid](p_q=q, T=T, ...)``): a kernel of tw
 launched by position turns a swapped stride into wrong numbers; by name it is a ``TypeError``.
 
 Two launch hooks stand in for a GPU (:func:`launch_hook`): the compile check builds each launch
-for sm_90 (:mod:`.compile_check`), and :func:`record_launches` records grids and arguments. Both
+for sm_90 (:mod:`gdncheck.gpu_tools.compile_check`), and :func:`record_launches` records grids and arguments. Both
 accept tensors on the ``meta`` device, so real sizes cost no memory.
 
 Device choice: the ``device=`` argument, else ``GDN_DEVICE`` (``auto`` | ``cpu`` | ``cuda``),

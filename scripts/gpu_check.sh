@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The Triton path on a CUDA GPU, in one command and one result: the versions found, the gpu_impl
-# tests compiled on CUDA, the compile table (gdncheck.gpu_impl.compile_check) and the benchmark
-# (gdncheck.gpu_impl.bench), written as gpu-check.json + gpu-check.md (gdncheck.gpu_impl.gpu_check).
+# tests compiled on CUDA, the compile table (gdncheck.gpu_tools.compile_check) and the benchmark
+# (gdncheck.gpu_tools.bench), written as gpu-check.json + gpu-check.md (gdncheck.gpu_tools.gpu_check).
 # Installs nothing: it runs under the machine's own Python and packages, whatever their versions
 # (a GPU runner's pins may differ from ours; the result lists what it found).
 #
@@ -62,10 +62,10 @@ else
   workers=$(( $(nproc) > 8 ? 8 : $(nproc) ))
   XDIST=()
   "$PY" -c "import xdist" 2>/dev/null && XDIST=(-n "$workers")
-  # the Triton path, and the built-in triton port's stage runner on it (a test of the ports' floor)
-  TESTS=("$ROOT/tests/gpu_impl" "$ROOT/tests/ports/test_triton_moe_stages.py" "${XDIST[@]}")
+  # the Triton path and its tooling, and the built-in triton port's stage runner on it (a test of the ports' floor)
+  TESTS=("$ROOT/tests/gpu_impl" "$ROOT/tests/gpu_tools" "$ROOT/tests/ports/test_triton_moe_stages.py" "${XDIST[@]}")
 fi
-(cd "$RUN_DIR" && "$PY" -m gdncheck.gpu_impl.gpu_check --out "$OUT_DIR" "${ARGS[@]}" -- \
+(cd "$RUN_DIR" && "$PY" -m gdncheck.gpu_tools.gpu_check --out "$OUT_DIR" "${ARGS[@]}" -- \
   "${PYTEST_ARGS[@]}" "${TESTS[@]}")
 status=$?
 [ -f "$OUT_DIR/gpu-check.md" ] && sed -n '1,40p' "$OUT_DIR/gpu-check.md"

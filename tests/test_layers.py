@@ -48,6 +48,7 @@ FLOORS: tuple[tuple[int, str, tuple[str, ...]], ...] = (
     (1, "gpu_impl", ("gdncheck.gpu_impl",)),
     (1, "harness", ("gdncheck.harness",)),
     (2, "fixtures", ("gdncheck.fixtures",)),
+    (2, "gpu_tools", ("gdncheck.gpu_tools",)),
     (3, "judge", ("gdncheck.conformance", "gdncheck.conformance.judge")),
     (4, "earn", ("gdncheck.conformance.earn",)),
     (5, "ports", ("gdncheck.conformance.ports",)),
@@ -63,8 +64,8 @@ NOT_IN_REFERENCE = ("torch", "triton", "gdncheck.gpu_impl", "gdncheck.harness")
 #: tests/<folder>/ -> the unit of FLOORS its modules test (and whose floor bounds their imports).
 TEST_FOLDERS: dict[str, str] = {
     "core": "core", "reference": "reference", "gpu_impl": "gpu_impl", "harness": "harness", "fixtures": "fixtures",
-    "judge": "judge", "earn": "earn", "ports": "ports", "properties": "properties", "meta": "meta",
-    "reports": "reports", "gate": "gate", "apps": "apps",
+    "gpu_tools": "gpu_tools", "judge": "judge", "earn": "earn", "ports": "ports", "properties": "properties",
+    "meta": "meta", "reports": "reports", "gate": "gate", "apps": "apps",
 }
 #: Test folders on no floor: they may import anything, for the reason given.
 FREE_TEST_FOLDERS: dict[str, str] = {

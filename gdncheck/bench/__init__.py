@@ -32,9 +32,10 @@ import argparse
 import json
 from pathlib import Path
 
+from gdncheck.config import REAL
 from gdncheck.untrusted import OneLineParser
 
-from .common import QUICK, REAL
+from .common import QUICK
 from .reference import bench_reference, table
 
 

@@ -16,10 +16,6 @@ import numpy as np
 
 from ..config import GDNConfig
 
-REAL = GDNConfig(hidden_size=2048, intermediate_size=6144, num_k_heads=16, num_v_heads=32, head_k_dim=128,
-                 head_v_dim=128, conv_kernel=4)
-
-
 QUICK = GDNConfig(hidden_size=32, intermediate_size=48, num_k_heads=2, num_v_heads=4, head_k_dim=16,
                   head_v_dim=8, conv_kernel=4)
 

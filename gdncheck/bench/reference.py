@@ -11,9 +11,8 @@ from functools import partial
 
 import numpy as np
 
-from ..config import GDNConfig
+from ..config import REAL, GDNConfig
 from .common import (
-    REAL,
     fmt_measure,
     load_average,
     measure,

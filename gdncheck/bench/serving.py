@@ -17,8 +17,8 @@ import sys
 
 import numpy as np
 
-from ..config import GDNConfig
-from .common import QUICK, REAL, fmt_measure, load_average, measure, normwise, set_numpy_hugepage, thread_info
+from ..config import REAL, GDNConfig
+from .common import QUICK, fmt_measure, load_average, measure, normwise, set_numpy_hugepage, thread_info
 
 #: 8 sequences of 1 to 2048 tokens: decodes, chunk edges (63/64/65 are in the tests), prefills.
 LENGTHS = (1, 17, 64, 65, 256, 700, 1500, 2048)

@@ -1,4 +1,4 @@
-"""``gdncheck gpu-bench``: the Triton path's benchmark (same as ``python -m gdncheck.gpu_impl.bench``)."""
+"""``gdncheck gpu-bench``: the Triton path's benchmark (same as ``python -m gdncheck.gpu_tools.bench``)."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ def configure(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from gdncheck.gpu_impl.bench import main
+    from gdncheck.gpu_tools.bench import main
 
     return main((["--dry-run"] if args.dry_run else []) + (["--json", args.json] if args.json else [])
                 + (["--markdown", args.markdown] if args.markdown else []))

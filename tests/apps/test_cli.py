@@ -64,7 +64,7 @@ def test_usage_errors_are_one_line_and_exit_2(argv, says, capsys):
 
 
 @pytest.mark.parametrize("module", ["gdncheck.conformance.meta", "gdncheck.conformance.properties",
-                                    "gdncheck.gpu_impl.compile_check", "gdncheck.bench"])
+                                    "gdncheck.gpu_tools.compile_check", "gdncheck.bench"])
 def test_module_entry_points_say_usage_errors_in_one_line(module):
     r = subprocess.run([sys.executable, "-m", module, "--no-such-option"], capture_output=True, text=True, timeout=300)
     assert r.returncode == 2 and r.stdout == "" and r.stderr.count("\n") == 1, r.stderr

@@ -12,10 +12,10 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from gdncheck.config import REAL
 from gdncheck.errors import InputShapeError
 from gdncheck.gpu_impl import Layer
 from gdncheck.gpu_impl import memory as M
-from gdncheck.gpu_impl.compile_check import REAL
 from gdncheck.gpu_impl.delta_rule_chunked import TEMP_BUDGET, gpu_block_v, slice_rows
 from gdncheck.gpu_impl.target import GRID_LIMITS, record_launches
 from gdncheck.synthetic import make_inputs, make_weights

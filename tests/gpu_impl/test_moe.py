@@ -1,5 +1,6 @@
 """The mixture-of-experts block on the Triton path (gpu_impl/moe.py) against the float64 reference
-(reference/moe.py), per precision profile, and every launch it makes compiling for sm_90.
+(reference/moe.py), per precision profile. That every launch it makes compiles for sm_90:
+tests/gpu_tools/test_compile_check.py.
 
 The reference gets the very values the Triton path gets (rounded to the profile dtype). Routing is
 discontinuous: the cases keep every token's k-th and (k+1)-th router logits at least
@@ -15,7 +16,6 @@ import torch
 
 import gdncheck.reference as R
 from gdncheck.gpu_impl import moe as G
-from gdncheck.gpu_impl.compile_check import compile_only
 from gdncheck.gpu_impl.moe_gemm import group_by_expert, max_blocks
 from tests.gpu_impl.compare import check, to_np
 from tests.gpu_impl.helpers import PROFILE_NAMES, rng_for, tensor
@@ -131,31 +131,3 @@ def test_the_table_length_bounds_every_routing(n_slots, E, BM):
     assert int(g.block_rows.sum()) == n_slots and int((g.block_rows > 0).sum()) == need
 
 
-@pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU run compiles every kernel for real")
-@pytest.mark.filterwarnings("ignore:TRITON_DEFAULT_FP_FUSION")
-def test_every_moe_kernel_compiles_for_sm90():
-    """The launches a GPU would make, at the real router width (E = 512, top 10), built for
-    cuda:sm_90 with Triton's bundled ptxas; nothing runs. Every kernel in bf16 (production); in
-    f32 and f16 the grouped GEMMs, whose tl.dot precision differs (tf32x3)."""
-    E, k, D, Im, Is, N = 512, 10, 64, 32, 48, 40
-    rng = rng_for("moe-compile")
-    names = set()
-    for profile in PROFILE_NAMES:
-        w = _weights(rng, E, D, Im, Is, profile)
-        h = tensor(rng.normal(size=(N, D)), profile)
-        logits = tensor(rng.normal(size=(N, E)), profile)
-        selected = torch.tensor(np.argsort(-to_np(logits), axis=-1)[:, :k].copy())
-        weights = torch.full((N, k), 0.1)
-        with compile_only() as done:
-            G.experts(h, weights, selected, w["w_gate"], w["w_up"], w["w_down"])
-            if profile == "bf16":
-                G.routing(logits, k, True)
-                G.routing(logits, k, False)
-                G.shared_expert(h, w["w_shared_gate"], w["w_shared_up"], w["w_shared_down"],
-                                w["w_shared_expert_gate"])
-                G.combine(torch.zeros(N * k, D), torch.zeros(N, D, dtype=h.dtype), torch.zeros(N, dtype=h.dtype),
-                          N, D, k, h.dtype, h.device)
-        names |= {kernel for kernel, _ in done.builds}
-        assert not done.problems(), done.problems()
-    assert names == {"routing_kernel", "expert_gate_up_kernel", "expert_down_kernel", "shared_swiglu_kernel",
-                     "combine_kernel"}

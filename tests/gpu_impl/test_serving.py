@@ -21,10 +21,10 @@ import torch
 import gdncheck.reference as R
 from gdncheck import errors as E
 from gdncheck.calls import PAD_SLOT_ID
+from gdncheck.config import REAL
 from gdncheck.gpu_impl import Layer
 from gdncheck.gpu_impl import memory as M
 from gdncheck.gpu_impl import serving as G
-from gdncheck.gpu_impl.compile_check import REAL
 from gdncheck.gpu_impl.delta_rule_chunked import delta_rule_chunked_packed
 from gdncheck.gpu_impl.packed import Packed, chunk_bound, chunk_map, every_token
 from gdncheck.gpu_impl.target import GRID_LIMITS, record_launches

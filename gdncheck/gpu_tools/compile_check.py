@@ -1,10 +1,10 @@
 """The compile check: every launch of the Triton path built for sm_90 as the JIT builds it, no GPU.
 
-    python -m gdncheck.gpu_impl.compile_check            # the full plan: real sizes, every profile
-    python -m gdncheck.gpu_impl.compile_check --quick    # decode (every profile) and bf16 prefill
-    python -m gdncheck.gpu_impl.compile_check --tiny     # a tiny layer (the GPU check's dry run)
+    python -m gdncheck.gpu_tools.compile_check            # the full plan: real sizes, every profile
+    python -m gdncheck.gpu_tools.compile_check --quick    # decode (every profile) and bf16 prefill
+    python -m gdncheck.gpu_tools.compile_check --tiny     # a tiny layer (the GPU check's dry run)
     ... --only REGEX --kernel REGEX                      # some scenarios, some kernels
-    python -m gdncheck.gpu_impl.compile_check --moe      # the sparse (MoE) layer alone, real sizes
+    python -m gdncheck.gpu_tools.compile_check --moe      # the sparse (MoE) layer alone, real sizes
     ... --json PATH --markdown PATH                      # the table, as docs/gpu.md shows it
 
 How. Inside :func:`compile_only` every kernel launch goes to :class:`Compiler` instead of running
@@ -49,10 +49,9 @@ from pathlib import Path
 import torch
 import triton
 
-from gdncheck.config import GDNConfig
+from gdncheck.config import REAL, REAL_MOE, GDNConfig
+from gdncheck.gpu_impl.target import SM90_SMS, Kernel, launch_hook
 from gdncheck.untrusted import OneLineParser
-
-from .target import SM90_SMS, Kernel, launch_hook
 
 #: sm_90 (H100 / H200) limits used for occupancy and the shared-memory check.
 SM90 = {"regs_per_sm": 65536, "regs_per_partition": 16384, "reg_unit": 256, "max_warps": 64, "max_ctas": 32,
@@ -235,15 +234,8 @@ def scenario(compiler: Compiler, name: str, decode: bool = False) -> Iterator[No
 
 # --- the plan: what the layer, the tests and the benchmark launch ----------------------------------
 
-#: Qwen3.5 GDN layer sizes (35B-A3B: D = 2048, Hk = 16, Hv = 32, dk = dv = 128, I = 6144).
-REAL = GDNConfig(hidden_size=2048, intermediate_size=6144, num_k_heads=16, num_v_heads=32, head_k_dim=128,
-                 head_v_dim=128, conv_kernel=4)
 TINY = GDNConfig(hidden_size=32, intermediate_size=48, num_k_heads=2, num_v_heads=4, head_k_dim=16, head_v_dim=8,
                  conv_kernel=4)
-#: The sparse block at Qwen3-Next-80B-A3B's sizes (E = 512, top 10, I_moe = I_shared = 512, D = 2048; Qwen3.5's
-#: MoE models have 256 or 512 experts of that width) on the GDN layer of REAL.
-REAL_MOE = REAL.replace(intermediate_size=None, num_experts=512, num_experts_per_tok=10, moe_intermediate_size=512,
-                        shared_expert_intermediate_size=512)
 TINY_MOE = TINY.replace(intermediate_size=None, num_experts=8, num_experts_per_tok=2, moe_intermediate_size=16,
                         shared_expert_intermediate_size=24)
 
@@ -251,7 +243,7 @@ TINY_MOE = TINY.replace(intermediate_size=None, num_experts=8, num_experts_per_t
 def layer_call(cfg: GDNConfig, profile: str, B: int, T: int, capture: bool = False, chunk: int = 64,
                delta_rule: str = "auto") -> None:
     """One call of the layer at [B, T] on meta tensors (from a state one token in, so in place)."""
-    from .layer import Layer
+    from gdncheck.gpu_impl.layer import Layer
 
     layer = Layer.shaped(cfg, profile=profile, chunk_size=chunk, delta_rule=delta_rule)
     state = layer.new_state(B)
@@ -261,8 +253,8 @@ def layer_call(cfg: GDNConfig, profile: str, B: int, T: int, capture: bool = Fal
 
 def delta_rule_call(form: str, B: int, T: int, Hk: int, Hv: int, d: int, dtype=torch.bfloat16, chunk: int = 64):
     """The benchmark's delta-rule calls: contiguous q, k [B, T, Hk, d], v [B, T, Hv, d], state in place."""
-    from .delta_rule import delta_rule_recurrent
-    from .delta_rule_chunked import delta_rule_chunked
+    from gdncheck.gpu_impl.delta_rule import delta_rule_recurrent
+    from gdncheck.gpu_impl.delta_rule_chunked import delta_rule_chunked
 
     def meta(*shape, dt=dtype):
         return torch.empty(shape, dtype=dt, device="meta")
@@ -284,8 +276,8 @@ def serving_call(cfg: GDNConfig, profile: str, lengths, pattern: str = "forward"
     second)."""
     import numpy as np
 
-    from .layer import Layer
-    from .serving import StatePool, forward_packed, prefix_snapshots, verify_spec
+    from gdncheck.gpu_impl.layer import Layer
+    from gdncheck.gpu_impl.serving import StatePool, forward_packed, prefix_snapshots, verify_spec
 
     layer = Layer.shaped(cfg, profile=profile, chunk_size=chunk)
     n = len(lengths)
@@ -454,7 +446,7 @@ def markdown(result: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = OneLineParser(prog="python -m gdncheck.gpu_impl.compile_check", description=__doc__,
+    p = OneLineParser(prog="python -m gdncheck.gpu_tools.compile_check", description=__doc__,
                       formatter_class=argparse.RawDescriptionHelpFormatter)
     scope = p.add_mutually_exclusive_group()
     scope.add_argument("--full", action="store_true", help="real sizes, every profile, the benchmark (default)")

@@ -1,7 +1,7 @@
 """One GPU check, one result: versions, the GPU tests, the compile table and the benchmark, written
 as ``gpu-check.json`` and ``gpu-check.md`` (scripts/gpu_check.sh runs it).
 
-    python -m gdncheck.gpu_impl.gpu_check --out DIR [--dry-run] [--full-compile] [-- PYTEST ARGS]
+    python -m gdncheck.gpu_tools.gpu_check --out DIR [--dry-run] [--full-compile] [-- PYTEST ARGS]
 
 Each step runs in its own process with a time limit, so that one that hangs or crashes still
 leaves the others' results in the file. ``--dry-run`` takes the same steps on the CPU at tiny
@@ -87,7 +87,7 @@ def tests(py: str, pytest_args: list[str], limit: int, workdir: Path, cwd: str |
 
 def compile_table(py: str, scope: str, limit: int, workdir: Path, cwd: str | None) -> dict:
     path = workdir / "compile.json"
-    run = _run([py, "-m", "gdncheck.gpu_impl.compile_check", f"--{scope}", "--json", str(path)], limit, cwd=cwd)
+    run = _run([py, "-m", "gdncheck.gpu_tools.compile_check", f"--{scope}", "--json", str(path)], limit, cwd=cwd)
     result = json.loads(path.read_text()) if path.exists() else {"builds": [], "problems": []}
     result.update(rc=run["rc"], seconds=run["seconds"], scope=scope)
     if run["rc"] not in (0, 1):
@@ -97,7 +97,7 @@ def compile_table(py: str, scope: str, limit: int, workdir: Path, cwd: str | Non
 
 def bench(py: str, dry_run: bool, limit: int, workdir: Path, cwd: str | None) -> dict:
     path = workdir / "bench.json"
-    run = _run([py, "-m", "gdncheck.gpu_impl.bench", "--json", str(path), *(["--dry-run"] if dry_run else [])],
+    run = _run([py, "-m", "gdncheck.gpu_tools.bench", "--json", str(path), *(["--dry-run"] if dry_run else [])],
                limit, cwd=cwd)
     result = json.loads(path.read_text()) if path.exists() else {}
     result.update(rc=run["rc"], seconds=run["seconds"])
@@ -140,7 +140,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     pytest_args = argv[argv.index("--") + 1:] if "--" in argv else []
     argv = argv[:argv.index("--")] if "--" in argv else argv
-    p = OneLineParser(prog="python -m gdncheck.gpu_impl.gpu_check", description=__doc__,
+    p = OneLineParser(prog="python -m gdncheck.gpu_tools.gpu_check", description=__doc__,
                       formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", required=True, help="folder for gpu-check.json and gpu-check.md")
     p.add_argument("--dry-run", action="store_true", help="the same steps on the CPU at tiny sizes")
@@ -155,8 +155,8 @@ def main(argv: list[str] | None = None) -> int:
               "host": platform.node(), "versions": versions(py)}
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
-        steps = (("tests", lambda: tests(py, pytest_args or (DRY_TESTS if args.dry_run else ["tests/gpu_impl"]),
-                                         limits["tests"], work, args.cwd)),
+        default_tests = DRY_TESTS if args.dry_run else ["tests/gpu_impl", "tests/gpu_tools"]
+        steps = (("tests", lambda: tests(py, pytest_args or default_tests, limits["tests"], work, args.cwd)),
                  ("compile", lambda: compile_table(py, scope, limits["compile"], work, args.cwd)),
                  ("bench", lambda: bench(py, args.dry_run, limits["bench"], work, args.cwd)))
         for name, step in steps:

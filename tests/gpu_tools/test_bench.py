@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from gdncheck.cli import main as cli_main
-from gdncheck.gpu_impl.bench import design_flops_per_token_head, flops_per_token_head, main
+from gdncheck.gpu_tools.bench import design_flops_per_token_head, flops_per_token_head, main
 from tests.gpu_impl.helpers import needs_interpreter
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -46,7 +46,7 @@ def test_bench_dry_run_writes_json_and_markdown(tmp_path, capsys):
                        ("decode with slots", "delta rule", 1.1), ("decode with slots", "layer (f32)", 1.1)]
     assert all(r["ratio"] == r["us"] / r["baseline_us"] > 0 for r in result["serving"])
     assert "Serving patterns (gpu_impl/serving.py)" in text and "| decode with slots | delta rule |" in text
-    assert (tmp_path / "b.md").read_text().startswith("**gdncheck.gpu_impl.bench**")
+    assert (tmp_path / "b.md").read_text().startswith("**gdncheck.gpu_tools.bench**")
 
 
 @needs_interpreter
@@ -56,7 +56,7 @@ def test_cli_gpu_bench_dry_run(capsys):
 
 
 def test_fla_absence_is_reported_in_every_row():
-    from gdncheck.gpu_impl import bench as B
+    from gdncheck.gpu_tools import bench as B
 
     fla, why = B.fla_ops()
     if fla is None:
@@ -78,8 +78,8 @@ def test_fla_columns_plumbing():
     exactly, and a failing FLA call is reported, not raised."""
     import torch
 
-    from gdncheck.gpu_impl import bench as B
     from gdncheck.gpu_impl import delta_rule_recurrent
+    from gdncheck.gpu_tools import bench as B
 
     def recurrent(*, q, k, v, g, beta, initial_state=None, output_final_state=False):
         assert q.shape[2] == v.shape[2], "FLA is given q, k with one head per value head"
@@ -120,7 +120,7 @@ def test_gpu_check_script_dry_run_writes_one_json_and_one_markdown(tmp_path):
 
 
 def test_gpu_check_status_fails_on_any_step():
-    from gdncheck.gpu_impl.gpu_check import status
+    from gdncheck.gpu_tools.gpu_check import status
 
     ok = {"tests": {"rc": 0, "tests": 3}, "compile": {"rc": 0, "problems": []}, "bench": {"rc": 0}}
     assert status(ok) == "pass"

@@ -1,7 +1,7 @@
 """Benchmark of the Triton path against the machine's own ceilings, measured in the same run.
 
-    python -m gdncheck.gpu_impl.bench              # on a CUDA GPU (scripts/gpu_check.sh runs it)
-    python -m gdncheck.gpu_impl.bench --dry-run    # same code path, CPU interpreter, tiny sizes
+    python -m gdncheck.gpu_tools.bench              # on a CUDA GPU (scripts/gpu_check.sh runs it)
+    python -m gdncheck.gpu_tools.bench --dry-run    # same code path, CPU interpreter, tiny sizes
 
 Ceilings, measured now: a device-to-device copy (bytes read + written), a tf32 GEMM (fp32
 operands, ``allow_tf32``: the precision of every ``tl.dot`` of the bf16 prefill) and a bf16 GEMM
@@ -16,7 +16,7 @@ operands, ``allow_tf32``: the precision of every ``tl.dot`` of the bf16 prefill)
 - prefill: the chunked pipeline, B = 1, T ∈ {8192, 32768}, Hv = 32, C = 64, bf16 inputs: ms,
   tokens/s, TFLOP/s and the compute floor counted two ways — F_design, the FLOPs these kernels
   perform per token and value head, 6·dk·dv + 6·C·dk + 4·C·dv + 4·(log2 C − 1)·C² (the full-tile
-  inverse, :mod:`.delta_rule_chunked`), 262,144 at C = 64; and F(C) = 6·dk·dv + 6·C·dk + 4·C·dv
+  inverse, :mod:`gdncheck.gpu_impl.delta_rule_chunked`), 262,144 at C = 64; and F(C) = 6·dk·dv + 6·C·dk + 4·C·dv
   + C²/3, the minimal count of docs/math.md §6 (181,589) — each over the tf32 GEMM rate;
 - flash-linear-attention (``fla``) on the same inputs when it imports: its
   ``fused_recurrent_gated_delta_rule`` and ``chunk_gated_delta_rule``, given q and k repeated to
@@ -43,13 +43,12 @@ from functools import partial
 
 import torch
 
-from gdncheck.config import GDNConfig
+from gdncheck.config import REAL, GDNConfig
+from gdncheck.gpu_impl.delta_rule import delta_rule_recurrent, delta_rule_recurrent_packed
+from gdncheck.gpu_impl.delta_rule_chunked import delta_rule_chunked, delta_rule_chunked_packed
+from gdncheck.gpu_impl.packed import host_layout
+from gdncheck.gpu_impl.target import resolve_device
 from gdncheck.untrusted import OneLineParser
-
-from .delta_rule import delta_rule_recurrent, delta_rule_recurrent_packed
-from .delta_rule_chunked import delta_rule_chunked, delta_rule_chunked_packed
-from .packed import host_layout
-from .target import resolve_device
 
 
 @dataclass(frozen=True)
@@ -69,8 +68,7 @@ class Sizes:
 
 GPU = Sizes(Hk=16, Hv_decode=(32, 48, 64), Hv_prefill=32, dk=128, batches=(1, 64, 256), layer_batches=(1, 64),
             tokens=(8192, 32768), chunk=64, copy_bytes=1 << 30, gemm=8192,
-            layer=GDNConfig(hidden_size=2048, intermediate_size=6144, num_k_heads=16, num_v_heads=32, head_k_dim=128,
-                            head_v_dim=128, conv_kernel=4))
+            layer=REAL)
 DRY = Sizes(Hk=2, Hv_decode=(4,), Hv_prefill=4, dk=16, batches=(1, 2), layer_batches=(1,), tokens=(64,), chunk=16,
             copy_bytes=1 << 22, gemm=128,
             layer=GDNConfig(hidden_size=32, intermediate_size=48, num_k_heads=2, num_v_heads=4, head_k_dim=16,
@@ -187,9 +185,8 @@ def bench_decode(s: Sizes, device, measure, ceil: dict) -> list[dict]:
 
 def bench_layer_decode(s: Sizes, device, measure) -> list[dict]:
     """One decode step of the whole layer (bf16), plainly and replayed from a CUDA graph."""
+    from gdncheck.gpu_impl.layer import Layer
     from gdncheck.synthetic import make_weights
-
-    from .layer import Layer
 
     profile = "bf16" if device.type == "cuda" else "f32"
     layer = Layer(s.layer, make_weights(s.layer, seed=0), profile=profile, device=device)
@@ -246,10 +243,9 @@ def bench_serving(s: Sizes, sv: ServingSizes, device, measure) -> list[dict]:
     reading and writing B permuted slots of a larger pool against contiguous [B] states; the layer
     step from a layout on the device (positions gathered from the pool's seq_len, as an engine keeps
     them) against ``Layer.forward`` with the state's own seq_len, plainly and replayed from a CUDA graph."""
+    from gdncheck.gpu_impl.layer import Layer
+    from gdncheck.gpu_impl.serving import StatePool, forward_packed
     from gdncheck.synthetic import make_weights
-
-    from .layer import Layer
-    from .serving import StatePool, forward_packed
 
     rows = []
     lengths, N, total = sv.lengths, len(sv.lengths), sum(sv.lengths)
@@ -360,7 +356,7 @@ def markdown(result: dict) -> str:
     c = result["ceilings"]
     fla = result["fla"]
     lines = [
-        f"**gdncheck.gpu_impl.bench** on {result['device_name']} ({result['mode']}); torch {result['torch']}, "
+        f"**gdncheck.gpu_tools.bench** on {result['device_name']} ({result['mode']}); torch {result['torch']}, "
         f"triton {result['triton']}; flash-linear-attention: {fla}",
         "",
         f"Ceilings measured now: copy {c['copy_GBps']:.0f} GB/s (read + write), tf32 GEMM "
@@ -405,7 +401,7 @@ def markdown(result: dict) -> str:
 def run(dry_run: bool = False, json_path: str | None = None, markdown_path: str | None = None) -> dict:
     dev = resolve_device("cpu" if dry_run else None)
     if dev.type != "cuda" and not dry_run:
-        raise SystemExit("gdncheck.gpu_impl.bench: no CUDA device; use --dry-run for the CPU interpreter")
+        raise SystemExit("gdncheck.gpu_tools.bench: no CUDA device; use --dry-run for the CPU interpreter")
     s = DRY if dry_run else GPU
     measure = timer(dev, repeat=3)
     if dev.type == "cuda":
@@ -450,7 +446,7 @@ def _emit(result: dict, json_path: str | None, markdown_path: str | None) -> Non
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = OneLineParser(prog="python -m gdncheck.gpu_impl.bench", description=__doc__,
+    p = OneLineParser(prog="python -m gdncheck.gpu_tools.bench", description=__doc__,
                       formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--dry-run", action="store_true", help="CPU interpreter, tiny sizes (checks the code path)")
     p.add_argument("--json", metavar="PATH", help="also write the results as JSON")
