@@ -112,7 +112,7 @@ class PlainCall:
 
     def __init__(self, cj: CaseJudge, i: int, step: dict):
         self.cj, self.i, self.step = cj, i, step
-        self.loc = messages.where(cj.case, i, step["op"], step["seq_pos"])
+        self.where = messages.Where(cj.case, i, step["op"], step["seq_pos"])
         self.required = () if cj.stage_isolated else tuple(coverage_of(cj.entry)["required"])
 
     def judge(self) -> None:
@@ -148,7 +148,7 @@ class PlainCall:
         bound = cj.table.bound(name, cj.profile, cj.mode, cj.case)
         actual, expected = self.compared(name, actual, expected)
         judge(rec, actual, dtype, expected, bound, required=name in self.required,
-              subject=messages.subject(name, rec.stage, k), loc=self.loc, stats=cj.stats.get(name))
+              subject=messages.Subject(name, rec.stage, k), where=self.where, stats=cj.stats.get(name))
         self.locate(rec, name, actual, expected, bound)
         return rec
 
@@ -165,9 +165,9 @@ class PlainCall:
         usable = dtype in SEQ_LEN_DTYPES and tuple(actual.shape) == (n,)
         found = np.asarray(actual).ravel().tolist() if usable else f"of dtype {dtype} and shape {list(actual.shape)}"
         if not usable or found != list(step["seq_len_after"]):
-            rec.verdict, rec.reason = "fail", "seq_len"
-            rec.message = messages.seq_len_failure(subject=f"seq_len after call {step['call']}",
-                                                   actual=found, expected=step["seq_len_after"], loc=self.loc)
+            messages.fail(rec, "seq_len", messages.seq_len_failure(
+                subject=f"seq_len after call {step['call']}", actual=found, expected=step["seq_len_after"],
+                where=self.where))
         cj.report.records.append(rec)
 
 
@@ -186,7 +186,7 @@ class RoutedCall(PlainCall):
         actual, dtype = read_checked(cj.outs, key, cj.gold.shape_of(key), INDEX_DTYPES)
         rec = tensor_record(cj, self.i, step, name)
         self.routing = judge_routing(rec, actual, dtype, cj.gold.read(key), cj.gold.read(call_key(k, "router_logits")),
-                                     subject=messages.subject(name, rec.stage, k), loc=self.loc,
+                                     subject=messages.Subject(name, rec.stage, k), where=self.where,
                                      normalised=cj.entry["config"].get("norm_topk_prob", True) is not False)
         self.ties = {}
         if self.routing.any_tied and not is_packed(step):

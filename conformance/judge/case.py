@@ -92,7 +92,7 @@ class CaseJudge:
             self.judge_expected_error(err)
         elif err is not None:
             op = files.op_at(steps, err.get("step"))
-            self.report.status, self.report.message = "fail", messages.raised(case=self.case, err=err, op=op)
+            self.report.status, self.report.message = "fail", str(messages.raised(case=self.case, err=err, op=op))
             self.report.first_divergence = FirstDivergence.at_step(err.get("step"), op, "raised")
         else:
             self.judge_program()
@@ -157,13 +157,13 @@ class CaseJudge:
                 rep.status = "not_applicable"
                 rep.message = messages.not_applicable(na=na, passed=len(rep.records))
             else:  # a case with no optional feature: every conforming port runs it
-                rep.status, rep.message = "fail", messages.not_applicable_required(case=self.case, na=na)
+                rep.status, rep.message = "fail", str(messages.not_applicable_required(case=self.case, na=na))
                 rep.first_divergence = FirstDivergence.at_step(na["step"], na["op"], "not_applicable")
         elif rep.status == "pass" and self.entry["kind"] != "error" and judged == 0:
             first_call = next((i for i, s in enumerate(self.entry["program"]) if s["op"] in CALL_OPS), 0)
             op = self.entry["program"][first_call]["op"]
-            rep.status, rep.message = "fail", messages.nothing_judged(case=self.case, missing=rep.counts["missing"],
-                                                                      mode=self.mode)
+            rep.status, rep.message = "fail", str(messages.nothing_judged(case=self.case, missing=rep.counts["missing"],
+                                                                          mode=self.mode))
             rep.first_divergence = FirstDivergence.at_step(first_call, op, "nothing_judged")
         if failed:
             first = min(failed, key=lambda r: (r.step, r.stage_index, tensor_rank(r.tensor)))
@@ -180,11 +180,12 @@ class CaseJudge:
                  "actual_message": err["message"] if err else None, "match": None,
                  "raised_by": err["raised_by"] if err else None}
         if err is None:
-            rep.status, rep.message = "fail", messages.error_expected(case=self.case, expected=expected, op=op)
+            rep.status, rep.message = "fail", str(messages.error_expected(case=self.case, expected=expected, op=op))
         elif err["code"] in expected["accept"] and err["step"] == expected["step"]:
             check["match"] = "exact" if err["code"] == expected["code"] else "family"
         else:
-            rep.status, rep.message = "fail", messages.wrong_error(case=self.case, err=err, expected=expected, op=op)
+            failure = messages.wrong_error(case=self.case, err=err, expected=expected, op=op)
+            rep.status, rep.message = "fail", str(failure)
         rep.error_check = check
         if rep.status == "fail":
             rep.first_divergence = FirstDivergence.at_step(expected["step"], op,
@@ -219,7 +220,7 @@ class CaseJudge:
     # --- a saved snapshot file -----------------------------------------------------------------------
     def judge_snapshot_file(self, i: int, step: dict) -> None:
         """Both states in the file the ``save`` step wrote, against the state after the call it holds."""
-        c, loc = step["state_of_call"], messages.where(self.case, i, "save")
+        c, where = step["state_of_call"], messages.Where(self.case, i, "save")
         snap, path, problem = self._open_snapshot(step["file"])
         for spec in STATE_TENSORS:
             name = spec.name
@@ -230,15 +231,15 @@ class CaseJudge:
             rec = base_record(self.case, i, "save", c, name, expected_ref=golden_ref(self, gkey),
                               actual_ref=snap.ref(str(path), name) if snap is not None else
                               {"file": str(path) if path else step["file"], "key": name})
-            subject = messages.subject(name, rec.stage, c, snapshot=step["file"])
+            subject = messages.Subject(name, rec.stage, c, snapshot=step["file"])
             if snap is None:
                 rec.expected_shape = list(expected.shape)
-                rec.verdict, rec.reason = "fail", "missing_required"
-                rec.message = messages.snapshot_missing(subject=subject, problem=problem, loc=loc)
+                messages.fail(rec, "missing_required",
+                              messages.snapshot_missing(subject=subject, problem=problem, where=where))
             else:
                 actual, dtype = read_checked(snap, name, expected.shape, allowed_dtypes(name, self.profile)[0])
                 judge(rec, actual, dtype, expected, self.table.bound(name, self.profile, END_TO_END, self.case),
-                      required=True, subject=subject, loc=loc, stats=self.stats.get(name))
+                      required=True, subject=subject, where=where, stats=self.stats.get(name))
             self.report.records.append(rec)
 
     def _open_snapshot(self, file: str) -> tuple[NamedOutputs | None, Path | None, str | None]:

@@ -6,6 +6,12 @@ each standing alone, then a one-line repro command.
     elements (0.34%) over the bound, first at token 3 (position 64, row 0); NMSE 2.1e-05 (46.8 dB),
     bound 1.0e-05 [case prefill-decode_T65_Hk2_Hv6_dk16_dv8_s0, step 2: forward seq_pos [61, 61]]
 
+What failed is kept apart from how it is said, as torch.testing's ``ErrorMeta`` does: a builder makes a
+:class:`Failure` (the :class:`Subject`, what was found, what was expected, the :class:`Where`, the
+count over the bound and where the first of them is, notes), and ``str(failure)`` says it. A kind of
+call that knows more about where a failure is (a packed call's sequence, a pool's slots) changes the
+failure's parts and says it again (:func:`relocate`, :func:`add_note`), never edits its text.
+
 Every builder takes keyword arguments only: a message has many parts of the same type (numbers,
 strings), and a swapped pair would read as a plausible, wrong message.
 """
@@ -13,43 +19,120 @@ strings), and a swapped pair would read as a plausible, wrong message.
 from __future__ import annotations
 
 import shlex
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 
 
 def fmt(x: float) -> str:
     return f"{x:.6g}"
 
 
-def where(case: str, step: int, op: str, seq_pos=None) -> str:
-    pos = f" seq_pos {list(seq_pos)}" if seq_pos is not None else ""
-    return f"[case {case}, step {step}: {op}{pos}]"
+@dataclass(frozen=True)
+class Where:
+    """The step of the program a failure belongs to; ``step`` None: the case as a whole."""
+
+    case: str
+    step: int | None = None
+    op: str | None = None
+    seq_pos: Sequence[int] | None = None
+
+    def __str__(self) -> str:
+        if self.step is None:
+            return f"[case {self.case}]"
+        pos = f" seq_pos {list(self.seq_pos)}" if self.seq_pos is not None else ""
+        return f"[case {self.case}, step {self.step}: {self.op}{pos}]"
 
 
-def subject(tensor: str, stage: str, call: int | None, snapshot: str | None = None) -> str:
-    if snapshot:
-        return f"{tensor} of the saved snapshot {snapshot}"
-    return f"{tensor} ({stage}) of call {call}"
+@dataclass(frozen=True)
+class Subject:
+    """What failed: a tensor of a call (of its stage), or a tensor of a saved snapshot file."""
+
+    tensor: str
+    stage: str | None = None
+    call: int | None = None
+    snapshot: str | None = None
+
+    def __str__(self) -> str:
+        if self.snapshot:
+            return f"{self.tensor} of the saved snapshot {self.snapshot}"
+        return f"{self.tensor} ({self.stage}) of call {self.call}"
 
 
-def bound_failure(*, subject: str, metrics: dict, bound: dict, actual: float, expected: float, allowed: float,
-                  over: int, first: tuple[int, int, int] | None, elem_failed: bool, loc: str) -> str:
+@dataclass
+class Failure:
+    """One failure, in parts: ``str()`` says ``subject: found, but should expected; over, first at first;
+    details... [where] notes...``."""
+
+    found: str
+    expected: str  # what follows "but should ": "be 0.3998 ± 0.0062 (...)", "raise seq_pos_mismatch ..."
+    subject: Subject | str | None = None
+    where: Where | None = None
+    over: str | None = None  # how many elements are over the bound
+    first: str | None = None  # where the first of them is
+    details: tuple[str, ...] = ()  # what else was measured
+    notes: list[str] = field(default_factory=list)  # what a kind of call adds after the location
+
+    def __str__(self) -> str:
+        text = f"{self.subject}: {self.found}" if self.subject is not None else self.found
+        text += f", but should {self.expected}"
+        if self.over:
+            text += f"; {self.over}" + (f", first at {self.first}" if self.first else "")
+        text += "".join(f"; {d}" for d in self.details)
+        if self.where is not None:
+            text += f" {self.where}"
+        return text + "".join(f" {n}" for n in self.notes)
+
+
+def fail(rec, reason: str, failure: Failure):
+    """``rec`` fails for ``reason``: its failure in parts, and its message said from them."""
+    rec.verdict, rec.reason, rec.failure, rec.message = "fail", reason, failure, str(failure)
+    return rec
+
+
+def relocate(rec, first: str, note: str) -> None:
+    """Say ``rec``'s failure again with its first element over the bound at ``first``, and ``note``."""
+    failure = getattr(rec, "failure", None)
+    if failure is None:
+        if rec.message:
+            rec.message += f" {note}"
+        return
+    if failure.first is not None:
+        failure.first = first
+    failure.notes.append(note)
+    rec.message = str(failure)
+
+
+def add_note(rec, note: str) -> None:
+    """Add ``note`` after ``rec``'s failure (a failure of no parts: after its text)."""
+    failure = getattr(rec, "failure", None)
+    if failure is None:
+        rec.message = f"{rec.message or ''} {note}"
+        return
+    failure.notes.append(note)
+    rec.message = str(failure)
+
+
+def bound_failure(*, subject: Subject | str, metrics: dict, bound: dict, actual: float, expected: float,
+                  allowed: float, over: int, first: tuple[int, int, int] | None, elem_failed: bool,
+                  where: Where) -> Failure:
     """A tensor over its bound: the worst element (``actual`` where ``expected`` ± ``allowed``), how many
     elements are ``over``, the ``first`` (token, position, row) over it, and the NMSE."""
     m = metrics
     numel = m["numel"]
     pct = 100.0 * over / numel if numel else 0.0
     src = f"{bound['source']}, {bound['profile']}"
-    parts = []
+    nmse = f"NMSE {m['nmse']:.2e} ({m['sqnr_db']:.1f} dB)"
     if elem_failed:
-        at = f", first at token {first[0]} (position {first[1]}, row {first[2]})" if first else ""
-        parts.append(f"{subject}: max scaled error {m['max_err']:.2e} at {m['max_err_index']}: {fmt(actual)}, "
-                     f"but should be {fmt(expected)} ± {allowed:.3g} (elem bound {bound['elem']:.3g}, {src}); {over} / "
-                     f"{numel} elements ({pct:.3g}%) over the bound{at}")
-        parts.append(f"NMSE {m['nmse']:.2e} ({m['sqnr_db']:.1f} dB), bound {bound['nmse']:.2e}")
-    else:
-        parts.append(f"{subject}: NMSE {m['nmse']:.2e} ({m['sqnr_db']:.1f} dB), but should be at most "
-                     f"{bound['nmse']:.2e} (nmse bound, {src}); max scaled error {m['max_err']:.2e} at "
-                     f"{m['max_err_index']} (elem bound {bound['elem']:.3g})")
-    return "; ".join(parts) + " " + loc
+        return Failure(subject=subject, where=where,
+                       found=f"max scaled error {m['max_err']:.2e} at {m['max_err_index']}: {fmt(actual)}",
+                       expected=f"be {fmt(expected)} ± {allowed:.3g} (elem bound {bound['elem']:.3g}, {src})",
+                       over=f"{over} / {numel} elements ({pct:.3g}%) over the bound",
+                       first=f"token {first[0]} (position {first[1]}, row {first[2]})" if first else None,
+                       details=(f"{nmse}, bound {bound['nmse']:.2e}",))
+    return Failure(subject=subject, where=where, found=nmse,
+                   expected=f"be at most {bound['nmse']:.2e} (nmse bound, {src})",
+                   details=(f"max scaled error {m['max_err']:.2e} at {m['max_err_index']} "
+                            f"(elem bound {bound['elem']:.3g})",))
 
 
 def with_regime(message: str | None, regime: str | None) -> str | None:
@@ -61,68 +144,72 @@ def with_regime(message: str | None, regime: str | None) -> str | None:
     return f"{message} ({regime})"
 
 
-def shape_failure(*, subject: str, shape, expected, loc: str) -> str:
-    return f"{subject}: shape {list(shape)}, but should be {list(expected)} {loc}"
+def shape_failure(*, subject: Subject | str, shape, expected, where: Where) -> Failure:
+    return Failure(subject=subject, where=where, found=f"shape {list(shape)}", expected=f"be {list(expected)}")
 
 
-def dtype_failure(*, subject: str, dtype: str, allowed: tuple[str, ...], why: str, loc: str) -> str:
-    return f"{subject}: dtype {dtype}, but should be {' or '.join(allowed)} ({why}) {loc}"
+def dtype_failure(*, subject: Subject | str, dtype: str, allowed: tuple[str, ...], why: str, where: Where) -> Failure:
+    return Failure(subject=subject, where=where, found=f"dtype {dtype}", expected=f"be {' or '.join(allowed)} ({why})")
 
 
-def nan_failure(*, subject: str, count: int, index, loc: str) -> str:
-    return f"{subject}: {count} NaN value(s), first at {index}, but should be finite (NaN fails everywhere) {loc}"
+def nan_failure(*, subject: Subject | str, count: int, index, where: Where) -> Failure:
+    return Failure(subject=subject, where=where, found=f"{count} NaN value(s), first at {index}",
+                   expected="be finite (NaN fails everywhere)")
 
 
-def inf_failure(*, subject: str, count: int, index, actual: float, expected: float, loc: str) -> str:
-    return (f"{subject}: {count} unmatched infinity(ies), first at {index}: {actual}, but should be {fmt(expected)} "
-            f"(an infinity passes only where the expected value is the same infinity) {loc}")
+def inf_failure(*, subject: Subject | str, count: int, index, actual: float, expected: float, where: Where) -> Failure:
+    return Failure(subject=subject, where=where, found=f"{count} unmatched infinity(ies), first at {index}: {actual}",
+                   expected=f"be {fmt(expected)} (an infinity passes only where the expected value is the same "
+                            "infinity)")
 
 
-def missing_required(*, subject: str, key: str, loc: str) -> str:
-    return (f"{subject}: no tensor {key} in the outputs, but should be there (every call writes out, conv_state and "
-            f"recurrent_state) {loc}")
+def missing_required(*, subject: Subject | str, key: str, where: Where) -> Failure:
+    return Failure(subject=subject, where=where, found=f"no tensor {key} in the outputs",
+                   expected="be there (every call writes out, conv_state and recurrent_state)")
 
 
-def snapshot_missing(*, subject: str, problem: str, loc: str) -> str:
-    return f"{subject}: {problem}, but should be there (the program saves it) {loc}"
+def snapshot_missing(*, subject: Subject | str, problem: str, where: Where) -> Failure:
+    return Failure(subject=subject, where=where, found=problem, expected="be there (the program saves it)")
 
 
-def seq_len_failure(*, subject: str, actual, expected, loc: str) -> str:
+def seq_len_failure(*, subject: Subject | str, actual, expected, where: Where) -> Failure:
     """``actual``: the counts found, or (a tensor of the wrong dtype or shape) a description of it."""
     found = actual if isinstance(actual, str) else list(actual)
-    return (f"{subject}: seq_len {found}, but should be {list(expected)} (integers, seq_pos + T; docs/spec.md §4) "
-            f"{loc}")
+    return Failure(subject=subject, where=where, found=f"seq_len {found}",
+                   expected=f"be {list(expected)} (integers, seq_pos + T; docs/spec.md §4)")
 
 
-def raised(*, case: str, err: dict, op: str) -> str:
-    return (f"the implementation raised {err.get('code')} at step {err.get('step')} ({op}): {err.get('message')}, "
-            f"but should have run the whole program [case {case}]")
+def raised(*, case: str, err: dict, op: str) -> Failure:
+    return Failure(found=f"the implementation raised {err.get('code')} at step {err.get('step')} ({op}): "
+                         f"{err.get('message')}", expected="have run the whole program", where=Where(case))
 
 
-def error_expected(*, case: str, expected: dict, op: str) -> str:
+def error_expected(*, case: str, expected: dict, op: str) -> Failure:
     alts = [c for c in expected["accept"] if c != expected["code"]]
     alt = f" (or the more general {', '.join(alts)})" if alts else ""
-    return (f"the implementation raised nothing, but should raise {expected['code']}{alt} at step {expected['step']} "
-            f"({op}) [case {case}]")
+    return Failure(found="the implementation raised nothing", where=Where(case),
+                   expected=f"raise {expected['code']}{alt} at step {expected['step']} ({op})")
 
 
-def wrong_error(*, case: str, err: dict, expected: dict, op: str) -> str:
-    return (f"the implementation raised {err.get('code')} at step {err.get('step')}: {err.get('message')}, but should "
-            f"raise {expected['code']} at step {expected['step']} ({op}) [case {case}]")
+def wrong_error(*, case: str, err: dict, expected: dict, op: str) -> Failure:
+    return Failure(found=f"the implementation raised {err.get('code')} at step {err.get('step')}: {err.get('message')}",
+                   expected=f"raise {expected['code']} at step {expected['step']} ({op})", where=Where(case))
 
 
-def not_applicable_required(*, case: str, na: dict) -> str:
+def not_applicable_required(*, case: str, na: dict) -> Failure:
     """A port declared not applicable a case that needs no optional feature (the coverage rule)."""
-    return (f"the implementation declared the case not applicable from step {na['step']} ({na['op']}): {na['reason']}, "
-            f"but should run it: it needs no optional feature, and every conforming port is judged on it "
-            f"(FORMAT.md §2, coverage) [case {case}]")
+    return Failure(found=f"the implementation declared the case not applicable from step {na['step']} ({na['op']}): "
+                         f"{na['reason']}", where=Where(case),
+                   expected="run it: it needs no optional feature, and every conforming port is judged on it "
+                            "(FORMAT.md §2, coverage)")
 
 
-def nothing_judged(*, case: str, missing: int, mode: str) -> str:
+def nothing_judged(*, case: str, missing: int, mode: str) -> Failure:
     """A case in which no tensor was judged: nothing it wrote is a tensor the goldens expect."""
-    return (f"no tensor of the case was judged ({missing} expected tensor(s) not provided, in mode {mode}), but "
-            f"should be: a case that judged nothing is no pass (write the expected tensors under their names, or "
-            f"verify with --names TABLE) [case {case}]")
+    return Failure(found=f"no tensor of the case was judged ({missing} expected tensor(s) not provided, in mode "
+                         f"{mode})", where=Where(case),
+                   expected="be: a case that judged nothing is no pass (write the expected tensors under their "
+                            "names, or verify with --names TABLE)")
 
 
 def not_applicable(*, na: dict, passed: int) -> str:

@@ -25,6 +25,7 @@ from gdncheck.calls import PAD_SLOT_ID
 from gdncheck.harness import is_packed
 from gdncheck.stages import STATE_NAMES
 
+from . import messages
 from .metrics import CaseStats, scaled_error
 from .records import Record
 from .tolerances import Bound
@@ -117,15 +118,13 @@ def locate_token(rec: Record, step: dict) -> None:
         return
     t = rec.first_bad_token
     seq, j = sequence_of(step, t)
-    as_one_row = f", first at token {t} (position {rec.first_bad_position}, row {rec.first_bad_row})"
     rec.first_bad_row, rec.first_bad_token = seq.index, j
     rec.first_bad_position = seq.seq_pos + j
-    if rec.message:  # the detail said it as if the stream were one row at sequence 0's position
-        rec.message = rec.message.replace(as_one_row, f", first at sequence {seq.index}'s {token_word(step)} {j} "
-                                                      f"(position {rec.first_bad_position})", 1)
-        where = "the padding sequence" if seq.padding else f"slot {seq.slot}"
-        rec.message += (f" [packed call: stream token {t} is sequence {seq.index} ({where}, {seq.length} "
-                        f"tokens), its {token_word(step)} {j} at position {rec.first_bad_position}]")
+    where = "the padding sequence" if seq.padding else f"slot {seq.slot}"
+    # the failure said its first element as if the stream were one row at sequence 0's position
+    messages.relocate(rec, f"sequence {seq.index}'s {token_word(step)} {j} (position {rec.first_bad_position})",
+                      f"[packed call: stream token {t} is sequence {seq.index} ({where}, {seq.length} tokens), "
+                      f"its {token_word(step)} {j} at position {rec.first_bad_position}]")
 
 
 def slot_note(rec: Record, step: dict, actual: np.ndarray | None, expected: np.ndarray, bound: Bound,
@@ -146,7 +145,7 @@ def slot_note(rec: Record, step: dict, actual: np.ndarray | None, expected: np.n
         unchanged = {s for s in bad if np.array_equal(before[s], actual[s], equal_nan=True)}
     wrong = [s for s in bad if s not in allowed and s not in unchanged]
     carried = [s for s in bad if s not in allowed and s in unchanged]
-    note = f" [pool slots over the bound: {bad}"
+    note = f"[pool slots over the bound: {bad}"
     if wrong:
         note += f"; slot(s) {wrong} are not written by this {step['op']}: it touched a slot it must not"
     if carried:
@@ -156,4 +155,4 @@ def slot_note(rec: Record, step: dict, actual: np.ndarray | None, expected: np.n
     elif len(wrong) + len(carried) < len(bad):
         note += "; the others are slots this step writes: their state is wrong"
     note += "]"
-    rec.message = (rec.message or "") + note
+    messages.add_note(rec, note)

@@ -78,9 +78,13 @@ class Record:
     actual_ref: dict | None = None
     routing: dict | None = None  # a sparse layer's selected_experts routed otherwise (routing.py)
     convention: dict | None = None  # a convention the port chose where correct engines differ (routing.py)
+    #: the failure in parts (messages.Failure), of which ``message`` is the text; not written to a summary
+    failure: Any = field(default=None, repr=False, compare=False)
 
     def to_json(self) -> dict:
-        return _clean(asdict(self))
+        doc = asdict(self)
+        del doc["failure"]
+        return _clean(doc)
 
     @classmethod
     def from_json(cls, doc: dict) -> Record:

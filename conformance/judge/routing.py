@@ -30,6 +30,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .messages import Subject, Where
 from .records import Record
 
 #: How many disagreeing tokens a record lists (the count is always complete).
@@ -102,7 +103,8 @@ def tie_choice(actual_only: list[int], expected_only: list[int]) -> str:
 
 
 def judge_routing(rec: Record, actual: np.ndarray | None, dtype: str | None, expected: np.ndarray,
-                  router_logits: np.ndarray, *, subject: str, loc: str, normalised: bool = True) -> RoutingCheck:
+                  router_logits: np.ndarray, *, subject: Subject | str, where: Where | str,
+                  normalised: bool = True) -> RoutingCheck:
     """Fill ``rec`` (the call's ``selected_experts``) and say which tokens were routed alike, and which
     otherwise but consistently with the exact ordering (a tie's convention, module docstring)."""
     rec.expected_shape = list(np.shape(expected))
@@ -114,15 +116,15 @@ def judge_routing(rec: Record, actual: np.ndarray | None, dtype: str | None, exp
     a = np.asarray(actual, dtype=np.float64)
     if tuple(a.shape) != tuple(np.shape(expected)):
         return _invalid(rec, "shape", f"{subject}: shape {list(a.shape)}, expected {rec.expected_shape} "
-                                      f"([B, T, top_k]) {loc}")
+                                      f"([B, T, top_k]) {where}")
     if not np.all(np.isfinite(a)) or np.any(a != np.round(a)) or np.any(a < 0) or np.any(a >= E):
         return _invalid(rec, "routing", f"routing: {subject} holds values that are not expert indices in "
-                                        f"[0, {E}) {loc}")
+                                        f"[0, {E}) {where}")
     a = a.astype(np.int64)
     e = np.asarray(expected, dtype=np.float64).astype(np.int64)
     a_sorted, e_sorted = np.sort(a, axis=-1), np.sort(e, axis=-1)
     if a.shape[-1] > 1 and np.any(a_sorted[..., 1:] == a_sorted[..., :-1]):
-        return _invalid(rec, "routing", f"routing: {subject} selects an expert twice for one token {loc}")
+        return _invalid(rec, "routing", f"routing: {subject} selects an expert twice for one token {where}")
     same = np.all(a_sorted == e_sorted, axis=-1)
     tied = ~same & tie_consistent(router_logits, a_sorted, e_sorted)
     alike = same | tied
@@ -152,7 +154,7 @@ def judge_routing(rec: Record, actual: np.ndarray | None, dtype: str | None, exp
     rec.first_bad_position = tokens[0]["position"]
     rec.over_bound = int(len(bad))
     rec.verdict, rec.reason = "fail", "routing"
-    rec.message = routing_message(subject, tokens[0], len(bad), int(alike.size), loc)
+    rec.message = routing_message(subject, tokens[0], len(bad), int(alike.size), where)
     return check
 
 
@@ -175,7 +177,7 @@ def tie_convention(a_sorted: np.ndarray, e_sorted: np.ndarray, tied: np.ndarray,
                      f"routing are judged against float64 for the port's own experts (docs/moe.md, Ties)")}
 
 
-def routing_message(subject: str, tok: dict, n: int, total: int, loc: str) -> str:
+def routing_message(subject: Subject | str, tok: dict, n: int, total: int, where: Where | str) -> str:
     """One line: which token, which experts, the reference's margin there, and what it means."""
     head = (f"routing: {subject}: {n} of {total} token(s) routed to other experts; first token {tok['token']} "
             f"(position {tok['position']}, row {tok['row']}): the port chose {tok['actual']}, the reference "
@@ -188,7 +190,7 @@ def routing_message(subject: str, tok: dict, n: int, total: int, loc: str) -> st
         why = (f"the reference's k-th and (k+1)-th probabilities differ by {tok['prob_margin']:.3g} (logit gap "
                f"{tok['logit_margin']:.3g}), more than any profile's rounding can close (the fixtures keep every "
                "token so): the port routes wrongly")
-    return f"{head}; {why} {loc}"
+    return f"{head}; {why} {where}"
 
 
 def _invalid(rec: Record, reason: str, message: str) -> RoutingCheck:

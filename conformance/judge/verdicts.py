@@ -46,24 +46,25 @@ def base_record(case: str, step: int, op: str, call: int | None, tensor: str, **
 
 
 def judge(rec: Record, actual: np.ndarray | None, dtype: str | None, expected: np.ndarray, bound: Bound, *,
-          required: bool, subject: str, loc: str, stats: CaseStats | None = None) -> Record:
+          required: bool, subject: messages.Subject | str, where: messages.Where,
+          stats: CaseStats | None = None) -> Record:
     """Fill ``rec`` (verdict, reason, message, metrics...) for ``actual`` against ``expected``."""
     rec.expected_shape = list(expected.shape)
     rec.bound = bound.to_json()
     if actual is None:
-        rec.verdict = "fail" if required else "missing"
         if required:
-            rec.reason = "missing_required"
-            rec.message = messages.missing_required(subject=subject, key=rec.actual_ref["key"], loc=loc)
+            return messages.fail(rec, "missing_required",
+                                 messages.missing_required(subject=subject, key=rec.actual_ref["key"], where=where))
+        rec.verdict = "missing"
         return rec
     rec.dtype, rec.shape = dtype, list(actual.shape)
     allowed, why = allowed_dtypes(rec.tensor, bound.profile)
     if dtype not in allowed:
-        return _fail(rec, "dtype", messages.dtype_failure(subject=subject, dtype=dtype, allowed=allowed, why=why,
-                                                             loc=loc))
+        failure = messages.dtype_failure(subject=subject, dtype=dtype, allowed=allowed, why=why, where=where)
+        return messages.fail(rec, "dtype", failure)
     if tuple(actual.shape) != tuple(expected.shape):
-        return _fail(rec, "shape", messages.shape_failure(subject=subject, shape=actual.shape,
-                                                             expected=expected.shape, loc=loc))
+        return messages.fail(rec, "shape", messages.shape_failure(subject=subject, shape=actual.shape,
+                                                                     expected=expected.shape, where=where))
     a = np.asarray(actual, dtype=np.float64)
     e = np.asarray(expected, dtype=np.float64)
     err = scaled_error(a, e, rec.tensor, bound.profile, stats, rec.call)
@@ -82,11 +83,13 @@ def judge(rec: Record, actual: np.ndarray | None, dtype: str | None, expected: n
             rec.first_bad_token, rec.first_bad_row = t, row
             rec.first_bad_position = (rec.seq_pos[row] + t) if rec.seq_pos else t
     if m.nan:
-        return _fail(rec, "nan", messages.nan_failure(subject=subject, count=m.nan, index=m.first_nonfinite, loc=loc))
+        return messages.fail(rec, "nan", messages.nan_failure(subject=subject, count=m.nan, index=m.first_nonfinite,
+                                                              where=where))
     if m.inf_mismatch:
         idx = tuple(m.first_nonfinite)
-        return _fail(rec, "inf", messages.inf_failure(subject=subject, count=m.inf_mismatch, index=list(idx),
-                                                      actual=float(a[idx]), expected=float(e[idx]), loc=loc))
+        return messages.fail(rec, "inf", messages.inf_failure(subject=subject, count=m.inf_mismatch, index=list(idx),
+                                                              actual=float(a[idx]), expected=float(e[idx]),
+                                                              where=where))
     elem_failed = m.max_err > bound.elem
     nmse_failed = m.nmse > bound.nmse
     if elem_failed or nmse_failed:
@@ -94,13 +97,9 @@ def judge(rec: Record, actual: np.ndarray | None, dtype: str | None, expected: n
         scale = float(error_denominator(e, rec.tensor, bound.profile, stats, rec.call)[idx])
         first = (rec.first_bad_token, rec.first_bad_position, rec.first_bad_row) if rec.first_bad_token is not None \
             else None
-        msg = messages.bound_failure(subject=subject, metrics=rec.metrics, bound=rec.bound, actual=float(a[idx]),
-                                     expected=float(e[idx]), allowed=bound.elem * scale, over=rec.over_bound,
-                                     first=first, elem_failed=elem_failed, loc=loc)
-        return _fail(rec, "elem_bound" if elem_failed else "nmse_bound", msg)
+        failure = messages.bound_failure(subject=subject, metrics=rec.metrics, bound=rec.bound, actual=float(a[idx]),
+                                         expected=float(e[idx]), allowed=bound.elem * scale, over=rec.over_bound,
+                                         first=first, elem_failed=elem_failed, where=where)
+        return messages.fail(rec, "elem_bound" if elem_failed else "nmse_bound", failure)
     return rec
 
-
-def _fail(rec: Record, reason: str, message: str) -> Record:
-    rec.verdict, rec.reason, rec.message = "fail", reason, message
-    return rec

@@ -32,7 +32,7 @@ GOLD = np.array([[[0, 1], [1, 2]]], dtype=np.float64)  # token 1: the tie to the
 
 
 def test_same_sets_in_any_slot_order_pass():
-    chk = judge_routing(_rec(), np.array([[[1, 0], [2, 1]]]), "I64", GOLD, LOGITS, subject="s", loc="[here]")
+    chk = judge_routing(_rec(), np.array([[[1, 0], [2, 1]]]), "I64", GOLD, LOGITS, subject="s", where="[here]")
     assert chk.record.verdict == "pass" and chk.alike.all()
     w_port, w_gold = np.array([[[0.3, 0.7], [0.4, 0.6]]]), np.array([[[0.7, 0.3], [0.6, 0.4]]])
     a, e = chk.weights(w_port, w_gold)  # by expert: the port's slots reordered like the golden's
@@ -41,7 +41,7 @@ def test_same_sets_in_any_slot_order_pass():
 
 def test_a_flip_beyond_the_margin_names_token_experts_and_margin():
     port = np.array([[[0, 2], [1, 2]]])  # token 0: expert 2 instead of 1
-    chk = judge_routing(_rec(seq_pos=(5,)), port, "I64", GOLD, LOGITS, subject="sel", loc="[here]")
+    chk = judge_routing(_rec(seq_pos=(5,)), port, "I64", GOLD, LOGITS, subject="sel", where="[here]")
     rec = chk.record
     assert (rec.verdict, rec.reason) == ("fail", "routing")
     assert chk.alike.tolist() == [[False, True]]
@@ -60,7 +60,7 @@ def test_a_flip_beyond_the_margin_names_token_experts_and_margin():
 
 def test_an_exact_tie_resolved_upward_is_a_convention_not_a_failure():
     port = np.array([[[0, 1], [1, 3]]])  # token 1: the higher of the tied experts 2 and 3
-    chk = judge_routing(_rec(seq_pos=(7,)), port, "I64", GOLD, LOGITS, subject="sel", loc="")
+    chk = judge_routing(_rec(seq_pos=(7,)), port, "I64", GOLD, LOGITS, subject="sel", where="")
     rec = chk.record
     assert rec.verdict == "pass" and rec.routing is None and chk.alike.all()
     assert chk.tied.tolist() == [[False, True]]
@@ -78,7 +78,7 @@ def test_an_exact_tie_resolved_upward_is_a_convention_not_a_failure():
 def test_a_tie_broken_with_an_expert_below_it_fails_and_says_so():
     logits = np.array([[[3.0, 1.0, 1.0, 0.0]]])  # experts 1 and 2 tie for the second slot
     port = np.array([[[0, 3]]])  # neither tied expert: not a choice the exact ordering allows
-    rec = judge_routing(_rec(), port, "I64", np.array([[[0, 1]]]), logits, subject="sel", loc="").record
+    rec = judge_routing(_rec(), port, "I64", np.array([[[0, 1]]]), logits, subject="sel", where="").record
     assert (rec.verdict, rec.reason) == ("fail", "routing") and rec.convention is None
     tok = rec.routing["first"][0]
     assert tok["exact_tie"] is True and "not one the exact ordering allows" in rec.message
@@ -96,12 +96,12 @@ def test_tie_choice_names_the_rule():
     (np.array([[[0, 1.5], [1, 2]]]), "not expert indices"),
 ])
 def test_invalid_selections_fail(port, words):
-    rec = judge_routing(_rec(), port, "F32", GOLD, LOGITS, subject="sel", loc="").record
+    rec = judge_routing(_rec(), port, "F32", GOLD, LOGITS, subject="sel", where="").record
     assert rec.verdict == "fail" and words in rec.message
 
 
 def test_missing_selection_is_missing_not_failed():
-    chk = judge_routing(_rec(), None, None, GOLD, LOGITS, subject="sel", loc="")
+    chk = judge_routing(_rec(), None, None, GOLD, LOGITS, subject="sel", where="")
     assert chk.record.verdict == "missing" and chk.alike is None
 
 

@@ -105,12 +105,14 @@ def test_a_packed_failure_detail_line_names_the_sequence_not_one_row():
     from gdncheck.conformance.judge.records import Record
 
     step = {"op": "forward_packed", "call": 0, "cu_seqlens": [0, 4, 10], "seq_pos": [0, 20], "slots": [1, 0]}
-    msg = messages.bound_failure(subject="core (delta_rule) of call 0", metrics={
+    failure = messages.bound_failure(subject=messages.Subject("core", "delta_rule", 0), metrics={
         "numel": 10, "max_err": 2.0, "max_err_index": [0, 9], "nmse": 1.0, "sqnr_db": 0.0},
         bound={"source": "global", "profile": "f32", "elem": 1e-5, "nmse": 1e-9}, actual=1.0, expected=0.0,
-        allowed=1e-5, over=1, first=(9, 9, 0), elem_failed=True, loc="[here]")
+        allowed=1e-5, over=1, first=(9, 9, 0), elem_failed=True,
+        where=messages.Where("c", 1, "forward_packed"))
     rec = Record(case="c", step=1, op="forward_packed", call=0, tensor="core", stage="delta_rule", stage_index=6,
-                 verdict="fail", message=msg, first_bad_token=9, first_bad_position=9, first_bad_row=0)
+                 verdict="fail", message=str(failure), failure=failure, first_bad_token=9, first_bad_position=9,
+                 first_bad_row=0)
     locate_token(rec, step)
     assert (rec.first_bad_row, rec.first_bad_token, rec.first_bad_position) == (1, 5, 25)
     assert "(position 9, row 0)" not in rec.message
