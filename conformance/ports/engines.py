@@ -109,6 +109,13 @@ ENGINES: dict[str, Engine] = {e.name: e for e in (
            "llama.cpp's qwen35 model path through llama-cpp-python: convert_hf_to_gguf.py, llama_decode with x as "
            "embeddings, intermediates by cb_eval, states by its state API (conformance/ports/llamacpp.py)",
            fallback="gdncheck.conformance.ports.llamacpp:llamacpp"),
+    Engine("ggml", "ggml", "stage_isolated", ("f32",), ("llama_cpp",), ("llama-cpp-python",),
+           'CMAKE_ARGS="-DGGML_NATIVE=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TESTS=OFF" pip install '
+           '--no-binary llama-cpp-python "llama-cpp-python==0.3.36" (~20 min to build)',
+           "llama.cpp's ggml_gated_delta_net op from the libggml llama-cpp-python installs (ctypes, CPU backend), the "
+           "delta_rule stage alone from golden inputs; f32 only: the op takes f32 tensors only "
+           "(conformance/ports/ggml.py)",
+           fallback="gdncheck.conformance.ports.ggml:ggml", option_values={"threads": (1, 2, 4)}),
 )}
 
 
@@ -172,6 +179,11 @@ _NOTHING_JUDGED = ("fla-core ships kernels, not the Qwen3.5 layer: stage-isolate
                    "stage only, and this case's fixture keeps no delta_rule inputs ({what}), so no tensor is judged "
                    "and the coverage rule fails it; a limit of a one-stage adapter, not an fla deviation")
 
+_GGML_NOTHING_JUDGED = ("ggml_gated_delta_net is one op of llama.cpp's graph: stage-isolated, the adapter runs the "
+                        "delta_rule stage only, and this case's fixture keeps no delta_rule inputs ({what}), so no "
+                        "tensor is judged and the coverage rule fails it; a limit of a one-stage adapter, not a ggml "
+                        "deviation (the whole layer through llama.cpp: engine llamacpp)")
+
 _LLAMACPP_SOFTPLUS = ("ggml's CPU softplus is (x > 20) ? x : logf(1.0f + expf(x)) in f32: for negative x an absolute "
                       "error near 6e-8 (relative 7e-4 at x = -11), and exactly 0 below x ~ -16.6, so g = 0 there and "
                       "that head never decays; llama.cpp's g equals an f32 emulation of the formula to ~1 ulp")
@@ -211,6 +223,9 @@ FINDINGS: dict[tuple[str, str, str], Finding] = {
         f"{REPROS}/llamacpp_softplus.py", {"kind": "tensor", "stage": "delta_rule", "tensor": "recurrent_state"}),
     ("fla", "real-heads", "*"): Finding(
         "missing_feature", _NOTHING_JUDGED.format(what="a real-heads case keeps no *_in state"),
+        None, {"kind": "nothing_judged"}),
+    ("ggml", "real-heads", "*"): Finding(
+        "missing_feature", _GGML_NOTHING_JUDGED.format(what="a real-heads case keeps no *_in state"),
         None, {"kind": "nothing_judged"}),
 }
 

@@ -22,6 +22,9 @@
 ``llamacpp``
     llama.cpp's Qwen3.5 model path through llama-cpp-python (:mod:`.llamacpp`; built from its sdist), end to
     end, profiles ``f32`` and ``bf16``; ``--option source=DIR`` (its unpacked sdist: the converter).
+``ggml``
+    llama.cpp's ``ggml_gated_delta_net`` op from the libggml llama-cpp-python installs (:mod:`.ggml`, through
+    ctypes), stage-isolated only (``--stage-isolated``), profile ``f32``; ``--option threads=N``.
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ from gdncheck.fixtures.reference_impl import reference_f64
 from gdncheck.harness import LayerAdapter, module_stage_runner
 
 from .fla import fla
+from .ggml import ggml
 from .hf import hf
 from .llamacpp import llamacpp
 from .mlx import mlx
@@ -105,4 +109,5 @@ def triton(cfg: GDNConfig, weights, *, profile: str = "f32", strict: bool = Fals
                    stage_runner=runner, serving=serving, serving_options={"capture": capture})
 
 
-BUILTIN = {"reference": reference, "triton": triton, "hf": hf, "mlx": mlx, "fla": fla, "llamacpp": llamacpp}
+BUILTIN = {"reference": reference, "triton": triton, "hf": hf, "mlx": mlx, "fla": fla, "llamacpp": llamacpp,
+           "ggml": ggml}

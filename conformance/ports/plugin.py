@@ -109,6 +109,7 @@ BUILTIN_OPTIONS: dict[str, tuple[str, ...]] = {
     "mlx": (),
     "fla": ("kernel", "chunk_size", "device"),
     "llamacpp": ("source", "threads"),
+    "ggml": ("threads",),
 }
 #: Parameters every factory receives from the runner, never from ``--option``.
 RUNNER_PARAMS = ("cfg", "weights", "profile", "strict")

@@ -21,7 +21,7 @@ def test_the_committed_page_holds_what_the_command_writes(tmp_path):
     from gdncheck.reports.engines import STABLE_BEGIN, stable_part
 
     missing = [n for n, e in registry.ENGINES.items() if not registry.probe(e).installed]
-    if [n for n in missing if n != "llamacpp"]:  # llama-cpp-python builds for ~20 min: CI does without it
+    if [n for n in missing if n not in ("llamacpp", "ggml")]:  # llama-cpp-python builds for ~20 min: CI goes without
         pytest.skip(f"docs/engines.md is the matrix of every registered engine; not installed here: {missing}")
     page = tmp_path / "docs" / "engines.md"
     page.parent.mkdir()
