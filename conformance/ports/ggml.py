@@ -10,7 +10,9 @@ CPU backend, and returns the op's ``core`` and new ``recurrent_state``. The libr
 installs (``llama_cpp/lib/libggml-base.so``, ``libggml-cpu.so``), loaded with ctypes; nothing of llama.cpp's
 model code runs, and ``llama_cpp`` itself is not imported. The whole layer through llama.cpp is implementation
 ``llamacpp`` (:mod:`conformance.ports.llamacpp`); this one isolates the op, so a deviation seen there in
-``delta_rule`` can be told apart from one inherited from an earlier stage.
+``delta_rule`` can be told apart from one inherited from an earlier stage (measured, llama-cpp-python 0.3.36:
+the op passes ``restore-mismatch`` here, where ``llamacpp``'s f32 state fails at ``delta_rule``: that failure
+is the g it inherits from ggml's f32 softplus, not the op).
 
 The op's contract (vendored ``ggml/include/ggml.h``, ``ggml/src/ggml.c`` and ``ggml/src/ggml-cpu/ops.cpp`` of
 llama-cpp-python 0.3.36), in ggml's ``ne`` order (fastest first)::
