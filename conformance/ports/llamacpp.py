@@ -1,20 +1,27 @@
 """llama.cpp as a port: ``gdncheck run gdncheck.conformance.ports.llamacpp:llamacpp --profile f32|bf16``.
 
-A factory of the port contract (:mod:`gdncheck.harness.contract`) around llama.cpp's own Qwen3.5 model path,
-driven end to end through llama-cpp-python's low-level ctypes API (``llama_cpp.llama_cpp``). Per case:
+A factory of the port contract (:mod:`gdncheck.harness.contract`) around llama.cpp's own Qwen3.5 model paths,
+``qwen35`` (dense MLP) and ``qwen35moe`` (the sparse block), driven end to end through llama-cpp-python's
+low-level ctypes API (``llama_cpp.llama_cpp``). Per case:
 
 1. the layer is written as block 0 of a Qwen3.5 checkpoint in the Hugging Face layout
-   (:func:`gdncheck.synthetic.write_hf_checkpoint`: ``Qwen3_5ForCausalLM``, ``layer_types ['linear_attention',
+   (:func:`gdncheck.synthetic.write_hf_checkpoint`: ``Qwen3_5ForCausalLM``, or ``Qwen3_5MoeForCausalLM``
+   with ``model_type qwen3_5_moe_text`` for the sparse block; ``layer_types ['linear_attention',
    'full_attention']``, no MTP block), with the tensors a causal LM needs besides its blocks (a tiny
    ``embed_tokens`` of :data:`VOCAB` rows, ``model.norm``, tied output), in the stored dtypes of the profile
    (``f32``: every tensor float32; ``bf16``: bf16 as Qwen3.5 ships it, ``A_log`` and ``linear_attn.norm``
-   float32). Block 1, a full-attention block of zero weights whose output is never read, is there because
-   llama.cpp aborts on a qwen35 stack of linear-attention blocks only (:func:`write_checkpoint`);
+   float32). A sparse block's experts are written one by one, as checkpoints store them
+   (``mlp.experts.{e}.gate_proj|up_proj|down_proj.weight``: :func:`checkpoint_experts`), with the router
+   ``mlp.gate``, the shared expert and its ``shared_expert_gate``. Block 1, a full-attention block of zero weights
+   (with a zero sparse block where block 0 has one: qwen35moe loads one in every block) whose output is never
+   read, is there because llama.cpp aborts on a qwen35 stack of linear-attention blocks only
+   (:func:`write_checkpoint`);
 2. it is converted by llama.cpp's own ``convert_hf_to_gguf.py`` (``--outtype f32|bf16 --no-mtp``) from the
    sources vendored in the llama-cpp-python sdist that built the installed library, with that sdist's own
    ``gguf-py`` (PyPI's ``gguf`` lags the converter). The converter does what it does to every Qwen3.5
    checkpoint: ``-exp(A_log)`` stored, ``1 + w`` folded into the two layer RMSNorm weights (in the stored
-   dtype), value heads reordered grouped -> tiled (``_LinearAttentionVReorderBase``). The one thing glued in is
+   dtype), value heads reordered grouped -> tiled (``_LinearAttentionVReorderBase``), a sparse block's experts
+   stacked into ``ffn_gate_exps`` / ``ffn_up_exps`` / ``ffn_down_exps`` (``Qwen2MoeModel``). The one thing glued in is
    the vocabulary: a checkpoint without tokenizer files fails in ``set_vocab``, so the converter's own
    ``_set_vocab_none`` is used with ``vocab_size`` (llama.cpp then adds dummy tokens);
 3. the GGUF is loaded with ``llama_model_load_from_file`` and run by ``llama_decode`` on a context of
@@ -41,7 +48,15 @@ What it exposes, and where each tensor comes from: the scheduler's eval callback
   reads;
 - ``g`` is llama.cpp's ``gate`` (``softplus(a + dt_bias) * ssm_a``, ``ssm_a = -exp(A_log)`` stored);
   ``q``/``k`` its ``build_gdn_l2_norm`` output (``rms_norm(x, eps/n) / sqrt(n)``, unscaled: the rule scales
-  q by dk^-1/2 itself); ``v`` the V part of the conv output.
+  q by dk^-1/2 itself); ``v`` the V part of the conv output;
+- the sparse block (:data:`MOE_CAPTURED`, :func:`moe_to_format`; ``build_moe_ffn`` with softmax gating and
+  ``norm_w``, then qwen35moe's ``build_layer_ffn``): ``router_logits`` is ``ffn_moe_logits``;
+  ``selected_experts`` ``ffn_moe_topk`` (the first top_k of ggml's descending argsort of ``ffn_moe_probs``; int32,
+  written int64; verify judges it as a set per token, an exact tie resolved by ggml's argsort as its
+  convention); ``routing_weights`` ``ffn_moe_weights_norm`` (the selected probabilities over their sum, clamped
+  below at 6.1e-5), slot for slot with the experts; ``experts_out`` ``ffn_moe_out`` (the slots' weighted down
+  projections summed in slot order); ``shared_out`` ``ffn_shexp_gated`` (the shared expert times
+  ``sigmoid(shared_expert_gate)``); ``mlp_out`` their sum ``ffn_out``.
 
 State: llama.cpp's own recurrent memory; ``seq_len`` is what it holds (``llama_memory_seq_pos_max + 1`` per
 sequence after each call). Snapshots are ``llama_state_seq_get_data`` per sequence (the
@@ -52,14 +67,17 @@ next call starts it from llama.cpp's zero state) on each row called at another p
 
 What it cannot express, reported :class:`~gdncheck.harness.NotApplicable` with the reason: dk != dv
 (``ggml_gated_delta_net`` and the graph assert ``S_k == S_v``: the state is ``[S_v, S_v, H_v]``), a per-head
-gated norm (``ssm_norm`` is one ``[head_v_dim]`` weight), a declared ``linear_norm_mode``, the sparse block (this
-adapter drives the dense ``qwen35`` path only), the serving patterns (llama.cpp's batches are per-sequence
-runs with one memory cell per sequence id, no packed pool), strict mode (a call at a position its
-recurrent memory does not hold is accepted for an embeddings batch of an M-RoPE model), snapshot files
+gated norm (``ssm_norm`` is one ``[head_v_dim]`` weight), a declared ``linear_norm_mode``, a sparse block without
+the renormalisation (``norm_topk_prob`` false: qwen35moe's ``build_layer_ffn`` passes ``norm_w = true`` to
+``build_moe_ffn`` for every model, and the converter writes no key for it), the serving patterns (llama.cpp's
+batches are per-sequence runs with one memory cell per sequence id, no packed pool), strict mode (a call at a
+position its recurrent memory does not hold is accepted for an embeddings batch of an M-RoPE model), snapshot files
 (``llama_state_seq_save_file`` writes llama.cpp's own session format), and the configuration errors its
 converter and loader take without a check (they would reach ``GGML_ASSERT``, which aborts the process).
 Weight errors are llama.cpp's own refusals: the converter's exception or the loader's message (read through
-``llama_log_set``), mapped to FORMAT.md §6 codes by the tensor llama.cpp names (:func:`refusal_code`). An
+``llama_log_set``), mapped to FORMAT.md §6 codes by the tensor llama.cpp names (:func:`refusal_code`: a
+missing router is ``tensor 'blk.0.ffn_gate_inp.weight' not found``, a ``gate_up_proj`` without its up half
+``ffn_gate_exps`` of the wrong shape, since the converter splits a stacked one in halves). An
 ``x`` that is not ``n_tokens x n_embd`` float32 cannot be handed to ``llama_batch.embd`` (a ``float *`` of
 that many floats): refused as ``input_shape`` / ``input_dtype`` by that C type.
 
@@ -90,6 +108,7 @@ import numpy as np
 
 from gdncheck.config import GDNConfig
 from gdncheck.errors import GDNError
+from gdncheck.experts import EXPERTS_DOWN, EXPERTS_GATE_UP, moe_expected_shapes, unstack_experts
 from gdncheck.harness import NotApplicable, is_strict, serving_ops
 
 log = logging.getLogger("gdncheck.ports.llamacpp")
@@ -123,11 +142,20 @@ CAPTURED = {
     "ffn_out-0": "mlp_out",
     "l_out-0": "out",
 }
+#: the sparse block's tensors of block 0 in llama.cpp's qwen35moe graph (``build_layer_ffn``, and
+#: ``llm_graph_context::build_moe_ffn`` with softmax gating and ``norm_w``) -> what the adapter takes them for
+MOE_CAPTURED = {
+    "ffn_moe_logits-0": "router_logits",
+    "ffn_moe_topk-0": "selected_experts",
+    "ffn_moe_weights_norm-0": "routing_weights",
+    "ffn_moe_out-0": "experts_out",
+    "ffn_shexp_gated-0": "shared_out",
+}
 #: captured where llama.cpp computes them as graph nodes: an embeddings batch's input is a leaf, never evaluated
 OPTIONAL = ("model.input_embed",)
 #: the largest ubatch (tokens over all sequences) of one llama_decode; longer calls are fed in pieces
 MAX_UBATCH = 2048
-_GGML_F32, _GGML_F16, _GGML_BF16 = 0, 1, 30
+_GGML_F32, _GGML_F16, _GGML_I32, _GGML_BF16 = 0, 1, 26, 30
 
 
 class LlamaCppRefused(Exception):  # noqa: N818 - carries the code of what llama.cpp refused
@@ -263,9 +291,10 @@ def _check_expressible(cfg: GDNConfig, weights) -> None:
         raise NotApplicable(f"dk != dv ({cfg.head_k_dim} != {cfg.head_v_dim}): llama.cpp's qwen35 graph takes "
                             "both head dims from ssm_d_state and ggml_gated_delta_net asserts S_k == S_v (its state is "
                             "[S_v, S_v, H_v])")
-    if cfg.mlp_kind(0) == "moe":
-        raise NotApplicable("the sparse block: this adapter drives llama.cpp's dense qwen35 path only (qwen35moe, "
-                            "its MoE graph, is not wired in)")
+    if cfg.mlp_kind(0) == "moe" and not cfg.norm_topk_prob:
+        raise NotApplicable("norm_topk_prob=false (routing weights not renormalised): llama.cpp's qwen35moe graph "
+                            "calls build_moe_ffn with norm_w = true whatever the model (build_layer_ffn), and its "
+                            "converter writes no key for the option")
     norm = weights.get("linear_attn.norm.weight")
     if norm is not None:
         size = int(np.size(norm))
@@ -300,11 +329,13 @@ llamacpp.options = ["source", "threads"]
 #: the full-attention block 1 (see :func:`write_checkpoint`): Qwen3.5's own head shape, so that llama.cpp's
 #: default M-RoPE sections ([11, 11, 10] of a 64-dim rotary part) fit it
 ATTN_HEADS, ATTN_HEAD_DIM = 1, 256
+#: the converter's model class (``ModelBase.register``) of a dense and a sparse checkpoint
+ARCHITECTURES = {False: "Qwen3_5ForCausalLM", True: "Qwen3_5MoeForCausalLM"}
 
 
 def write_checkpoint(directory: Path, cfg: GDNConfig, weights, profile: str) -> Path:
-    """The layer as block 0 of a two-block ``Qwen3_5ForCausalLM`` checkpoint (gdncheck's own writer), with the
-    tiny embedding and final norm a causal LM carries besides its layers.
+    """The layer as block 0 of a two-block ``Qwen3_5ForCausalLM`` (``Qwen3_5MoeForCausalLM``) checkpoint
+    (gdncheck's own writer), with the tiny embedding and final norm a causal LM carries besides its layers.
 
     Block 1 is a full-attention block of zero weights whose output is never read: llama.cpp 0.3.36 aborts
     (``GGML_ASSERT(buffer)`` in ``llama_kv_cache::set_input_k_idxs``) at the first ``llama_decode`` of a
@@ -321,18 +352,25 @@ def write_checkpoint(directory: Path, cfg: GDNConfig, weights, profile: str) -> 
              "self_attn.q_norm.weight": (hd,), "self_attn.k_norm.weight": (hd,), "input_layernorm.weight": (D,),
              "post_attention_layernorm.weight": (D,), "mlp.gate_proj.weight": (inter, D),
              "mlp.up_proj.weight": (inter, D), "mlp.down_proj.weight": (D, inter)}
+    sparse = cfg.mlp_kind(0) == "moe"
+    if sparse:  # qwen35moe loads the sparse block in every block (load_block_trunk): block 1's too, zeros
+        for name in ("mlp.gate_proj.weight", "mlp.up_proj.weight", "mlp.down_proj.weight"):
+            del zeros[name]
+        zeros.update(moe_expected_shapes(cfg))
     attn = {name: np.zeros(shape, dtype=np.float32) for name, shape in zeros.items()}
+    if sparse:
+        arrays, attn = checkpoint_experts(cfg, arrays), checkpoint_experts(cfg, attn)
     kind = "F32" if profile == "f32" else "BF16"
     dtypes = {name: kind for name in [*arrays, *attn]}
     if profile != "f32":
         dtypes.update({"linear_attn.A_log": "F32", "linear_attn.norm.weight": "F32"})
-    extra = {"architectures": ["Qwen3_5ForCausalLM"], "vocab_size": VOCAB, "tie_word_embeddings": True,
+    extra = {"architectures": [ARCHITECTURES[sparse]], "vocab_size": VOCAB, "tie_word_embeddings": True,
              "layer_types": ["linear_attention", "full_attention"], "num_attention_heads": nh,
              "num_key_value_heads": nh, "head_dim": hd, "max_position_embeddings": 65536,
              "full_attention_interval": 2, "hidden_act": "silu",
              "torch_dtype": "float32" if profile == "f32" else "bfloat16"}
     write_hf_checkpoint(directory, cfg, {0: arrays, 1: attn}, num_layers=2, prefix="model.layers.{i}.",
-                        dtypes=dtypes, extra_config=extra)
+                        dtypes=dtypes, extra_config=extra, expert_layout="stacked")  # experts: checkpoint_experts
     rng = np.random.default_rng(0)
     embed = (rng.standard_normal((VOCAB, D)) * 0.02).astype(np.float32)
     embed = (embed.view(np.uint32) & np.uint32(0xFFFF0000)).view(np.float32)  # exact in bf16
@@ -340,6 +378,18 @@ def write_checkpoint(directory: Path, cfg: GDNConfig, weights, profile: str) -> 
                       {"model.embed_tokens.weight": embed, "model.norm.weight": np.zeros(D, dtype=np.float32)},
                       {"format": "pt"}, dtypes={"model.embed_tokens.weight": kind, "model.norm.weight": kind})
     return directory
+
+
+def checkpoint_experts(cfg: GDNConfig, arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """A sparse block's stacked experts as a checkpoint stores them, one by one (``mlp.experts.{e}.gate_proj``,
+    ``up_proj``, ``down_proj``: gdncheck's :func:`~gdncheck.experts.unstack_experts`), which the converter stacks
+    again (``Qwen2MoeModel.modify_tensors``). A stacked ``gate_up_proj`` of another shape than ``[E, 2·I_moe, D]``
+    (a weight error) is left stacked: the converter splits it in halves itself and llama.cpp's loader names the
+    shape it finds."""
+    gate_up, down = arrays.get(EXPERTS_GATE_UP), arrays.get(EXPERTS_DOWN)
+    if gate_up is None or down is None or gate_up.ndim != 3 or gate_up.shape[1] != 2 * cfg.moe_intermediate_size:
+        return arrays
+    return unstack_experts(cfg, arrays)
 
 
 _CONVERTER: Any = None
@@ -391,10 +441,10 @@ def _quiet_logging():
             lg.setLevel(level)
 
 
-def convert(eng: Engine, checkpoint: Path, out: Path, profile: str) -> Path:
+def convert(eng: Engine, checkpoint: Path, out: Path, profile: str, sparse: bool = False) -> Path:
     """``convert_hf_to_gguf.py CHECKPOINT --outfile OUT --outtype f32|bf16 --no-mtp``, in this process."""
     module = _converter(eng)
-    cls = module.get_model_class("Qwen3_5ForCausalLM")
+    cls = module.get_model_class(ARCHITECTURES[sparse])
     argv = ["convert_hf_to_gguf.py", str(checkpoint), "--outfile", str(out), "--outtype", PROFILES[profile],
             "--no-mtp"]
     saved_argv, saved_vocab = sys.argv, cls.__dict__.get("set_vocab")
@@ -426,7 +476,7 @@ _GGUF_TO_HF = {"ssm_norm": "linear_attn.norm.weight", "attn_qkv": "linear_attn.i
                "post_attention_norm": "post_attention_layernorm.weight", "ffn_gate": "mlp.gate_proj.weight",
                "ffn_up": "mlp.up_proj.weight", "ffn_down": "mlp.down_proj.weight"}
 _WRONG_SHAPE = re.compile(r"tensor '([\w.]+)' has wrong shape; expected\s+([\d, ]+), got\s+([\d, ]+)")
-_MISSING = re.compile(r"missing tensor '([\w.]+)'")
+_MISSING = re.compile(r"missing tensor '([\w.]+)'|tensor '([\w.]+)' not found")
 
 
 def refusal_code(message: str) -> str:
@@ -477,12 +527,27 @@ def channels_to_hf(arr: np.ndarray, axis: int, cfg: GDNConfig) -> np.ndarray:
     return np.moveaxis(np.concatenate([qk, v], axis=-1), -1, axis)
 
 
+def moe_to_format(got: Mapping[str, np.ndarray], B: int, T: int, cfg: GDNConfig) -> dict[str, np.ndarray]:
+    """The sparse block's tensors (ggml ``[n_expert | n_expert_used | n_embd, n_tokens]``, reversed: one row per
+    token of the ubatch) as §5's ``[B, T, ...]``. ``selected_experts`` are llama.cpp's ``ffn_moe_topk`` (the first
+    ``n_expert_used`` of its descending argsort of the probabilities), int64; ``routing_weights`` its
+    ``ffn_moe_weights_norm`` (the selected probabilities divided by their clamped sum), slot for slot."""
+    E, k, D = cfg.num_experts, cfg.num_experts_per_tok, cfg.hidden_size
+    return {
+        "router_logits": np.asarray(got["router_logits"], dtype=np.float32).reshape(B, T, E),
+        "selected_experts": np.asarray(got["selected_experts"]).reshape(B, T, k).astype(np.int64),
+        "routing_weights": np.asarray(got["routing_weights"], dtype=np.float32).reshape(B, T, k),
+        "experts_out": np.asarray(got["experts_out"], dtype=np.float32).reshape(B, T, D),
+        "shared_out": np.asarray(got["shared_out"], dtype=np.float32).reshape(B, T, D),
+    }
+
+
 # --- recording ------------------------------------------------------------------------------------------
 class Recorder:
     """The ``cb_eval`` callback: asks for the tensors of :data:`CAPTURED` and copies them once computed."""
 
-    def __init__(self, eng: Engine):
-        self.eng = eng
+    def __init__(self, eng: Engine, names: Mapping[str, str] = CAPTURED):
+        self.eng, self.names = eng, names
         self.active = False
         self.raw: dict[str, list[np.ndarray]] = {}
         self.error: str | None = None
@@ -495,8 +560,8 @@ class Recorder:
             name = self.eng.ggml.ggml_get_name(t)
             name = name.decode("utf-8", "replace") if name else ""
             if ask:
-                return name in CAPTURED
-            if name in CAPTURED:
+                return name in self.names
+            if name in self.names:
                 self.raw.setdefault(name, []).append(self._read(t))
             return True
         except Exception as exc:  # noqa: BLE001 - never raise through C
@@ -505,7 +570,7 @@ class Recorder:
 
     def _read(self, t) -> np.ndarray:
         head = _TensorHead.from_address(t)
-        dtype = {_GGML_F32: np.float32, _GGML_F16: np.float16}.get(head.type)
+        dtype = {_GGML_F32: np.float32, _GGML_F16: np.float16, _GGML_I32: np.int32}.get(head.type)
         if dtype is None and head.type != _GGML_BF16:
             raise TypeError(f"ggml type {head.type} not read")
         nbytes = int(self.eng.ggml.ggml_nbytes(t))
@@ -517,7 +582,7 @@ class Recorder:
         arr = np.lib.stride_tricks.as_strided(raw, shape=shape, strides=strides).copy()
         if head.type == _GGML_BF16:
             arr = (arr.astype(np.uint32) << 16).view(np.float32)
-        return arr.astype(np.float32, copy=False)
+        return arr if head.type == _GGML_I32 else arr.astype(np.float32, copy=False)
 
     @contextlib.contextmanager
     def recording(self):
@@ -545,7 +610,8 @@ class LlamaState:
 
 
 class LlamaCppLayer:
-    """An :class:`~gdncheck.harness.Implementation` driving llama.cpp's qwen35 graph through ``llama_decode``."""
+    """An :class:`~gdncheck.harness.Implementation` driving llama.cpp's qwen35 (or qwen35moe) graph through
+    ``llama_decode``."""
 
     def __init__(self, eng: Engine, cfg: GDNConfig, weights, profile: str, *, threads: int = 1):
         self.eng, self.cfg, self.profile, self.threads = eng, cfg, profile, threads
@@ -553,7 +619,8 @@ class LlamaCppLayer:
         self._tmp = tempfile.TemporaryDirectory(prefix="gdncheck-llamacpp-")
         tmp = Path(self._tmp.name)
         ckpt = write_checkpoint(tmp / "hf", cfg, weights, profile)
-        gguf = convert(eng, ckpt, tmp / "layer.gguf", profile)
+        self.sparse = cfg.mlp_kind(0) == "moe"
+        gguf = convert(eng, ckpt, tmp / "layer.gguf", profile, self.sparse)
         mparams = self.llama.llama_model_default_params()
         mparams.use_mmap = False
         mark = eng.n_logged
@@ -564,12 +631,14 @@ class LlamaCppLayer:
             raise LlamaCppRefused(refusal_code(msg), "llama.cpp refused the model: " + " | ".join(lines[-3:]))
         self.model = model
         self.n_embd = int(self.llama.llama_model_n_embd(model))
-        self.recorder = Recorder(eng)
+        self.captured = {**CAPTURED, **(MOE_CAPTURED if self.sparse else {})}
+        self.recorder = Recorder(eng, self.captured)
         self.ctx = None
         self.ctx_batch = 0
         self.live: int | None = None  # ident of the state whose memory the context holds
         self._next = 1
-        self.name = (f"llama.cpp (llama-cpp-python {eng.version}) qwen35 via llama_decode ({profile} GGUF, CPU, "
+        arch = "qwen35moe" if self.sparse else "qwen35"
+        self.name = (f"llama.cpp (llama-cpp-python {eng.version}) {arch} via llama_decode ({profile} GGUF, CPU, "
                      f"{threads} thread{'s' if threads != 1 else ''})")
 
     def __del__(self):
@@ -726,12 +795,12 @@ class LlamaCppLayer:
             raise LlamaCppRefused("input_error", f"llama_decode returned {rc}: {msg[-400:]}")
         if self.recorder.error:
             raise GDNError(f"llamacpp: reading llama.cpp's tensors failed: {self.recorder.error}")
-        missing = [k for k in CAPTURED if k not in raw and k not in OPTIONAL]
+        missing = [k for k in self.captured if k not in raw and k not in OPTIONAL]
         if missing:
             raise GDNError(f"llamacpp: llama.cpp's graph named no {', '.join(missing)} (another llama.cpp graph?)")
         if any(len(v) != 1 for k, v in raw.items() if k in ("l_out-0", "new_state-0")):
             raise GDNError("llamacpp: llama_decode split the call into several ubatches")
-        got = {CAPTURED[k]: v[-1] for k, v in raw.items()}
+        got = {self.captured[k]: v[-1] for k, v in raw.items()}
         return self._to_format(got, x)
 
     def _to_format(self, got: dict[str, np.ndarray], x: np.ndarray) -> dict[str, np.ndarray]:
@@ -765,8 +834,11 @@ class LlamaCppLayer:
         out["recurrent_state"] = np.ascontiguousarray(heads(recurrent_to_format(S), 1))
         window = np.asarray(got["conv_window"], dtype=np.float32).reshape(B, cfg.conv_dim, K - 1 + T)
         out["conv_state"] = np.ascontiguousarray(channels_to_hf(window[:, :, -K:], 1, cfg))
+        if self.sparse:
+            out.update(moe_to_format(got, B, T, cfg))
         return out
 
 
-__all__ = ["CAPTURED", "NOT_INSTALLED", "TESTED", "LlamaCppLayer", "LlamaCppRefused", "channels_to_hf", "check_case",
-           "convert", "engine", "heads_to_hf", "llamacpp", "recurrent_to_format", "refusal_code", "write_checkpoint"]
+__all__ = ["ARCHITECTURES", "CAPTURED", "MOE_CAPTURED", "NOT_INSTALLED", "TESTED", "LlamaCppLayer", "LlamaCppRefused",
+           "channels_to_hf", "check_case", "checkpoint_experts", "convert", "engine", "heads_to_hf", "llamacpp",
+           "moe_to_format", "recurrent_to_format", "refusal_code", "write_checkpoint"]
