@@ -288,7 +288,8 @@ def check_case(config: Mapping[str, Any], program: list[Mapping[str, Any]]) -> N
 
 def _check_expressible(cfg: GDNConfig, weights) -> None:
     if cfg.head_k_dim != cfg.head_v_dim:
-        raise NotApplicable(f"dk != dv ({cfg.head_k_dim} != {cfg.head_v_dim}): llama.cpp's qwen35 graph takes "
+        graph = "qwen35moe" if cfg.mlp_kind(0) == "moe" else "qwen35"
+        raise NotApplicable(f"dk != dv ({cfg.head_k_dim} != {cfg.head_v_dim}): llama.cpp's {graph} graph takes "
                             "both head dims from ssm_d_state and ggml_gated_delta_net asserts S_k == S_v (its state is "
                             "[S_v, S_v, H_v])")
     if cfg.mlp_kind(0) == "moe" and not cfg.norm_topk_prob:
