@@ -106,8 +106,8 @@ ENGINES: dict[str, Engine] = {e.name: e for e in (
            'CMAKE_ARGS="-DGGML_NATIVE=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TESTS=OFF" pip install '
            '--no-binary llama-cpp-python "llama-cpp-python==0.3.36" (~20 min to build), and its sdist unpacked in '
            '~/.cache/gdncheck (the converter)',
-           "llama.cpp's qwen35 model path through llama-cpp-python: convert_hf_to_gguf.py, llama_decode with x as "
-           "embeddings, intermediates by cb_eval, states by its state API (conformance/ports/llamacpp.py)",
+           "llama.cpp's qwen35 / qwen35moe model paths through llama-cpp-python: convert_hf_to_gguf.py, llama_decode "
+           "with x as embeddings, intermediates by cb_eval, states by its state API (conformance/ports/llamacpp.py)",
            fallback="gdncheck.conformance.ports.llamacpp:llamacpp"),
     Engine("ggml", "ggml", "stage_isolated", ("f32",), ("llama_cpp",), ("llama-cpp-python",),
            'CMAKE_ARGS="-DGGML_NATIVE=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TESTS=OFF" pip install '
@@ -216,7 +216,13 @@ FINDINGS: dict[tuple[str, str, str], Finding] = {
         {"kind": "tensor", "stage": "gates", "tensor": "g"})
        for prefix, profile in [("softplus-edges", "*"), *((p, "f32") for p in (
            "prefill-decode", "chunked", "segments", "snapshot-replay", "mismatch-midstream", "batch-positions",
-           "long-decode", "real-heads", "qk-eps", "gated-eps", "state-norms", "prefill_"))]},
+           "long-decode", "real-heads", "qk-eps", "gated-eps", "state-norms", "prefill_", "moe-e256-k8",
+           "moe-exact-tie"))]},
+    ("llamacpp", "moe-exact-tie", "bf16"): Finding(
+        "convention", "llama.cpp routes with ggml_argsort_top_k, whose CPU kernel is std::sort with a comparator on "
+        "the probability alone (ggml-cpu/ops.cpp, ggml_compute_forward_argsort_f32): which of exactly tied experts at "
+        "the k boundary it keeps is the C++ library's (measured here: the higher index); docs/moe.md, Ties",
+        None, {}, may_not_occur=True),
     ("llamacpp", "restore-mismatch", "f32"): Finding(
         "deviation", _LLAMACPP_SOFTPLUS + "; on this case the g error accumulates into the state (the float64 "
         "reference with that softplus alone swapped in gives the same state error: 3.9e-12 against 4.1e-12)",
