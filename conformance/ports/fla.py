@@ -1,78 +1,9 @@
 """flash-linear-attention as a port of one stage: ``gdncheck run conformance.ports.fla:fla --stage-isolated``.
 
 A factory of the port contract (:mod:`gdncheck.harness.contract`) that judges fla's gated delta rule
-(the ``fla-core`` package, ``fla.ops.gated_delta_rule``) on the suite's golden inputs, stage-isolated
-(fixtures/FORMAT.md §8): ``run_stage("delta_rule", {q, k, v, g, beta, recurrent_state})`` returns fla's
-``core`` and new ``recurrent_state``. ``--option kernel=`` picks fla's form of the rule:
+(``fla-core``) on the suite's golden inputs, stage-isolated, in the form ``--option kernel=`` picks.
 
-``naive`` (default)
-    ``fla.ops.gated_delta_rule.naive.naive_recurrent_gated_delta_rule``: fla's torch reference, one token
-    at a time, in float32.
-``naive_chunk``
-    ``naive_chunk_gated_delta_rule``: fla's torch reference of the chunked (WY/UT) form, float32, chunks
-    of ``chunk_size`` (option, default 64).
-``fused_recurrent``
-    ``fused_recurrent_gated_delta_rule``, fla's Triton decode kernel.
-``chunk``
-    ``chunk_gated_delta_rule``, fla's Triton prefill pipeline (cumsum, KKᵀ + triangular solve, WY, the
-    chunk state recurrence, the output), chunks of ``chunk_size`` (16, 32 or 64).
-
-The Triton forms run compiled on a CUDA device when torch sees one and the interpreter is not forced,
-else in Triton's interpreter on the CPU. The interpreter must be chosen before ``triton`` is imported
-(``@triton.jit`` reads ``TRITON_INTERPRET`` when it decorates, and Triton's own library is decorated at
-``import triton``): where triton is not imported yet and there is no GPU, this module sets
-``TRITON_INTERPRET=1`` itself before importing fla; where triton was already imported without it, a
-Triton form is refused with that explanation (set ``TRITON_INTERPRET=1`` before starting).
-
-Everything else is not applicable: fla-core ships kernels, not the Qwen3.5 layer (its ``GatedDeltaNet``
-layer lives in the separate ``flash-linear-attention`` package, with its own projection, convolution and
-norm modules and weight names; mapping the checkpoint onto it would be a port of its own, not glue), so
-``forward`` and the state methods raise :class:`~gdncheck.harness.NotApplicable`, and ``run_stage``
-returns no tensor for every other stage (FORMAT.md §8: every output is optional; a stage that raised
-would be recorded as the case raising). A case whose delta_rule inputs the fixture does not keep (no
-``*_in`` state: the real-heads cases, the packed serving cases) therefore judges nothing and fails by
-the coverage rule, a limit of a one-stage adapter, not an fla deviation.
-
-The glue, and nothing more:
-
-- **layouts**: gdncheck's q, k ``[B,T,Hk,dk]``, v ``[B,T,Hv,dv]``, g, beta ``[B,T,Hv]`` are fla's
-  ``[B,T,H,K]``, ``[B,T,HV,V]``, ``[B,T,HV]`` as they are.
-- **state**: fla's default state (``state_v_first=False``) is ``[N, HV, K, V]``, key axis first, which
-  is gdncheck's ``recurrent_state`` ``[B, Hv, dk, dv]`` ``S[head, k, v]``: no transpose (fla's naive
-  forms build it as ``h + k[..., None] * v[..., None, :]``, the kernels index it ``o_k[:, None] * V +
-  o_v[None, :]``). ``state_v_first=True`` (the ``[V, K]`` layout docs/math.md's "state transposed"
-  names) is not used.
-- **q and k**: the stage inputs are already L2-normalised and q is unscaled (FORMAT.md §5), so
-  ``use_qk_l2norm_in_kernel=False`` and ``scale=cfg.scale`` (dk^-0.5, which fla applies to q).
-- **g and beta**: gdncheck's ``g`` is the log decay ``-exp(A_log)·softplus(a + dt_bias)``, what fla
-  takes (``use_gate_in_kernel=False``: g "must be in log space"); ``beta`` is post-sigmoid
-  (``use_beta_sigmoid_in_kernel=False``).
-- **grouped heads**: value head j reads key head ``j // (Hv/Hk)`` (FORMAT.md §5), which is what fla's
-  Triton kernels do natively (``i_h = i_hv // (HV // H)``): they get Hk heads. fla's naive forms take
-  one key head per value head, so q and k are expanded with ``repeat_interleave`` (interleaved, never
-  ``repeat``, which tiles: head j would read ``j % Hk``).
-- **dtypes**: golden float64 inputs are stored in the profile dtype as an engine would hold them (q, k, v
-  f32/bf16/f16; g, beta and the state float32, as ``triton_stage_runner`` does); outputs are what fla
-  returns (core in v's dtype for the kernels and the naive recurrent form, float32 from the naive chunk
-  form; the state float32).
-
-Workarounds for the interpreter, applied only around an interpreted ``chunk`` call and undone after it
-(``_interpreter_workarounds``; nothing in site-packages is edited):
-
-1. **autotuner**: fla's Triton kernels are ``@triton.autotune``d; with more than one config Triton
-   benchmarks them, which asks for a GPU driver and raises "0 active drivers". ``Autotuner.prune_configs``
-   is wrapped to keep the first config that Triton's own pruning keeps, so every launch has one config and
-   Triton skips benchmarking (as it does for a single-config autotune). The configs differ only in block
-   sizes, warps and stages: the same math.
-2. **loop counter**: ``fla/ops/common/chunk_delta_h.py`` writes ``for i_t in range(NT): i_t.to(tl.int64)``;
-   compiled, ``i_t`` is a Triton scalar, interpreted it is a Python ``int``, which has no ``.to``. While
-   the call runs, that module's ``range`` is one whose counters are ints with a ``.to`` that returns the
-   int itself (a Python int is already wider than int64 needs here).
-3. **bf16/f16 ``tl.dot``**: the interpreter's ``tl.dot`` on bf16 operands is wrong (Triton 3.9), and the
-   chunk pipeline is ``tl.dot`` throughout. Interpreted, q, k, v already rounded to bf16 (f16) are cast to
-   float32 exactly before the call and fla's core is rounded back to the profile dtype after it. This
-   judges fla's math on bf16 inputs, not the bf16 rounding of its temporaries (w, u, v_new are held in
-   k's dtype on a GPU). ``fused_recurrent`` has no ``tl.dot`` and gets bf16 as it is.
+What it exposes, what it cannot and why, the engine versions it knows: docs/engines/fla.md.
 """
 
 from __future__ import annotations

@@ -1,76 +1,11 @@
 """llama.cpp's ``ggml_gated_delta_net`` op as a port of one stage: ``gdncheck run
 gdncheck.conformance.ports.ggml:ggml --stage-isolated``.
 
-A factory of the port contract (:mod:`gdncheck.harness.contract`) that judges ggml's fused gated delta rule, the
-op llama.cpp's ``qwen35`` graph runs for every call (``build_delta_net_fused``: llama.cpp's context turns on
-``fused_gdn_ar`` and ``fused_gdn_ch``, decode and prefill alike), stage-isolated (fixtures/FORMAT.md §8):
-``run_stage("delta_rule", {q, k, v, g, beta, recurrent_state})`` builds a one-op ggml graph in a ggml context of
-its own, fills its leaves with the golden stage inputs and runs it with ``ggml_graph_compute_with_ctx`` on ggml's
-CPU backend, and returns the op's ``core`` and new ``recurrent_state``. The libraries are those llama-cpp-python
-installs (``llama_cpp/lib/libggml-base.so``, ``libggml-cpu.so``), loaded with ctypes; nothing of llama.cpp's
-model code runs, and ``llama_cpp`` itself is not imported. The whole layer through llama.cpp is implementation
-``llamacpp`` (:mod:`conformance.ports.llamacpp`); this one isolates the op, so a deviation seen there in
-``delta_rule`` can be told apart from one inherited from an earlier stage (measured, llama-cpp-python 0.3.36:
-the op passes ``restore-mismatch`` here, where ``llamacpp``'s f32 state fails at ``delta_rule``: that failure
-is the g it inherits from ggml's f32 softplus, not the op).
+A factory of the port contract (:mod:`gdncheck.harness.contract`) that judges ``ggml_gated_delta_net``,
+the fused delta rule of llama.cpp's graph (through llama-cpp-python's libggml), on the suite's golden inputs,
+stage-isolated.
 
-The op's contract (vendored ``ggml/include/ggml.h``, ``ggml/src/ggml.c`` and ``ggml/src/ggml-cpu/ops.cpp`` of
-llama-cpp-python 0.3.36), in ggml's ``ne`` order (fastest first)::
-
-    q, k  [S_k, H_k, n_tokens, n_seqs]     f32, rows contiguous
-    v     [S_v, H_v, n_tokens, n_seqs]     f32
-    g     [1,   H_v, n_tokens, n_seqs]     f32, the log decay: the state is scaled by expf(g) each token
-    beta  [1,   H_v, n_tokens, n_seqs]     f32, post-sigmoid
-    state [S_v, S_v, H_v, n_seqs]          f32, s[j*S_v + i] = S[i][j] (i the key index, j the value index)
-    out   [S_v*H_v, n_tokens*n_seqs + K*S_v*n_seqs]: the core [S_v, H_v, n_tokens, n_seqs], then K states
-
-with ``S_k == S_v`` and ``H_v % H_k == 0`` (ggml.h), value head ``h`` reading key head ``h % H_k`` (tiled: ops.cpp,
-``iq1 = iv1 % neq1``; ggml.h's ``TAG_GGML_GDN_BCAST`` says no interleaved form exists yet), and the core
-``S^T q / sqrt(S_v)``: the op scales q itself. ``K = 1`` (what ``build_delta_net_fused`` asks) keeps the final
-state only.
-
-The glue, and nothing more (each piece a method of :class:`GgmlDeltaRule`, so that the tests can break it alone):
-
-- **layouts**: NumPy's C order reverses ggml's ``ne``: gdncheck's q, k ``[B,T,Hk,dk]``, v ``[B,T,Hv,dv]`` are
-  ggml's ``[S_k,H_k,T,B]``, ``[S_v,H_v,T,B]`` as they are; g, beta ``[B,T,Hv]`` get a trailing axis of 1; the
-  core comes back ``[B,T,Hv,dv]``.
-- **value heads** (:meth:`~GgmlDeltaRule.heads_in` / :meth:`~GgmlDeltaRule.heads_out`): gdncheck's value head
-  ``j`` reads key head ``j // (Hv/Hk)`` (grouped, FORMAT.md §5), the op's position ``p`` reads ``p % Hk`` (tiled).
-  llama.cpp never asks the op for grouped heads: its converter reorders a Qwen3.5 checkpoint's value heads
-  grouped -> tiled (``_LinearAttentionVReorderBase``) and the graph hands the op ``H_k`` key heads. The adapter
-  does the same to the stage's per-value-head tensors (v, g, beta, the state) and maps the core and the state
-  back: tiled position ``m*Hk + h`` holds grouped head ``h*(Hv/Hk) + m``. q and k go in with their ``Hk`` heads.
-- **state** (:meth:`~GgmlDeltaRule.state_in` / :meth:`~GgmlDeltaRule.state_out`): ggml's ``[S_v,S_v,H_v,B]``
-  with the key index fastest is NumPy ``[B, Hv, dv, dk]``, gdncheck's ``[B, Hv, dk, dv]`` transposed (the
-  ``[Hv, dv, dk]`` llama.cpp's recurrent memory keeps).
-- **g and beta** (:meth:`~GgmlDeltaRule.log_decay`): gdncheck's g is the log decay ``-exp(A_log)·softplus(a +
-  dt_bias)``, what llama.cpp's graph hands the op (``gate = softplus(alpha + dt) * ssm_a``, ``ssm_a =
-  -exp(A_log)`` stored); beta is post-sigmoid (``beta_sigmoid``), as the op takes it.
-- **q scale** (:meth:`~GgmlDeltaRule.query`): none. The stage's q is unscaled (FORMAT.md §5) and the op applies
-  ``1/sqrt(S_v)`` itself; llama.cpp's graph scales q only on its non-fused paths (``build_delta_net_chunking``,
-  ``build_delta_net_autoregressive``), never before the fused op.
-- **dtypes**: the op takes f32 tensors only (``GGML_ASSERT(q->type == GGML_TYPE_F32)``, the same for every
-  input), so the golden float64 inputs are rounded to float32 and every output is float32.
-
-What it cannot express, reported :class:`~gdncheck.harness.NotApplicable` with the reason: dk != dv (ggml.h's
-contract is ``S_k == S_v``; the CPU kernel walks q and k with ``S_v`` and would read another head's row, and
-llama.cpp's graph asserts it), the bf16 and f16 profiles (no bf16 or f16 form of the op exists, and llama.cpp
-computes the op in f32 in every model: a bf16 GGUF has bf16 weights, its activations are f32, so there is no
-bf16 way llama.cpp runs it to judge; the ``f32`` profile judges what runs), and everything but the delta_rule
-stage: ``forward`` and the state methods raise NotApplicable, ``run_stage`` returns no tensor for the other
-stages (FORMAT.md §8: every output is optional). A case whose fixture keeps no delta_rule inputs (the
-real-heads cases keep no ``*_in`` state) therefore judges nothing and fails by the coverage rule, a limit of a
-one-stage adapter, not a ggml deviation.
-
-A failed ``GGML_ASSERT`` aborts the process, so every precondition of the op is checked here first: shapes (from
-the config and the inputs), and contiguous float32 buffers the adapter allocates itself. The ggml context is
-sized from the tensors' bytes, the graph's overhead and the op's work buffer (``S_v`` floats and a cache line per
-thread), freed after the call.
-
-Versions: written against llama-cpp-python 0.3.36 (:data:`TESTED`), whose llama.cpp has the op's ``K``
-argument; another version runs with a warning (an older op took no ``K``, a layout change shows as a
-verify failure, not a silent pass). Options: ``threads`` (ggml's thread count, default 1: the op's rows, one
-(head, sequence) each, are split over threads, each row computed alone, so the count changes no bit).
+What it exposes, what it cannot and why, the engine versions it knows: docs/engines/ggml.md.
 """
 
 from __future__ import annotations

@@ -1,89 +1,11 @@
 """llama.cpp as a port: ``gdncheck run gdncheck.conformance.ports.llamacpp:llamacpp --profile f32|bf16``.
 
-A factory of the port contract (:mod:`gdncheck.harness.contract`) around llama.cpp's own Qwen3.5 model paths,
-``qwen35`` (dense MLP) and ``qwen35moe`` (the sparse block), driven end to end through llama-cpp-python's
-low-level ctypes API (``llama_cpp.llama_cpp``). Per case:
+A factory of the port contract (:mod:`gdncheck.harness.contract`) around llama.cpp's own ``qwen35`` and
+``qwen35moe`` model paths through llama-cpp-python's ctypes API: a one-layer checkpoint per case converted by
+llama.cpp's ``convert_hf_to_gguf.py``, ``x`` fed as embeddings, intermediates by ``cb_eval``, states by its
+state API.
 
-1. the layer is written as block 0 of a Qwen3.5 checkpoint in the Hugging Face layout
-   (:func:`gdncheck.synthetic.write_hf_checkpoint`: ``Qwen3_5ForCausalLM``, or ``Qwen3_5MoeForCausalLM``
-   with ``model_type qwen3_5_moe_text`` for the sparse block; ``layer_types ['linear_attention',
-   'full_attention']``, no MTP block), with the tensors a causal LM needs besides its blocks (a tiny
-   ``embed_tokens`` of :data:`VOCAB` rows, ``model.norm``, tied output), in the stored dtypes of the profile
-   (``f32``: every tensor float32; ``bf16``: bf16 as Qwen3.5 ships it, ``A_log`` and ``linear_attn.norm``
-   float32). A sparse block's experts are written one by one, as checkpoints store them
-   (``mlp.experts.{e}.gate_proj|up_proj|down_proj.weight``: :func:`checkpoint_experts`), with the router
-   ``mlp.gate``, the shared expert and its ``shared_expert_gate``. Block 1, a full-attention block of zero weights
-   (with a zero sparse block where block 0 has one: qwen35moe loads one in every block) whose output is never
-   read, is there because llama.cpp aborts on a qwen35 stack of linear-attention blocks only
-   (:func:`write_checkpoint`);
-2. it is converted by llama.cpp's own ``convert_hf_to_gguf.py`` (``--outtype f32|bf16 --no-mtp``) from the
-   sources vendored in the llama-cpp-python sdist that built the installed library, with that sdist's own
-   ``gguf-py`` (PyPI's ``gguf`` lags the converter). The converter does what it does to every Qwen3.5
-   checkpoint: ``-exp(A_log)`` stored, ``1 + w`` folded into the two layer RMSNorm weights (in the stored
-   dtype), value heads reordered grouped -> tiled (``_LinearAttentionVReorderBase``), a sparse block's experts
-   stacked into ``ffn_gate_exps`` / ``ffn_up_exps`` / ``ffn_down_exps`` (``Qwen2MoeModel``). The one thing glued in is
-   the vocabulary: a checkpoint without tokenizer files fails in ``set_vocab``, so the converter's own
-   ``_set_vocab_none`` is used with ``vocab_size`` (llama.cpp then adds dummy tokens);
-3. the GGUF is loaded with ``llama_model_load_from_file`` and run by ``llama_decode`` on a context of
-   ``batch`` sequences (one recurrent-memory cell each), ``x`` fed as embeddings through ``llama_batch.embd``:
-   a model whose input is embeddings runs block 0 on ``x`` itself (``build_inp_embd`` passes the vector
-   through, no scale for qwen35), so the layer's input norm is llama.cpp's ``attn_norm``. The positions go in
-   the M-RoPE layout an embeddings batch of this architecture needs (``n_pos_per_embd`` sections,
-   section-major).
-
-What it exposes, and where each tensor comes from: the scheduler's eval callback
-(``llama_context_params.cb_eval``) copies the named graph tensors of block 0 as llama.cpp computes them
-(:data:`CAPTURED`); nothing is recomputed, only layouts change (FORMAT.md §5):
-
-- ggml's ``ne`` order is reversed into NumPy's, the ubatch's ``[n_seq_tokens, n_seqs]`` token order is the
-  batch's own (``split_equal`` takes sequences in their order of first appearance: sequence s's tokens are
-  the batch's s-th run);
-- value heads are mapped back from llama.cpp's tiled order to Qwen3.5's grouped order (:func:`heads_to_hf`)
-  wherever a tensor is per value head: ``qkv``'s and ``qkv_conv``'s V channels, ``z``, ``a``, ``b``, ``g``,
-  ``beta``, ``core``, ``core_gated``, the recurrent state and the conv state's V channels;
-- ``recurrent_state``: llama.cpp keeps ``[Hv, dv, dk]`` (ggml ``[S_k, S_v, H_v]``): written transposed
-  (:func:`recurrent_to_format`);
-- ``conv_state``: llama.cpp's cache keeps K-1 columns; the call's conv window ``conv_input`` (``[K-1 cached |
-  T new]`` columns, what ``ggml_ssm_conv`` reads) gives §5's K newest, the oldest of which the next call never
-  reads;
-- ``g`` is llama.cpp's ``gate`` (``softplus(a + dt_bias) * ssm_a``, ``ssm_a = -exp(A_log)`` stored);
-  ``q``/``k`` its ``build_gdn_l2_norm`` output (``rms_norm(x, eps/n) / sqrt(n)``, unscaled: the rule scales
-  q by dk^-1/2 itself); ``v`` the V part of the conv output;
-- the sparse block (:data:`MOE_CAPTURED`, :func:`moe_to_format`; ``build_moe_ffn`` with softmax gating and
-  ``norm_w``, then qwen35moe's ``build_layer_ffn``): ``router_logits`` is ``ffn_moe_logits``;
-  ``selected_experts`` ``ffn_moe_topk`` (the first top_k of ggml's descending argsort of ``ffn_moe_probs``; int32,
-  written int64; verify judges it as a set per token, an exact tie resolved by ggml's argsort as its
-  convention); ``routing_weights`` ``ffn_moe_weights_norm`` (the selected probabilities over their sum, clamped
-  below at 6.1e-5), slot for slot with the experts; ``experts_out`` ``ffn_moe_out`` (the slots' weighted down
-  projections summed in slot order); ``shared_out`` ``ffn_shexp_gated`` (the shared expert times
-  ``sigmoid(shared_expert_gate)``); ``mlp_out`` their sum ``ffn_out``.
-
-State: llama.cpp's own recurrent memory; ``seq_len`` is what it holds (``llama_memory_seq_pos_max + 1`` per
-sequence after each call). Snapshots are ``llama_state_seq_get_data`` per sequence (the
-engine's own serialisation of the sequence's cells), restored with ``llama_state_seq_set_data``; the §5
-arrays of a state are those llama.cpp computed at the call that produced it. The seq-len rule is
-``llama_memory_seq_rm(mem, seq, -1, -1)`` (llama.cpp's own way to drop a sequence: its cell is freed and the
-next call starts it from llama.cpp's zero state) on each row called at another position than it holds.
-
-What it cannot express, reported :class:`~gdncheck.harness.NotApplicable` with the reason: dk != dv
-(``ggml_gated_delta_net`` and the graph assert ``S_k == S_v``: the state is ``[S_v, S_v, H_v]``), a per-head
-gated norm (``ssm_norm`` is one ``[head_v_dim]`` weight), a declared ``linear_norm_mode``, a sparse block without
-the renormalisation (``norm_topk_prob`` false: qwen35moe's ``build_layer_ffn`` passes ``norm_w = true`` to
-``build_moe_ffn`` for every model, and the converter writes no key for it), the serving patterns (llama.cpp's
-batches are per-sequence runs with one memory cell per sequence id, no packed pool), strict mode (a call at a
-position its recurrent memory does not hold is accepted for an embeddings batch of an M-RoPE model), snapshot files
-(``llama_state_seq_save_file`` writes llama.cpp's own session format), and the configuration errors its
-converter and loader take without a check (they would reach ``GGML_ASSERT``, which aborts the process).
-Weight errors are llama.cpp's own refusals: the converter's exception or the loader's message (read through
-``llama_log_set``), mapped to FORMAT.md §6 codes by the tensor llama.cpp names (:func:`refusal_code`: a
-missing router is ``tensor 'blk.0.ffn_gate_inp.weight' not found``, a ``gate_up_proj`` without its up half
-``ffn_gate_exps`` of the wrong shape, since the converter splits a stacked one in halves). An
-``x`` that is not ``n_tokens x n_embd`` float32 cannot be handed to ``llama_batch.embd`` (a ``float *`` of
-that many floats): refused as ``input_shape`` / ``input_dtype`` by that C type.
-
-Versions: written against llama-cpp-python 0.3.36 (:data:`TESTED`); another minor series runs with a warning.
-The vendored sources are found at the ``source`` option, ``$GDN_LLAMACPP_SOURCE``, or
-``~/.cache/gdncheck/llama_cpp_python-<version>`` (the sdist unpacked there, or its ``vendor/llama.cpp``).
+What it exposes, what it cannot and why, the engine versions it knows: docs/engines/llamacpp.md.
 """
 
 from __future__ import annotations

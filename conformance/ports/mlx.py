@@ -1,95 +1,10 @@
 """Apple MLX (mlx-lm) as a port: ``gdncheck run gdncheck.conformance.ports.mlx:mlx --profile f32|bf16``.
 
-A factory of the port contract (:mod:`gdncheck.harness.contract`) around mlx-lm's own Qwen3.5 layer:
-``mlx_lm.models.qwen3_5.DecoderLayer`` (a ``GatedDeltaNet`` linear-attention layer; with the sparse block,
-``Qwen3NextSparseMoeBlock`` and its ``SwitchGLU`` experts, as ``mlx_lm.models.qwen3_5_moe`` builds it), taken
-from a one-layer ``qwen3_5`` / ``qwen3_5_moe`` ``Model`` built by mlx-lm's own ``ModelArgs.from_dict`` /
-``TextModelArgs.from_dict`` from the case config. The weights go in under their Hugging Face checkpoint names
-(``model.language_model.layers.0.*``) through mlx-lm's own ``Model.sanitize`` (conv1d ``[C, 1, K] -> [C, K, 1]``,
-``1 + w`` folded into the two layer RMSNorm weights, the experts' ``gate_up_proj`` split into
-``switch_mlp.gate_proj`` / ``up_proj``) and ``Module.load_weights(strict=True)``, in the dtype mlx-lm keeps a
-checkpoint in, the stored one: profile ``f32`` is a float32 checkpoint; profile ``bf16`` is a bf16 checkpoint
-as Qwen3.5 ships it, every tensor bf16 except ``linear_attn.A_log`` and ``linear_attn.norm.weight``, which
-Qwen3.5 stores in float32 (FORMAT.md §3) — so ``sanitize`` folds ``1 + w`` in bf16, as mlx-lm does when it
-loads that checkpoint. The state is mlx-lm's own ``ArraysCache`` (``TextModel.make_cache``), and every call
-goes through ``DecoderLayer.__call__`` with the mask ``create_ssm_mask`` makes for that cache (none), so MLX
-picks its own paths: on the CPU backend (and for ``dk`` not a multiple of 32) the ops-based recurrent rule
-``gated_delta_ops``; on a Metal GPU with ``dk % 32 == 0`` its ``gated_delta_kernel``. MLX has no chunked
-form: a prefill and a decode token run the same recurrence.
+A factory of the port contract (:mod:`gdncheck.harness.contract`) around mlx-lm's own Qwen3.5 layer
+(``qwen3_5`` / ``qwen3_5_moe`` ``DecoderLayer``, its ``ArraysCache``), on MLX's device: glue only, mlx-lm's code
+does the math.
 
-What it exposes, and where each tensor comes from (nothing recomputed by gdncheck; only layouts change):
-
-- recording wrappers on the layer's submodules (``_Tap``, installed once after the weights are loaded, silent
-  unless a call is being recorded): ``input_layernorm`` → ``x_norm``; ``linear_attn.in_proj_qkv`` /
-  ``in_proj_z`` / ``in_proj_a`` / ``in_proj_b`` → ``qkv``, ``z`` (reshaped [B, T, Hv, dv]), ``a``, ``b``;
-  ``linear_attn.norm`` (``Qwen3NextRMSNormGated``) → ``core_gated``; ``linear_attn.out_proj`` → ``attn_out``;
-  the input of ``post_attention_layernorm`` → ``h``, its output → ``h_norm``; ``mlp`` → ``mlp_out``; the
-  layer's return → ``out``. The sparse block: ``mlp.gate`` → ``router_logits``; the ``indices`` argument of
-  ``mlp.switch_mlp`` → ``selected_experts`` (argpartition order; verify judges it as a set);
-  ``mlp.shared_expert`` and ``mlp.shared_expert_gate`` → ``shared_out = mx.sigmoid(gate) * shared``, MLX's own
-  two ops of ``Qwen3NextSparseMoeBlock.__call__`` redone in MLX on its two recorded operands (the same ops,
-  the same dtype, the same bits: MLX never names that product, it adds it to the experts' sum at once).
-- module globals replaced by recording wrappers only while a call runs (``Tracer.recording``, as
-  :mod:`.hf_trace` does): ``mlx_lm.models.qwen3_5.mx`` by a proxy of ``mlx.core`` that records the arguments
-  of ``mx.concatenate([conv_state, qkv], axis=1)`` (the conv window) and of
-  ``mx.split(conv_out, [key_dim, 2 key_dim], -1)`` → ``qkv_conv`` (after MLX's own ``nn.silu``);
-  ``mlx_lm.models.gated_delta.gated_delta_ops`` / ``gated_delta_kernel`` (the rule ``gated_delta_update``
-  dispatches to) → their arguments ``q``, ``k``, ``v``, ``beta`` and their outputs → ``core`` and the new
-  recurrent state.
-
-Layout differences mapped back (FORMAT.md §5):
-
-- ``q``: MLX's ``normalize_qk`` folds the readout scale dk^-1/2 into q (``q = dk^-1 · rms_norm(q)`` =
-  ``dk^-1/2 · q / ‖q‖``); the tensor handed to the rule is multiplied back by dk^1/2 (in float64, one
-  rounding), since FORMAT's ``q`` is the unscaled normalised query. ``k`` is handed over unscaled
-  (``dk^-1/2 · rms_norm(k)`` is the L2 norm itself) and ``core`` is the rule's output, already scaled.
-- ``recurrent_state``: MLX keeps ``[B, Hv, dv, dk]``; it is written transposed to ``[B, Hv, dk, dv]``.
-- ``conv_state``: MLX's cache keeps the K-1 newest pre-conv ``qkv`` columns ``[B, K-1, conv_dim]``; §5's
-  ``[B, conv_dim, K]`` has one more, the oldest, ``conv_state[c, 0] = u[c, T-K]``, the column the next call
-  never reads. It is taken from MLX's own conv window of the call, the ``[K-1 cached | T new]`` columns MLX
-  concatenated and convolved: its K-th column from the end (the first column of the window MLX's conv read
-  for the call's last token), beside the cache's own K-1 columns (``cache[0]``, what MLX keeps, judged as
-  such). Zeros before the first call (and, in a window that reaches before the sequence start, the zero
-  columns MLX itself starts its state with).
-- not exposed (verify records them ``missing``): ``g``, because MLX never computes the log-space decay of
-  §5: ``compute_g`` is one compiled function returning ``exp(g)`` (``exp(-exp(A_log) · softplus(a +
-  dt_bias))``), and ``log`` of a float32 ``exp(g)`` is not ``g`` (it loses the small ``|g|`` of long memories
-  to the float32 spacing near 1 and gives ``-inf`` where ``exp(g)`` underflows), so the decay is judged
-  through ``core`` and ``recurrent_state``; the sparse block's ``routing_weights`` and ``experts_out``, which
-  ``Qwen3NextSparseMoeBlock.__call__`` forms inline (``take_along_axis``, the renormalising division, the
-  weighted sum over ``switch_mlp``'s output) and returns to no function or submodule.
-
-What it cannot express, reported :class:`~gdncheck.harness.NotApplicable` with the reason:
-
-- the serving patterns (packed calls over pool slots, speculative verify, prefix snapshots): mlx-lm's layer
-  takes [B, T, D] batches with one cache row per batch row (its batch generator's left padding and lengths are
-  another pattern);
-- the seq-len rule: ``ArraysCache`` keeps no position, so a call at another position than the state's is
-  nothing MLX can be asked (the adapter tracks positions only to tell); strict mode, for the same reason;
-- snapshot files: mlx-lm's ``save_prompt_cache`` writes its own layout (the K-1 conv columns, a
-  ``[Hv, dv, dk]`` state, no sequence length), not FORMAT.md §7's; snapshots in memory are supported (MLX
-  arrays are immutable, so a copy of the cache's list is an independent snapshot);
-- a per-head gated norm (``Qwen3NextRMSNormGated`` holds one ``[dv]`` weight shared by every head) and a
-  declared ``linear_norm_mode`` (a setting mlx-lm neither reads nor checks);
-- the sparse block in bf16 on MLX's CPU backend: ``SwitchGLU`` runs ``mx.gather_mm``, whose CPU kernel
-  (``GatherMM::eval``) supports float32 only (probed once per process in the profile's dtype, so a backend
-  that has it runs the cases);
-- configuration errors that mlx-lm's ``TextModelArgs`` accepts without a check (a missing head setting takes
-  its default, ``rms_norm_eps <= 0``, a norm mode, the MoE counts): ``check_case`` builds MLX's own layer from
-  the raw config first; what MLX refuses itself (``GatedDeltaNet`` raises for ``Hv`` not a multiple of ``Hk``)
-  is reported with the FORMAT.md §6 code, what it accepts is not applicable, never answered by gdncheck's own
-  parser in its place.
-
-Errors MLX does raise are mapped to the codes of FORMAT.md §6 by the parameter ``load_weights`` names
-(:func:`refusal_code`); an exception MLX raises on an input is ``input_error``. An input MLX accepts is
-run: an int32 ``x`` is computed on (MLX promotes it), so ``error-input-dtype`` is an honestly recorded
-failure of MLX, not a declaration.
-
-Versions: written and tested against mlx 0.32.4 and mlx-lm 0.32.2 (:data:`TESTED`). The glue reads
-mlx-lm internals (the module globals above, ``normalize_qk``'s folding, the cache layout), so an mlx-lm whose
-modules lack one of them is refused with a :class:`~gdncheck.errors.GDNError` naming it, and another mlx-lm
-minor series than the tested one runs with a warning (logged once) and the version in the implementation's
-name: a changed layout then shows as a failure at its stage, never as silence.
+What it exposes, what it cannot and why, the engine versions it knows: docs/engines/mlx.md.
 """
 
 from __future__ import annotations
