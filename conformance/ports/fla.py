@@ -18,7 +18,7 @@ import numpy as np
 
 from gdncheck.config import GDNConfig
 from gdncheck.errors import GDNError
-from gdncheck.harness import NotApplicable
+from gdncheck.harness import NotApplicable, StageOnly
 
 KERNELS = ("naive", "naive_chunk", "fused_recurrent", "chunk")
 TRITON_KERNELS = ("fused_recurrent", "chunk")
@@ -101,11 +101,13 @@ def _interpreter_workarounds() -> Iterator[None]:
 
 
 # --- the implementation --------------------------------------------------------------------------------
-class FlaDeltaRule:
+class FlaDeltaRule(StageOnly):
     """fla's gated delta rule behind ``run_stage``; every other part of the contract not applicable.
 
     The glue is in three small methods (:meth:`key_heads`, :meth:`state_in`/:meth:`state_out`,
     :meth:`log_decay`) so that the tests can break each one alone and see verify catch it."""
+
+    no_layer = NO_LAYER
 
     def __init__(self, cfg: GDNConfig, *, profile: str, kernel: str, chunk_size: int, device: str):
         import torch
@@ -189,28 +191,6 @@ class FlaDeltaRule:
         with _interpreter_workarounds():
             o, s = self.gdr.chunk_gated_delta_rule(q=q, k=k, v=v, **call)
         return o.to(out_dtype), s
-
-    # --- the rest of the contract: no layer in fla-core --------------------------------------------------
-    def forward(self, x, state, seq_pos):
-        raise NotApplicable(NO_LAYER)
-
-    def new_state(self, batch: int):
-        raise NotApplicable(NO_LAYER)
-
-    def state_arrays(self, state):
-        raise NotApplicable(NO_LAYER)
-
-    def snapshot(self, state):
-        raise NotApplicable(NO_LAYER)
-
-    def restore(self, state, snap) -> None:
-        raise NotApplicable(NO_LAYER)
-
-    def save_snapshot(self, snap, path: str) -> None:
-        raise NotApplicable(NO_LAYER)
-
-    def load_snapshot(self, path: str):
-        raise NotApplicable(NO_LAYER)
 
 
 def _fla_version() -> str:

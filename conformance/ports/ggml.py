@@ -24,7 +24,7 @@ import numpy as np
 
 from gdncheck.config import GDNConfig
 from gdncheck.errors import GDNError
-from gdncheck.harness import NotApplicable
+from gdncheck.harness import NotApplicable, StageOnly
 
 log = logging.getLogger("gdncheck.ports.ggml")
 
@@ -191,11 +191,13 @@ def tiled_order(num_k_heads: int, num_v_heads: int) -> np.ndarray:
     return np.array([h * r + m for m in range(r) for h in range(num_k_heads)], dtype=np.int64)
 
 
-class GgmlDeltaRule:
+class GgmlDeltaRule(StageOnly):
     """ggml's ``ggml_gated_delta_net`` behind ``run_stage``; every other part of the contract not applicable.
 
     The glue is in small methods (:meth:`heads_in`/:meth:`heads_out`, :meth:`state_in`/:meth:`state_out`,
     :meth:`log_decay`, :meth:`query`) so that the tests can break each one alone and see verify catch it."""
+
+    no_layer = NO_LAYER
 
     def __init__(self, cfg: GDNConfig, *, lib: Libs, threads: int):
         self.cfg, self.lib, self.threads = cfg, lib, threads
@@ -242,28 +244,6 @@ class GgmlDeltaRule:
         core, state = gated_delta_net(self.lib, self.query(q), k, self.heads_in(v, 2), g, beta,
                                       self.heads_in(self.state_in(s0), 1), threads=self.threads)
         return self.heads_out(core, 2), self.state_out(self.heads_out(state, 1))
-
-    # --- the rest of the contract: one op, not the layer ------------------------------------------------
-    def forward(self, x, state, seq_pos):
-        raise NotApplicable(NO_LAYER)
-
-    def new_state(self, batch: int):
-        raise NotApplicable(NO_LAYER)
-
-    def state_arrays(self, state):
-        raise NotApplicable(NO_LAYER)
-
-    def snapshot(self, state):
-        raise NotApplicable(NO_LAYER)
-
-    def restore(self, state, snap) -> None:
-        raise NotApplicable(NO_LAYER)
-
-    def save_snapshot(self, snap, path: str) -> None:
-        raise NotApplicable(NO_LAYER)
-
-    def load_snapshot(self, path: str):
-        raise NotApplicable(NO_LAYER)
 
 
 def ggml(cfg: GDNConfig, weights, *, profile: str = "f32", strict: bool = False, threads: int = 1,

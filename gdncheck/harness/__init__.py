@@ -9,7 +9,7 @@ stage runners of stage-isolated mode (:mod:`.stage_runners`) and the outputs-fil
 can both stand on it.
 """
 
-from .contract import Implementation, LayerAdapter, NotApplicable, error_code, to_numpy
+from .contract import Implementation, LayerAdapter, NotApplicable, StageOnly, error_code, to_numpy
 from .outputs import END_TO_END, MODES, OUTPUTS_FORMAT, OUTPUTS_FORMAT_VERSION, STAGE_ISOLATED, mode_name
 from .program import (
     CALL_OPS,
@@ -30,7 +30,7 @@ from .stage_runners import method_stage_runner, module_stage_runner
 
 __all__ = [
     "CALL_OPS", "END_TO_END", "MODES", "OUTPUTS_FORMAT", "OUTPUTS_FORMAT_VERSION", "PROGRAM_OPS", "SERVING_CALL_OPS",
-    "STAGE_ISOLATED", "CaseInput", "Implementation", "LayerAdapter", "NotApplicable", "RunResult", "call_key",
-    "call_steps", "error_code", "execute", "golden_inputs", "has_input", "is_packed", "is_strict",
+    "STAGE_ISOLATED", "CaseInput", "Implementation", "LayerAdapter", "NotApplicable", "RunResult", "StageOnly",
+    "call_key", "call_steps", "error_code", "execute", "golden_inputs", "has_input", "is_packed", "is_strict",
     "method_stage_runner", "mode_name", "module_stage_runner", "serving_ops", "to_numpy",
 ]

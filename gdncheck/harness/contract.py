@@ -166,6 +166,34 @@ class LayerAdapter:
         pool.reset(check_free_slots(slots, size, None))  # -1 or out of range: slot_index, nothing freed
 
 
+class StageOnly:
+    """The layer half of the contract for a port of stages only (a kernel library, one op of an engine's
+    graph): every layer method is :class:`NotApplicable` with ``no_layer``, the subclass's reason, so
+    such a port is judged in stage-isolated mode alone (``run_stage``: the subclass's)."""
+
+    no_layer = "this port runs stages only (stage-isolated mode)"
+
+    def forward(self, x, state, seq_pos):
+        raise NotApplicable(self.no_layer)
+
+    def new_state(self, batch: int):
+        raise NotApplicable(self.no_layer)
+
+    def state_arrays(self, state):
+        raise NotApplicable(self.no_layer)
+
+    def snapshot(self, state):
+        raise NotApplicable(self.no_layer)
+
+    def restore(self, state, snap) -> None:
+        raise NotApplicable(self.no_layer)
+
+    def save_snapshot(self, snap, path: str) -> None:
+        raise NotApplicable(self.no_layer)
+
+    def load_snapshot(self, path: str):
+        raise NotApplicable(self.no_layer)
+
 def error_code(exc: BaseException) -> str:
     """The error code an exception stands for: its ``code`` attribute, else its class name."""
     code = getattr(exc, "code", None)
