@@ -1,34 +1,13 @@
-"""Stage 6, ``delta_rule``, chunked (WY / UT-transform) prefill: the same function as
-:func:`.delta_rule.delta_rule_recurrent`, as matrix products over chunks of C tokens
-(C = 16, 32 or 64). The formulas are in reference/delta_rule_chunked.py.
+"""Stage 6, `delta_rule`, chunked (WY / UT-transform) prefill: the same function as
+`delta_rule.delta_rule_recurrent`, as matrix products over chunks of C tokens (C = 16, 32 or 64).
+The formulas are in reference/delta_rule_chunked.py.
 
-Two kernels:
+Two kernels: `chunk_wu_kernel` (per chunk, in parallel: the masked system, its solve, W, U and the
+decayed Q Kᵀ) and `chunk_state_kernel` (per dv block, a loop over the chunks carrying the fp32
+state in registers). The fp32 intermediates, `temp_bytes_per_token` per token of a row, are
+processed in slices of rows that fit `TEMP_BUDGET`.
 
-1. :func:`chunk_wu_kernel`, one program per (sequence × value head, chunk), all in parallel:
-   the chunk-local cumulative log-decay γ and the gap sums D[t, s] = Σ_{s<u≤t} g_u (formed as
-   the reference forms them, never as differences of large γ), the masked system
-   A = tril₋₁(β ⊙ K Kᵀ ⊙ e^D), its triangular solve X = (I + A)⁻¹, then W = X (β e^γ ⊙ K),
-   U = X (β ⊙ V), and the masked, decayed Q Kᵀ ⊙ e^D that the output needs. Above the diagonal
-   the gap sums are 0 by construction, so no positive log-decay gap reaches ``exp``; the mask is
-   applied after it too.
-2. :func:`chunk_state_kernel`, one program per (sequence × value head, dv block), a loop over the
-   chunks: V' = U − W S, core = scale · (e^γ ⊙ Q S + (Q Kᵀ ⊙ e^D) V'), then
-   S ← e^{γ_last} S + (e^{Σ_{u>t} g_u} ⊙ K)ᵀ V'. The state stays in fp32 registers; the
-   per-chunk states are never written to memory.
-
-The solve is the block recursion of reference/delta_rule_chunked.py on full C × C tiles. Level s
-turns the inverses of the s × s diagonal blocks (X) into those of the 2s × 2s blocks:
-X ← X − X (A ⊙ M_s) X, where M_s keeps the lower-left s × s block of every 2s × 2s diagonal
-block. Level 1 starts from X = I and is elementwise (X = I − A ⊙ M_1); levels 2, 4, ..., C/2 take
-two C × C × C products each on tensor cores, 5.2 MFLOP per chunk at C = 64 (the real work of a
-chunk is F(C)·C = 11.6 MFLOP at dk = dv = 128). Each level is exact block inversion, not a power
-series, so nothing cancels when keys are correlated.
-
-Intermediates (γ, the tail sums, W, U, Q Kᵀ ⊙ e^D) are fp32, sized by T (no padding):
-:func:`temp_bytes_per_token` per token of a row, 1288 B at dk = dv = 128, C = 64. The rows are
-processed in slices whose intermediates fit :data:`TEMP_BUDGET` (both kernels per slice, the
-buffers reused). The last chunk's missing tokens load as zeros (k = v = β = g = 0), which changes
-neither S nor the outputs.
+Design (the block-recursive solve, the masks, the figures): docs/gpu.md §11.
 """
 
 from __future__ import annotations

@@ -1,25 +1,12 @@
 """What compiled code does that Triton's interpreter does not, emulated for our interpreted launches.
 
-Triton's interpreter runs a grid's programs one after another, in order, with NumPy arithmetic.
-A GPU differs in three ways that can change results, and each is emulated here while one of our
-launches runs interpreted (:func:`interpreting`):
+While one of our launches runs interpreted (`interpreting`): bfloat16 casts round to nearest even
+(always on); with `emulate_gpu`, tf32 and tf32x3 dots truncate and split their operands as sm_90's
+wgmma does, and programs run in reversed or shuffled order (the gpu_impl tests run with both on).
+Races between the threads of one program are not emulated: kernels guard in-place updates with
+`tl.debug_barrier`.
 
-1. **bfloat16 casts** round to nearest even (``cvt.rn.bf16.f32``); Triton 3.9's interpreter
-   truncates. Always on.
-2. **tf32 dots.** ``tl.dot(..., input_precision="tf32")`` on sm_90 is a ``wgmma ... .tf32`` on the
-   fp32 bits of the operands: the tensor core ignores the low 13 mantissa bits (truncation).
-   ``"tf32x3"`` splits each operand into ``big = cvt.rna.tf32.f32(x)`` (round to nearest, ties
-   away) and ``small = x - big`` (truncated again by the wgmma) and sums
-   ``big·big + (big·small + small·big)``: that is what Triton 3.9 emits for sm_90 (its PTX has
-   ``cvt.rna.tf32.f32`` and three ``wgmma.mma_async ... f32.tf32.tf32``; the compile check
-   shows it). The interpreter multiplies exact fp32 products and ignores ``input_precision``.
-3. **Program order.** A GPU runs programs concurrently in no guaranteed order; the interpreter
-   runs them in grid order, so a kernel that reads what another program writes can pass here
-   and fail there. Programs can be run in reversed or shuffled order instead.
-
-(2) and (3) are switched on with :func:`emulate_gpu` (the gpu_impl tests run with both on). A
-program still runs start to finish alone, so races between the threads of one program are not
-emulated: the kernels guard in-place updates with ``tl.debug_barrier``.
+What each emulation reproduces and why: docs/gpu.md §1.
 """
 
 from __future__ import annotations

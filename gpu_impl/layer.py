@@ -1,35 +1,13 @@
 """The whole GDN decoder layer on the Triton path, with its state (docs/spec.md §2, §4).
 
-Fast path of one call (T tokens of B sequences), in the profile's activation dtype with fp32
-math inside every kernel:
+One call (T tokens of B sequences) runs in the profile's activation dtype with fp32 math inside
+every kernel and an fp32 recurrent state updated in place; a sparse layer
+(`cfg.mlp_kind(layer_index) == "moe"`) runs `moe.moe_block` in place of the MLP. `capture=True`
+returns every stage tensor of the layer's kind (`gdncheck.stages.layer_tensors`); without it the
+trace is empty and each activation is freed once read. Nothing is read on the host except with
+`strict=True` (the seq_pos rule runs on the device), so decode can be captured in a CUDA graph.
 
-    input_norm kernel → one in_proj GEMM (stacked weights) → conv1d + SiLU + q/k L2 norm kernel
-    (a one-token call: the conv state updated in place) → gates kernel (g, beta fp32) → delta rule (fused
-    recurrent kernel for T ≤ RECURRENT_MAX_TOKENS, else the chunked WY pipeline; the fp32 state
-    updated in place) → gated_norm kernel → out_proj GEMM → residual + post_norm kernel →
-    gate/up GEMM → SwiGLU kernel → down GEMM → output add.
-
-A layer with the sparse mixture-of-experts block (``cfg.mlp_kind(layer_index) == "moe"``, docs/moe.md)
-runs :func:`.moe.moe_block` in place of the three MLP steps: one GEMM for the router and the shared
-expert's gate and gate/up, the routing kernel, the grouped expert GEMMs, the shared expert's
-SwiGLU and down GEMM, the combine kernel (which then stores mlp_out alone).
-
-``capture=True`` runs the same kernels; the fused conv kernel additionally stores its pre-norm
-output ``qkv_conv``, the combine kernel ``experts_out`` and ``shared_out``, and every stage tensor of
-the layer's kind is returned (:func:`gdncheck.stages.layer_tensors`: :data:`~gdncheck.stages.STAGE_TENSORS`
-for a dense layer, the block's five tensors besides in a sparse one).
-Without it each activation is released as soon as the next stage has read it (the peak is in
-docs/gpu.md, "Memory").
-
-No host synchronisation: the seq_pos rule runs on the device. ``reset = seq_len != seq_pos`` is
-one small kernel; the conv and delta-rule kernels read a reset row's state as zeros (so no pass
-rewrites the state, which is read and written once per call, as in decode it must be); seq_len is
-then set on the device. An int seq_pos, or one per sequence all equal, costs no copy at all; other
-host positions one copy from pinned memory; a seq_pos tensor on the device none (it is taken as
-given: reading its values would synchronise). The warning is reported asynchronously
-(:meth:`.state.State.queue_mismatch_report`). Only ``strict=True`` reads the state's seq_len on
-the host: it must raise before anything changes. So decode can be captured in a CUDA graph; the
-sparse block reads no routing on the host either (gpu_impl/moe_gemm.py: a block table of fixed length).
+The kernels of a call: docs/gpu.md §10; memory §4; host synchronisation §5.
 """
 
 from __future__ import annotations

@@ -2,53 +2,12 @@
 
     python -m gdncheck.gpu_impl.memory [--memory-gb 141] [--batch 64]
 
-The model follows :meth:`.layer.Layer._run` without ``capture``: each activation is released once
-the next stage has read it, so the live set changes phase by phase. Per token (B·T tokens), with
-``e`` the profile's bytes per element (2 for bf16 and f16, 4 for f32), W = conv_dim + Hv·dv + 2·Hv
-the in_proj width, I the MLP width:
+The model follows `Layer._run` without `capture`: each activation is released once the next
+stage has read it, so the live set changes phase by phase (bytes per token, `e` the profile's bytes
+per element). The chunked prefill's fp32 temporaries are bounded by slicing rows to
+`delta_rule_chunked.TEMP_BUDGET`; `packed_peak` and `verify_steps_bytes` model the serving calls.
 
-=============  ======================================================================
-phase          live besides the caller's x (D·e) and the state
-=============  ======================================================================
-in_proj        x_norm D·e + in_proj output W·e
-conv           in_proj output W·e + q, k, v conv_dim·e (+ a new conv state per sequence)
-delta_rule     in_proj output W·e + q, k, v conv_dim·e + g, beta 8·Hv + core Hv·dv·e
-               + the chunked form's fp32 temporaries (bounded, below)
-gated_norm     in_proj output W·e (z lives in it) + core + core_gated 2·Hv·dv·e
-out_proj       core_gated Hv·dv·e + attn_out D·e
-post_norm      attn_out + h + h_norm 3·D·e
-mlp            h + h_norm 2·D·e + gate_up 2·I·e + act I·e
-output         h + mlp_out + out 3·D·e
-=============  ======================================================================
-
-A layer with the sparse block (:func:`.moe.moe_block`) has, in place of ``mlp``, with
-Y = E + 1 + 2·I_shared the first GEMM's width and k = top_k:
-
-=============  ======================================================================
-phase          live besides the caller's x (D·e) and the state
-=============  ======================================================================
-moe_router     h + h_norm 2·D·e + Y·e + routing weights 4·k + selected experts 8·k
-moe_shared     the same + the shared SwiGLU I_shared·e + its down GEMM D·e
-moe_experts    h + h_norm + Y + routing + shared down + mlp_out D·e, and for the tokens of one
-               slice (:func:`.moe.token_slice`): k·(4·D + I_moe·e) slot buffers (fp32 rows, the
-               activations) + 4·k sorted slot ids + the block table (12 B per block)
-=============  ======================================================================
-
-``experts_out`` and ``shared_out`` are stored only with ``capture``. The slot buffers are the
-block's largest (80 KB per token at D = 2048, k = 10): a call of more tokens than
-:data:`.moe.MOE_BUDGET` holds runs them slice by slice.
-
-The chunked prefill's temporaries are :func:`.delta_rule_chunked.temp_bytes_per_token` per token
-of each (sequence, value head) row, 1288 B at dk = dv = 128, C = 64: 86 GB at B = 64, Hv = 32,
-T = 32K if all rows were processed at once. They are processed in slices of rows that fit
-:data:`.delta_rule_chunked.TEMP_BUDGET` (2 GiB). The state (fp32 recurrent, conv in the profile
-dtype) and the weights are resident; a headroom of 2 GiB covers the CUDA context, cuBLAS and
-allocator slack.
-
-A packed call (gpu_impl/serving.py, :func:`packed_peak`) is one call over [1, total] tokens with
-the pool as its state: the same phases, no new conv state (each sequence's is written to its slot
-in place), and the chunked temporaries of one row of ``total`` tokens per value head. A
-speculative verify also keeps every token's state until its commit (:func:`verify_steps_bytes`).
+Design, the phase tables and the figures: docs/gpu.md §4, §4.1.
 """
 
 from __future__ import annotations

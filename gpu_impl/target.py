@@ -1,42 +1,13 @@
 """Where the Triton path runs: the device, the kernel target, and the output allocation hook.
 
-One code path, two targets. A kernel launched on CUDA tensors is compiled (``JITFunction``); the
-same kernel launched on CPU tensors runs under Triton's interpreter (``InterpretedFunction``).
-The target follows the tensors, so one process can run both.
+One code path, two targets: a kernel launched on CUDA tensors is compiled (`JITFunction`), on CPU
+tensors it runs under Triton's interpreter; the target follows the tensors. Decorate kernels with
+`kernel` (never `@triton.jit`), so that neither `TRITON_INTERPRET` nor import order matters, and
+launch them with every argument named. `launch_hook` and `record_launches` stand in for a GPU
+(meta tensors welcome). Device choice: `device=`, else `GDN_DEVICE` (`auto` | `cpu` | `cuda`),
+else `auto` (CUDA when torch sees a GPU and the interpreter was not forced).
 
-When Triton reads ``TRITON_INTERPRET``
---------------------------------------
-Triton reads the variable when a function is *decorated*: ``@triton.jit`` returns an
-``InterpretedFunction`` if it is set and a ``JITFunction`` otherwise, and a launch never looks
-at it again. Triton's own library functions (``tl.sum``, ``tl.max``, ``tl.cumsum``,
-``tl.zeros``, ``tl.sigmoid``, ...) are decorated at ``import triton``. Setting the variable
-after triton has been imported (by torch, a test plugin, or the user) therefore has no
-effect on them, and an interpreted kernel that calls one of them fails with "Cannot call
-@triton.jit'd outside of the scope of a kernel".
-
-So this package does not depend on the variable or on import order:
-
-- its kernels are decorated with :func:`kernel`, which keeps the Python function and builds
-  both forms on demand. The tensors' device picks one at each launch;
-- while an interpreted launch runs, calls into ``JITFunction`` objects (Triton's library,
-  our helpers) run interpreted. This is a small shim over ``JITFunction.__call__``, which
-  Triton otherwise makes raise; compiled launches never call it. It uses two internals of
-  ``triton.runtime.interpreter``: ``InterpretedFunction`` and ``_patch_lang``; what the
-  interpreter is made to emulate of compiled code is in :mod:`.interpreter`.
-
-``TRITON_INTERPRET=1`` set before triton was imported still works. Triton's library is then
-interpreted-only, so CUDA cannot be used in that process: ``device="auto"`` resolves to the CPU
-and ``device="cuda"`` is refused with an explanation.
-
-Launches name every argument (``kernel[grid](p_q=q, T=T, ...)``): a kernel of twenty parameters
-launched by position turns a swapped stride into wrong numbers; by name it is a ``TypeError``.
-
-Two launch hooks stand in for a GPU (:func:`launch_hook`): the compile check builds each launch
-for sm_90 (:mod:`gdncheck.gpu_tools.compile_check`), and :func:`record_launches` records grids and arguments. Both
-accept tensors on the ``meta`` device, so real sizes cost no memory.
-
-Device choice: the ``device=`` argument, else ``GDN_DEVICE`` (``auto`` | ``cpu`` | ``cuda``),
-else ``auto``. ``auto`` means CUDA when torch sees a GPU and the interpreter was not forced.
+Design (when Triton reads `TRITON_INTERPRET`, the shim): docs/gpu.md §12.
 """
 
 from __future__ import annotations
