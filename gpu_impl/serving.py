@@ -1,47 +1,18 @@
 """Serving-engine call patterns on the Triton path: packed variable-length calls over a pool of state
-slots, speculative verify and commit, prefix snapshots (the contract: docs/serving.md). The API is
-that of the float64 reference, ``reference/serving.py``: same names, argument order and results.
+slots, speculative verify and commit, prefix snapshots. The API is that of the float64 reference,
+`reference/serving.py`: same names, argument order and results.
 
 >>> pool = StatePool.for_layer(layer, size=16)  # conv [16, conv_dim, K], recurrent [16, Hv, dk, dv] fp32, seq_len
 >>> out, trace = forward_packed(layer, pool, x, cu_seqlens=[0, 1, 65], seq_pos=[40, 0], slots=[3, 7])
 >>> out, trace, spec = verify_spec(layer, pool, x_draft, cu_seqlens=[0, 4, 8], seq_pos=[41, 64], slots=[3, 7])
 >>> commit(spec, accepted=[2, 4])
->>> out, trace = prefix_snapshots(layer, pool, x, [0, 200], [0], [5], snap_seq=[0, 0], snap_offset=[64, 130],
-...                               snap_slot=[8, 9])
 
-Every function takes the Triton :class:`~.layer.Layer` first and any device :class:`~.state.State`
-of the layer's dimensions, device and profile as the pool (``strict``, ``delta_rule``,
-``chunk_size`` default to the layer's); ``out`` is [total_tokens, D] in the profile dtype, and the
-trace is ``{}`` unless ``capture=True`` (then every stage tensor, [total_tokens, ...]), as for
-:meth:`~.layer.Layer.forward`.
+Every function takes the Triton `Layer` first and any device `State` of the layer's dimensions,
+device and profile as the pool; `out` is [total_tokens, D] in the profile dtype, the trace `{}`
+unless `capture=True`. A layout given as device tensors is never read on the host (a CUDA graph
+can capture the call), except by `strict=True`, `prefix_snapshots` and `commit`.
 
-How a call runs, as an engine runs it:
-
-- **The layout** (``cu_seqlens``, ``seq_pos``, ``slots``). Host values (ints, lists, arrays, CPU
-  tensors) are checked by :mod:`gdncheck.calls` as the reference checks them and copied to the
-  device in one copy (from pinned memory on CUDA). Tensors already on the device are checked by
-  shape and dtype only and never read on the host, and every kernel grid is sized from shapes
-  (gpu_impl/packed.py), so a call on a device layout synchronises nothing (a CUDA graph can
-  capture it). Only ``strict=True`` reads the pool's seq_len on the host (it must raise before
-  anything changes), :func:`prefix_snapshots` reads a device layout to check its requests
-  against it, and :func:`commit` reads what it checks.
-- **The seq-len rule per slot, on the device**: one small kernel reads each slot's seq_len,
-  flags the sequences whose slot is read as zeros, records the warning's report (logged once
-  per pool, asynchronously: :meth:`~.state.State.queue_slot_report`) and sets the slots'
-  seq_len. The padding slot id −1 is tested before any index: its sequence is computed from
-  zeros, and no slot is read or written for it.
-- **Token-wise stages** run once over the whole stream, by :meth:`~.layer.Layer._run` itself.
-- **Sequence-wise stages**: the packed conv kernel, whose window restarts at each sequence's first
-  token from that sequence's slot; the delta rule in one form for the call — the fused recurrent
-  kernel when no sequence is longer than :data:`~.layer.RECURRENT_MAX_TOKENS` (a decode batch),
-  else the chunked pipeline with chunks cut from each sequence's first token (none straddles two
-  sequences) — each program reading its sequence's state from its slot and writing it back in
-  place. A verify keeps the state after every token, a prefix snapshot the state after given
-  offsets (at a chunk's end, the state the chunked form carries; inside a chunk, the chunk's
-  update cut at the offset), both written by the same kernels.
-
-Each pattern equals plain :meth:`~.layer.Layer.forward` calls within the layer tolerance of its
-profile (tests/gpu_impl/test_serving.py, against the float64 reference's serving functions).
+How a call runs, as an engine runs it: docs/serving.md §9; compile table and memory: docs/gpu.md §9.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """Serving-engine call patterns on the float64 reference: packed variable-length calls over a pool of
-state slots, speculative verify and commit, prefix snapshots (the contract: ``docs/serving.md``).
+state slots, speculative verify and commit, prefix snapshots.
 
 >>> pool = StatePool(cfg, size=16)            # conv [16, conv_dim, K], recurrent [16, Hv, dk, dv], seq_len [16]
 >>> out, trace = forward_packed(layer, pool, x, cu_seqlens=[0, 1, 65], seq_pos=[40, 0], slots=[3, 7])
@@ -8,44 +8,12 @@ state slots, speculative verify and commit, prefix snapshots (the contract: ``do
 >>> out, trace = prefix_snapshots(layer, pool, x, [0, 200], [0], [5], snap_seq=[0, 0], snap_offset=[64, 130],
 ...                               snap_slot=[8, 9])    # slots 8, 9 get the states after 64 and 130 tokens
 
-The API (every function takes the reference :class:`Layer` first and any :class:`State` as the pool;
-``strict``, ``delta_rule``, ``chunk_size`` default to the layer's):
+Every function takes the reference `Layer` first and any `State` as the pool (`strict`,
+`delta_rule`, `chunk_size` default to the layer's). `x`, `out` and every trace tensor are
+`[total_tokens, ...]`; slot −1 (`gdncheck.calls.PAD_SLOT_ID`) is a padding sequence; every input is
+checked before anything is written. `verify_spec` writes no slot; `commit` does.
 
-- ``forward_packed(layer, pool, x, cu_seqlens, seq_pos, slots) -> (out, trace)``
-- ``prefix_snapshots(layer, pool, x, cu_seqlens, seq_pos, slots, snap_seq, snap_offset, snap_slot)
-  -> (out, trace)``
-- ``verify_spec(layer, pool, x, cu_seqlens, seq_pos, slots) -> (out, trace, SpecVerify)``
-- ``commit(spec, accepted) -> None``
-- ``StatePool(cfg, size)``, with ``free(slots)`` (slots in ``[0, size)``: -1 is refused); its
-  ``snapshot()`` / ``restore()`` are State's.
-
-Their names are ``gdncheck.calls.SERVING_OPS`` (with each one's fields), the padding id
-``gdncheck.calls.PAD_SLOT_ID``, the per-token states of a verify ``gdncheck.calls.SPEC_STEP_TENSORS``.
-
-- ``x`` is ``[total_tokens, D]``: the tokens of N sequences one after another; sequence i is
-  ``x[cu_seqlens[i]:cu_seqlens[i+1]]`` (at least one token), at position ``seq_pos[i]``, with its state
-  in pool slot ``slots[i]`` (distinct per call), or no state at all for the padding id
-  :data:`gdncheck.calls.PAD_SLOT_ID` (-1): then its tokens are computed from a zero state and no slot
-  is read or written.
-- ``out`` is ``[total_tokens, D]`` and ``trace`` maps every stage tensor name (``gdncheck.stages``) to
-  its value for the packed tokens, ``[total_tokens, ...]``, the same layout as ``x``.
-- The seq-len rule is the layer's, per slot: a slot whose ``seq_len`` differs from its sequence's
-  ``seq_pos`` is read as zeros (a warning is logged once per pool), or, in strict mode (the layer's
-  ``strict`` or ``strict=True``), the call raises :class:`SeqPosMismatchError` and changes nothing.
-  Every input is checked before anything is computed or written (``gdncheck.calls``).
-- :func:`verify_spec` writes nothing to the pool: it returns :class:`SpecVerify`, which keeps the state
-  after every token (``conv_state_steps``, ``recurrent_state_steps``, packed by token);
-  :func:`commit` then puts the state after the first ``accepted[i]`` tokens in each slot (0: the slot
-  stays as it was).
-
-How: the token-wise stages (norms, projections, gates, q/k norm, gated norm, out_proj, MLP) run once
-over the whole packed stream; the sequence-wise ones (the causal conv1d, whose window restarts at each
-sequence, and the delta rule) run per sequence from the state gathered from its slot, segment by
-segment between the token offsets whose state is wanted (a segment's last state is the next one's
-first), with the layer's choice of form per segment (recurrent for one token, chunked otherwise, or
-the layer's ``delta_rule``). States are scattered to the pool only when the whole call has been
-computed. Each pattern equals plain :meth:`Layer.forward` calls, one per sequence
-(``tests/reference/test_serving.py`` checks it to 1e-12).
+The contract, the errors and how a call runs: docs/serving.md §1-6, §8.
 """
 
 from __future__ import annotations
