@@ -1,47 +1,13 @@
-"""Error metrics of one tensor against its float64 golden (no verdicts here; see :mod:`.verdicts`).
+"""Error metrics of one tensor against its float64 golden (no verdicts here; see `.verdicts`).
 
-Each tensor's error is measured in the space where the quantity acts (docs/tolerances.md §1, the
-rule per tensor in :data:`RULES`):
+Each tensor's error is measured in the space where the quantity acts, by the rule `RULES` names
+for it: `scaled` (activations, the core, the states: `|a_i - e_i| / (|e_i| + s_i)`, `s_i` the RMS
+of `i`'s group, `group_axes`, `CaseStats`), `log_decay` (`g`), `relative` (`beta`), `unit` (`a`,
+`b`); `core_gated` is further divided by the gated norm's condition (`gated_norm_conditions`).
+The NMSE of a call is normalised by the tensor's mean square over the whole case; SQNR, max
+absolute and relative errors, ulps and the cosine are reported, not judged.
 
-- ``scaled`` (activations, the core, the states): ``err_i = |a_i - e_i| / (|e_i| + s_i)``, where
-  ``s_i`` is the RMS of the expected values in ``i``'s group (:func:`group_axes`, :class:`CaseStats`),
-  never below the profile dtype's smallest normal. A relative error for large elements, an error
-  relative to the group's size for elements near zero, where a relative error means nothing (a
-  projection that cancels, a read ``q·S`` of a decayed state);
-- ``log_decay`` (``g``): ``|ĝ_a - ĝ_e| / (1 + |ĝ_e|)`` with ``ĝ = max(g, ln 2⁻¹²⁶)``. The decay
-  multiplies the state by ``exp(g)``, so an absolute error of ``g`` is the relative error of the
-  decay: absolute while the decay keeps a sizeable part of the state (|g| < 1), relative to ``g``
-  beyond, where a token forgets almost all of it; a decay below float32's smallest normal is zero
-  to every state a port may keep (float32 or wider), so ``g`` below ``ln 2⁻¹²⁶`` is that value;
-- ``relative`` (``beta``): ``max(0, |a_i - e_i| - ulp_i / 2) / (|e_i| + τ)``, ``ulp_i`` the spacing of
-  the profile's dtype at ``e_i`` and ``τ`` its smallest subnormal. Beta scales the write, so its
-  relative error is the write's; half an ulp is what storing the exact value in the profile's dtype
-  costs (in f16 a beta of 1e-7 is a subnormal with 2 significant bits), and ``τ`` is what a stored
-  beta cannot resolve at all;
-- ``unit`` (``a``, ``b``): ``|a_i - e_i| / (1 + |e_i|)``. They act through softplus and sigmoid, whose
-  log-derivatives are at most 1: an absolute error of ``b`` is the relative error of beta (and of
-  1 - beta), one of ``a`` bounds the relative error of softplus; beyond magnitude 1 their own
-  storage rounding is relative.
-
-Groups of the ``scaled`` rule, chosen from measured conditioning (docs/tolerances.md):
-
-- one token of one sequence: the norms, projections, conv, q k v, and the residual stream;
-- one sequence over the whole case (every call): ``core core_gated attn_out``. The delta rule's
-  read ``q·S`` of a decayed state cancels whenever q is nearly orthogonal to the last keys, in every
-  head sharing that q at once, so one token (or a one-token call) can be tiny everywhere; the gated
-  norm then scales that noise up to unit size. So the error of ``core_gated`` is divided by the
-  gated norm's condition ``max(1, κ)``, ``κ = C / sqrt(mean_dv(core²) + eps)`` per token and head, ``C``
-  the head's core RMS over the case (:func:`gated_norm_conditions`): a wrong norm, weight or gate
-  shows on every well-conditioned head and token, where ``κ ≤ 1``;
-- one head of one call: ``recurrent_state`` (over dk x dv); one sequence of one call: ``conv_state``.
-
-The NMSE of a call is ``Σ(a-e)² / (n · m)`` with ``m`` the tensor's mean square over the whole case
-(the classic ``Σ(a-e)²/Σe²`` for a one-call case); for the other rules it is the mean square of the
-error above (the error is already normalised where the quantity acts).
-
-Also reported, not judged: SQNR = -10·log10(NMSE) (dB), max absolute and max relative error with
-their indices, the largest distance in units in the last place of the profile's dtype (at the
-expected value), cosine similarity, and the largest error per token.
+The rules, their groups and why: docs/tolerances.md §1.
 """
 
 from __future__ import annotations
