@@ -1,42 +1,14 @@
 """The GDN layer at a precision profile: float64 math replaced by an engine's roundings.
 
-A correct port in profile ``bf16`` does not reproduce the float64 reference; it reproduces it up
-to the roundings its engine makes. :class:`EmulatedLayer` is the layer computed that way:
-activations stored in the profile's dtype (``f32``, ``bf16`` or ``f16``), every stage's math in
-float32, matrix products accumulated in float32, the recurrent state in float32. Where exactly an
-engine rounds differs between engines (docs/math.md §4), so the rounding *placement* is a
-parameter:
+`EmulatedLayer` is the layer a correct port of a profile computes: activations stored in the
+profile's dtype (`f32`, `bf16` or `f16`), every stage's math in float32, matrix products
+accumulated in float32, the recurrent state in float32. Where it rounds is the *placement*
+(`hf`, `fla`, `fp32_once`, and the held-out `metrale`), with a summation order from `.lowp.ORDERS`
+written `NAME:ORDER` (`hf:sequential`; plain `NAME` is `NAME:blas`). A sparse layer
+(`cfg.mlp_kind`) runs `.emulate_moe`'s block in place of the dense MLP. Subclasses (the mutants of
+`gdncheck.conformance.meta`) override one stage method each.
 
-``hf``
-    Hugging Face's torch fallback: RMSNorm in fp32 with one cast; conv1d rounded, then SiLU on the
-    rounded value (two roundings); l2norm in fp32 kept fp32; beta = sigmoid(b) rounded; chunked delta
-    rule in fp32 with q pre-scaled and decay factors from cumulative-sum differences (recurrent for
-    one token); core rounded; gated norm normalised -> rounded, times w -> rounded, times silu(z) in
-    fp32 -> rounded; MLP with every intermediate rounded.
-``fla``
-    flash-linear-attention kernels: conv + SiLU with one rounding; l2norm output rounded; beta fp32;
-    chunked delta rule storing (I+A)^-1, w, u, the state operand, v_new and the q k^T block in the
-    activation dtype (fused recurrent for one token); fused gated norm with one rounding.
-``fp32_once``
-    every stage computed in fp32 from its stored inputs and its outputs rounded once (doppler:
-    all-f32 shaders, stored activations); recurrent delta rule for any T.
-``metrale``
-    metrale's decode kernels: recurrent rule with the scale applied to the output, conv + SiLU +
-    l2norm fused, gated norm rounded before the silu(z) gate, which stays fp32 (it is folded into the
-    out_proj GEMV). Not used to derive tolerances: it is the held-out check that they generalise.
-
-A layer with the sparse mixture-of-experts block (``cfg.mlp_kind``) runs the block's stages of
-:mod:`.emulate_moe` in place of the dense MLP, with the placement's MoE roundings (``hf``: transformers'
-eager block; ``fla``: a fused-MoE engine; ``fp32_once``; ``metrale``), and traces their tensors.
-
-Each placement also takes a summation *order* (:data:`.lowp.ORDERS`), written ``NAME:ORDER``
-(``hf:sequential``, ``fla:blocked16``; plain ``NAME`` is ``NAME:blas``): how every matrix product
-(in_proj, out_proj, the MLP), every reduction (the RMS means, the L2 norms) and every contraction of
-the delta rule (k.S and q.S of the recurrent form, the chunked form's products and its forward
-substitution) is accumulated in float32. Profile ``f32`` makes every rounding a float32 one, so there
-the placements differ only in the order of operations, and the summation order is most of what
-differs between correct f32 engines. Subclasses (the mutants of :mod:`gdncheck.conformance.meta`) override one
-stage method each.
+The placements and orders, and why: docs/tolerances.md §2, §2.1 (docs/math.md §4).
 """
 
 from __future__ import annotations

@@ -1,35 +1,13 @@
-"""The sparse mixture-of-experts block of the precision-emulating layer (:mod:`.emulate`).
+"""The sparse mixture-of-experts block of the precision-emulating layer (`.emulate`).
 
 The formulas are reference/moe.py's; the arithmetic is an engine's: float32 math, every GEMM
-accumulated in float32 in the placement's summation order (:mod:`.lowp`), and the roundings to the
-activation dtype where the engine makes them. The softmax, the top-k and the renormalisation are
-float32 in every engine; the selected experts are the top_k by the float32 probabilities, exact ties
-to the lower index (the reference's rule: a stable sort). Where the engines differ
-(:data:`MOE_ROUNDINGS`, one per placement; bf16 model, docs/tolerances.md §2):
+accumulated in float32 in the placement's summation order (`.lowp`), and the roundings to the
+activation dtype where the engine makes them (`MOE_ROUNDINGS`, one per placement). The softmax, the
+top-k (exact ties to the lower index) and the renormalisation are float32 in every engine, and
+`mlp_out` is the rounded sum of the rounded `experts_out` and `shared_out`.
 
-``hf`` (transformers 5.24 ``Qwen3_5MoeSparseMoeBlock``, eager experts)
-    router logits rounded (``F.linear``); routing weights renormalised in fp32, then rounded
-    (``.to(router_logits.dtype)``); per expert: gate/up GEMM rounded, silu rounded, × up rounded,
-    down GEMM rounded, × routing weight rounded, and added into experts_out *in the dtype*, expert
-    after expert in index order (``index_add_``: one rounding per add); the shared expert's
-    intermediates rounded, its gate logit, sigmoid and product each rounded; mlp_out = experts_out
-    + shared_out rounded.
-``fused`` (placement ``fla``: a fused-MoE engine, as vLLM's and SGLang's Triton ``fused_moe``)
-    router logits rounded; routing weights fp32 (the top-k softmax kernel's output); gate/up GEMM
-    rounded, SwiGLU fused (one rounding); down GEMM times the routing weight in fp32, rounded once
-    per slot; each token's k slots summed in fp32 in slot order, rounded once; the shared expert as
-    a dense MLP (gate/up rounded, SwiGLU one rounding, down rounded) gated as ``hf`` gates it.
-``fp32_once``
-    every stage in fp32 from its stored inputs, its outputs rounded once: router logits, routing
-    weights, experts_out (no intermediate rounded, slots summed in fp32), shared_out.
-``metrale`` (held out, like the placement: a decode engine's fused kernels)
-    router logits kept fp32 (the router GEMV feeds the top-k kernel directly), routing weights
-    fp32; the experts' and the shared expert's SwiGLU rounded once (the down GEMV's operand), the
-    down GEMVs, the routing weights and the sigmoid gate applied in fp32, experts_out and
-    shared_out rounded once each.
-
-Every placement computes ``mlp_out`` as the rounded sum of the rounded experts_out and shared_out
-(stage ``mlp`` of a sparse layer, ``moe_sum``), as transformers and vLLM do.
+Each placement's roundings: docs/tolerances.md §2 (the sparse block's column); docs/moe.md,
+"The precision-emulating layer".
 """
 
 from __future__ import annotations

@@ -1,29 +1,12 @@
-"""Low-precision arithmetic for the precision-emulating layer (:mod:`.emulate`).
+"""Low-precision arithmetic for the precision-emulating layer (`.emulate`).
 
-Arrays are float32 NumPy arrays throughout: float32 arithmetic is float32 arithmetic, and a value
-"stored in the profile dtype" is a float32 holding a bf16 or f16 number (:func:`store`). The gated
-delta rule is here in the two forms engines use, each with hooks where an engine stores an
-intermediate in the activation dtype (docs/math.md §4). The formulas are those of ``gdncheck.reference``
-(their docstrings hold the math); only the arithmetic differs.
+Arrays are float32 NumPy arrays throughout; a value "stored in the profile dtype" is a float32
+holding a bf16 or f16 number (`store`). The gated delta rule is here in the two forms engines use,
+with hooks where an engine stores an intermediate (docs/math.md §4); the formulas are those of
+`gdncheck.reference`. Every sum of products and every reduction is accumulated in float32 in one
+of `ORDERS` (`blas`, `sequential`, `blocked16`); nothing is accumulated in float64.
 
-Every sum of products and every reduction is accumulated in float32 in one of :data:`ORDERS`
-(engines differ here even where they round alike, and in profile f32 the order is the only thing
-that differs):
-
-``blas``
-    what NumPy does: float32 BLAS for matrix products (OpenBLAS: register-blocked FMA loops),
-    pairwise summation for ``np.sum``/``np.mean``, ``np.einsum``'s own loop for the delta rule's reads.
-``sequential``
-    one running float32 sum per output, ``acc = fl(acc + fl(x_k * w_k))`` for k = 0, 1, ... in order
-    (no FMA): a naive shader or kernel loop, the largest error of any plausible order. Vectorised
-    over the outputs, looped over k (:func:`contract`); reductions by ``np.add.accumulate``, which
-    is exactly that running sum.
-``blocked16``
-    partial sums over consecutive blocks of 16 terms (float32 BLAS within a block), added to one
-    float32 accumulator block after block: a tensor-core GEMM (an MMA's k-slice of 16 into fp32
-    accumulators).
-
-Nothing is accumulated in float64.
+The orders, what each stands for and why they matter: docs/tolerances.md §2.1.
 """
 
 from __future__ import annotations
