@@ -1,35 +1,14 @@
 """The likely cause of a failing case: at its first divergence, which known bug class does the
 port's tensor look like?
 
-The port's tensor ``a`` at the first divergence (the failing record of :class:`~.records.FirstDivergence`)
-is compared with **candidates**, each what a known bug would have produced there:
+The port's tensor at the first divergence (`records.FirstDivergence`) is compared with candidates:
+transforms of the golden (`transforms`) and what each mutant of a `catalogue` produces on the same
+case and profile (injected from above: `catalogue(case, record) -> {name: (bug class, tensor)}`;
+the judge never imports a mutant). The residual of each, measured with the judge's denominator
+(`metrics.error_denominator`), decides `matches` (at most `MATCH`), `ambiguous` (bug classes
+within `EQUALLY_WELL`) or no known bug class. A diagnosis is advice: it never changes a verdict.
 
-- simple transforms of the expected tensor ``e`` (:func:`transforms`): a uniform scale, a scale per
-  head (both fitted by least squares), the value or key heads in the tiled order instead of the
-  interleaved one (and back), the recurrent state transposed, the tokens shifted by one (either
-  way), the sign flipped;
-- what each known bug class (a mutant of the catalogue, ``conformance/meta``) produces on the same
-  case and profile: injected from above as a ``catalogue`` (the judge stands below the mutants,
-  docs/layout.md), called with the case and the failing record, returning ``{name: (bug class,
-  tensor)}``.
-
-The **residual** of a candidate ``c`` is ``‖(a − c) / d‖ / ‖(a − e) / d‖``, with ``d`` what the judge
-divides an error of that tensor by (its rule: :func:`~.metrics.error_denominator`), so that both
-are measured in the space where the quantity acts (a beta of 3e-7 for 1e-10 is a large error, however
-small in absolute terms): how much of the port's error the candidate leaves unexplained (0: it
-explains all of it; 1: no better than the golden). It speaks only on evidence:
-
-- ``matches: <bug class> (residual r)``: the best candidate leaves at most :data:`MATCH` of the error,
-  and every candidate about as good (:data:`EQUALLY_WELL`) is of the same bug class;
-- ``ambiguous: <A> or <B> (residual r)``: two or more bug classes of the catalogue explain it about
-  equally well on this case (the same numbers): the case cannot tell them apart, so none is named
-  alone (a mutant that explains it as well as a transform names the bug: the transform only
-  describes its shape; the transforms nest and their order of preference decides among them);
-- ``no known bug class matches``: nothing explains the error; the closest candidate is kept in the
-  JSON (``closest``) but never shown as a cause.
-
-NaN must sit where the candidate has NaN; only finite elements are compared. A diagnosis is advice:
-it never changes a verdict.
+How it decides: docs/meta.md, "How the likely cause is decided"; the record: docs/verify.md.
 """
 
 from __future__ import annotations

@@ -1,35 +1,15 @@
 """Mutants of the serving patterns (issue 14 item 7; docs/serving.md): the correct emulated layer,
 whose packed calls run as plain calls on one-row copies of their slots
-(:mod:`gdncheck.harness.plain_serving`), with one bookkeeping bug each — the bugs serving ports have:
+(`gdncheck.harness.plain_serving`), with one bookkeeping bug each — the bugs serving ports have
+(`conv_window_leaks`, `chunk_straddles`, `slot_read_i_written_j`, `padding_slot_written`,
+`commit_off_by_one`, `snapshot_chunk_late`) — and four misreadings of the contract
+(`SERVING_MISREADINGS`: `commit_writes_reset`, `snapshot_seq_len_offset`, `free_noop`,
+`free_keeps_seq_len`).
 
-- ``conv_window_leaks``: each sequence after the first starts its conv window from the columns the
-  sequence before it left (one causal conv over the whole packed stream);
-- ``chunk_straddles``: a sequence that starts inside a chunk of the packed stream (``cu_seqlens[i]``
-  not a multiple of 64) starts its recurrent state from the state of the sequence before it (a
-  chunked kernel whose chunks straddle two sequences carries it over);
-- ``slot_read_i_written_j``: each sequence reads its slot and writes its state to the next
-  sequence's slot (the slot ids of the write rotated by one);
-- ``padding_slot_written``: a padding sequence's state is written to slot -1, which in Python (and in
-  any language where -1 wraps) is the pool's last slot;
-- ``commit_off_by_one``: commit(n) keeps the state after n − 1 tokens (after none: the slot as it
-  was), with seq_len = seq_pos + n;
-- ``snapshot_chunk_late``: a prefix snapshot after o tokens holds the state one chunk (64 tokens)
-  later, or at the end of the sequence.
+Each is a `ServingMutant`, run by the kill matrix on the cases tagged with its `case_tags`, and a
+plug-in factory (`gdncheck run gdncheck.conformance.meta.serving_mutants:NAME`).
 
-And four misreadings of the contract (issue 24 item 3; :data:`SERVING_MISREADINGS`), each a
-plausible reading of docs/serving.md that a correct port gets wrong in one place:
-
-- ``commit_writes_reset``: ``commit(0)`` for a slot the verify read as zeros (its seq_pos did not
-  match) writes the reset state, zeros with ``seq_len = seq_pos``; the contract keeps the slot as
-  it was (§4: "a reset the verify's seq-len rule applied to its reading is not written either");
-- ``snapshot_seq_len_offset``: a prefix snapshot's ``seq_len`` is the offset o, not
-  ``seq_pos + o`` (the same for a sequence at position 0);
-- ``free_noop``: ``free`` does nothing (the seq-len rule resets a reused slot at position 0 anyway);
-- ``free_keeps_seq_len``: ``free`` zeros the states but keeps the slot's ``seq_len``.
-
-Each is a :class:`ServingMutant`, run by the kill matrix on the cases tagged with its
-``case_tags``. Every one is also a plug-in factory (``gdncheck run
-gdncheck.conformance.meta.serving_mutants:NAME``).
+Each bug, one line: docs/meta.md, "The serving mutants".
 """
 
 from __future__ import annotations
