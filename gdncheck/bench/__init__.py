@@ -1,29 +1,14 @@
-"""Benchmarks of the float64 reference: ``python -m gdncheck.bench reference`` (or ``gdncheck bench``), and
-``python -m gdncheck.bench serving``: a packed call of 8 sequences against the equivalent separate calls
-(:mod:`gdncheck.bench.serving`).
+"""Benchmarks of the float64 reference: `python -m gdncheck.bench reference` (or `gdncheck bench`),
+`python -m gdncheck.bench serving` (a packed call of 8 sequences against the equivalent separate
+calls, `gdncheck.bench.serving`) and `python -m gdncheck.bench moe` (the mixture-of-experts block
+against its GEMMs alone, `gdncheck.bench.moe`).
 
-At real head sizes (Hk=16, Hv=32, dk=dv=128, D=2048, I=6144) and T in {1024, 4096, 16384} it measures,
-in one run and for each thread count asked for (``--threads 1,2``):
+At real head sizes it times, per thread count (`--threads 1,2`), the chunked and recurrent delta
+rule, transformers' `torch_chunk_gated_delta_rule` when installed, and the whole layer against its
+matmuls alone; medians of `--repeat` runs, peak resident-memory growth, the load average.
+`--quick` runs a tiny layer (a smoke test). Performance is measured here, never asserted in tests.
 
-- the chunked delta rule (C=64) and, up to ``--recurrent-max`` tokens, the recurrent one, with their
-  normwise relative difference (max |chunked − recurrent| / max |recurrent|, output and final state);
-- Hugging Face transformers' ``torch_chunk_gated_delta_rule`` (fp32, CPU, C=64) on the same inputs, when
-  transformers is installed, with its normwise error against the float64 result;
-- the whole layer (``Layer.forward``) and its matmuls alone: every matrix product of the layer on float64
-  operands of the same shapes, the projections and the products of the chunked delta rule's formula
-  (KKᵀ, QKᵀ, [Q; K] S, (I + A)⁻¹ Y, Kᵀ V', (QKᵀ ⊙ E) V'), batched as the reference batches them.
-
-Each time is the median wall time of ``--repeat`` runs (the recurrent form: one run); what is compared
-(chunked and HF, layer and its matmuls) runs in turns, so that a busy neighbour slows both alike, and
-the load average before and after each row is recorded. Each peak memory is the growth of the
-process's peak resident set (Linux VmHWM, reset before each measurement) over the resident set at its
-start. BLAS threads are set with threadpoolctl, torch threads with
-``torch.set_num_threads``. ``--quick`` runs the same code on a tiny layer (a smoke test, not a benchmark).
-
-``moe`` benchmarks the float64 mixture-of-experts block against its GEMMs alone instead
-(:mod:`gdncheck.bench.moe`: 512 experts, 10 active, D = 2048, T = 4096 by default).
-
-Performance is measured here, never asserted in tests.
+What each row measures and the figures: README.md, "Benchmarks"; docs/moe.md, "Benchmark".
 """
 
 from __future__ import annotations

@@ -3,31 +3,12 @@
     python -m gdncheck.gpu_tools.bench              # on a CUDA GPU (scripts/gpu_check.sh runs it)
     python -m gdncheck.gpu_tools.bench --dry-run    # same code path, CPU interpreter, tiny sizes
 
-Ceilings, measured now: a device-to-device copy (bytes read + written), a tf32 GEMM (fp32
-operands, ``allow_tf32``: the precision of every ``tl.dot`` of the bf16 prefill) and a bf16 GEMM
-(for reference). Then:
+Ceilings (a device copy, a tf32 and a bf16 GEMM), then the decode kernel, a whole-layer decode
+step (plain and from a CUDA graph), the chunked prefill against its FLOP floors, flash-linear-
+attention on the same inputs when it imports, and the serving patterns. GPU times are
+`triton.testing.do_bench` medians; CPU times wall-clock medians.
 
-- decode kernel: the fused recurrent kernel, T = 1, state updated in place, Hk = 16,
-  Hv ∈ {32, 48, 64}, dk = dv = 128, B ∈ {1, 64, 256}: µs, GB/s of state traffic
-  (2·B·Hv·dk·dv·4 bytes), % of the copy;
-- decode layer: one whole layer step (Qwen3.5 35B-A3B sizes, bf16) at B = 1 and 64, run plainly
-  (``Layer.forward``, host launches included) and replayed from a CUDA graph (the forward
-  synchronises nothing, so it captures);
-- prefill: the chunked pipeline, B = 1, T ∈ {8192, 32768}, Hv = 32, C = 64, bf16 inputs: ms,
-  tokens/s, TFLOP/s and the compute floor counted two ways — F_design, the FLOPs these kernels
-  perform per token and value head, 6·dk·dv + 6·C·dk + 4·C·dv + 4·(log2 C − 1)·C² (the full-tile
-  inverse, :mod:`gdncheck.gpu_impl.delta_rule_chunked`), 262,144 at C = 64; and F(C) = 6·dk·dv + 6·C·dk + 4·C·dv
-  + C²/3, the minimal count of docs/math.md §6 (181,589) — each over the tf32 GEMM rate;
-- flash-linear-attention (``fla``) on the same inputs when it imports: its
-  ``fused_recurrent_gated_delta_rule`` and ``chunk_gated_delta_rule``, given q and k repeated to
-  the Hv value heads (value head h reads key head h // (Hv/Hk)): the [B, T, H, K] layout of its
-  docstring, which every version accepts (the repeat is not timed). FLA time / ours (> 1: ours
-  faster) and the largest relative difference of the outputs. When fla does not import, every
-  row says so and why.
-
-GPU times come from ``triton.testing.do_bench`` (CUDA events, median); CPU times are wall-clock
-medians. Goals (issue 3): decode at B = 64 ≥ 70 % of the copy; prefill ≤ 5× the floor and at
-least as fast as FLA.
+The rows, the floors F_design and F(C), and the goals: docs/gpu.md §7.
 """
 
 from __future__ import annotations

@@ -7,28 +7,11 @@
     python -m gdncheck.gpu_tools.compile_check --moe      # the sparse (MoE) layer alone, real sizes
     ... --json PATH --markdown PATH                      # the table, as docs/gpu.md shows it
 
-How. Inside :func:`compile_only` every kernel launch goes to :class:`Compiler` instead of running
-(``gpu_impl.target.launch_hook``). The launch is handed to ``JITFunction.warmup`` with a stand-in
-CUDA driver that reports an sm_90 target: Triton's own launcher then binds the arguments,
-specialises them exactly as on a GPU (integers equal to 1 become constants, so T = 1 decode
-builds its own kernel; pointers and integers divisible by 16 are marked so) and compiles with
-its bundled ptxas. Real sizes cost nothing: the tensors live on torch's ``meta`` device, whose
-``data_ptr`` is the byte offset of the view, so alignment specialises as it does on a GPU (whose
-allocations are 256-byte aligned).
+Inside `compile_only` every launch goes to a `Compiler` (registers, spills, shared memory,
+`ctas_per_sm`, waves on 132 SMs); it fails (exit 1, `Compiler.problems`) on shared memory over
+227 KB, any decode spill, and prefill spills over `PREFILL_SPILLS`.
 
-What it reports per compiled variant: registers per thread, local memory per thread (spills:
-these kernels call no function and index no local array, so every local byte is a spill), shared
-memory per block, CTAs that fit on one SM (:func:`ctas_per_sm`) and, per launch, the waves of
-its grid on 132 SMs. Read from the cubin with the bundled ``cuobjdump -res-usage``; shared
-memory from Triton's metadata.
-
-It fails (exit 1, and :meth:`Compiler.problems` in tests) on shared memory over 227 KB per block,
-which would only fail at launch on a GPU, on spills in the decode path, and on spills in the
-prefill path over :data:`PREFILL_SPILLS` (none but the chunked prefill's, bounded per variant).
-
-``--only REGEX`` builds the plan's scenarios whose name matches, ``--kernel REGEX`` only the
-kernels whose name matches (e.g. ``--only 'f32 prefill B=1 T=8192' --kernel chunk_state``: one
-variant in seconds).
+How it builds, what it reads off the cubin, and the table: docs/gpu.md §2.
 """
 
 from __future__ import annotations
