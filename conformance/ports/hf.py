@@ -1,33 +1,13 @@
-"""Hugging Face transformers as a port: ``gdncheck run hf --profile f32|bf16``.
+"""Hugging Face transformers as a port: `gdncheck run hf --profile f32|bf16`.
 
-A factory of the port contract (:mod:`gdncheck.harness.contract`) around transformers' own ``Qwen3_5DecoderLayer``
-for a ``linear_attention`` layer (``Qwen3_5MoeDecoderLayer`` with its ``Qwen3_5MoeSparseMoeBlock`` where the
-weights hold the sparse block), built from a small ``Qwen3_5TextConfig`` (``Qwen3_5MoeTextConfig``) made from
-the case config, its weights loaded with ``load_state_dict(strict=True)`` and cast to the profile's dtype (as
-``from_pretrained(dtype=...)`` does). Every call goes through the layer's own ``forward`` with a
-transformers ``DynamicCache`` (its ``LinearAttentionLayer`` holds the conv and recurrent states), so
-transformers picks its own code paths: the chunked rule (``torch_chunk_gated_delta_rule``) and
-``causal_conv1d_fn`` for a prefill or a first call, the recurrent rule
-(``torch_recurrent_gated_delta_rule``) and ``causal_conv1d_update`` for a one-token call on a cache
-that holds a state. A snapshot is a deep copy of the cache.
+A factory of the port contract (`gdncheck.harness.contract`) around transformers' own
+`Qwen3_5DecoderLayer` (`Qwen3_5MoeDecoderLayer` where the weights hold the sparse block), driven
+through its own `forward` and a `DynamicCache`, so transformers picks its own code paths. The stage
+tensors are what transformers computes (`.hf_trace`), only reshaped. What it cannot express (a
+per-head norm, the seq-len rule, strict mode, snapshot files, ...) is `NotApplicable` with the
+reason; on an exact top-k tie its CPU router is a known deviation.
 
-The stage tensors are what transformers computes, captured by :mod:`.hf_trace` (forward hooks on the
-layer's submodules, the module-level functions of ``modeling_qwen3_5`` wrapped while a call runs);
-gdncheck recomputes none of them, it only reshapes them into the FORMAT.md §5 layouts (the one
-exception, ``shared_out``, is transformers' own ``sigmoid(gate) * shared`` redone on its two hooked
-operands in its dtype: the same two elementwise ops, the same bits).
-
-The sparse block's router is ``torch.topk``, whose CPU kernel does not resolve an exact tie on the
-k-th probability to the lower expert index (docs/moe.md, "Ties"): on a case with such a tie,
-transformers on the CPU is a known deviation, not a port error.
-
-What transformers cannot express is reported :class:`~gdncheck.harness.NotApplicable`, with the reason:
-a per-head gated norm, a declared ``linear_norm_mode``, a sparse block without the renormalisation
-(``norm_topk_prob`` false: ``Qwen3_5MoeSparseMoeBlock`` always renormalises), the seq-len rule (its cache
-keeps no position, so a call at another position than the state's is not something it can do), a strict mode, snapshot
-files, and the configuration errors its ``Qwen3_5TextConfig`` accepts without a check. The weight
-errors it does catch (``load_state_dict``) are mapped to the codes of FORMAT.md §6 by the tensor
-transformers names; an exception transformers raises on an input is reported as ``input_error``.
+Design and the full list: docs/ports.md §2.
 """
 
 from __future__ import annotations

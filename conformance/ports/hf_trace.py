@@ -1,28 +1,12 @@
-"""The stage tensors of one transformers ``Qwen3_5DecoderLayer`` (or ``Qwen3_5MoeDecoderLayer``) call, as
+"""The stage tensors of one transformers `Qwen3_5DecoderLayer` (or `Qwen3_5MoeDecoderLayer`) call, as
 transformers computes them.
 
-Two sources, nothing recomputed:
+Two sources, nothing recomputed: forward hooks on the layer's submodules, and the module-level
+functions of `modeling_qwen3_5` replaced by recording wrappers only while a call runs
+(`Tracer.recording`). Only layouts change (to fixtures/FORMAT.md §5), and `shared_out` is formed
+from its two hooked operands with the block's own two ops in its dtype.
 
-- forward hooks on the layer's submodules: ``input_layernorm`` → ``x_norm``; ``linear_attn.in_proj_qkv``,
-  ``in_proj_z``, ``in_proj_a``, ``in_proj_b`` → ``qkv``, ``z``, ``a``, ``b``; ``linear_attn.norm`` →
-  ``core_gated``; ``linear_attn.out_proj`` → ``attn_out``; the input of ``post_attention_layernorm`` →
-  ``h`` (the residual sum it is fed) and its output → ``h_norm``; ``mlp`` → ``mlp_out``. With the sparse
-  block (``sparse=True``): ``mlp.gate`` (the router, returning logits, top-k weights and indices) →
-  ``router_logits``, ``routing_weights``, ``selected_experts``; ``mlp.experts`` → ``experts_out``;
-  ``mlp.shared_expert`` and ``mlp.shared_expert_gate`` → the shared expert's output and gate logit,
-  from which ``shared_out = sigmoid(gate) * shared`` is formed with the block's own two ops in its
-  dtype (transformers never names that product: it adds it to ``experts_out`` at once).
-- the module-level functions of ``modeling_qwen3_5``, replaced by recording wrappers only while a call
-  runs (``Tracer.recording``): ``causal_conv1d_fn`` / ``causal_conv1d_update`` → ``qkv_conv`` (their output,
-  the last T columns); ``torch_chunk_gated_delta_rule`` / ``torch_recurrent_gated_delta_rule`` → their
-  arguments ``value``, ``g``, ``beta`` → ``v``, ``g``, ``beta`` and their output → ``core``; ``l2norm``,
-  which both rules call on the query then the key → ``q``, ``k``.
-
-Only layouts change: ``z`` and ``core_gated`` are reshaped to [B, T, Hv, dv]; ``qkv_conv`` is transposed from
-transformers' [B, conv_dim, T]; ``q`` and ``k`` come out of ``l2norm`` as [B, Hv, T, dk] after transformers'
-``repeat_interleave`` over the value heads, so every r-th head is taken and the axes swapped to
-[B, T, Hk, dk] (value head j holds key head j // r, the copies are equal). The sparse block works on
-[B·T, ...] rows: its tensors are reshaped to [B, T, ...].
+Which hook gives which tensor, and each layout change: docs/ports.md §3.
 """
 
 from __future__ import annotations

@@ -1,30 +1,11 @@
-"""The built-in implementations, each a factory of the port contract (:mod:`gdncheck.harness.contract`).
+"""The built-in implementations, each a factory of the port contract (`gdncheck.harness.contract`).
 
-``reference``
-    profile ``f64``: the float64 reference itself (``gdncheck.reference.Layer``, through
-    :func:`gdncheck.fixtures.reference_impl.reference_f64`, the factory the goldens are built with).
-    Profiles ``f32``, ``bf16``, ``f16``: the reference's math with that profile's roundings emulated
-    (:func:`gdncheck.conformance.earn.emulate.emulated`, placement ``hf`` unless
-    ``--option placement=fla|fp32_once|metrale``).
-    This is what a correct port of the profile computes, so ``run reference --profile bf16`` followed
-    by ``verify --profile bf16`` passes; ``--profile f64`` passes in every profile.
-``triton``
-    ``gdncheck.gpu_impl.Layer`` (imported on first use), driven exactly like an outside port.
-``hf``
-    Hugging Face transformers' own ``Qwen3_5DecoderLayer`` and cache (:mod:`.hf`; the ``hf`` extra),
-    profiles ``f32``, ``bf16`` (and ``f16``) on the CPU; what it cannot express is reported not applicable.
-``mlx``
-    Apple MLX's own ``mlx_lm.models.qwen3_5.DecoderLayer`` and ``ArraysCache`` (:mod:`.mlx`; the ``mlx``
-    extra), profiles ``f32`` and ``bf16``; what it cannot express is reported not applicable.
-``fla``
-    flash-linear-attention's gated delta rule (``fla.ops.gated_delta_rule``; :mod:`.fla`, the ``fla`` extra),
-    stage-isolated only (``--stage-isolated``), ``--option kernel=naive|naive_chunk|fused_recurrent|chunk``.
-``llamacpp``
-    llama.cpp's Qwen3.5 model path through llama-cpp-python (:mod:`.llamacpp`; built from its sdist), end to
-    end, profiles ``f32`` and ``bf16``; ``--option source=DIR`` (its unpacked sdist: the converter).
-``ggml``
-    llama.cpp's ``ggml_gated_delta_net`` op from the libggml llama-cpp-python installs (:mod:`.ggml`, through
-    ctypes), stage-isolated only (``--stage-isolated``), profile ``f32``; ``--option threads=N``.
+`reference` (profile `f64`: the float64 reference; `f32`, `bf16`, `f16`: its math with the
+profile's roundings emulated, `--option placement=...`), `triton` (`gdncheck.gpu_impl.Layer`),
+`hf`, `mlx`, `llamacpp` (end to end) and `fla`, `ggml` (stage-isolated only). Heavy and optional
+dependencies are imported on first use; what an engine cannot express is reported not applicable.
+
+Each one's profiles and options: docs/ports.md §1.
 """
 
 from __future__ import annotations
