@@ -1,29 +1,12 @@
-"""Float64 kernels whose every bit is the same on every CPU: the golden arithmetic of :mod:`.arith`.
+"""Float64 kernels whose every bit is the same on every CPU: the golden arithmetic of `.arith`.
 
-Each result is a fixed sequence of IEEE-754 basic operations — elementwise ``+ − × ÷``, ``sqrt``
-(correctly rounded on every CPU and in every SIMD width) — and exact ones (``rint``, comparisons,
-``where``, integer bit manipulation). No BLAS, no einsum, no ``np.exp``/``np.log`` (NumPy dispatches
-those to AVX-512 or libm versions whose last bits differ), no fused multiply-add (each operation is
-its own ufunc call, rounded before the next).
+Each result is a fixed sequence of IEEE-754 basic operations (`+ − × ÷`, `sqrt`) and exact ones
+(`rint`, comparisons, `where`, bit manipulation): no BLAS, no einsum, no `np.exp`/`np.log`, no
+fused multiply-add. `matmul` and `tree_sum_last` add in a fixed pairwise tree; `exp`, `log` and
+`log1p_unit` are built from basic operations (within 0.9, 1.1 and 1.5 ulp), their constants from
+exact rationals and `decimal`.
 
-- ``matmul``: every output element is the sum of its K products, added pairwise in a fixed tree: the
-  first half of the terms plus the second half, element by element, repeated (an odd last term is
-  carried to the next level).
-- ``tree_sum_last``: the same tree over the last axis.
-- ``exp``: e^x = 2^n · e^r with n = rint(x / ln 2), r = x − n·ln 2 (ln 2 split in a 32-bit head, exact
-  in n·head, and a tail), |r| ≤ 0.347. e^r = 1 + 2r / (c − r) with c = r·coth(r/2), an even function
-  of r whose Taylor series Σ_k 2·B_2k·r^2k / (2k)! (B the Bernoulli numbers) is taken to k = 6 (the
-  first term left out is below 1e-17, which moves e^r by less than 2^-58 of it), evaluated as
-  1 + (r + r·(r − (c − 2)) / (c − r)) so that the rounding errors of the quotient only touch its small
-  part. 2^n is built from its bits and applied in two halves, so that the only rounding is the last
-  one, also into the subnormal range.
-- ``log``: x = 2^e · m with m in [√½, √2), log m = log1p(f), f = m − 1 exact; with s = f / (2 + f),
-  log1p(f) = f − (f²/2 − s·(f²/2 + R)), R = Σ_k 2 s^2k / (2k+1) to k = 10 (s² ≤ 0.0295).
-- ``log1p_unit`` (u in [0, 1]): log(w) of w = 1 + u rounded, plus the rounding error of w divided by w.
-
-Measured against correctly rounded decimal values (tests/reference/test_portable.py): exp within 0.9
-ulp, log within 1.1, log1p_unit within 1.5. The constants are computed here from exact rationals and
-``decimal``, which is software arithmetic, so they are the same everywhere too.
+The algorithms and their error bounds: docs/math.md §7.
 """
 
 from __future__ import annotations

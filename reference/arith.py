@@ -1,28 +1,15 @@
 """The reference's primitive operations, in one of two arithmetic modes.
 
-Every stage computes its products, reductions and transcendental functions through these functions;
-everything else it does is elementwise ``+ − × ÷``, ``sqrt`` and data movement, which IEEE-754 rounds
-the same way on every CPU.
-
-``fast`` (the default)
-    NumPy as it is: BLAS ``matmul``, NumPy's pairwise ``sum``/``mean``, ``np.exp`` and
-    ``np.logaddexp``. Accurate to a few ulps, fast, but the last bits depend on the CPU: OpenBLAS picks
-    its dgemm kernel (and so the summation order) per CPU, and NumPy dispatches float64 ``exp``/``log``
-    to AVX-512 code where the CPU has it and to libm elsewhere.
-``golden``
-    The kernels of :mod:`.portable`: fixed summation trees and ``exp``/``log1p`` built from basic
-    operations. Every bit is the same on every CPU (x86-64 with or without AVX-512, arm64), at about
-    1.7 times the cost of a decode call and 5 times that of large projections (measured on the dev
-    VM). The fixture builder uses it (fixtures/FORMAT.md §10).
-
-The mode is a context variable, so it holds for the code inside ``with arithmetic("golden"):`` only
-(per thread and per asyncio task)::
+Every stage computes its products, reductions and transcendental functions through these functions.
+`fast` (the default) is NumPy with BLAS, whose last bits depend on the CPU; `golden` uses the
+kernels of `.portable`, every bit the same on every CPU (the fixture builder's). The mode is a
+context variable: it holds inside `with arithmetic("golden"):` only (per thread and asyncio task)::
 
     with arithmetic("golden"):
         out, trace = layer.forward(x, state, seq_pos=0)
 
-Only the recurrent delta rule has a golden form: the chunked form refuses to run in golden mode
-(:func:`require_fast`).
+Only the recurrent delta rule has a golden form: the chunked form refuses it (`require_fast`).
+The two modes, their costs and why: docs/math.md §7; fixtures/FORMAT.md §10.
 """
 
 from __future__ import annotations
