@@ -1,27 +1,11 @@
-"""Environment variables (all prefixed ``GDN_``) and the BLAS thread setting.
+"""Environment variables (all prefixed `GDN_`) and the BLAS thread setting.
 
-| variable | meaning | default |
-|---|---|---|
-| ``GDN_BLAS_THREADS`` | BLAS threads for the float64 reference | 1 |
-| ``GDN_HYPOTHESIS_PROFILE`` | Hypothesis profile: ``dev``, ``ci``, ``nightly`` | ``dev`` (``ci`` under CI) |
-| ``GDN_DEVICE`` | device for the Triton path: ``auto``, ``cpu``, ``cuda`` | ``auto`` |
-| ``GDN_IMPL`` | what the property suite tests: ``reference``, ``triton``, ``MODULE:CALLABLE`` | ``reference`` |
-| ``GDN_PROFILE`` | profile the property suite tests: ``f32``, ``bf16``, ``f16`` | ``f32`` |
-| ``GDN_REQUIRE_BROWSER`` | ``1``: the report's browser tests fail instead of skipping without chromium | unset |
-| ``GDN_REQUIRE_ACTIONLINT`` | ``1``: the workflow tests fail instead of skipping without actionlint | unset |
-| ``GDN_TORCH_VERSION`` | torch version ``scripts/bootstrap`` installs | ``2.13.0`` |
-| ``GDN_TORCH_VARIANT`` | torch build ``scripts/bootstrap`` installs: ``auto``, ``cpu``, ``cuda`` | ``auto`` |
-| ``GDN_TORCH_INDEX`` | index ``scripts/bootstrap`` takes torch from (``none``: pip's own sources) | see README |
-| ``GDN_NODE_LANES`` | partial sums per dot product in the Node.js example port | 64 |
-| ``GDN_NODE_VERBOSE`` | set: the Node.js example port logs its seq-len resets | unset |
-
-``GDN_DEVICE``: ``auto`` is CUDA when torch sees a GPU (kernels compiled), else the CPU (kernels run
-in Triton's interpreter); a ``device=`` argument overrides it. The kernel target follows the
-tensors' device at each launch, whatever ``TRITON_INTERPRET`` and the import order
-(``gpu_impl/target.py`` says why).
-
-Two OpenBLAS threads on a 2-core VM can stall small batched matmuls 10-100x
-(docs/math.md §6), so the reference runs with one BLAS thread unless told otherwise.
+The variables this module knows (`GDN_BLAS_THREADS`, `GDN_HYPOTHESIS_PROFILE`, `GDN_DEVICE`,
+`GDN_IMPL`, `GDN_PROFILE`, `GDN_REQUIRE_BROWSER`, `GDN_REQUIRE_ACTIONLINT`, the bootstrap's
+`GDN_TORCH_*` and the Node.js example's `GDN_NODE_*`), their meanings and defaults: README.md,
+"Environment". The float64 reference runs with one BLAS thread unless `GDN_BLAS_THREADS` says
+otherwise: two OpenBLAS threads on a 2-core VM can stall small batched matmuls 10-100x
+(docs/math.md §6).
 """
 
 from __future__ import annotations

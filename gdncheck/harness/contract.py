@@ -1,29 +1,16 @@
 """The port contract: how the suite drives a Python implementation of the layer.
 
-``gdncheck run MODULE:CALLABLE`` imports ``CALLABLE`` from ``MODULE`` and calls it once per case::
+`gdncheck run MODULE:CALLABLE` imports `CALLABLE` from `MODULE` and calls it once per case::
 
     impl = CALLABLE(cfg, weights, profile="bf16", strict=False, **options)
 
-``cfg`` is a :class:`gdncheck.config.GDNConfig`, ``weights`` a :class:`gdncheck.weights.LayerWeights`
-(Hugging Face names, float32 arrays holding the stored bf16/f32 values), ``profile`` one of
-``f64 f32 bf16 f16`` (:mod:`gdncheck.profiles`), ``strict`` asks for an error instead of the
-seq-len reset (docs/spec.md §4), and ``options`` are the ``--option KEY=VALUE`` pairs of the command
-line. A configuration or weight the implementation refuses must raise (a
-:class:`gdncheck.errors.GDNError`, or any exception with a string ``code`` attribute naming the
-error; see fixtures/FORMAT.md §6).
+A refused configuration or weight must raise (a `gdncheck.errors.GDNError`, or any exception with a
+string `code`: fixtures/FORMAT.md §6); what the implementation cannot express raises
+`NotApplicable` with the reason (from the factory, any method, or its optional
+`check_case(config, program)`). The object returned implements `Implementation`; `LayerAdapter`
+turns a layer shaped like `gdncheck.reference.Layer` into one in one line.
 
-An implementation that cannot express a case or a call (a feature it does not have: a per-head
-norm, the seq-len reset, snapshot files, a strict mode) raises :class:`NotApplicable` with the
-reason, from the factory, from any method, or from the factory's optional
-``check_case(config, program)``, which the executor calls before gdncheck parses the case's config.
-The case stops there; ``verify`` judges the calls that ran before and reports the case
-``not_applicable``, neither a pass nor a failure.
-
-The returned object implements :class:`Implementation`. Most Python ports already have a layer
-with the shape of ``gdncheck.reference.Layer``; :class:`LayerAdapter` turns such a layer into an
-:class:`Implementation` in one line, and the built-in ``reference`` and ``triton`` go through it
-too (``gdncheck.conformance.ports.implementations``). Loading a factory by name is the ports'
-business (``gdncheck.conformance.ports.plugin``); this module is what a factory returns.
+The arguments, the methods and what each must do: docs/plugins.md.
 """
 
 from __future__ import annotations

@@ -1,31 +1,17 @@
-"""The pytest plugin (entry point ``pytest11``): gdncheck's conformance suite inside a port's own
+"""The pytest plugin (entry point `pytest11`): gdncheck's conformance suite inside a port's own
 test run.
 
     pytest --gdncheck-impl myport:factory --gdncheck-profile bf16 [--gdncheck-fixtures DIR]
            [--gdncheck-option KEY=VALUE ...] [--gdncheck-xfails FILE] [--gdncheck-out DIR]
            [--gdncheck-stage-isolated] [--gdncheck-properties] [-k decode] [-m "not long"]
 
-Without ``--gdncheck-impl`` it does nothing. With it, the session gets one test per fixture case,
-whose id is the case id (``gdncheck-bf16::decode_T12_Hk2_Hv4_dk16_dv16_s0``) and whose markers are the
-case's tags plus ``gdncheck_case``, so ``-k`` and ``-m`` select as usual. A test runs the
-implementation over its case as ``gdncheck run`` does and judges it as ``gdncheck verify`` does; a
-failure is verify's own text (the first divergence, its message, the repro line, the likely cause
-as ``gdncheck verify`` names it), a case the implementation declares not applicable is a skip with its
-reason. ``--gdncheck-properties`` adds one test per property of the Hypothesis property suite (marker
-``gdncheck_property``).
+Without `--gdncheck-impl` it does nothing; with it, one test per fixture case (its id the case id,
+its markers the case's tags and `gdncheck_case`), run as `gdncheck run` and judged as `gdncheck
+verify` do. Outputs are kept in `--gdncheck-out`, else `.gdncheck-out/`, a folder the plugin owns.
+Every pytest run where gdncheck is installed loads this module, so importing it must stay cheap:
+the judge is imported when the first test runs.
 
-``--gdncheck-option KEY=VALUE`` (repeatable) goes to the factory as ``gdncheck run --option`` does, an
-option it does not take refused before anything runs. ``--gdncheck-xfails FILE`` (the known-failures
-format of ``gdncheck verify --xfails`` and the gate) marks each listed case ``xfail(strict=True)``: a
-case failing only where its entry allows is XFAIL with the entry's reason, one failing beyond it
-FAILED, one that passes XPASS(strict), a failure (the entry is stale: delete it).
-
-The outputs are kept where the repro lines point: ``--gdncheck-out DIR``, else ``.gdncheck-out/``
-under pytest's rootdir, which the plugin owns (a marker file, a ``.gitignore``; replaced whole at
-the start of each run, never a folder it did not make) and names in the header.
-
-The plugin is loaded by every pytest run where gdncheck is installed, so importing it must stay
-cheap: gdncheck's judge is imported when the first test runs.
+Each option, the xfail semantics and the output folder: docs/plugins.md, "In pytest and from Python".
 """
 
 from __future__ import annotations
