@@ -1,24 +1,14 @@
 """The weights of the sparse mixture-of-experts MLP block (Qwen3.5-MoE, Qwen3-Next): names, shapes,
 and the conversion of a checkpoint's per-expert tensors to the one canonical, stacked form.
 
-Neutral: no math. The canonical form is what transformers holds in memory
-(``Qwen3_5MoeExperts``, ``Qwen3NextExperts``), names without the layer prefix:
+Neutral: no math. The canonical form is transformers' in-memory one (`Qwen3_5MoeExperts`), names
+without the layer prefix: `mlp.gate.weight` [E, D], `mlp.experts.gate_up_proj` [E, 2·I_moe, D]
+(gate rows, then up), `mlp.experts.down_proj` [E, D, I_moe], the shared expert's
+`gate_proj`/`up_proj` [I_shared, D], `down_proj` [D, I_shared] and `mlp.shared_expert_gate.weight`
+[1, D]. Checkpoints store `mlp.experts.{e}.gate_proj|up_proj|down_proj.weight` one by one:
+`stack_experts` converts them, `unstack_experts` the reverse.
 
-=======================================  ====================  ==========================================
-name                                     shape                 used as
-=======================================  ====================  ==========================================
-``mlp.gate.weight``                      [E, D]                router: logits = h_norm Wᵀ
-``mlp.experts.gate_up_proj``             [E, 2·I_moe, D]       expert e: rows [gate (I_moe) | up (I_moe)]
-``mlp.experts.down_proj``                [E, D, I_moe]         expert e: down projection
-``mlp.shared_expert.gate_proj.weight``   [I_shared, D]         the shared expert's SwiGLU
-``mlp.shared_expert.up_proj.weight``     [I_shared, D]
-``mlp.shared_expert.down_proj.weight``   [D, I_shared]
-``mlp.shared_expert_gate.weight``        [1, D]                the shared expert's gate: sigmoid(h_norm wᵀ)
-=======================================  ====================  ==========================================
-
-Checkpoints store the experts one by one, ``mlp.experts.{e}.gate_proj|up_proj|down_proj.weight``
-(transformers' ``save_pretrained`` writes them so, and converts them to the stacked form on load);
-:func:`stack_experts` does that conversion, :func:`unstack_experts` the reverse.
+The table with each weight's use: docs/moe.md, "Weights and checkpoints".
 """
 
 from __future__ import annotations

@@ -1,27 +1,15 @@
-"""Stage 11, ``mlp``, sparse variant: the mixture-of-experts block on the Triton path. The formulas
+"""Stage 11, `mlp`, sparse variant: the mixture-of-experts block on the Triton path. The formulas
 and the tie rule live in reference/moe.py; this module mirrors its functions (name, argument order,
 return tuple) on torch tensors.
 
-The fused block (:func:`mlp_moe`), as an engine runs it:
+`moe_block` is the fused block as the Triton `Layer` runs it (weights stacked once, `MoEWeights`;
+one GEMM for the router and the shared expert's projections, `routing_kernel`, the grouped expert
+GEMMs of gpu_impl/moe_gemm.py, `shared_swiglu_kernel`, `combine_kernel`; token slices fitting
+`MOE_BUDGET`; no host synchronisation); `mlp_moe` is the same code returning every tensor.
+Activations, weights and GEMM outputs in the profile dtype, fp32 inside every kernel; routing
+weights and the slot outputs fp32.
 
-1. one GEMM of h_norm with [W_router; w_shared_gate; W_shared_gate; W_shared_up] (router logits,
-   the shared expert's gate logit and its gate/up projections at once), activation dtype;
-2. :func:`routing_kernel`: softmax in fp32, top-k by repeated arg-max (ties to the lower index),
-   renormalisation; routing weights fp32, selected experts int64;
-3. the experts (gpu_impl/moe_gemm.py): slots grouped by expert, a grouped gate/up GEMM with the
-   SwiGLU fused, a grouped down GEMM scaling each slot by its routing weight (fp32 results);
-4. the shared expert: :func:`shared_swiglu_kernel` on its gate/up columns, its down GEMM (torch);
-5. :func:`combine_kernel`: each token's k slot rows summed in slot order, the shared expert's output
-   scaled by sigmoid(gate logit), their sum; experts_out, shared_out and mlp_out rounded once each
-   to the activation dtype from fp32 (the Triton ``Layer``'s fast path stores mlp_out alone).
-
-:func:`moe_block` is that block as the Triton ``Layer`` runs it (weights stacked once,
-:class:`MoEWeights`; temporaries released as soon as they are read; steps 3 and 5 over slices of
-tokens whose per-slot buffers fit :data:`MOE_BUDGET`; no host synchronisation). :func:`mlp_moe` is
-the same code returning every tensor.
-
-Precision: activations, weights and GEMM outputs in the profile dtype; fp32 inside every kernel
-(``tl.dot`` at :func:`.target.dot_precision`); routing weights and the slot outputs fp32.
+The steps, tiles, compile table and memory: docs/moe.md, "The Triton path".
 """
 
 from __future__ import annotations

@@ -1,24 +1,14 @@
 """The experts of the mixture-of-experts block as an engine runs them: the (token, slot) pairs
 grouped by expert, then two grouped GEMM kernels over the groups (the formulas:
-reference/moe.py ``experts``).
+reference/moe.py `experts`).
 
-Grouping (torch, on the device, no host synchronisation): the N·k slots (slot s is token s // k's
-j = s % k-th choice) are sorted by expert, stably, so each expert's slots are consecutive and in
-token order; each expert's run is cut into blocks of BM rows, and a block table says, per block, its
-expert, its first row in the sorted order and how many of its BM rows are real. An expert that no
-token chose has no block. How many blocks there are depends on the routing, which the host never
-reads (decode stays capturable in a CUDA graph): the table has a fixed length, the most blocks any
-routing can need (:func:`max_blocks`), and the blocks past the real ones have no rows; their
-programs return at once.
+Grouping runs on the device without host synchronisation: the N·k slots are sorted stably by expert
+and cut into blocks of BM rows, listed in a block table of fixed length (`max_blocks`, the most any
+routing can need; the extra blocks have no rows). `expert_gate_up_kernel` stores silu(gate) · up in
+the activation dtype at the sorted rows; `expert_down_kernel` stores each slot's down projection,
+scaled by its routing weight, in fp32 at the slot's own row of a [N·k, D] buffer (no atomics).
 
-1. :func:`expert_gate_up_kernel`, grid (blocks, cdiv(I_moe, BN)): the block's token rows gathered
-   from h_norm, times W_gate[e]ᵀ and W_up[e]ᵀ (two fp32 accumulators over one K loop), then
-   silu(gate) · up, stored in the activation dtype at the rows' sorted positions.
-2. :func:`expert_down_kernel`, grid (blocks, cdiv(D, BN)): those activations times W_down[e]ᵀ,
-   scaled by the slot's routing weight (fp32), stored in fp32 at the slot's own row of a
-   [N·k, D] buffer. Every slot is written by exactly one program: no atomics, and the combine
-   (gpu_impl/moe.py) sums each token's k rows in slot order, so the result does not depend on
-   the launch order.
+Design: docs/moe.md, "The Triton path" ("No host synchronisation", "The grouped GEMMs").
 """
 
 from __future__ import annotations

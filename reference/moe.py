@@ -1,23 +1,17 @@
-"""Stage 11, ``mlp``, sparse variant: the mixture-of-experts block of Qwen3.5-MoE and Qwen3-Next.
+"""Stage 11, `mlp`, sparse variant: the mixture-of-experts block of Qwen3.5-MoE and Qwen3-Next.
 
-Four stages, each a plain function (tensor names: gdncheck/stages.py ``MOE_STAGES``), then their sum:
+Four stages, each a plain function (tensor names: gdncheck/stages.py `MOE_STAGES`), then their sum:
 
     router         router_logits    = h_norm W_routerᵀ
     routing        routing_weights, selected_experts   (softmax, top-k, renormalise)
     experts        experts_out      = Σ_j routing_weights[j] · SwiGLU_{selected_experts[j]}(h_norm)
     shared_expert  shared_out       = sigmoid(h_norm w_sgᵀ) · SwiGLU_shared(h_norm)
-    mlp            mlp_out          = experts_out + shared_out   (:func:`moe_sum`)
+    mlp            mlp_out          = experts_out + shared_out   (`moe_sum`)
 
-:func:`mlp_moe` runs them in this order and returns every tensor. Each SwiGLU is the dense MLP of
-reference/mlp.py with that expert's weights. The math follows transformers' ``Qwen3_5MoeSparseMoeBlock``
-(and ``Qwen3NextSparseMoeBlock``, whose ``norm_topk_prob`` may turn the renormalisation off).
-
-Ties. ``torch.topk`` promises no order for equal values, and its CPU and CUDA kernels differ: CUDA
-(radix select) keeps the lowest indices among values equal to the k-th; CPU (``std::nth_element`` /
-``std::partial_sort`` on the value alone) keeps whichever the C++ library leaves, which at the real
-router sizes (k·64 > E, e.g. E = 512, k = 10) is not the lowest (docs/moe.md shows an experiment).
-The reference therefore fixes its own rule, the one CUDA's selection, a stable sort and
-``jax.lax.top_k`` share: descending probability, exact ties to the lower expert index.
+`mlp_moe` runs them in this order and returns every tensor. Each SwiGLU is the dense MLP of
+reference/mlp.py with that expert's weights. Top-k order: descending probability, exact ties to
+the lower expert index (a stable sort; `torch.topk` promises none). The sources and why the tie
+rule: docs/moe.md, "The reference" and "Ties".
 """
 
 from __future__ import annotations

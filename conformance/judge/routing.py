@@ -1,27 +1,13 @@
-"""The routing verdict of a sparse (MoE) layer, judged before the numbers (docs/moe.md, "Verify").
+"""The routing verdict of a sparse (MoE) layer, judged before the numbers.
 
-Routing is discontinuous, so a port that selects other experts for a token is not "a little off": it
-computed another function there, and every tensor after the routing stage differs at that token by
-far more than any bound. Verify therefore asks first, per call, whether the port selected the
-reference's experts, *as a set* per token (the order of the k slots is the order of the
-probabilities, which two correct ports may round differently where two are nearly equal; nothing
-downstream depends on it but a summation order). A token routed otherwise fails the call's
-``selected_experts`` record with reason ``routing`` and a message naming the token, both expert sets
-and the reference's probability margin there (p_(k) − p_(k+1), and the logit gap): the fixtures keep
-every token's margin beyond any profile's rounding (fixtures/moe_cases.py), so a flip is a bug.
+Routing is discontinuous, so verify asks first, per call, whether the port selected the reference's
+experts *as a set* per token; a token routed otherwise fails the call's `selected_experts` record
+with reason `routing` (the token, both expert sets, the reference's margin). A set that differs only
+among experts exactly tied with the k-th is a convention: it passes, recorded as
+`Record.convention`, and the tensors after it are judged for the port's own set
+(conformance/judge/ties.py). `routing_weights` is judged by expert on the tokens routed alike.
 
-An exact tie on the k boundary is a convention, not a bug (docs/moe.md, "Ties"): which of equal
-probabilities a top-k keeps is the engine's choice (the reference takes the lower index, CPU
-``torch.topk`` and MLX's ``argpartition`` others), and no trained model meets one. A token whose set
-differs from the reference's only among experts whose float64 logits are exactly equal to the k-th
-is *consistent with the exact ordering*: it passes the routing verdict, the call records the choice
-(``Record.convention``: how many such tokens, lower index, higher index or another choice), and the
-tensors after the routing are judged against the float64 expectation for the port's own set
-(conformance/judge/ties.py). A set that is not consistent with the exact ordering fails, tie or not.
-
-``routing_weights`` is then judged by expert (each token's slots sorted by expert index) on the
-tokens routed alike; a token routed otherwise is left out of it (its weights belong to other
-experts), and its downstream tensors fail as they must, after the routing record in pipeline order.
+Why and the messages: docs/moe.md, "Verify: the routing verdict" and "Ties".
 """
 
 from __future__ import annotations
