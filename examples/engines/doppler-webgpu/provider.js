@@ -1,7 +1,7 @@
 // A WebGPU provider for Node on a CPU-only machine, installed as navigator.gpu for doppler's own
 // device initialisation (doppler-gpu's initDevice()).
 //
-//   doe   doe-gpu 0.4.7 (Vulkan; lavapipe here). Its three defects are worked around in the glue, not
+//   doe   doe-gpu 0.4.7 (Vulkan; lavapipe here). Its four defects are worked around in the glue, not
 //         in doppler's WGSL (applyDoeWorkarounds below):
 //           1. a workgroup array sized by an `override` constant is rejected (sema: InvalidType):
 //              at createComputePipeline, each `override NAME: T = v;` given in `compute.constants`
@@ -9,7 +9,13 @@
 //           2. a compute pass begun with a `label` silently does nothing: beginComputePass drops it;
 //           3. reads after a separate submit can be stale: every queue.submit records
 //              onSubmittedWorkDone(), and every mapAsync waits for it (run.js also awaits the queue
-//              after each kernel call).
+//              after each kernel call);
+//           4. of two compute passes in one command buffer the second is sometimes not run, with no
+//              error and nothing on stderr (doppler's conv + recurrent submit: the conv ran, the
+//              recurrent state came back equal to its input and the output buffer untouched, in
+//              call 0 row 0 of prefill-decode and call 1 of chunked; Dawn runs both): each compute
+//              pass is recorded into a command encoder of its own (splitPasses), and queue.submit
+//              submits them one by one, in order.
 //         doe-gpu 0.4.7's prebuilt native library is compiled for AVX-512 (zmm stores in its Vulkan
 //         feature probe): on a CPU without AVX-512 it dies with SIGILL at requestAdapter. It is
 //         probed in a child process first, so that a crash is a reason, not a dead runner.
@@ -47,6 +53,35 @@ export function substituteOverrides(code, constants) {
   return { code: out, constants: left };
 }
 
+// Workarounds 2 and 4: a command encoder that begins a fresh real encoder (from `make`) for each
+// compute pass after the first command, and drops pass labels; finish() returns the real command
+// buffers under PARTS, which the wrapped queue.submit submits one by one. Every other method goes to
+// the current real encoder.
+export const PARTS = Symbol('gdncheck.doeCommandBufferParts');
+
+export function splitPasses(make) {
+  const parts = [make()];
+  let used = false;
+  const current = () => parts[parts.length - 1];
+  return new Proxy({}, {
+    get(_target, prop) {
+      if (prop === 'beginComputePass') {
+        return (d = {}) => {
+          if (used) parts.push(make());
+          used = true;
+          const { label, ...rest } = d;
+          return current().beginComputePass(rest);
+        };
+      }
+      if (prop === 'finish') return () => ({ [PARTS]: parts.map((enc) => enc.finish()) });
+      const enc = current();
+      const v = Reflect.get(enc, prop, enc);
+      if (typeof v !== 'function') return v;
+      return (...args) => { used = true; return v.apply(enc, args); };
+    },
+  });
+}
+
 export function applyDoeWorkarounds(device) {
   const sources = new WeakMap();
   const createShaderModule = device.createShaderModule.bind(device);
@@ -71,16 +106,14 @@ export function applyDoeWorkarounds(device) {
     device.createComputePipelineAsync = (desc) => createAsync(rewrite(desc));
   }
   const createCommandEncoder = device.createCommandEncoder.bind(device);
-  device.createCommandEncoder = (desc) => {
-    const enc = createCommandEncoder(desc);
-    const begin = enc.beginComputePass.bind(enc);
-    enc.beginComputePass = (d = {}) => { const { label, ...rest } = d; return begin(rest); };
-    return enc;
-  };
+  device.createCommandEncoder = (desc) => splitPasses(() => createCommandEncoder(desc));
   const queue = device.queue;
   let pending = Promise.resolve();
   const submit = queue.submit.bind(queue);
-  queue.submit = (buffers) => { submit(buffers); pending = queue.onSubmittedWorkDone(); };
+  queue.submit = (buffers) => {
+    for (const buf of buffers) for (const part of buf?.[PARTS] ?? [buf]) submit([part]);
+    pending = queue.onSubmittedWorkDone();
+  };
   const createBuffer = device.createBuffer.bind(device);
   device.createBuffer = (desc) => {
     const buf = createBuffer(desc);

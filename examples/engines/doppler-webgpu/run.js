@@ -192,7 +192,7 @@ async function main() {
     return createBindGroup(desc);
   };
   const pkg = (n) => JSON.parse(readFileSync(join(HERE, 'node_modules', n, 'package.json'), 'utf8')).version;
-  const providerDesc = provider.name === 'doe' ? `doe-gpu ${pkg('doe-gpu')} (workarounds: override->const, unlabeled passes, queue wait)`
+  const providerDesc = provider.name === 'doe' ? `doe-gpu ${pkg('doe-gpu')} (workarounds: override->const, unlabeled passes, queue wait, one pass per submit)`
     : `webgpu (Dawn) ${pkg('webgpu')} + vkshim on lavapipe`;
   mkdirSync(args.out, { recursive: true });
   const command = `node examples/engines/doppler-webgpu/run.js --fixtures ${args.fixtures} --out ${args.out}`;
