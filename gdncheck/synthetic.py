@@ -146,27 +146,14 @@ def realistic_weights(cfg: GDNConfig, seed: int = 0, *, norm_mode: str | None = 
                       layer: int | None = None) -> LayerWeights:
     """Weights in the regime of a trained Qwen3.5 layer, exactly representable in bf16 and f16.
 
-    transformers' initialisation is the floor: ``A = U(0.01, 16)`` for every head, and a share
-    :data:`FAST_HEAD_SHARE` of the value heads keeps its ``dt_bias = 1`` (forgetting within a few
-    tokens). The other heads have a long memory: ``dt_bias = softplus⁻¹(1 / (M·A))`` with the memory
-    ``M`` log-uniform over :data:`LONG_MEMORY` tokens, so ``exp(g) ≈ 1 - 1/M`` at ``a = 0`` and the
-    token's ``a`` (spread 1) moves the decay rate by a factor ``e^{±1}``. Projections are scaled by
-    ``1/sqrt(fan_in)`` times :data:`SPREAD`, so z, a and b have unit-order elements, as real layers
-    produce. q and k before their L2 norm are unit-order too, with squared norms of real layers'
-    order: their rows of ``in_proj_qkv`` add a mean of :data:`QK_MEAN` (read from the massive
-    channels, signed by the channel's conv-tap sum, so the pre-SiLU mean is ``QK_MEAN·|Σ_j w_j|`` > 0
-    once a sequence has K tokens) and have the spread ``SPREAD["qk"]``. Why the mean: at the suite's
-    dk = 8-16 a zero-mean pre-activation leaves every element of some token-heads negative (odds
-    2^-dk per vector), SiLU takes them near 0 and the squared norm to ~0.03, where an L2-norm eps
-    convention (``max(‖x‖, eps)``) differs from the contract beyond f32 rounding; at dk = 128 that
-    never happens (docs/tolerances.md §1.1). Why the spread: with the mean alone (spread 1) a head's keys
-    lie so close together that a correct bf16 port's rounding of k, amplified by the delta rule,
-    hid a bf16 state in the long decode (caught at 6.3 times the bound, not 10); with spread 3 the
-    median cosine between two keys of a head is 0.86 (0.52 with neither). v, z, a and b keep no mean
-    (b its write offset). Each head's write logit b has a mean drawn from :data:`WRITE_OFFSET`, read
-    from the massive channels of :func:`realistic_inputs` (a bias, as real layers read one): some
-    heads write strongly (beta near 1), some weakly (beta near 0.007). The RMSNorm weights (applied as
-    ``1 + w``) spread by a factor ``e^{±0.2}``, the gated norm's by 0.2.
+    transformers' initialisation is the floor (`A = U(0.01, 16)`; a share `FAST_HEAD_SHARE` of the
+    value heads forgets within a few tokens); the other heads remember `M` tokens, log-uniform over
+    `LONG_MEMORY`. Projections are scaled by `1/sqrt(fan_in)` times `SPREAD`, so z, a, b, q and k are
+    unit-order; q and k get a mean of `QK_MEAN` and each head's write logit a mean from
+    `WRITE_OFFSET`, both read from the massive channels of `realistic_inputs` (a bias, as real layers
+    read one).
+
+    The regime, each constant and why (the q/k mean, the spread): docs/tolerances.md §1.1.
     """
     kind = cfg.mlp_kind(layer)
     if kind != "dense":

@@ -1,25 +1,13 @@
 """The tolerance table: bounds per (mode, profile, case recipe, tensor), versioned data.
 
-``conformance/judge/tolerances.json`` is written by ``gdncheck tolerances derive`` (:mod:`.derive`) and
-read here. A bound has two parts, both earned from data (docs/tolerances.md):
+`conformance/judge/tolerances.json` is written by `gdncheck tolerances derive` (`.derive`) and read
+here. A bound is `elem` (the largest scaled elementwise error, `.metrics`) and `nmse` (the largest
+NMSE of one call's tensor). Rows are per case recipe (the case id without its `_s{seed}`); an
+unknown case gets `global`, a generated layer `ToleranceTable.property_bound`. The shipped table is
+pinned (`SHIPPED_SHA256`); a looser one is refused unless `allow_looser=True`, and then every
+verdict says so (`ToleranceTable.looser`).
 
-- ``elem``: the largest scaled elementwise error (:mod:`.metrics`) allowed anywhere in the tensor;
-- ``nmse``: the largest NMSE allowed for the tensor of one call.
-
-Bounds are kept per case *recipe* (the case id without its ``_s{seed}``): how far a correct
-low-precision port strays depends on the case's conditioning (a decayed state read by a nearly
-orthogonal query, saturated gates, a long memory) far more than on anything else, so each case gets
-the envelope earned by its own recipe at other seeds. A case the table does not know (a fixture
-built from a checkpoint, the full suite) gets the ``global`` bound: the envelope over every recipe.
-A layer the property suite generates gets the ``properties`` bound (:meth:`ToleranceTable.property_bound`):
-the envelope over every recipe and over a stratified sample of the properties' own draws, which
-visit edges no checkpoint has (docs/tolerances.md §3).
-
-The table a release ships is pinned (:data:`SHIPPED_SHA256`, docs/tolerances.md "Pinned"): the packaged
-file must hash to it, or nothing is judged with it. Another table (``--tolerances``) may be stricter
-freely; one that loosens any shipped bound is refused unless asked for by name
-(``allow_looser=True``, ``--allow-looser-tolerances``), and then every verdict judged with it says so
-(:attr:`ToleranceTable.looser`, the summary's ``tolerances.looser_bounds`` and a note).
+How the bounds are earned and why per recipe: docs/tolerances.md §3, §4, §5a.
 """
 
 from __future__ import annotations

@@ -1,29 +1,13 @@
-"""Comparisons of the property suite, judged exactly as ``verify`` judges a fixture case.
+"""Comparisons of the property suite, judged exactly as `verify` judges a fixture case.
 
-A generated configuration is no fixture recipe, so its bound is the tolerance table's ``properties``
-row for the profile: the envelope, over every recipe of the fixture suites and over a stratified
-sample of these strategies' own draws (every weights regime with every input kind: :mod:`.draws`),
-of the errors correct low-precision implementations make (docs/tolerances.md §3).
-The draws combine an edge of the weights with inputs no recipe pairs it with (the state-norms edge's
-x2500 value head under repeated, huge or eps-sized inputs; the sigmoid tails or a fast decay under
-tiny inputs; docs/tolerances.md §3), where a correct port strays up to 17 times further (bf16 ``v``)
-than on any recipe; the ``global`` rows, which judge a checkpoint-built fixture, stay the recipes'
-envelope.
+A generated configuration is no fixture recipe, so its bound is the tolerance table's `properties`
+row for the profile (the envelope over every recipe and a stratified sample of `.draws`). Calls are
+judged like a case's calls: the scales of the case-wide groups and the NMSE's normaliser come from
+every call of the program together (`gdncheck.conformance.judge.metrics.CaseStats`). The NMSE bound
+is judged only on a call's tensor of at least `MIN_NMSE_ELEMENTS` elements, and `a` and `b` are
+not judged (what they feed, `g` and `beta`, is).
 
-The NMSE bound is judged only on a call's tensor of at least :data:`MIN_NMSE_ELEMENTS` elements.
-An NMSE is a mean over the tensor's elements; over a handful (a one-token call's ``b`` of one head
-holds one number) it is one or two roundings, and a correct emulated port exceeds the global NMSE
-bound there (measured: ``b`` of one element 4.8e-5 against 1.4e-5 in f16) while staying within the
-elementwise bound, which judges every element whatever the size.
-
-``a`` and ``b`` are not judged here: each is one dot product per head and token, which cancels to
-near zero now and then, and a generated layer with one value head and a one-token call has a single
-such number in its group, so no scale makes its relative error meaningful (measured: 6% on a value
-of 7e-4, bf16). What they feed is judged: ``g`` and ``beta`` (dt_bias and the sigmoid keep those
-well scaled).
-
-Calls are judged like a case's calls: the scales of the case-wide groups and the NMSE's
-normaliser come from every call of the program together (:class:`~gdncheck.conformance.judge.metrics.CaseStats`).
+Why each rule, with the measurements: docs/tolerances.md §3 (item 6).
 """
 
 from __future__ import annotations
