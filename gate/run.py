@@ -1,25 +1,15 @@
-"""``gdncheck gate``: decide whether an implementation conforms, in one call (the CI gate).
+"""`gdncheck gate`: decide whether an implementation conforms, in one call (the CI gate).
 
-:func:`run_gate` is the library entry point the command wraps:
+`run_gate` is the library entry point the command wraps: check the fixtures (drifted ones are
+refused), run the implementation over the selected cases in every profile in worker processes,
+verify each profile, search the property suite, then write the gate summary
+(`OUT/gate-summary.json`), JUnit XML and the report. In code: four phases over the gate summary
+document (`.summary`), `plan`, `execute`, `judge` and `summarise`.
 
-1. check the fixtures: the manifest against its schema, every case file against its sha256 and,
-   for the committed default suite, a rebuild in memory (``fixtures check``); drifted fixtures are
-   refused (exit 2, with why);
-2. run the implementation over the selected cases in every profile (``run_impl``, one outputs file
-   per case under ``OUT/PROFILE/``), in worker processes;
-3. verify each profile (``verify``: ``OUT/PROFILE/verify-summary-PROFILE.json``);
-4. search the property suite (``gdncheck.conformance.properties``) against the same implementation,
-   every profile;
-5. write the gate summary (``OUT/gate-summary.json``), JUnit XML and the report.
+Exit status (`GateResult.exit_code`): 0 conforms, 1 does not conform (a case or a property fails),
+2 could not run (`reason` says why).
 
-In code the run is four phases, each a short function over the gate summary document
-(:mod:`.summary`): :func:`plan` (validate, resolve the device, check the fixtures, choose the units),
-:func:`execute` (run the units in workers), :func:`judge` (verify each profile, classify known
-failures) and :func:`summarise` (property results, environment, exit code).
-
-Exit status (``GateResult.exit_code``): 0 conforms, 1 does not conform (a case or a property
-fails), 2 could not run (``reason`` says why: drifted fixtures, an implementation that cannot be
-loaded, a device that is not there, a case whose inputs are unusable).
+The steps: README.md, "Use gdncheck as a CI gate"; the options and outputs: docs/gate.md.
 """
 
 from __future__ import annotations

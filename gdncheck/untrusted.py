@@ -1,25 +1,15 @@
 """Names and strings gdncheck does not trust: file names read from a fixture folder, an outputs
 folder, a name table or a summary, and any text a port supplied.
 
-Two rules, one function each, used by every command:
+- `safe_path`: a name from a file is a path *inside* its folder (never absolute, no `..`, no link
+  out, never a device, pipe or socket); every reader and writer of such a name goes through it.
+- `safe_text`: a string from a port is printed as one line of visible characters (controls and
+  invisible Unicode controls shown as escapes), so no string can forge a verdict line.
+- `read_json`: the one reader of an untrusted JSON file (bounded, `loads_untrusted`: a key twice
+  refused; every failure one line of the caller's error class).
+- `folder_lock`: one writer per folder; a second is refused with one line naming the first.
 
-- :func:`safe_path` — a name from a file is a path *inside* the folder it belongs to: never absolute,
-  no ``..``, no link that leads out, and (when it exists) a regular file or folder, never a device,
-  a pipe or a socket. Every reader and writer of such a name goes through it (``run``, ``gate``,
-  ``verify``, ``fixtures check|build``, ``report``, the program executor's snapshot files).
-- :func:`safe_text` — a string from a port (an error message, an implementation name, a tensor
-  name, a reason) is printed as one line of visible characters: control characters (carriage
-  returns, ANSI escape sequences, backspaces, line breaks) and the invisible Unicode controls that
-  reorder or hide text are shown as escapes (``\\x1b``, ``\\r``, ``\\u202e``), so no string can
-  forge, overwrite or hide a verdict line.
-
-One reader for a JSON file gdncheck does not trust (a manifest, a summary, a name or tolerance table):
-:func:`read_json` — bounded, parsed by :func:`loads_untrusted` (a key twice refused), and every way
-it can fail one line ``PATH: expected a JSON WHAT, found ...`` of the caller's error class.
-
-And one rule for the folders gdncheck writes: :func:`folder_lock` — one writer per folder (``run``,
-``verify``, ``gate``, ``report``, ``fixtures build|export`` hold it while they write; a second
-writer is refused with one line naming the first).
+The promises these keep and every bad input: docs/bad-inputs.md.
 """
 
 from __future__ import annotations

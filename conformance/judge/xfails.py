@@ -1,27 +1,17 @@
 """Known failures (xfails): cases an implementation is known to fail, each with its reason. One
-format for ``gdncheck verify --xfails``, ``gdncheck gate --xfails`` and ``pytest --gdncheck-xfails``
-(like array-api-tests' xfails file and the ONNX backend runner's exclusions).
+format for `gdncheck verify --xfails`, `gdncheck gate --xfails` and `pytest --gdncheck-xfails`.
 
-A plain-text file, one entry a line, ``#`` starting the reason (a line of only a comment is one)::
+A plain-text file, one entry a line, `#` starting the reason (a line of only a comment is one)::
 
     IMPL  PROFILE  CASE  WHAT  # reason
     triton   f32  wide-d1024_T4_Hk1_Hv2_dk16_dv16  core_gated,attn_out  # why, and where it is tracked
     myport:factory  *  decode_  delta_rule  # a stage: any of its tensors may fail
 
-- ``IMPL``: ``*``, or the implementation as given (the ``--impl`` / ``--gdncheck-impl`` spec, or the
-  ``gdncheck run`` spec recorded in the outputs' ``run_config``) or as it names itself (the
-  outputs' ``implementation`` metadata: what a port in another language writes);
-- ``PROFILE``: ``*`` or ``f32``, ``bf16``, ``f16``;
-- ``CASE``: a case id or id prefix;
-- ``WHAT``: the only things allowed to fail, comma-separated: tensor names (``core``), stage names
-  (``delta_rule``: every tensor of that stage, the states it writes too), ``state`` (``seq_len``),
-  ``snapshot`` (saved snapshot files); or ``*``: any failure of the case, one without a failing
-  tensor too (it raised, raised the wrong error).
+A failing case whose every failing tensor is covered by an applicable entry is a known failure; one
+failing beyond it still fails. An entry that covers no failure of a passing case is *stale*; what
+that does is the caller's (verify and the gate warn, the pytest plugin fails it).
 
-A failing case whose every failing tensor is covered by an applicable entry is a *known failure*
-with the entry's reason; one failing beyond it still fails. An applicable entry that covers no
-failure of a case that passed is *stale* (the case passes now). What a stale entry does is the
-caller's: the gate and verify warn, the pytest plugin fails it (``XPASS(strict)``).
+Each field and the verdicts: docs/verify.md, "Known failures"; docs/plugins.md for pytest.
 """
 
 from __future__ import annotations
