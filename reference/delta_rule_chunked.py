@@ -1,8 +1,7 @@
-"""Stage 6, ``delta_rule``, chunked (WY / UT-transform) form: the same function as
-:func:`.delta_rule.delta_rule_recurrent`, computed with matrix products over chunks of C tokens.
+"""Stage 6, `delta_rule`, chunked (WY / UT-transform) form: the same function as
+`.delta_rule.delta_rule_recurrent`, computed with matrix products over chunks of C tokens.
 
-For one chunk of L ≤ C tokens and one value head, with S the state entering the chunk
-(docs/math.md §2):
+For one chunk of L ≤ C tokens and one value head, with S the state entering the chunk:
 
     γ_t    = Σ_{u≤t} g_u                                  chunk-local inclusive cumsum
     E_ts   = exp(Σ_{s<u≤t} g_u) for t ≥ s, else 0         (= exp(γ_t − γ_s), masked before exp)
@@ -11,18 +10,9 @@ For one chunk of L ≤ C tokens and one value head, with S the state entering th
     O      = scale · [diag(e^γ) Q S + (QKᵀ ⊙ E) V']         (E includes the diagonal)
     S_out  = e^{γ_{L−1}} S + Kᵀ diag(e^{γ_{L−1} − γ}) V'    (e^{γ_{L−1} − γ_t} = E_{L−1,t})
 
-V' is the usual U − W S with U = (I + A)⁻¹ diag(β) V and W = (I + A)⁻¹ diag(β e^γ) K, taken as one
-product. Exponents are formed as sums of the g's they span (all g ≤ 0, so these sums never cancel)
-rather than as differences of cumulative sums: that keeps every decay factor to a few ulps even when
-the cumulative log-decay is huge (g ≪ 0).
-
-How it is computed: chunks are taken a block at a time (BLOCK_TOKENS tokens). For a block, everything
-that does not depend on S (E, (I + A)⁻¹, QKᵀ ⊙ E) is computed for all its chunks at once; then a loop over
-the chunks carries S, with three products per chunk: [Q; K] S (one product gives both), (I + A)⁻¹ times
-diag(β)(V − diag(e^γ) K S), and Kᵀ diag(e^{γ_{L−1} − γ}) V'; then (QKᵀ ⊙ E) V' is added to O for the
-whole block. Value head j reads key head j // r (r = Hv / Hk); arrays that depend
-only on the key head (Q, K, QKᵀ, KKᵀ) are kept once per key head and broadcast over its r value heads.
-A last partial chunk is processed as a chunk of its own length.
+Exponents are sums of the g's they span, never differences of cumulative sums. Chunks are taken
+`BLOCK_TOKENS` tokens at a time; a last partial chunk is a chunk of its own length.
+Why and how it computes: docs/math.md §2.
 """
 
 from __future__ import annotations
