@@ -53,7 +53,8 @@ def summary_from_json(doc: dict) -> Summary:
                                 records=[Record.from_json(r) for r in c.get("records", [])]))
     return Summary(profile=doc["profile"], mode=doc["mode"], implementation=doc["implementation"],
                    tolerances=doc["tolerances"], fixtures=doc["fixtures"], outputs=doc["outputs"],
-                   environment=doc["environment"], tool=doc["tool"], cases=cases, notes=list(doc.get("notes", [])))
+                   environment=doc["environment"], tool=doc["tool"], cases=cases, notes=list(doc.get("notes", [])),
+                   bounds=doc.get("bounds"))
 
 
 def _same(shards: list[tuple[Path, dict]], what: str, get) -> object:

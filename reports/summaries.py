@@ -66,9 +66,10 @@ def text_summary(summary: str | Path | dict, *, report: str | Path | None = None
     view = build(doc)
     t = doc["totals"]
     imp = doc["implementation"]
+    mode = doc["mode"] + (", end-to-end bounds (fused)" if doc.get("bounds") else "")
     lines = [plain(f"gdncheck: {doc['verdict'].upper()} — {t['failed']} of {t['cases']} cases fail, {t['errors']} "
                    f"unusable; {t['records_failed']} of {t['records']} tensors fail [{imp.get('name')}, profile "
-                   f"{doc['profile']}, {doc['mode']}]")]
+                   f"{doc['profile']}, {mode}]")]
     if view.first_stages:
         lines.append(plain("first diverging stage: " + ", ".join(f"{s} ({n} case{'s' if n != 1 else ''})"
                                                                 for s, n in view.first_stages)))

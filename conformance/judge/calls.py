@@ -56,6 +56,9 @@ class CaseJudge(Protocol):
     @property
     def mode(self) -> str: ...
 
+    @property
+    def bound_mode(self) -> str: ...
+
 #: The dtypes a seq_len output may have (FORMAT.md §7: I32 or I64).
 SEQ_LEN_DTYPES = ("I64", "I32")
 #: The dtypes an index tensor (``selected_experts``) may be written in: any that holds the indices
@@ -145,7 +148,7 @@ class PlainCall:
         actual, dtype = read_checked(cj.outs, key, cj.gold.shape_of(key), allowed_dtypes(name, cj.profile)[0])
         rec = tensor_record(cj, self.i, step, name)
         expected = self.expectation(name, cj.gold.read(key))
-        bound = cj.table.bound(name, cj.profile, cj.mode, cj.case)
+        bound = cj.table.bound(name, cj.profile, cj.bound_mode, cj.case)
         actual, expected = self.compared(name, actual, expected)
         judge(rec, actual, dtype, expected, bound, required=name in self.required,
               subject=messages.Subject(name, rec.stage, k), where=self.where, stats=cj.stats.get(name))

@@ -41,6 +41,8 @@ class CaseJudge:
     table: ToleranceTable
     stage_isolated: bool = False
     names: NameTable | None = None
+    #: the mode whose bounds judge the tensors when not this mode's own (a fused kernel: end to end)
+    bounds: str | None = None
     report: CaseReport = field(init=False)
     gold: SafetensorsFile | None = field(default=None, init=False)
     outs: NamedOutputs | None = field(default=None, init=False)
@@ -60,6 +62,11 @@ class CaseJudge:
     @property
     def mode(self) -> str:
         return mode_name(self.stage_isolated)
+
+    @property
+    def bound_mode(self) -> str:
+        """The mode of the bounds a call's tensors are judged against (verify's ``fused``: end to end)."""
+        return self.bounds or self.mode
 
     # --- the whole case ------------------------------------------------------------------------------
     def run(self) -> CaseReport:
@@ -100,7 +107,8 @@ class CaseJudge:
 
     def _repro(self) -> str:
         return messages.repro(str(self.fixtures), str(self.outputs), self.profile, self.case,
-                              stage_isolated=self.stage_isolated, run_command=self.meta.get("command"))
+                              stage_isolated=self.stage_isolated, fused=self.bounds is not None,
+                              run_command=self.meta.get("command"))
 
     def _open_golden(self) -> str | None:
         try:

@@ -66,7 +66,7 @@ class Failure:
     found: str
     expected: str  # what follows "but should ": "be 0.3998 ± 0.0062 (...)", "raise seq_pos_mismatch ..."
     subject: Subject | str | None = None
-    where: Where | None = None
+    where: Where | str | None = None  # a step of a case, or (a property draw) a description of it
     over: str | None = None  # how many elements are over the bound
     first: str | None = None  # where the first of them is
     details: tuple[str, ...] = ()  # what else was measured
@@ -114,7 +114,7 @@ def add_note(rec, note: str) -> None:
 
 def bound_failure(*, subject: Subject | str, metrics: dict, bound: dict, actual: float, expected: float,
                   allowed: float, over: int, first: tuple[int, int, int] | None, elem_failed: bool,
-                  where: Where) -> Failure:
+                  where: Where | str) -> Failure:
     """A tensor over its bound: the worst element (``actual`` where ``expected`` ± ``allowed``), how many
     elements are ``over``, the ``first`` (token, position, row) over it, and the NMSE."""
     m = metrics
@@ -144,35 +144,37 @@ def with_regime(message: str | None, regime: str | None) -> str | None:
     return f"{message} ({regime})"
 
 
-def shape_failure(*, subject: Subject | str, shape, expected, where: Where) -> Failure:
+def shape_failure(*, subject: Subject | str, shape, expected, where: Where | str) -> Failure:
     return Failure(subject=subject, where=where, found=f"shape {list(shape)}", expected=f"be {list(expected)}")
 
 
-def dtype_failure(*, subject: Subject | str, dtype: str, allowed: tuple[str, ...], why: str, where: Where) -> Failure:
+def dtype_failure(*, subject: Subject | str, dtype: str, allowed: tuple[str, ...], why: str,
+                  where: Where | str) -> Failure:
     return Failure(subject=subject, where=where, found=f"dtype {dtype}", expected=f"be {' or '.join(allowed)} ({why})")
 
 
-def nan_failure(*, subject: Subject | str, count: int, index, where: Where) -> Failure:
+def nan_failure(*, subject: Subject | str, count: int, index, where: Where | str) -> Failure:
     return Failure(subject=subject, where=where, found=f"{count} NaN value(s), first at {index}",
                    expected="be finite (NaN fails everywhere)")
 
 
-def inf_failure(*, subject: Subject | str, count: int, index, actual: float, expected: float, where: Where) -> Failure:
+def inf_failure(*, subject: Subject | str, count: int, index, actual: float, expected: float,
+                where: Where | str) -> Failure:
     return Failure(subject=subject, where=where, found=f"{count} unmatched infinity(ies), first at {index}: {actual}",
                    expected=f"be {fmt(expected)} (an infinity passes only where the expected value is the same "
                             "infinity)")
 
 
-def missing_required(*, subject: Subject | str, key: str, where: Where) -> Failure:
+def missing_required(*, subject: Subject | str, key: str, where: Where | str) -> Failure:
     return Failure(subject=subject, where=where, found=f"no tensor {key} in the outputs",
                    expected="be there (every call writes out, conv_state and recurrent_state)")
 
 
-def snapshot_missing(*, subject: Subject | str, problem: str, where: Where) -> Failure:
+def snapshot_missing(*, subject: Subject | str, problem: str, where: Where | str) -> Failure:
     return Failure(subject=subject, where=where, found=problem, expected="be there (the program saves it)")
 
 
-def seq_len_failure(*, subject: Subject | str, actual, expected, where: Where) -> Failure:
+def seq_len_failure(*, subject: Subject | str, actual, expected, where: Where | str) -> Failure:
     """``actual``: the counts found, or (a tensor of the wrong dtype or shape) a description of it."""
     found = actual if isinstance(actual, str) else list(actual)
     return Failure(subject=subject, where=where, found=f"seq_len {found}",
@@ -219,9 +221,9 @@ def not_applicable(*, na: dict, passed: int) -> str:
 
 
 def repro(fixtures: str, outputs: str, profile: str, case: str, *, stage_isolated: bool = False,
-          run_command: str | None = None) -> str:
+          fused: bool = False, run_command: str | None = None) -> str:
     """One line that reruns the check of one case (and the run that made its outputs, if known)."""
-    iso = " --stage-isolated" if stage_isolated else ""
+    iso = " --fused" if fused else " --stage-isolated" if stage_isolated else ""
     verify = (f"gdncheck verify --fixtures {shlex.quote(fixtures)} --outputs {shlex.quote(outputs)} "
               f"--profile {profile}{iso} --case {case}")
     return f"{run_command} --case {case} && {verify}" if run_command else verify

@@ -196,6 +196,13 @@ class Summary:
     #: verify's xfails: {file, entries, known_failures: [{case, tensors, reason, line}], stale: [entry]};
     #: None: no known-failures file
     xfails: dict | None = None
+    #: the bounds judged against when they are not the mode's own: "end_to_end" for a fused kernel's
+    #: stage-isolated outputs (verify's ``fused``); None: the mode's
+    bounds: str | None = None
+
+    def mode_text(self) -> str:
+        """The mode as a console line says it: ``stage_isolated, end-to-end bounds (fused)`` for fused."""
+        return f"{self.mode}, end-to-end bounds (fused)" if self.bounds else self.mode
 
     @property
     def exit_code(self) -> int:
@@ -282,6 +289,7 @@ class Summary:
             "implementation": self.implementation,
             "profile": self.profile,
             "mode": self.mode,
+            **({"bounds": self.bounds} if self.bounds else {}),
             "verdict": self.verdict(),
             "exit_code": self.exit_code,
             "tolerances": self.tolerances,

@@ -46,7 +46,7 @@ def base_record(case: str, step: int, op: str, call: int | None, tensor: str, **
 
 
 def judge(rec: Record, actual: np.ndarray | None, dtype: str | None, expected: np.ndarray, bound: Bound, *,
-          required: bool, subject: messages.Subject | str, where: messages.Where,
+          required: bool, subject: messages.Subject | str, where: messages.Where | str,
           stats: CaseStats | None = None) -> Record:
     """Fill ``rec`` (verdict, reason, message, metrics...) for ``actual`` against ``expected``."""
     rec.expected_shape = list(expected.shape)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import platform
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -25,7 +26,7 @@ from gdncheck.fixtures.manifest import (
     select_cases,
     sha256_file,
 )
-from gdncheck.harness import call_steps, is_packed, mode_name
+from gdncheck.harness import END_TO_END, call_steps, is_packed, mode_name
 from gdncheck.profiles import VERIFY_PROFILES, choices
 
 from .aliases import load_names
@@ -39,7 +40,7 @@ from .xfails import Tally, XFail, failing_names, load_xfails
 
 def verify(fixtures_dir: str | Path, outputs_dir: str | Path, profile: str, *, cases: list[str] | None = None,
            tags: list[str] | None = None, shard: tuple[int, int] | None = None, stage_isolated: bool = False,
-           tolerances: str | Path | ToleranceTable | None = None,
+           fused: bool = False, tolerances: str | Path | ToleranceTable | None = None,
            progress: Callable[[CaseReport], None] | None = None, names: str | None = None,
            diagnose: Callable | None = None, manifest_sha256: str | None = None,
            max_fail: int | None = None, allow_looser_tolerances: bool = False,
@@ -48,7 +49,10 @@ def verify(fixtures_dir: str | Path, outputs_dir: str | Path, profile: str, *, c
 
     ``cases`` (ids or id prefixes), ``tags`` and ``shard=(i, n)`` select cases; ``names`` reads the
     outputs through a name table (:mod:`.aliases`: ``hf``, ``doppler``, ``metrale`` or a path);
-    ``manifest_sha256`` pins the fixture manifest. Raises :class:`FixtureError` only when the run
+    ``manifest_sha256`` pins the fixture manifest. ``fused`` judges a fused kernel's stage-isolated outputs
+    (its stage inputs the goldens') against the end-to-end bounds of the profile, not the stage bounds:
+    a kernel that computes several stages from one stage's golden inputs inherits their rounding, which
+    only the whole layer's bounds grant (docs/verify.md, Fused kernels). Raises :class:`FixtureError` only when the run
     cannot start: the fixture folder unusable (no readable manifest, another manifest than the pinned
     one), a selection of no case (:class:`~gdncheck.fixtures.manifest.SelectionError`), an unknown
     name table or profile. ``diagnose`` (a :class:`~.diagnose.Diagnoser`) names the likely cause of
@@ -60,6 +64,7 @@ def verify(fixtures_dir: str | Path, outputs_dir: str | Path, profile: str, *, c
     listed in ``summary.xfails["known_failures"]`` and counts neither in the exit code nor towards
     ``max_fail``; an entry of a case that passed is listed stale (and noted).
     """
+    stage_isolated = stage_isolated or fused
     xfails_file = None
     if isinstance(xfails, str | Path):
         xfails_file, xfails = str(xfails), load_xfails(xfails)
@@ -67,7 +72,6 @@ def verify(fixtures_dir: str | Path, outputs_dir: str | Path, profile: str, *, c
     table = tolerances if isinstance(tolerances, ToleranceTable) else load_table(
         tolerances, allow_looser=allow_looser_tolerances)
     name_table = load_names(names)
-    mode = mode_name(stage_isolated)
     if profile not in VERIFY_PROFILES:
         raise FixtureError(f"expected --profile {choices(VERIFY_PROFILES)}, found {profile!r}")
     if manifest_sha256 is not None:
@@ -75,47 +79,79 @@ def verify(fixtures_dir: str | Path, outputs_dir: str | Path, profile: str, *, c
     problems: list[CaseProblem] = []
     manifest = load_manifest(fixtures_dir, problems)
     entries = select_cases(manifest, cases, tags, shard, also_known=[p.case for p in problems])
-    summary = Summary(
-        profile=profile, mode=mode, implementation={}, tolerances=table.describe(),
-        fixtures={"dir": str(fixtures_dir), "suite": manifest["suite"], "format_version": manifest["format_version"],
-                  "manifest_sha256": sha256_file(Path(fixtures_dir) / "manifest.json"),
-                  "generator": manifest["generator"]},
-        outputs={"dir": str(outputs_dir), "names": name_table.source if name_table else None},
-        environment={"python": platform.python_version(), "numpy": np.__version__, "platform": platform.platform()},
-        tool={"name": "gdncheck", "version": __version__},
-    )
-    if table.looser:  # allowed by name only (tolerances.py): every verdict judged with it says so
-        summary.notes.append(f"judged with a tolerance table that loosens {len(table.looser)} bound(s) of the shipped "
-                             f"one (--allow-looser-tolerances; {table.source}): a verdict here is not the release's")
-    if stage_isolated:
-        skipped = [e["id"] for e in entries if e["kind"] == "error"]
-        serving = [e["id"] for e in entries if e["kind"] != "error" and _only_packed(e)]
-        entries = [e for e in entries if e["kind"] != "error" and e["id"] not in serving]
-        if skipped:
-            summary.notes.append(f"stage-isolated mode: {len(skipped)} expected-error case(s) not applicable")
-        if serving:  # FORMAT.md §8: packed calls are judged end to end only
-            summary.notes.append(f"stage-isolated mode: {len(serving)} serving case(s) not applicable (their calls are "
-                                 "packed, judged end to end only: FORMAT.md §8)")
+    summary = _new_summary(fixtures_dir, outputs_dir, manifest, profile, stage_isolated, fused, table, name_table)
+    entries = _judged_in_mode(entries, stage_isolated, summary)
     for p in problems:
         if not cases or any(p.case.startswith(c) for c in cases):
             summary.cases.append(CaseReport(p.case, "unknown", [], "error", problem=p.message))
             if progress:
                 progress(summary.cases[-1])
+    judge = partial(CaseJudge, Path(fixtures_dir), Path(outputs_dir), profile=profile, table=table,
+                    stage_isolated=stage_isolated, names=name_table, bounds=END_TO_END if fused else None)
+    impls = _judge_cases(entries, judge, summary, tally=tally, diagnose=diagnose, progress=progress,
+                         max_fail=max_fail, provenance=Provenance(fixtures_dir, manifest))
+    summary.implementation = _implementation(impls, profile, summary)
+    if tally is not None:
+        summary.xfails = _xfails_section(tally, xfails_file, summary)
+    return summary
+
+
+def _new_summary(fixtures_dir, outputs_dir, manifest: dict, profile: str, stage_isolated: bool, fused: bool,
+                 table: ToleranceTable, name_table) -> Summary:
+    """The summary of a run before any case: what is judged, against what, here."""
+    summary = Summary(
+        profile=profile, mode=mode_name(stage_isolated), implementation={}, tolerances=table.describe(),
+        fixtures={"dir": str(fixtures_dir), "suite": manifest["suite"], "format_version": manifest["format_version"],
+                  "manifest_sha256": sha256_file(Path(fixtures_dir) / "manifest.json"),
+                  "generator": manifest["generator"]},
+        outputs={"dir": str(outputs_dir), "names": name_table.source if name_table else None},
+        environment={"python": platform.python_version(), "numpy": np.__version__, "platform": platform.platform()},
+        tool={"name": "gdncheck", "version": __version__}, bounds=END_TO_END if fused else None,
+    )
+    if table.looser:  # allowed by name only (tolerances.py): every verdict judged with it says so
+        summary.notes.append(f"judged with a tolerance table that loosens {len(table.looser)} bound(s) of the shipped "
+                             f"one (--allow-looser-tolerances; {table.source}): a verdict here is not the release's")
+    if fused:
+        summary.notes.append("fused: stage-isolated outputs judged against the end-to-end bounds of the profile (a "
+                             "fused kernel fed one stage's golden inputs inherits the rounding of the stages it "
+                             "computes itself; docs/verify.md, Fused kernels)")
+    return summary
+
+
+def _judged_in_mode(entries: list[dict], stage_isolated: bool, summary: Summary) -> list[dict]:
+    """The selected cases the mode judges: stage-isolated, no expected-error case and no serving case
+    (their calls are packed, judged end to end only: FORMAT.md §8), each left out with a note."""
+    if not stage_isolated:
+        return entries
+    skipped = [e["id"] for e in entries if e["kind"] == "error"]
+    serving = [e["id"] for e in entries if e["kind"] != "error" and _only_packed(e)]
+    if skipped:
+        summary.notes.append(f"stage-isolated mode: {len(skipped)} expected-error case(s) not applicable")
+    if serving:  # FORMAT.md §8: packed calls are judged end to end only
+        summary.notes.append(f"stage-isolated mode: {len(serving)} serving case(s) not applicable (their calls are "
+                             "packed, judged end to end only: FORMAT.md §8)")
+    return [e for e in entries if e["kind"] != "error" and e["id"] not in serving]
+
+
+def _judge_cases(entries: list[dict], judge: Callable[[dict], CaseJudge], summary: Summary, *, tally: Tally | None,
+                 diagnose: Callable | None, progress: Callable | None, max_fail: int | None,
+                 provenance: Provenance) -> dict[str, dict]:
+    """Judge each case in turn into ``summary`` (a failing case's goldens checked against their recipe,
+    its likely cause named), stopping after ``max_fail`` failures; the outputs metadata of each case."""
     impls: dict[str, dict] = {}  # case -> the metadata of its usable outputs file
     failed = 0
-    provenance = Provenance(fixtures_dir, manifest)  # a failing case's golden rebuilt from its recipe
     for done, entry in enumerate(entries, 1):
-        judge = CaseJudge(Path(fixtures_dir), Path(outputs_dir), entry, profile, table, stage_isolated, name_table)
-        report = judge.run()
-        known = tally.see(report, _impl_names(judge.meta)) if tally is not None else None
+        cj = judge(entry)
+        report = cj.run()
+        known = tally.see(report, _impl_names(cj.meta)) if tally is not None else None
         tampered = provenance.check(entry) if report.status == "fail" else None
         if tampered:  # the goldens, not the port: said on the case, and instead of a bug class
             report.notes.append(tampered)
             report.diagnosis = {"verdict": "none", "text": tampered, "tensor": None, "call": None}
         elif diagnose is not None and report.status == "fail" and known is None:  # a known failure's cause is known
-            report.diagnosis = advise(diagnose, judge, report)
-        if judge.meta:
-            impls[entry["id"]] = judge.meta
+            report.diagnosis = advise(diagnose, cj, report)
+        if cj.meta:
+            impls[entry["id"]] = cj.meta
         summary.cases.append(report)
         if progress:
             progress(report)
@@ -129,10 +165,7 @@ def verify(fixtures_dir: str | Path, outputs_dir: str | Path, profile: str, *, c
             break
     if provenance.note():
         summary.notes.append(provenance.note())
-    summary.implementation = _implementation(impls, profile, summary)
-    if tally is not None:
-        summary.xfails = _xfails_section(tally, xfails_file, summary)
-    return summary
+    return impls
 
 
 def _impl_names(meta: dict | None) -> list[str]:

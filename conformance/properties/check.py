@@ -62,7 +62,7 @@ def compare_calls(actual: Sequence[dict], expected: Sequence[dict], profile: str
             bound = property_bound(name, profile, np.size(e))
             rec = base_record("property", k, "forward", k, name, actual_ref={"file": "-", "key": name})
             judge(rec, np.asarray(a), "F64", np.asarray(e), bound, required=True,
-                  subject=f"{name} of call {k}", loc=f"[{what}]", stats=stats)
+                  subject=f"{name} of call {k}", where=f"[{what}]", stats=stats)
             if rec.verdict == "fail":
                 failures.append(rec.message)
                 break  # the first failing call of a tensor is enough

@@ -151,7 +151,7 @@ def _judge_identity(name: str, actual: np.ndarray, predicted: np.ndarray, profil
     bound = property_bound(name, profile, np.size(predicted))
     rec = base_record("property", 0, "forward", 1, name, actual_ref={"file": "-", "key": name})
     stats = CaseStats(name, stats_from) if stats_from is not None else None
-    judge(rec, actual, "F64", predicted, bound, required=True, subject=name, loc=f"[{what}]", stats=stats)
+    judge(rec, actual, "F64", predicted, bound, required=True, subject=name, where=f"[{what}]", stats=stats)
     if rec.verdict == "fail":
         raise AssertionError(rec.message)
 

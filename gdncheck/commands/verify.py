@@ -44,6 +44,10 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--outputs", required=True, help="the port's outputs folder")
     p.add_argument("--profile", required=True, choices=VERIFY_PROFILES, help="precision profile")
     p.add_argument("--stage-isolated", action="store_true", help="outputs of stages run alone from golden inputs")
+    p.add_argument("--fused", action="store_true",
+                   help="stage-isolated outputs of a fused kernel (one that computes several stages from one stage's "
+                        "golden inputs), judged against the profile's end-to-end bounds (docs/verify.md, Fused "
+                        "kernels); implies --stage-isolated")
     p.add_argument("--case", action="append", help="only this case (id or id prefix; repeatable)")
     p.add_argument("--tag", action="append", help="only cases with this tag (repeatable)")
     p.add_argument("--shard", help="I/N: every N-th selected case from the I-th (0-based)")
@@ -190,7 +194,7 @@ def _judge(args, con, say, path, junit_path, to_file, failures, progress) -> int
 
     try:
         summary = verify(args.fixtures, args.outputs, args.profile, cases=args.case, tags=args.tag,
-                         shard=parse_shard(args.shard), stage_isolated=args.stage_isolated,
+                         shard=parse_shard(args.shard), stage_isolated=args.stage_isolated, fused=args.fused,
                          tolerances=args.tolerances, progress=progress, names=args.names, diagnose=diagnoser(args),
                          manifest_sha256=args.fixtures_sha256, max_fail=args.max_fail,
                          allow_looser_tolerances=args.allow_looser_tolerances, xfails=getattr(args, "xfails", None))
@@ -239,7 +243,7 @@ def _judge(args, con, say, path, junit_path, to_file, failures, progress) -> int
         f"{t['not_applicable']} not applicable; "
         f"{t['records'] - t['records_missing']} tensors judged, {t['records_failed']} failed, "
         f"{t['records_missing']} not provided{early} "
-        f"[{safe_text(summary.implementation.get('name'))}, profile {args.profile}, {summary.mode}]; summary: "
+        f"[{safe_text(summary.implementation.get('name'))}, profile {args.profile}, {summary.mode_text()}]; summary: "
         f"{path if to_file else 'stdout'}")))
     if args.report:
         from gdncheck.reports import write_report
@@ -347,7 +351,7 @@ class Repro:
         if not self._is_default(a.fixtures):
             cmd += ["--fixtures", a.fixtures]
         cmd += ["--outputs", a.outputs, "--profile", a.profile]
-        cmd += ["--stage-isolated"] if a.stage_isolated else []
+        cmd += ["--fused"] if getattr(a, "fused", False) else ["--stage-isolated"] if a.stage_isolated else []
         cmd += ["--names", a.names] if a.names else []
         cmd += ["--tolerances", a.tolerances] if a.tolerances else []
         cmd += ["--allow-looser-tolerances"] if getattr(a, "allow_looser_tolerances", False) else []
@@ -363,7 +367,7 @@ class Repro:
 
         a = self.args
         tail = f" --case {c.id} && " + judge_repro(str(Path(a.fixtures)), str(Path(a.outputs)), a.profile, c.id,
-                                                    stage_isolated=a.stage_isolated)
+                                                    stage_isolated=a.stage_isolated, fused=getattr(a, "fused", False))
         text = c.repro or ""
         if not text.endswith(tail) or len(text) == len(tail):
             return None
