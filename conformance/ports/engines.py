@@ -39,15 +39,19 @@ reported ``stale``.
 from __future__ import annotations
 
 import importlib.util
+import json
+import os
 import re
+import shutil
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
 from typing import Any
 
 from gdncheck import errors
 
-JUDGED = ("end_to_end", "stage_isolated")
+JUDGED = ("end_to_end", "stage_isolated", "fused")
 CLASSES = ("deviation", "convention", "missing_feature", "engine_crash", "unusable")
 #: classes that need an explanation (a FINDINGS entry); the others explain themselves in the summary
 NEEDS_EXPLANATION = ("deviation", "engine_crash", "unusable")
@@ -59,7 +63,7 @@ class Engine:
 
     name: str
     impl: str  # the implementation spec gdncheck runs: a built-in name ...
-    judged: str  # end_to_end | stage_isolated
+    judged: str  # end_to_end | stage_isolated | fused (stage-isolated outputs, end-to-end bounds: a fused kernel)
     profiles: tuple[str, ...]
     modules: tuple[str, ...]  # top-level modules it needs (find_spec: nothing of the engine is imported)
     packages: tuple[str, ...]  # distributions whose versions are reported
@@ -69,19 +73,47 @@ class Engine:
     options: Mapping[str, Any] = field(default_factory=dict)  # the --option values it runs with
     option_values: Mapping[str, tuple] = field(default_factory=dict)  # the options it takes, and their values
     baseline: bool = False
+    #: an engine run by a program of its own (not through ``gdncheck run``): its argv, with ``{folder}``
+    #: (:meth:`glue_folder`), ``{fixtures}`` and ``{out}`` filled in and ``--case ID`` appended
+    command: tuple[str, ...] | None = None
+    folder: str | None = None  # where its glue lives in a gdncheck checkout (or $GDN_<NAME>_DIR)
+    needs: tuple[str, ...] = ()  # files of that folder it needs (its installed packages)
+    programs: tuple[str, ...] = ()  # executables it needs on PATH
+    npm_packages: tuple[str, ...] = ()  # npm packages of that folder whose versions are reported
 
     @property
     def stage_isolated(self) -> bool:
-        return self.judged == "stage_isolated"
+        return self.judged in ("stage_isolated", "fused")
+
+    @property
+    def fused(self) -> bool:
+        return self.judged == "fused"
 
     def spec(self) -> str:
-        """What ``gdncheck run`` is given: the built-in name, or the plug-in while there is none."""
+        """What ``gdncheck run`` is given: the built-in name, or the plug-in while there is none (an
+        engine run by its own program: that program's command line)."""
+        if self.command is not None:
+            return " ".join(self.command).replace("{folder}", self.folder or ".")
         from . import implementations  # the built-ins import numpy and the judge: only a run needs them
 
         if self.impl in implementations.BUILTIN or self.fallback is None:
             return self.impl
         return self.fallback
 
+    def glue_folder(self) -> Path | None:
+        """The folder of an engine's own glue: ``$GDN_<NAME>_DIR``, else :attr:`folder` in the gdncheck
+        checkout this package runs from (a wheel has none: the glue is not Python)."""
+        if self.folder is None:
+            return None
+        env = os.environ.get(f"GDN_{self.name.upper().replace('-', '_')}_DIR")
+        if env:
+            return Path(env)
+        return Path(__file__).resolve().parents[2] / self.folder
+
+
+DOPPLER_INSTALL = ("in a gdncheck checkout (or $GDN_DOPPLER_DIR, a copy of its folder): cd "
+                   "examples/engines/doppler-webgpu && npm install; apt-get install -y mesa-vulkan-drivers "
+                   "libvulkan-dev (Mesa's lavapipe); Node.js 20+")
 
 ENGINES: dict[str, Engine] = {e.name: e for e in (
     Engine("reference", "reference", "end_to_end", ("f32", "bf16"), (), ("gdncheck",), None,
@@ -116,6 +148,13 @@ ENGINES: dict[str, Engine] = {e.name: e for e in (
            "delta_rule stage alone from golden inputs; f32 only: the op takes f32 tensors only "
            "(conformance/ports/ggml.py)",
            fallback="gdncheck.conformance.ports.ggml:ggml", option_values={"threads": (1, 2, 4)}),
+    Engine("doppler", "doppler", "fused", ("f32",), (), (), DOPPLER_INSTALL,
+           "doppler's WebGPU kernel (doppler-gpu's linear-attention-core WGSL, unchanged) on the CPU through Dawn "
+           "or doe-gpu on Mesa's lavapipe, fed each case's golden stage inputs; one fused kernel (conv, q/k norm, "
+           "gates, delta rule, gated norm), so judged against the end-to-end bounds (examples/engines/doppler-webgpu)",
+           command=("node", "{folder}/run.js", "--fixtures", "{fixtures}", "--out", "{out}"),
+           folder="examples/engines/doppler-webgpu", needs=("run.js", "node_modules/doppler-gpu"), programs=("node",),
+           npm_packages=("doppler-gpu", "webgpu", "doe-gpu")),
 )}
 
 
@@ -156,9 +195,25 @@ def package_version(dist: str) -> str | None:
 
 
 def probe(eng: Engine) -> Probe:
-    """Is ``eng`` installed (every module it needs found), and which versions of its packages."""
+    """Is ``eng`` installed (every module, program and file of its glue it needs found), and which
+    versions of its packages (Python distributions, and npm packages of its glue folder)."""
     missing = [m for m in eng.modules if not module_available(m)]
-    return Probe(not missing, missing, {p: package_version(p) for p in eng.packages})
+    missing += [p for p in eng.programs if shutil.which(p) is None]
+    folder = eng.glue_folder()
+    if folder is not None:
+        missing += [str(folder / n) for n in (".", *eng.needs) if not (folder / n).exists()]
+    versions = {p: package_version(p) for p in eng.packages}
+    versions.update({p: npm_version(folder, p) for p in eng.npm_packages} if folder is not None else {})
+    return Probe(not missing, missing, versions)
+
+
+def npm_version(folder: Path, package: str) -> str | None:
+    """The version of npm package ``package`` installed in ``folder`` (its package.json), else None."""
+    try:
+        v = json.loads((folder / "node_modules" / package / "package.json").read_text(encoding="utf-8")).get("version")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return v if isinstance(v, str) else None
 
 
 # --- the known findings ------------------------------------------------------------------------------
@@ -187,6 +242,17 @@ _GGML_NOTHING_JUDGED = ("ggml_gated_delta_net is one op of llama.cpp's graph: st
 _LLAMACPP_SOFTPLUS = ("ggml's CPU softplus is (x > 20) ? x : logf(1.0f + expf(x)) in f32: for negative x an absolute "
                       "error near 6e-8 (relative 7e-4 at x = -11), and exactly 0 below x ~ -16.6, so g = 0 there and "
                       "that head never decays; llama.cpp's g equals an f32 emulation of the formula to ~1 ulp")
+
+_DOPPLER_RACE = ("a race in linear_attention_recurrent: each reduction's result is read from shared_sq[0] and the next "
+                 "reduction writes its partial sums there with no workgroupBarrier() between, so lanes past the first "
+                 "subgroup read another reduction's sum (NaN or huge within a few tokens; lavapipe runs 8-lane "
+                 "subgroups, so lanes 8-15 of a dv = 16 head; on 32-wide hardware with Qwen3.5's dv = 128, lanes "
+                 "32-127); with a barrier after each read the kernel equals float64 to 2e-16 on that schedule")
+_DOPPLER_SOFTPLUS = ("softplus in f32 as log(1.0 + exp(x)): 0 below x ~ -16.6 and a relative error ulp(1)/exp(x) "
+                     "for -16 < x < -8, so g = -A softplus(x) loses its decay where A is large")
+_DOPPLER_SOFTPLUS_TOO = ("softplus-edges", "state-norms", "restore-mismatch")
+_DOPPLER_THEN_SOFTPLUS = ("; with the race fixed (GDN_DOPPLER_PATCH=barrier) this case still fails, by the second "
+                          "defect: " + _DOPPLER_SOFTPLUS)
 
 FINDINGS: dict[tuple[str, str, str], Finding] = {
     ("mlx", "error-input-dtype", "*"): Finding(
@@ -227,6 +293,24 @@ FINDINGS: dict[tuple[str, str, str], Finding] = {
         "deviation", _LLAMACPP_SOFTPLUS + "; on this case the g error accumulates into the state (the float64 "
         "reference with that softplus alone swapped in gives the same state error: 3.9e-12 against 4.1e-12)",
         f"{REPROS}/llamacpp_softplus.py", {"kind": "tensor", "stage": "delta_rule", "tensor": "recurrent_state"}),
+    **{("doppler", prefix, "f32"): Finding(
+        "deviation", _DOPPLER_RACE + (_DOPPLER_THEN_SOFTPLUS if prefix in _DOPPLER_SOFTPLUS_TOO else ""),
+        f"{REPROS}/doppler_webgpu.py", {"kind": "tensor", "stage": "delta_rule", "tensor": "recurrent_state"},
+        may_not_occur=True)
+       for prefix in ("prefill-decode", "chunked", "decode_", "segments", "one-key-head", "per-head-norm",
+                      "snapshot-replay", "restore-mismatch", "mismatch-midstream", "batch-positions", "dk-lt-dv",
+                      "wide-d1024", "rmsnorm-eps", "qk-eps", "gated-eps", "softplus-edges", "sigmoid-edges",
+                      "state-norms", "prefill_")},
+    ("doppler", "dk-gt-dv", "f32"): Finding(
+        "deviation", _DOPPLER_SOFTPLUS + "; dv = 8 here, so a head's lanes fit one of lavapipe's 8-lane subgroups and "
+        "the race does not show: with the softplus alone swapped into the float64 reference the state is 2.1x the "
+        "end-to-end bound, the rest is WebGPU's own exp/log accuracy (3 + 2|x| ulp for exp), lower than libm's",
+        f"{REPROS}/doppler_webgpu.py", {"kind": "tensor", "stage": "delta_rule", "tensor": "recurrent_state"},
+        may_not_occur=True),
+    ("doppler", "real-heads", "*"): Finding(
+        "missing_feature", "the kernel is fed each call's golden stage inputs (qkv, z, a, b and the states entering "
+        "the call); a real-heads case keeps no *_in state, so nothing runs and no tensor is judged: a limit of a "
+        "stage-fed kernel, not a doppler deviation", None, {"kind": "nothing_judged"}),
     ("fla", "real-heads", "*"): Finding(
         "missing_feature", _NOTHING_JUDGED.format(what="a real-heads case keeps no *_in state"),
         None, {"kind": "nothing_judged"}),

@@ -195,17 +195,20 @@ def _run_one(eng, opts, profile, fixtures, folder, args, con) -> dict:
 
     t0 = time.perf_counter()
     spec = eng.spec()
-    command = default_command(spec, fixtures, folder, profile, opts, eng.stage_isolated)
     try:
-        run_impl(spec, fixtures, folder, profile, cases=args.case, tags=args.tag, options=opts,
-                 stage_isolated=eng.stage_isolated, command=command)
+        if eng.command is not None:
+            command = _run_program(eng, fixtures, folder, args)
+        else:
+            command = default_command(spec, fixtures, folder, profile, opts, eng.stage_isolated)
+            run_impl(spec, fixtures, folder, profile, cases=args.case, tags=args.tag, options=opts,
+                     stage_isolated=eng.stage_isolated, command=command)
         diagnose = None
         if args.diagnose > 0:
             from gdncheck.conformance.meta.catalogue import mutant_diagnoser
 
             diagnose = mutant_diagnoser(fixtures, limit=args.diagnose)
         summary = verify(fixtures, folder, profile, cases=args.case, tags=args.tag,
-                         stage_isolated=eng.stage_isolated, diagnose=diagnose)
+                         stage_isolated=eng.stage_isolated, fused=eng.fused, diagnose=diagnose)
     except GDNError as exc:
         con.say(safe_text(f"{eng.name} {profile}: could not run: {one_line(exc)}"))
         return {"status": "could_not_run", "problem": one_line(exc), "seconds": round(time.perf_counter() - t0, 1)}
@@ -231,6 +234,45 @@ def _run_one(eng, opts, profile, fixtures, folder, args, con) -> dict:
         if f["unexplained"]:
             con.say(safe_text(f"  unexplained {f['class']}: {f['case']}: {f.get('mismatch') or f.get('detail')}"))
     return result
+
+
+#: how long an engine's own program may run over the suite (doppler: ~6 s here)
+PROGRAM_TIMEOUT = 1800
+
+
+def _run_program(eng, fixtures, folder, args) -> str:
+    """Run an engine that has a program of its own (``eng.command``) into ``folder``; its command line.
+    Its exit 0, or 2 (a case it could not read or run: no outputs file, which verify reports), lets the
+    matrix judge what it wrote; any other exit (3: no WebGPU adapter) is a run that could not be made."""
+    import shlex
+    import subprocess
+    from pathlib import Path
+
+    from gdncheck.errors import GDNError
+    from gdncheck.fixtures.manifest import load_manifest, select_cases
+    from gdncheck.untrusted import one_line
+
+    glue = eng.glue_folder()
+    fill = {"{folder}": str(glue), "{fixtures}": str(Path(fixtures).resolve()), "{out}": str(Path(folder).resolve())}
+    argv = []
+    for word in eng.command:
+        for key, value in fill.items():
+            word = word.replace(key, value)
+        argv.append(word)
+    # the program selects by case id prefix: a tag selection goes to it as the ids it selects
+    ids = [e["id"] for e in select_cases(load_manifest(fixtures, []), args.case, args.tag, None)] if args.tag \
+        else list(args.case or [])
+    argv += [w for c in ids for w in ("--case", c)]
+    Path(folder).mkdir(parents=True, exist_ok=True)
+    try:
+        run = subprocess.run(argv, capture_output=True, text=True, timeout=PROGRAM_TIMEOUT)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise GDNError(f"{eng.name}: {shlex.join(argv[:2])} could not run: {one_line(exc)}") from None
+    if run.returncode not in (0, 2):
+        said = (run.stdout + run.stderr).strip().splitlines()
+        raise GDNError(f"{eng.name}: {shlex.join(argv[:2])} exited {run.returncode}"
+                       + (f": {one_line(said[-1])}" if said else ""))
+    return shlex.join(argv)
 
 
 def _totals(rows, classes) -> dict:

@@ -198,3 +198,70 @@ def test_every_row_and_call_of_a_patched_run_is_the_kernel_s_own(fixtures_dir, t
                     assert nmse < 1e-10, f"{case} call {k} row {b} {name}: NMSE {nmse:.3g} against the golden"
                     checked.append((case, k, b))
     assert sum(c[0].startswith("prefill-decode") and c[1] == 0 for c in checked) == 2 * 2  # both rows, 2 tensors
+
+
+# --- doppler in the matrix: run by its own program, judged fused --------------------------------------
+MATRIX_CASES = ["prefill_T1_Hk1_Hv1_dk16_dv16_s0", "moe-no-renorm_T12_Hk1_Hv2_dk8_dv8_s0",
+                "real-heads_T3_Hk16_Hv32_dk128_dv128_s0"]
+
+
+def _matrix(tmp_path, env=None, monkeypatch=None):
+    """``gdncheck engines --engine doppler`` on MATRIX_CASES; skipped where doppler cannot run here."""
+    from gdncheck.conformance.ports import engines as registry
+    from tests.ports.test_engines import _engines
+
+    if monkeypatch is not None:
+        for k, v in (env or {}).items():
+            monkeypatch.setenv(k, v)
+    if not registry.probe(registry.ENGINES["doppler"]).installed:
+        pytest.skip(registry.probe(registry.ENGINES["doppler"]).hint(registry.ENGINES["doppler"]))
+    rc, m = _engines(tmp_path, "--engine", "doppler", *[a for c in MATRIX_CASES for a in ("--case", c)])
+    assert rc == 0
+    [row] = m["engines"]
+    result = row["results"]["f32"]
+    if result["status"] == "could_not_run" and "exited 3" in result["problem"]:
+        pytest.skip(f"no WebGPU adapter: {result['problem']}")
+    assert result["status"] == "ran", result
+    return row, result
+
+
+def test_the_matrix_runs_doppler_s_program_and_judges_it_fused(tmp_path):
+    """The matrix runs run.js itself and judges its outputs against the end-to-end bounds: the race fails
+    prefill_T1 (explained, with its repro), the dv = 8 case within one lavapipe subgroup passes, a
+    real-heads case (no stage inputs) is a missing feature; nothing is unexplained."""
+    row, result = _matrix(tmp_path)
+    assert row["judged"] == "fused" and row["impl"].startswith("node examples/engines/doppler-webgpu/run.js")
+    assert row["versions"]["doppler-gpu"] == "0.5.1"
+    summary = json.loads(Path(result["summary"]).read_text())
+    assert summary["mode"] == "stage_isolated" and summary["bounds"] == "end_to_end"
+    by = {f["case"].split("_")[0]: f for f in result["findings"]}
+    assert result["unexplained"] == 0, result["findings"]
+    assert by["prefill"]["class"] == "deviation" and "race" in by["prefill"]["explanation"]
+    assert by["prefill"]["repro"].endswith("examples/engines/repros/doppler_webgpu.py")
+    assert by["real-heads"]["class"] == "missing_feature"
+    assert "moe-no-renorm" not in by and result["counts"]["pass"] == 1
+
+
+def test_a_glue_error_in_doppler_s_outputs_writer_fails_the_matrix(tmp_path, monkeypatch):
+    """A copy of the glue whose outputs writer transposes each head's state ([Hv, dk, dv] read as
+    [Hv, dv, dk]) fails the dv = 8 case that passes as shipped, at recurrent_state, unexplained."""
+    if not (HERE / "node_modules" / "doppler-gpu").is_dir():
+        pytest.skip("node_modules not installed: run `npm install` in examples/engines/doppler-webgpu")
+    copy = tmp_path / "repo" / "examples" / "engines" / "doppler-webgpu"
+    shutil.copytree(HERE, copy, ignore=shutil.ignore_patterns("node_modules"))
+    (copy / "node_modules").symlink_to(HERE / "node_modules")
+    shutil.copytree(REPO / "examples" / "ports" / "node", tmp_path / "repo" / "examples" / "ports" / "node")
+    writer = copy / "outputs.js"
+    text = writer.read_text()
+    right = "data: stackRows('recurrentState', Hv * dk * dv) };"
+    assert right in text
+    wrong = "data: transposed(stackRows('recurrentState', Hv * dk * dv), B * Hv, dk, dv) };"
+    writer.write_text(text.replace(right, wrong)
+                      + "\nfunction transposed(a, n, r, c) {\n  const o = new Float32Array(a.length);\n"
+                        "  for (let h = 0; h < n; h++) for (let i = 0; i < r; i++) for (let j = 0; j < c; j++)"
+                        " o[h * r * c + j * r + i] = a[h * r * c + i * c + j];\n  return o;\n}\n")
+    row, result = _matrix(tmp_path / "m", env={"GDN_DOPPLER_DIR": str(copy)}, monkeypatch=monkeypatch)
+    by = {f["case"].split("_")[0]: f for f in result["findings"]}
+    moe = by["moe-no-renorm"]
+    assert moe["class"] == "deviation" and moe["unexplained"], moe
+    assert (moe["adjudication"]["stage"], moe["adjudication"]["tensor"]) == ("delta_rule", "recurrent_state")

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ast
 import json
+import shutil
 import sys
 from pathlib import Path
 
@@ -109,7 +110,7 @@ def test_an_engine_not_installed_is_a_row_with_its_pip_line(tmp_path, monkeypatc
 
 
 @pytest.mark.parametrize("args, words", [
-    (["--engine", "vllm"], "expected an engine reference, hf, mlx, fla, llamacpp, ggml, found 'vllm'"),
+    (["--engine", "vllm"], "expected an engine reference, hf, mlx, fla, llamacpp, ggml, doppler, found 'vllm'"),
     (["--profile", "f64"], "expected --profile one of"),
     (["--case", "no-such-case"], "no-such-case"),
     (["--option", "kernel=chunk"], "expected --option ENGINE:KEY=VALUE"),
@@ -209,3 +210,24 @@ def test_repros_import_only_the_engine_numpy_and_the_stdlib():
                 [node.module] if isinstance(node, ast.ImportFrom) and node.level == 0 else []
             for n in names:
                 assert n.split(".")[0] in allowed, f"{path.name} imports {n}"
+
+
+def test_doppler_is_a_fused_engine_run_by_its_own_program(tmp_path, monkeypatch):
+    """doppler's glue is Node: the registry runs its run.js (no gdncheck run) and judges it fused; a folder
+    without the glue or its npm packages is a row 'not installed (...)' with the install line, no traceback."""
+    eng = registry.ENGINES["doppler"]
+    assert eng.fused and eng.stage_isolated and eng.command[0] == "node" and eng.profiles == ("f32",)
+    assert not registry.ENGINES["fla"].fused and registry.ENGINES["fla"].stage_isolated
+    monkeypatch.setenv("GDN_DOPPLER_DIR", str(tmp_path / "empty"))
+    assert eng.glue_folder() == tmp_path / "empty"
+    pr = registry.probe(eng)
+    assert not pr.installed and str(tmp_path / "empty" / ".") in pr.missing, pr.missing
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "empty" / "run.js").write_text("")
+    pr = registry.probe(eng)
+    node = [] if shutil.which("node") else ["node"]
+    assert not pr.installed and pr.missing == node + [str(tmp_path / "empty" / "node_modules/doppler-gpu")]
+    assert pr.hint(eng).startswith("not installed (") and "npm install" in pr.hint(eng)
+    rc, m = _engines(tmp_path, "--engine", "doppler")
+    [row] = m["engines"]
+    assert rc == 0 and row["status"] == "not_installed" and row["problem"].startswith("not installed (")

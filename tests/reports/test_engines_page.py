@@ -21,7 +21,8 @@ def test_the_committed_page_holds_what_the_command_writes(tmp_path):
     from gdncheck.reports.engines import STABLE_BEGIN, stable_part
 
     missing = [n for n, e in registry.ENGINES.items() if not registry.probe(e).installed]
-    if [n for n in missing if n not in ("llamacpp", "ggml")]:  # llama-cpp-python builds for ~20 min: CI goes without
+    # llama-cpp-python builds for ~20 min: CI goes without; doppler needs Node, npm packages and lavapipe
+    if [n for n in missing if n not in ("llamacpp", "ggml", "doppler")]:
         pytest.skip(f"docs/engines.md is the matrix of every registered engine; not installed here: {missing}")
     page = tmp_path / "docs" / "engines.md"
     page.parent.mkdir()
@@ -33,7 +34,10 @@ def test_the_committed_page_holds_what_the_command_writes(tmp_path):
                                                          for f in p.get("findings", []) if f["unexplained"]]
     written = page.read_text()
     assert committed is not None
-    assert _links(_without(stable_part(written), missing)) == _links(_without(committed, missing)), \
+    # doppler's verdicts hang on the WebGPU device (its race on the subgroup width, its softplus on the
+    # device's exp/log accuracy), not on gdncheck: its rows are the page's, as measured, and not compared
+    unstable = [*missing, "doppler"]
+    assert _links(_without(stable_part(written), unstable)) == _links(_without(committed, unstable)), \
         "docs/engines.md is stale: rerun gdncheck engines --markdown docs/engines.md"
     head = (ROOT / "docs" / "engines.md").read_text().split(STABLE_BEGIN)[0]
     assert written.split(STABLE_BEGIN)[0] == head  # the hand-written header is kept
@@ -47,4 +51,4 @@ def _without(text: str, engines: list[str]) -> str:
 
 def _links(text: str) -> str:
     """The repro links as from the repository root (the copy's page lies elsewhere than docs/)."""
-    return re.sub(r"\]\([^)]*?(examples/engines/repros/)", r"](\1", text)
+    return re.sub(r"\]\([^)]*?(examples/engines/)", r"](\1", text)

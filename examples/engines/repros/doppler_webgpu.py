@@ -2,8 +2,10 @@
 """Two defects of doppler-gpu 0.5.1's `linear_attention_recurrent` WGSL kernel
 (src/gpu/kernels/linear-attention-core.js), each adjudicated against float64. numpy only:
 
-    python3 repro_doppler_gdn.py                 # both, the shapes gdncheck's fixtures use
-    python3 repro_doppler_gdn.py --subgroup 32 --dk 128 --dv 128    # Qwen3.5's heads on 32-wide hardware
+    python3 examples/engines/repros/doppler_webgpu.py     # both, the shapes gdncheck's fixtures use
+    python3 examples/engines/repros/doppler_webgpu.py --subgroup 32 --dk 128 --dv 128   # Qwen3.5's heads, 32-wide
+
+Exit 1 while either defect reproduces (the race on the schedule asked for, or the softplus), else 0.
 
 1. A workgroup race (every GPU whose subgroups are narrower than the active lanes of a head):
    each reduction ends `workgroupBarrier(); let s = shared_sq[0];` and the very next statement
@@ -86,7 +88,9 @@ def kernel(q, k, v, a_neg, x_gate, b, z, w, eps_rms, s0, subgroup, barrier_fix, 
             shared[L] = partial(q[t], L)
         tree()
         # segment: read q norm, write k partials (the race, unless barrier_fix)
-        seg_write_k = lambda L: shared.__setitem__(L, partial(k[t], L))
+        def seg_write_k(L):
+            shared[L] = partial(k[t], L)
+
         if barrier_fix:
             for L in groups:
                 qs[L] = dk ** -0.5 / np.sqrt(shared[0] + 1e-6)
@@ -152,6 +156,7 @@ def race(args):
     s0 = 0.1 * rng.standard_normal((dk, dv))
     ref_out, ref_S = definition(q, k, v, a_neg, x_gate, b, z, w, 1e-6, s0)
     print(f"1. workgroup race: one head, dk={dk}, dv={dv}, T={T}, 128-thread workgroup, subgroups of {args.subgroup}")
+    shown = False
     for fix in (False, True):
         out, S = kernel(q, k, v, a_neg, x_gate, b, z, w, 1e-6, s0, args.subgroup, fix)
         with np.errstate(all="ignore"):
@@ -161,7 +166,8 @@ def race(args):
               f"state max rel error {np.nanmax(np.abs(S - ref_S)) / np.abs(ref_S).max():.3g}, "
               f"output max abs error {np.nanmax(np.abs(out - ref_out)):.3g}, NaN: {int(np.isnan(S).sum())}; "
               f"state columns (lanes) wrong: {bad if bad else 'none'}")
-    return 0
+        shown |= bool(bad) and not fix
+    return int(shown)
 
 
 def softplus(args):
@@ -171,14 +177,15 @@ def softplus(args):
         e = np.exp(f32(x))
         dop = f32(np.log(f32(1) + e))
         ref = np.log1p(np.exp(np.float64(f32(x))))
-        print(f"   x = {x:>10}: kernel {float(dop):.6e}, float64 {ref:.6e}, relative error {abs(float(dop) - ref) / ref:.3g}")
+        print(f"   x = {x:>10}: kernel {float(dop):.6e}, float64 {ref:.6e}, "
+              f"relative error {abs(float(dop) - ref) / ref:.3g}")
     A = 14650719.428953517  # gdncheck softplus-edges_T68_Hk2_Hv8_dk16_dv16_s0, head 3: exp(A_log)
     x = f32(-19.132204)     # its call 0, token 6, head 3: a + dt_bias
     g_ref = -A * np.log1p(np.exp(np.float64(x)))
     g_dop = f32(-f32(A)) * f32(np.log(f32(1) + np.exp(x)))
     print(f"   softplus-edges, call 0, token 6, head 3: A = {A:.6g}, x = {float(x)}: float64 g = {g_ref:.6g} "
           f"(decay exp(g) = {np.exp(g_ref):.4f}); kernel g = {float(g_dop):.6g} (decay {float(np.exp(g_dop)):.4f})")
-    return 0
+    return int(abs(float(g_dop) - g_ref) > 1e-3 * abs(g_ref))
 
 
 def main():
@@ -188,9 +195,8 @@ def main():
     p.add_argument("--dv", type=int, default=16)
     p.add_argument("--tokens", type=int, default=4)
     args = p.parse_args()
-    race(args)
-    softplus(args)
+    return max(race(args), softplus(args))
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())
