@@ -1,39 +1,17 @@
 """The engines of the cross-engine conformance matrix (``gdncheck engines``, docs/engines.md).
 
-:data:`ENGINES` is the registry: for each engine the implementation gdncheck runs (a built-in name, or
-the plug-in it stands for until it is one), how it is judged (``end_to_end``: the engine's whole layer
-and state on every case; ``stage_isolated``: each stage it has run alone from the golden inputs,
-fixtures/FORMAT.md §8), the profiles it supports, the ``--option`` values it runs with (and those it
-takes), the modules it needs (probed with :func:`importlib.util.find_spec`, which imports nothing of
-the engine) with the ``pip install`` line that brings them, and the distributions whose versions
-(:func:`importlib.metadata.version`) the matrix reports.
+:data:`ENGINES` is the registry: per engine what gdncheck runs (a built-in, a plug-in, or a program of
+its own: ``command``), how it is judged (``end_to_end``, ``stage_isolated`` or ``fused``), its profiles
+and ``--option`` values, what it needs (modules probed with :func:`importlib.util.find_spec`, which
+imports nothing of it; programs; files of its glue folder) with the line that installs it, and the
+packages whose versions the matrix reports (:func:`probe`).
 
-:func:`classify` reads one case of a verify summary (its status, records, ``not_applicable``, routing
-``convention``, ``error_check``) and names what the case shows about the engine:
-
-``deviation``
-    a real deviation of the engine from the float64 reference: the first diverging stage and tensor
-    with the ratio error / bound from verify's record (or, for an expected-error case, what was
-    expected and what the engine did instead).
-``convention``
-    a declared convention where correct engines differ (a routing tie resolved to the higher index:
-    the records' ``convention``); the case passes.
-``missing_feature``
-    what the engine cannot express: the case's ``not_applicable`` reason (or, stage-isolated, a case
-    of which the engine judged no tensor).
-``engine_crash``
-    the engine raised something that is no error code of FORMAT.md §6 (a ``ZeroDivisionError`` deep in
-    its constructor), even where the adapter's mapping makes the case pass.
-``unusable``
-    verify could not judge the case (status ``error``): inputs unusable or a gdncheck bug.
-
-The class always comes from the summary. :data:`FINDINGS`, keyed by (engine, case id prefix, profile or
-``'*'``), only adds what a summary cannot know: the explanation and the repro script. An entry explains
-a case only when its class and its ``expect`` (fields of the adjudication) are what the summary shows;
-a failing case (or a deviation, a crash, an unusable case) that no entry explains is marked
-``unexplained``, and an entry whose class or adjudication differs says so (``mismatch``): the matrix
-never hides a new failure behind an old explanation. An entry that matches a case which ran clean is
-reported ``stale``.
+:func:`classify` names what one case of a verify summary shows about the engine — ``deviation``,
+``convention``, ``missing_feature``, ``engine_crash``, ``unusable`` (docs/engines.md, The classes) — always
+from the summary. :data:`FINDINGS`, keyed by (engine, case id prefix, profile or ``'*'``), only adds the
+explanation and the repro script; an entry explains a case only when its class and ``expect`` are what
+the summary shows, so the matrix never hides a new failure behind an old explanation (``unexplained``,
+``mismatch``, ``stale``).
 """
 
 from __future__ import annotations
