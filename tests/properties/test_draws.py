@@ -4,6 +4,8 @@ bounds of generated layers) and nothing else, and which the committed table was 
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from gdncheck.conformance.earn import derive
@@ -80,7 +82,11 @@ def _one_observation(elem: float) -> derive.Envelope:
 def test_the_committed_table_was_earned_over_the_draws():
     table = load_table()
     d = table.data["derivation"]
-    assert d["properties_also"] == draws.note(d["seeds"])
+    # the Hypothesis release that drew them is provenance, not a requirement: a fresh install gets a later
+    # one (6.170.17 drew the committed rows; CI met 6.170.27), whose programs the two tests below judge
+    release = re.compile(r"Hypothesis \d+\.\d+\.\d+")
+    assert release.search(d["properties_also"]), d["properties_also"]
+    assert release.sub("Hypothesis X", d["properties_also"]) == release.sub("Hypothesis X", draws.note(d["seeds"]))
     for profile in ("f32", "bf16", "f16"):
         rows = table.data["modes"]["end_to_end"][profile]
         props = rows[PROPERTY_ROWS]
