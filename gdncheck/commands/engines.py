@@ -88,28 +88,43 @@ def _engine_options(pairs, names):
 
 
 def run(args: argparse.Namespace) -> int:
-    import json
+    """Every input checked, then each engine probed and run in each profile, then the matrix written."""
     import logging
-    import shlex
-    import shutil
     import time
 
-    from gdncheck._version import __version__
-    from gdncheck.commands.run import existing_folder, output_file
-    from gdncheck.conformance.ports import engines as registry
     from gdncheck.env import limit_blas_threads
-    from gdncheck.errors import GDNError
-    from gdncheck.fixtures.manifest import load_manifest, select_cases, sha256_file
-    from gdncheck.profiles import VERIFY_PROFILES
-    from gdncheck.reports import engines as pages
-    from gdncheck.safetensors_io import write_bytes_atomic
-    from gdncheck.untrusted import safe_text
 
     started = time.perf_counter()
     limit_blas_threads()
     logging.getLogger("gdncheck").setLevel(logging.ERROR)  # the seq-len reset warning is part of the programs
     con = Console(args)
-    # --- every input checked before anything runs -------------------------------------------------------
+    names, options, fixtures, out, manifest = _checked_inputs(args)  # bad input: exit 2, before anything runs
+    out.mkdir(parents=True, exist_ok=True)
+    (out / MARKER).write_text("written by gdncheck engines; the engine folders here are replaced by the next run\n")
+    rows = [_engine_row(name, options, fixtures, out, args, con) for name in names]
+    matrix = _matrix(args, fixtures, manifest, rows, started)
+    _write(matrix, out, args)
+    t = matrix["totals"]
+    by = ", ".join(f"{n} {k}" for k, n in t["findings_by_class"].items() if n) or "none"
+    from gdncheck.untrusted import safe_text
+
+    con.say(safe_text(f"matrix: {len(rows)} engine(s), {t['runs']} run(s); findings: {by}; {t['unexplained']} "
+                      f"unexplained; {matrix['seconds']:.0f} s; {out / 'matrix.json'}"))
+    if t["unexplained"]:
+        con.say(safe_text(f"note: {t['unexplained']} finding(s) no known finding explains: see {out / 'matrix.md'}"))
+    return 0
+
+
+def _checked_inputs(args):
+    """(engine names in the registry's order, their --option values, the fixture folder, --out, the
+    manifest), every one checked: an unknown engine or profile, a bad option, a folder, a selection of no
+    case is a GDNError (exit 2)."""
+    from gdncheck.commands.run import existing_folder, output_file
+    from gdncheck.conformance.ports import engines as registry
+    from gdncheck.errors import GDNError
+    from gdncheck.fixtures.manifest import load_manifest, select_cases
+    from gdncheck.profiles import VERIFY_PROFILES
+
     for n in args.engine or []:
         registry.engine(n)  # an unknown name: exit 2
     names = [n for n in registry.ENGINES if not args.engine or n in args.engine]  # the registry's order
@@ -119,42 +134,59 @@ def run(args: argparse.Namespace) -> int:
     options = _engine_options(args.option, list(registry.ENGINES))
     fixtures = existing_folder(args.fixtures, "--fixtures", "a fixture folder")
     out = _check_out(args.out, fixtures)
-    md_path = output_file(args.markdown, "--markdown") if args.markdown else None
-    html_path = output_file(args.html, "--html") if args.html else None
+    args.markdown_path = output_file(args.markdown, "--markdown") if args.markdown else None
+    args.html_path = output_file(args.html, "--html") if args.html else None
     problems: list = []
     manifest = load_manifest(fixtures, problems)
     select_cases(manifest, args.case, args.tag, None, also_known=[p.case for p in problems])  # SelectionError: 2
-    out.mkdir(parents=True, exist_ok=True)
-    (out / MARKER).write_text("written by gdncheck engines; the engine folders here are replaced by the next run\n")
+    return names, options, fixtures, out, manifest
+
+
+def _engine_row(name, options, fixtures, out, args, con) -> dict:
+    """One engine's row of the matrix: what it is, whether it is installed, and its result per profile."""
+    import shutil
+
+    from gdncheck.conformance.ports import engines as registry
+    from gdncheck.untrusted import safe_text
+
+    eng = registry.ENGINES[name]
+    pr = registry.probe(eng)
+    row = {"name": name, "impl": eng.spec(), "judged": eng.judged, "profiles": list(eng.profiles),
+           "options": {**eng.options, **options.get(name, {})},
+           "option_values": {k: list(v) for k, v in eng.option_values.items()}, "about": eng.about,
+           "baseline": eng.baseline, "installed": pr.installed, "missing": pr.missing, "install": eng.install,
+           "versions": pr.versions, "status": "ran", "problem": None, "profiles_run": [], "results": {}}
+    if not pr.installed:
+        row.update(status="not_installed", problem=pr.hint(eng))
+        con.say(safe_text(f"{name}: {row['problem']}"))
+        return row
+    profiles = [p for p in eng.profiles if not args.profile or p in args.profile]
+    if not profiles:
+        row.update(status="no_profile", problem=f"none of the profiles asked for ({', '.join(args.profile)}) "
+                                                f"is one it supports ({', '.join(eng.profiles)})")
+        return row
+    engine_dir = out / name
+    if engine_dir.exists():
+        shutil.rmtree(engine_dir)
+    for profile in profiles:
+        row["profiles_run"].append(profile)
+        row["results"][profile] = _run_one(eng, row["options"], profile, fixtures, engine_dir / profile, args, con)
+    return row
+
+
+def _matrix(args, fixtures, manifest, rows, started) -> dict:
+    """The matrix document (matrix.json): the command, the suite, the selection, the rows, the totals."""
+    import shlex
+    import time
+
+    from gdncheck._version import __version__
+    from gdncheck.conformance.ports import engines as registry
+    from gdncheck.fixtures.manifest import sha256_file
+
     words = ["gdncheck", "engines"] + [a for n in (args.engine or []) for a in ("--engine", n)] \
         + [a for p in (args.profile or []) for a in ("--profile", p)] \
         + [a for c in (args.case or []) for a in ("--case", c)] + [a for t in (args.tag or []) for a in ("--tag", t)] \
         + [a for o in (args.option or []) for a in ("--option", o)]
-    rows = []
-    for name in names:
-        eng = registry.ENGINES[name]
-        pr = registry.probe(eng)
-        row = {"name": name, "impl": eng.spec(), "judged": eng.judged, "profiles": list(eng.profiles),
-               "options": {**eng.options, **options.get(name, {})},
-               "option_values": {k: list(v) for k, v in eng.option_values.items()}, "about": eng.about,
-               "baseline": eng.baseline, "installed": pr.installed, "missing": pr.missing, "install": eng.install,
-               "versions": pr.versions, "status": "ran", "problem": None, "profiles_run": [], "results": {}}
-        rows.append(row)
-        if not pr.installed:
-            row.update(status="not_installed", problem=pr.hint(eng))
-            con.say(safe_text(f"{name}: {row['problem']}"))
-            continue
-        profiles = [p for p in eng.profiles if not args.profile or p in args.profile]
-        if not profiles:
-            row.update(status="no_profile", problem=f"none of the profiles asked for ({', '.join(args.profile)}) "
-                                                    f"is one it supports ({', '.join(eng.profiles)})")
-            continue
-        engine_dir = out / name
-        if engine_dir.exists():
-            shutil.rmtree(engine_dir)
-        for profile in profiles:
-            row["profiles_run"].append(profile)
-            row["results"][profile] = _run_one(eng, row["options"], profile, fixtures, engine_dir / profile, args, con)
     matrix = {"schema": "gdncheck-engines-matrix", "schema_version": 1,
               "tool": {"name": "gdncheck", "version": __version__}, "command": shlex.join(words),
               "fixtures": {"dir": str(fixtures), "suite": manifest.get("suite", fixtures.name),
@@ -163,21 +195,25 @@ def run(args: argparse.Namespace) -> int:
               "classes": list(registry.CLASSES), "engines": rows}
     matrix["totals"] = _totals(rows, registry.CLASSES)
     matrix["seconds"] = round(time.perf_counter() - started, 1)
+    return matrix
+
+
+def _write(matrix: dict, out, args) -> None:
+    """matrix.json, matrix.md and matrix.html in ``out``; --markdown (its header kept) and --html where asked."""
+    import json
+
+    from gdncheck.reports import engines as pages
+    from gdncheck.safetensors_io import write_bytes_atomic
+
     write_bytes_atomic(out / "matrix.json", (json.dumps(matrix, indent=1) + "\n").encode())
     write_bytes_atomic(out / "matrix.md", pages.render_markdown(matrix, out).encode())
     write_bytes_atomic(out / "matrix.html", pages.render_html(matrix, out).encode())
+    md_path, html_path = args.markdown_path, args.html_path
     if md_path is not None:
         existing = md_path.read_text(encoding="utf-8") if md_path.is_file() else None
         write_bytes_atomic(md_path, pages.update_markdown(existing, matrix, md_path.parent).encode())
     if html_path is not None:
         write_bytes_atomic(html_path, pages.render_html(matrix, html_path.parent).encode())
-    t = matrix["totals"]
-    by = ", ".join(f"{n} {k}" for k, n in t["findings_by_class"].items() if n) or "none"
-    con.say(safe_text(f"matrix: {len(rows)} engine(s), {t['runs']} run(s); findings: {by}; {t['unexplained']} "
-                      f"unexplained; {matrix['seconds']:.0f} s; {out / 'matrix.json'}"))
-    if t["unexplained"]:
-        con.say(safe_text(f"note: {t['unexplained']} finding(s) no known finding explains: see {out / 'matrix.md'}"))
-    return 0
 
 
 def _run_one(eng, opts, profile, fixtures, folder, args, con) -> dict:
