@@ -98,12 +98,12 @@ def run(args: argparse.Namespace) -> int:
     limit_blas_threads()
     logging.getLogger("gdncheck").setLevel(logging.ERROR)  # the seq-len reset warning is part of the programs
     con = Console(args)
-    names, options, fixtures, out, manifest = _checked_inputs(args)  # bad input: exit 2, before anything runs
+    names, options, fixtures, out, manifest, pages = _checked_inputs(args)  # bad input: exit 2, before anything runs
     out.mkdir(parents=True, exist_ok=True)
     (out / MARKER).write_text("written by gdncheck engines; the engine folders here are replaced by the next run\n")
     rows = [_engine_row(name, options, fixtures, out, args, con) for name in names]
     matrix = _matrix(args, fixtures, manifest, rows, started)
-    _write(matrix, out, args)
+    _write(matrix, out, *pages)
     t = matrix["totals"]
     by = ", ".join(f"{n} {k}" for k, n in t["findings_by_class"].items() if n) or "none"
     from gdncheck.untrusted import safe_text
@@ -117,8 +117,8 @@ def run(args: argparse.Namespace) -> int:
 
 def _checked_inputs(args):
     """(engine names in the registry's order, their --option values, the fixture folder, --out, the
-    manifest), every one checked: an unknown engine or profile, a bad option, a folder, a selection of no
-    case is a GDNError (exit 2)."""
+    manifest, the --markdown and --html files or None), every one checked: an unknown engine or profile,
+    a bad option, a folder, a selection of no case is a GDNError (exit 2)."""
     from gdncheck.commands.run import existing_folder, output_file
     from gdncheck.conformance.ports import engines as registry
     from gdncheck.errors import GDNError
@@ -134,12 +134,12 @@ def _checked_inputs(args):
     options = _engine_options(args.option, list(registry.ENGINES))
     fixtures = existing_folder(args.fixtures, "--fixtures", "a fixture folder")
     out = _check_out(args.out, fixtures)
-    args.markdown_path = output_file(args.markdown, "--markdown") if args.markdown else None
-    args.html_path = output_file(args.html, "--html") if args.html else None
+    md_path = output_file(args.markdown, "--markdown") if args.markdown else None
+    html_path = output_file(args.html, "--html") if args.html else None
     problems: list = []
     manifest = load_manifest(fixtures, problems)
     select_cases(manifest, args.case, args.tag, None, also_known=[p.case for p in problems])  # SelectionError: 2
-    return names, options, fixtures, out, manifest
+    return names, options, fixtures, out, manifest, (md_path, html_path)
 
 
 def _engine_row(name, options, fixtures, out, args, con) -> dict:
@@ -198,7 +198,7 @@ def _matrix(args, fixtures, manifest, rows, started) -> dict:
     return matrix
 
 
-def _write(matrix: dict, out, args) -> None:
+def _write(matrix: dict, out, md_path, html_path) -> None:
     """matrix.json, matrix.md and matrix.html in ``out``; --markdown (its header kept) and --html where asked."""
     import json
 
@@ -208,7 +208,6 @@ def _write(matrix: dict, out, args) -> None:
     write_bytes_atomic(out / "matrix.json", (json.dumps(matrix, indent=1) + "\n").encode())
     write_bytes_atomic(out / "matrix.md", pages.render_markdown(matrix, out).encode())
     write_bytes_atomic(out / "matrix.html", pages.render_html(matrix, out).encode())
-    md_path, html_path = args.markdown_path, args.html_path
     if md_path is not None:
         existing = md_path.read_text(encoding="utf-8") if md_path.is_file() else None
         write_bytes_atomic(md_path, pages.update_markdown(existing, matrix, md_path.parent).encode())

@@ -351,7 +351,7 @@ class Repro:
         if not self._is_default(a.fixtures):
             cmd += ["--fixtures", a.fixtures]
         cmd += ["--outputs", a.outputs, "--profile", a.profile]
-        cmd += ["--fused"] if getattr(a, "fused", False) else ["--stage-isolated"] if a.stage_isolated else []
+        cmd += ["--fused"] if a.fused else ["--stage-isolated"] if a.stage_isolated else []
         cmd += ["--names", a.names] if a.names else []
         cmd += ["--tolerances", a.tolerances] if a.tolerances else []
         cmd += ["--allow-looser-tolerances"] if getattr(a, "allow_looser_tolerances", False) else []
@@ -367,7 +367,7 @@ class Repro:
 
         a = self.args
         tail = f" --case {c.id} && " + judge_repro(str(Path(a.fixtures)), str(Path(a.outputs)), a.profile, c.id,
-                                                    stage_isolated=a.stage_isolated, fused=getattr(a, "fused", False))
+                                                    stage_isolated=a.stage_isolated, fused=a.fused)
         text = c.repro or ""
         if not text.endswith(tail) or len(text) == len(tail):
             return None
