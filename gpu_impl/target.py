@@ -45,6 +45,8 @@ def resolve_device(device: str | torch.device | None = None) -> torch.device:
     if isinstance(device, torch.device):
         device = device.type
     choice = (device or os.environ.get("GDN_DEVICE") or "auto").strip().lower()
+    if choice.startswith("cuda:") and choice[5:].isdigit():  # torch's own spelling of an indexed device
+        choice = "cuda"
     if choice not in DEVICES:
         source = "device argument" if device else "GDN_DEVICE"
         raise ValueError(f"{source} must be one of {', '.join(DEVICES)}, found {choice!r}")
@@ -58,7 +60,8 @@ def resolve_device(device: str | torch.device | None = None) -> torch.device:
                 "device 'cuda' was asked for, but TRITON_INTERPRET was set when triton was imported, so "
                 "Triton's library is interpreted-only in this process; unset TRITON_INTERPRET"
             )
-    return torch.device(choice)
+    # a CUDA tensor reports its index (cuda:0): the device this package compares against names it too
+    return torch.device("cuda", torch.cuda.current_device()) if choice == "cuda" else torch.device("cpu")
 
 
 # --- allocation hook ------------------------------------------------------------------------------

@@ -59,12 +59,19 @@ def ctas_per_sm(regs: int, num_warps: int, shared: int) -> int:
 #: tf32 pair, and the split [C, dk/2] and [C, C] operands stay in registers in every arrangement
 #: measured (8 warps: each warp group holds them whole, 880 B; four parts of dk, pipelining and
 #: decays on the results' rows: each spills more). bf16 (tf32 dots) builds without spills.
-PREFILL_SPILLS = {("chunk_wu_kernel", "tf32x3"): 384, ("chunk_state_kernel", "tf32x3", 16): 448}
+#: The packed (VARLEN) WU kernel with tf32 dots (bf16) at dk = dv = 128, C = 64, 8 warps: Triton 3.9
+#: builds it without spills (253 registers), Triton 3.6 (an H200 image's, measured 2026-12-04) with
+#: 72 B: a sequence starts at any token, so the [C, dk/2] tiles' addresses cannot be proven aligned
+#: and vectorised as the unpacked form's are (which builds without spills under both). 128 B allowed.
+PREFILL_SPILLS = {("chunk_wu_kernel", "tf32x3"): 384, ("chunk_state_kernel", "tf32x3", 16): 448,
+                  ("chunk_wu_kernel", "tf32", "varlen"): 128}
 
 
 def spill_allowance(kernel: str, params: dict) -> int:
     """Spill bytes per thread a prefill build of ``kernel`` with ``params`` may have (:data:`PREFILL_SPILLS`)."""
     key = (kernel, params.get("PREC")) + ((params.get("BV"),) if kernel == "chunk_state_kernel" else ())
+    if kernel == "chunk_wu_kernel" and params.get("VARLEN") and key + ("varlen",) in PREFILL_SPILLS:
+        key += ("varlen",)
     return PREFILL_SPILLS.get(key, 0)
 
 

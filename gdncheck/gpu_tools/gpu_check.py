@@ -82,7 +82,20 @@ def tests(py: str, pytest_args: list[str], limit: int, workdir: Path, cwd: str |
         result.update(n)
         result["failed"] = [f"{c.get('classname')}::{c.get('name')}" for c in suite.iter("testcase")
                             if c.find("failure") is not None or c.find("error") is not None][:50]
+        # why each failed, in a line: what a person fixing it on a machine without a GPU needs first
+        result["why"] = {f"{c.get('classname')}::{c.get('name')}": _why(c) for c in suite.iter("testcase")
+                         if c.find("failure") is not None or c.find("error") is not None}
     return result
+
+
+def _why(case: ET.Element) -> str:
+    """The failure's message, else the last line of its traceback that names an error, 400 characters."""
+    node = case.find("failure") if case.find("failure") is not None else case.find("error")
+    text = (node.get("message") or "").strip()
+    if not text:
+        lines = [ln for ln in (node.text or "").splitlines() if ln.startswith("E ")]
+        text = lines[-1] if lines else (node.text or "").strip().splitlines()[-1:][0] if node.text else ""
+    return " ".join(text.split())[:400]
 
 
 def compile_table(py: str, scope: str, limit: int, workdir: Path, cwd: str | None) -> dict:
@@ -125,7 +138,8 @@ def markdown(result: dict) -> str:
     if "tests" in t:
         lines.append(f"{t['passed']} passed, {t['failures']} failed, {t['errors']} errors, {t['skipped']} skipped "
                      f"(exit {t['rc']}).")
-        lines += [f"- failed: `{name}`" for name in t.get("failed", [])]
+        why = t.get("why", {})
+        lines += [f"- failed: `{name}`" + (f": {why[name]}" if why.get(name) else "") for name in t.get("failed", [])]
     else:
         lines += [f"No test report (exit {t.get('rc')}):", "", "```", t.get("tail", "")[-1500:], "```"]
     lines += ["", f"## Compile table ({c.get('scope')}, {c.get('seconds', '?')} s)", ""]
@@ -164,9 +178,12 @@ def main(argv: list[str] | None = None) -> int:
             result[name] = step()
             print(f"gpu_check: {name} done in {result[name].get('seconds')} s (exit {result[name].get('rc')})",
                   flush=True)
+            # what is done so far survives a run cut off by its caller's limit
+            (out / "gpu-check.partial.json").write_text(json.dumps(result, indent=1, default=str))
     result["status"] = status(result)
     (out / "gpu-check.json").write_text(json.dumps(result, indent=1, default=str))
     (out / "gpu-check.md").write_text(markdown(result))
+    (out / "gpu-check.partial.json").unlink(missing_ok=True)
     print(f"gpu_check: {result['status'].upper()}: {out / 'gpu-check.json'}, {out / 'gpu-check.md'}")
     return 0 if result["status"] == "pass" else 1
 

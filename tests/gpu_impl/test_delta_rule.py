@@ -81,7 +81,7 @@ def test_recurrent_value_heads_per_program(heads, case):
     against the reference."""
     T, Hk, Hv, dk, dv = case
     q, k, v, g, beta, S0 = inputs("bf16", T, Hk, Hv, dk, dv, B=2, key=("heads", heads))
-    reset = torch.tensor([False, True])
+    reset = torch.tensor([False, True], device=q.device)
     ref_core, ref_S = reference(q, k, v, g, beta, torch.stack([S0[0], torch.zeros_like(S0[1])]))
     S = S0.clone()
     core, S_out = G.delta_rule_recurrent(q, k, v, g, beta, S, out_state=S, reset=reset, heads_per_program=heads)
@@ -98,7 +98,8 @@ def test_recurrent_heads_per_program_grid():
         G.delta_rule_recurrent(q, k, v, g, beta, S0)
         G.delta_rule_recurrent(q, k, v, g, beta, S0, heads_per_program=4)
     assert [(x.grid, x.args["HB"]) for x in launches] == [((12, 1), 1), ((4, 1), 4)]
-    assert recurrent_heads(v, 6, 16, 8) == 8 and recurrent_heads(v, 48, 128, 128) == 16
+    host = v.cpu()  # the interpreter's form: tensors on the CPU
+    assert recurrent_heads(host, 6, 16, 8) == 8 and recurrent_heads(host, 48, 128, 128) == 16
     with pytest.raises(ValueError, match="power of two, found 3"):
         G.delta_rule_recurrent(q, k, v, g, beta, S0, heads_per_program=3)
 

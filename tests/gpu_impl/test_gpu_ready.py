@@ -20,6 +20,7 @@ from gdncheck.gpu_impl.delta_rule_chunked import TEMP_BUDGET, gpu_block_v, slice
 from gdncheck.gpu_impl.target import GRID_LIMITS, record_launches
 from gdncheck.synthetic import make_inputs, make_weights
 from tests.gpu_impl.compare import check
+from tests.gpu_impl.helpers import needs_interpreter
 from tests.helpers import tiny_config
 
 CFG = tiny_config(Hk=2, Hv=4, dk=16, dv=8, D=32, I=48)
@@ -85,6 +86,7 @@ def test_device_seq_pos_is_checked_by_shape_and_dtype():
             layer.forward(x, state, bad)
 
 
+@needs_interpreter  # a layer on the CPU: the interpreter, also on a GPU runner
 def test_seq_pos_tensor_on_the_layer_device_resets_rows_like_the_host_form(caplog):
     """The device path of the rule (here CPU tensors, where it is also the host) gives the same
     outputs, seq_len, and one warning as positions given as a list."""

@@ -85,8 +85,16 @@ def test_capture_returns_every_stage_and_changes_nothing(profile):
         out1, trace1 = layer.forward(x[:, :T], s1, 0)
         out2, trace = layer.forward(x[:, :T], s2, 0, capture=True)
         assert trace1 == {}
-        assert torch.equal(out1, out2), "capture changed the output"
-        assert torch.equal(s1.recurrent_state, s2.recurrent_state) and torch.equal(s1.conv_state, s2.conv_state)
+        if DEVICE.type == "cuda":
+            # compiled, a kernel that also stores its intermediates is a build of its own, whose
+            # floating-point contraction may differ (measured on an H200: f32 only): the same
+            # numbers within the stage bound, not the same bits
+            for a, b, what in ((out2, out1, "out"), (s2.recurrent_state, s1.recurrent_state, "recurrent_state"),
+                               (s2.conv_state, s1.conv_state, "conv_state")):
+                check(a, to_np(b), "stage", profile, f"capture against no capture: {what}, T={T}")
+        else:  # interpreted: every variant runs the same operations, so capture changes no bit
+            assert torch.equal(out1, out2), "capture changed the output"
+            assert torch.equal(s1.recurrent_state, s2.recurrent_state) and torch.equal(s1.conv_state, s2.conv_state)
         assert torch.equal(trace["out"], out2)
         assert [t.name for t in STAGE_TENSORS] == list(trace)
         _, ref_trace = ref.forward(x[:, :T], ref.new_state(2), 0)

@@ -82,7 +82,8 @@ def test_block_matches_reference(profile, case, norm):
     np.testing.assert_array_equal(sel.cpu().numpy(), want[2])
     check(rw, want[1], "stage", profile, "routing_weights (stage)")
     ew = [w[n] for n in ("w_gate", "w_up", "w_down")]
-    check(G.experts(h, torch.tensor(want[1], dtype=torch.float32), torch.tensor(want[2]), *ew),
+    check(G.experts(h, torch.tensor(want[1], dtype=torch.float32, device=h.device),
+                    torch.tensor(want[2], device=h.device), *ew),
           R.experts(x, want[1], want[2], *(to_np(a) for a in ew)), "stage", profile, "experts_out (stage)")
     sw = [w[n] for n in ("w_shared_gate", "w_shared_up", "w_shared_down", "w_shared_expert_gate")]
     check(G.shared_expert(h, *sw), R.shared_expert(x, *(to_np(a) for a in sw)), "stage", profile,

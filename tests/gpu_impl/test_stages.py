@@ -132,7 +132,7 @@ def test_heads_per_program_sets_the_grid(heads, programs):
                          heads_per_program=heads)
     (launch,) = launches
     assert launch.grid[1] == programs and launch.args["HB"] == (heads or 1)
-    assert conv1d_module._heads_per_program(x, 2 * Hk + Hv, 16, None) == 16  # interpreted: one program
+    assert conv1d_module._heads_per_program(x.cpu(), 2 * Hk + Hv, 16, None) == 16  # interpreted: one program
 
 
 def test_heads_per_program_must_be_a_power_of_two():

@@ -24,7 +24,11 @@ CFG = tiny_config(Hk=2, Hv=4, dk=16, dv=8, D=32, I=48)
 def test_device_choice(monkeypatch):
     monkeypatch.setenv("GDN_DEVICE", "cpu")
     assert resolve_device() == torch.device("cpu")
-    assert resolve_device("auto") == torch.device("cpu")
+    # an explicit "auto" overrides GDN_DEVICE: a GPU where torch sees one
+    assert resolve_device("auto").type == ("cuda" if torch.cuda.is_available() else "cpu")
+    assert resolve_device(torch.device("cpu")) == torch.device("cpu")
+    if torch.cuda.is_available():  # a CUDA tensor's device (cuda:0) compares equal with what it resolves to
+        assert resolve_device("cuda:0") == resolve_device("cuda") == torch.zeros(1, device="cuda").device
     monkeypatch.setenv("GDN_DEVICE", "tpu")
     with pytest.raises(ValueError, match="GDN_DEVICE must be one of auto, cpu, cuda, found 'tpu'"):
         resolve_device()

@@ -127,6 +127,10 @@ def test_prefill_spills_are_bounded_per_variant():
     assert "over the" in prefill("chunk_state_kernel", f32, cap + 8).problems()[0]
     assert spill_allowance("chunk_state_kernel", {**f32, "BV": 32}) == 0  # f32 takes BV = 16 alone
     assert spill_allowance("chunk_wu_kernel", {"PREC": "tf32"}) == 0
+    # packed sequences start anywhere: Triton 3.6 spills 72 B there; the unpacked form still none
+    assert spill_allowance("chunk_wu_kernel", {"PREC": "tf32", "VARLEN": True}) == 128
+    assert spill_allowance("chunk_wu_kernel", {"PREC": "tf32", "VARLEN": False}) == 0
+    assert spill_allowance("chunk_state_kernel", {"PREC": "tf32", "BV": 16, "VARLEN": True}) == 0
     assert 0 < spill_allowance("chunk_wu_kernel", {"PREC": "tf32x3"}) < 512
     assert prefill("conv1d_qk_norm_kernel", {"BT": 32}, 8).problems()  # no other prefill kernel may spill
 
