@@ -54,8 +54,9 @@ fi
 export PYTHONUNBUFFERED=1 OPENBLAS_NUM_THREADS=1 TRITON_DEFAULT_FP_FUSION=${TRITON_DEFAULT_FP_FUSION:-1}
 if [ "$DRY" = 1 ]; then
   export GDN_DEVICE=cpu
-  TESTS=("$ROOT/tests/gpu_impl/test_layer.py" "$ROOT/tests/gpu_impl/test_serving.py" -k
-         "(test_segments_against_reference and Hk2_Hv4_dk16_dv8-f32) or (test_decode_batch_with_slot_indices and f32)"
+  TESTS=("$ROOT/tests/gpu_impl/test_layer.py" "$ROOT/tests/gpu_impl/test_serving.py"
+         "$ROOT/tests/gpu_impl/test_large_index.py" -k
+         "(test_segments_against_reference and Hk2_Hv4_dk16_dv8-f32) or (test_decode_batch_with_slot_indices and f32) or large_index"
          -p no:xdist)
 else
   export GDN_DEVICE=cuda

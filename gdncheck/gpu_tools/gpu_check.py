@@ -29,9 +29,9 @@ from gdncheck.untrusted import OneLineParser
 LIMITS = {"tests": 300, "compile": 420, "bench": 240}
 DRY_LIMITS = {"tests": 240, "compile": 240, "bench": 300}
 
-DRY_TESTS = ["tests/gpu_impl/test_layer.py", "tests/gpu_impl/test_serving.py", "-k",
-             "(test_segments_against_reference and Hk2_Hv4_dk16_dv8-f32) or "
-             "(test_decode_batch_with_slot_indices and f32)",
+DRY_TESTS = ["tests/gpu_impl/test_layer.py", "tests/gpu_impl/test_serving.py", "tests/gpu_impl/test_large_index.py",
+             "-k", "(test_segments_against_reference and Hk2_Hv4_dk16_dv8-f32) or "
+             "(test_decode_batch_with_slot_indices and f32) or large_index",
              "-p", "no:xdist"]
 
 _VERSIONS = """
@@ -82,6 +82,10 @@ def tests(py: str, pytest_args: list[str], limit: int, workdir: Path, cwd: str |
         result.update(n)
         result["failed"] = [f"{c.get('classname')}::{c.get('name')}" for c in suite.iter("testcase")
                             if c.find("failure") is not None or c.find("error") is not None][:50]
+        # figures the tests record (record_property), by test
+        result["properties"] = {f"{c.get('classname')}::{c.get('name')}": {q.get("name"): q.get("value")
+                                for q in c.iter("property")} for c in suite.iter("testcase")
+                                if c.find("properties") is not None}
         # why each failed, in a line: what a person fixing it on a machine without a GPU needs first
         result["why"] = {f"{c.get('classname')}::{c.get('name')}": _why(c) for c in suite.iter("testcase")
                          if c.find("failure") is not None or c.find("error") is not None}
@@ -138,6 +142,8 @@ def markdown(result: dict) -> str:
     if "tests" in t:
         lines.append(f"{t['passed']} passed, {t['failures']} failed, {t['errors']} errors, {t['skipped']} skipped "
                      f"(exit {t['rc']}).")
+        lines += [f"- figures of `{name}`: " + ", ".join(f"{k} = {v}" for k, v in props.items())
+                  for name, props in t.get("properties", {}).items()]
         why = t.get("why", {})
         lines += [f"- failed: `{name}`" + (f": {why[name]}" if why.get(name) else "") for name in t.get("failed", [])]
     else:

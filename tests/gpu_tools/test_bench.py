@@ -112,11 +112,35 @@ def test_gpu_check_script_dry_run_writes_one_json_and_one_markdown(tmp_path):
     result = json.loads((tmp_path / "gpu-check.json").read_text())
     assert result["status"] == "pass" and result["mode"] == "dry run on the CPU"
     assert result["versions"]["torch"] and result["versions"]["triton"] and result["versions"]["python"]
-    assert result["tests"]["passed"] == 2 and result["tests"]["failures"] == 0  # a layer test, a serving test
+    # a layer test, a serving test, the large-index family at its small size and its plan's sizes
+    assert result["tests"]["passed"] == 4 and result["tests"]["failures"] == 0
+    figures = [v for k, v in result["tests"]["properties"].items() if "large_index" in k]
+    assert figures and figures[0]["pool_slots"] == "8"  # the dry run's small size, recorded
+    assert "figures of `" in (tmp_path / "gpu-check.md").read_text()
     assert result["compile"]["scope"] == "tiny" and result["compile"]["builds"] and not result["compile"]["problems"]
     assert result["bench"]["mode"] == "dry run, tiny sizes"
     md = (tmp_path / "gpu-check.md").read_text()
     assert md.startswith("# gdncheck GPU check: PASS") and "## Compile table" in md and "## Benchmark" in md
+
+
+def test_gpu_check_says_why_each_test_failed(tmp_path):
+    """A failed test's message, else the traceback's last error line, lands in the result and the page."""
+    import xml.etree.ElementTree as ET
+
+    from gdncheck.gpu_tools.gpu_check import _why, markdown
+
+    case = ET.fromstring('<testcase classname="t" name="a"><failure message="ValueError: Pointer argument (at 8) '
+                         'cannot be accessed from Triton (cpu tensor?)">long traceback</failure></testcase>')
+    assert _why(case) == "ValueError: Pointer argument (at 8) cannot be accessed from Triton (cpu tensor?)"
+    bare = ET.fromstring('<testcase classname="t" name="b"><error>Traceback\nE   AssertionError: 1 == 16\n'
+                         'more</error></testcase>')
+    assert _why(bare) == "E AssertionError: 1 == 16"
+    result = {"status": "fail", "mode": "GPU", "versions": {},
+              "tests": {"rc": 1, "tests": 2, "passed": 0, "failures": 1, "errors": 1, "skipped": 0,
+                        "failed": ["t::a", "t::b"], "why": {"t::a": _why(case), "t::b": _why(bare)}},
+              "compile": {"rc": 0, "builds": [], "problems": []}, "bench": {"rc": 0}}
+    md = markdown(result)
+    assert "- failed: `t::a`: ValueError: Pointer argument (at 8)" in md and "`t::b`: E AssertionError" in md
 
 
 def test_gpu_check_status_fails_on_any_step():
