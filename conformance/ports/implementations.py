@@ -2,7 +2,7 @@
 
 `reference` (profile `f64`: the float64 reference; `f32`, `bf16`, `f16`: its math with the
 profile's roundings emulated, `--option placement=...`), `triton` (`gdncheck.gpu_impl.Layer`),
-`hf`, `mlx`, `llamacpp` (end to end) and `fla`, `ggml` (stage-isolated only). Heavy and optional
+`hf`, `mlx`, `llamacpp` (end to end) and `fla`, `ggml`, `onnxruntime` (stage-isolated only). Heavy and optional
 dependencies are imported on first use; what an engine cannot express is reported not applicable.
 
 Each one's profiles and options: docs/ports.md §1.
@@ -26,6 +26,7 @@ from .ggml import ggml
 from .hf import hf
 from .llamacpp import llamacpp
 from .mlx import mlx
+from .onnxruntime import onnxruntime
 
 
 def reference(cfg: GDNConfig, weights, *, profile: str = "f64", strict: bool = False, placement: str = "hf",
@@ -91,4 +92,4 @@ def triton(cfg: GDNConfig, weights, *, profile: str = "f32", strict: bool = Fals
 
 
 BUILTIN = {"reference": reference, "triton": triton, "hf": hf, "mlx": mlx, "fla": fla, "llamacpp": llamacpp,
-           "ggml": ggml}
+           "ggml": ggml, "onnxruntime": onnxruntime}

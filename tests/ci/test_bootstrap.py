@@ -62,7 +62,7 @@ def test_cpu_from_the_cpu_index(tmp_path, index_dir):
     assert option(torch_step, "--index-url") == index_dir and "--no-deps" in torch_step
     assert int(option(torch_step, "--timeout")) <= 60 and int(option(torch_step, "--retries")) <= 3
     # then gdncheck's extras with the same exact pin among the requirements
-    assert extras_step[extras_step.index("-e") + 1] == ".[triton,dev,hf,mlx,fla]"
+    assert extras_step[extras_step.index("-e") + 1] == ".[triton,dev,hf,mlx,fla,onnxruntime]"
     assert torch_reqs(extras_step) == [f"torch=={PIN}+cpu"]
     assert all(c[0] == str(tmp_path / "venv" / "bin" / "python") for c in cmds[1:])
     assert any("cpu" in n and "GDN_TORCH_VARIANT" in n for n in notes)
