@@ -145,7 +145,8 @@ def test_packed_prefill_then_decode_verify_commit_and_a_snapshot_on_the_highest_
     out, _ = G.forward_packed(layer, pool, x, cu, pos, slots)
     start = int(cu[n_fill])
     x_judged = x[start:].float().cpu().double().numpy()
-    ref_out, _ = RS.forward_packed(ref_layer, ref, x_judged, cu[n_fill:] - start, pos[n_fill:], list(range(len(p.judged))))
+    ref_out, _ = RS.forward_packed(ref_layer, ref, x_judged, cu[n_fill:] - start, pos[n_fill:],
+                                   list(range(len(p.judged))))
     assert tuple(out.shape) == (p.total, p.cfg.hidden_size)
     assert bool(torch.isfinite(out[:start]).all()), "a filler sequence's output is not finite"
     check(out[start:], ref_out.reshape(-1, p.cfg.hidden_size), "layer", PROFILE,

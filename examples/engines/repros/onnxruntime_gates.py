@@ -40,7 +40,8 @@ def gate(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         [helper.make_tensor_value_info(n, f, s) for n, s in (("a", [1, 1, None]), ("dt_bias", [None]),
                                                               ("decay_scale", [None]), ("b", [1, 1, None]))],
         [helper.make_tensor_value_info(n, f, None) for n in ("decay", "beta")])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21), helper.make_opsetid("com.microsoft", 1)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21),
+                                                    helper.make_opsetid("com.microsoft", 1)])
     model.ir_version = 10
     try:
         sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
