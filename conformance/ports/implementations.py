@@ -2,7 +2,7 @@
 
 `reference` (profile `f64`: the float64 reference; `f32`, `bf16`, `f16`: its math with the
 profile's roundings emulated, `--option placement=...`), `triton` (`gdncheck.gpu_impl.Layer`),
-`hf`, `mlx`, `llamacpp` (end to end) and `fla`, `ggml`, `onnxruntime` (stage-isolated only). Heavy and optional
+`hf`, `mlx`, `llamacpp`, `keras` (end to end) and `fla`, `ggml`, `onnxruntime` (stage-isolated only). Heavy and optional
 dependencies are imported on first use; what an engine cannot express is reported not applicable.
 
 Each one's profiles and options: docs/ports.md §1.
@@ -24,6 +24,7 @@ from gdncheck.harness import LayerAdapter, module_stage_runner
 from .fla import fla
 from .ggml import ggml
 from .hf import hf
+from .kerashub import keras
 from .llamacpp import llamacpp
 from .mlx import mlx
 from .onnxruntime import onnxruntime
@@ -92,4 +93,4 @@ def triton(cfg: GDNConfig, weights, *, profile: str = "f32", strict: bool = Fals
 
 
 BUILTIN = {"reference": reference, "triton": triton, "hf": hf, "mlx": mlx, "fla": fla, "llamacpp": llamacpp,
-           "ggml": ggml, "onnxruntime": onnxruntime}
+           "ggml": ggml, "onnxruntime": onnxruntime, "keras": keras}
