@@ -2,12 +2,14 @@
 
 Each runner of a GPU matrix runs ``gdncheck gate --shard I/N`` and uploads its ``OUT/gate-summary.json``
 and ``OUT/PROFILE/verify-summary-PROFILE.json``. :func:`merge_gates` reads those folders, refuses a
-set that is not one complete matrix (another implementation, another fixture suite, other profiles, a
-shard missing or twice), and writes one result as a gate does: ``OUT/gate-summary.json`` (the
-verdict over every case and property), one verify summary per profile with every shard's cases,
-``OUT/gate-junit.xml`` and, with ``report``, the report folder (each profile's HTML report and the
-index). The shards are disjoint (every N-th case and property unit), so the merged verdict is the
-worst shard's: each shard already applied every rule (known failures, coverage) to its own cases.
+set that is not one complete matrix (another implementation, another fixture suite, other profiles,
+another plan, a shard missing or twice: :func:`check_matrix`) and a label its cases belie (a case or
+a property in two shards, a shard whose cases are not those its label selects: :func:`check_cases`;
+a shard's label is its own word, its cases are checked), and writes one result as a gate does:
+``OUT/gate-summary.json`` (the verdict over every case and property), one verify summary per profile
+with every shard's cases, ``OUT/gate-junit.xml`` and, with ``report``, the report folder (each
+profile's HTML report and the index). The shards are disjoint (every N-th case and property unit);
+each profile's verdict is judged again on the merged cases, known failures and coverage included.
 """
 
 from __future__ import annotations

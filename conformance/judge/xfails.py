@@ -8,8 +8,12 @@ A plain-text file, one entry a line, `#` starting the reason (a line of only a c
     myport:factory  *  decode_  delta_rule  # a stage: any of its tensors may fail
 
 A failing case whose every failing tensor is covered by an applicable entry is a known failure; one
-failing beyond it still fails. An entry that covers no failure of a passing case is *stale*; what
-that does is the caller's (verify and the gate warn, the pytest plugin fails it).
+failing beyond it still fails, and so does a case that broke the coverage rule (declared not
+applicable though every port must run it, judged no tensor: :data:`COVERAGE_REASONS`), which no
+entry excuses. An entry that covers no failure of a passing case is *stale*; what that does is the
+caller's (verify and the gate warn, the pytest plugin fails it). An entry that speaks of no case of
+a run (a typo in CASE, another PROFILE or IMPL) is listed (:func:`unmatched`). A byte-order mark is
+ignored; ``*`` as CASE and a second entry for one IMPL, PROFILE and CASE are refused.
 
 Each field and the verdicts: docs/verify.md, "Known failures"; docs/plugins.md for pytest.
 """

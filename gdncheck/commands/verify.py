@@ -34,7 +34,10 @@ on a terminal, never with NO_COLOR set.
 Known failures (--xfails FILE, the format of the gate's gate/xfails.txt: IMPL PROFILE CASE WHAT
 # reason; docs/verify.md): a case that fails only where an entry allows (its tensors or stages)
 is printed "xfail" with the entry's reason and does not make the exit status 1; an entry whose
-case passes now is stale: a warning (note) naming its line, the exit status unchanged."""
+case passes now is stale, and one that matches no case of the run is listed: warnings (notes)
+naming their lines, the exit status unchanged. A known failure never excuses a case the coverage
+rule fails (a case every port must run declared not applicable), and a run whose every judged case
+is a known failure, or that judged no tensor (only expected errors: --tag error), never exits 0."""
 
 
 def configure(p: argparse.ArgumentParser) -> None:

@@ -102,7 +102,8 @@ def test_entries_that_match_no_case_are_listed(golden, tmp_path, capsys):
 
 @pytest.mark.parametrize("body, why", [
     ("* f32 * *  # every case\n", "expected CASE a case id or id prefix, found '*'"),
-    ("* f32 decode out  # one\n* f32 decode core  # two\n", ":2: a second entry for * f32 decode (the first is line 1)"),
+    ("* f32 decode out  # one\n* f32 decode core  # two\n",
+     ":2: a second entry for * f32 decode (the first is line 1)"),
 ])
 def test_a_star_case_and_a_duplicate_are_exit_2(golden, tmp_path, capsys, body, why):
     (tmp_path / "x.txt").write_text(body)
