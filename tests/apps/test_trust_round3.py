@@ -64,7 +64,8 @@ def test_star_entries_never_pass_a_port_that_computes_nothing(tmp_path, capsys):
 
 
 def test_the_gate_never_passes_on_known_failures_of_nothing(tmp_path):
-    (tmp_path / "x.txt").write_text("* f32 prefill_T1_ *  # not implemented yet\n")
+    (tmp_path / "x.txt").write_text("* f32 prefill_T1_ *  # not implemented yet\n* f32 prefil_T1_ *  # a typo\n"
+                                    "* bf16 snapshot-replay *  # a profile the run has not\n")
     res = run_gate(GateOptions(impl=NEVER, profiles=("f32",), cases=["prefill_T1_", "snapshot-replay"],
                                out=str(tmp_path / "out"), properties=False, jobs=1, rebuild_check=False,
                                xfails=str(tmp_path / "x.txt")))
@@ -72,6 +73,8 @@ def test_the_gate_never_passes_on_known_failures_of_nothing(tmp_path):
     assert res.exit_code == 1 and res.doc["profiles"]["f32"]["coverage"]["ok"] is False
     (r,) = res.doc["xfails"]["refused"]
     assert r["case"].startswith("prefill_T1_") and r["profile_run"] == "f32"
+    assert [(x["line"], x["why"]) for x in res.doc["xfails"]["unmatched"]] == [
+        (2, "no case of the suite starts with 'prefil_T1_'"), (3, "profile bf16; this run's: f32")]
 
 
 # --- 2. entries that match nothing, a byte-order mark, duplicates ------------------------------------

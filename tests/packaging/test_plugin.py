@@ -174,3 +174,14 @@ def test_outputs_inside_the_suite_and_a_negative_diagnose_are_usage_errors(pytes
                                 "no:cacheprovider")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     assert "expected a number of cases (0 or more), found '-1'" in result.stderr.str()
+
+
+def test_entries_that_match_no_case_are_a_header_warning(port):
+    port.path.joinpath("xfails.txt").write_text("* f32 decod_T12 *  # a typo\n"
+                                                "* bf16 prefill_T1_ *  # another profile\n")
+    result = port.runpytest("--gdncheck-impl", "myport:factory", "--gdncheck-profile", "f32", "--gdncheck-xfails",
+                            "xfails.txt", "--collect-only", "-p", "no:cacheprovider")  # not -q: the header
+    assert result.ret == 0
+    result.stdout.fnmatch_lines(["gdncheck: warning: 2 known-failure entry(ies) match no case of this run*xfails.txt:1 "
+                                 "(no case of the suite starts with 'decod_T12')*xfails.txt:2 (profile bf16; this "
+                                 "run's: f32)*"])
