@@ -1,5 +1,6 @@
 """Plug-in factories that attack the tool (loaded by name: ``tests.apps.plugins:NAME``): one
-that declares every case not applicable, one whose words carry terminal control sequences."""
+that declares every case not applicable, one that raises on every case, one whose words carry terminal
+control sequences."""
 
 from __future__ import annotations
 
