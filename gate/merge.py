@@ -2,12 +2,14 @@
 
 Each runner of a GPU matrix runs ``gdncheck gate --shard I/N`` and uploads its ``OUT/gate-summary.json``
 and ``OUT/PROFILE/verify-summary-PROFILE.json``. :func:`merge_gates` reads those folders, refuses a
-set that is not one complete matrix (another implementation, another fixture suite, other profiles, a
-shard missing or twice), and writes one result as a gate does: ``OUT/gate-summary.json`` (the
-verdict over every case and property), one verify summary per profile with every shard's cases,
-``OUT/gate-junit.xml`` and, with ``report``, the report folder (each profile's HTML report and the
-index). The shards are disjoint (every N-th case and property unit), so the merged verdict is the
-worst shard's: each shard already applied every rule (known failures, coverage) to its own cases.
+set that is not one complete matrix (another implementation, another fixture suite, other profiles,
+another plan, a shard missing or twice: :func:`check_matrix`) and a label its cases belie (a case or
+a property in two shards, a shard whose cases are not those its label selects: :func:`check_cases`;
+a shard's label is its own word, its cases are checked), and writes one result as a gate does:
+``OUT/gate-summary.json`` (the verdict over every case and property), one verify summary per profile
+with every shard's cases, ``OUT/gate-junit.xml`` and, with ``report``, the report folder (each
+profile's HTML report and the index). The shards are disjoint (every N-th case and property unit);
+each profile's verdict is judged again on the merged cases, known failures and coverage included.
 """
 
 from __future__ import annotations
@@ -54,7 +56,7 @@ def summary_from_json(doc: dict) -> Summary:
     return Summary(profile=doc["profile"], mode=doc["mode"], implementation=doc["implementation"],
                    tolerances=doc["tolerances"], fixtures=doc["fixtures"], outputs=doc["outputs"],
                    environment=doc["environment"], tool=doc["tool"], cases=cases, notes=list(doc.get("notes", [])),
-                   bounds=doc.get("bounds"))
+                   bounds=doc.get("bounds"), xfails=doc.get("xfails"))
 
 
 def _same(shards: list[tuple[Path, dict]], what: str, get) -> object:
@@ -69,10 +71,16 @@ def _same(shards: list[tuple[Path, dict]], what: str, get) -> object:
 
 def check_matrix(shards: list[tuple[Path, dict]]) -> int:
     """The matrix size N, once the shards are I/N for every I exactly once, of one implementation,
-    suite and set of profiles."""
+    suite, set of profiles and plan (selection, options, property settings, known-failures file)."""
     _same(shards, "implementation", lambda d: d["implementation"].get("spec"))
+    _same(shards, "implementation options", lambda d: d["implementation"].get("options"))
     _same(shards, "fixture suite (manifest sha256)", lambda d: (d.get("fixtures") or {}).get("manifest_sha256"))
     _same(shards, "profiles", lambda d: (d.get("selection") or {}).get("profiles"))
+    _same(shards, "selection (--case, --tag)",
+          lambda d: [(d.get("selection") or {}).get(k) for k in ("cases", "tags")])
+    _same(shards, "property settings (max_examples, hypothesis_profile, shrink)",
+          lambda d: [(d.get("properties") or {}).get(k) for k in ("max_examples", "hypothesis_profile", "shrink")])
+    _same(shards, "known-failures file", lambda d: (d.get("xfails") or {}).get("file"))
     got = [(folder, tuple((d.get("selection") or {}).get("shard") or (0, 1))) for folder, d in shards]
     n = got[0][1][1]
     for folder, (_, m) in got:
@@ -89,14 +97,98 @@ def check_matrix(shards: list[tuple[Path, dict]]) -> int:
     return n
 
 
+def shard_cases(folder: Path, doc: dict) -> dict[str, list[str]]:
+    """profile -> the case ids a shard judged (its verify summary's) and skipped (its selection's),
+    its verify summaries checked to be of that profile and of the shard's suite."""
+    out = {}
+    skipped = [s["case"] for s in (doc.get("selection") or {}).get("skipped", [])]
+    for p, section in (doc.get("profiles") or {}).items():
+        ids = list(skipped)
+        if section.get("totals"):
+            v = read_json(folder / p / f"verify-summary-{p}.json", what=f"verify summary of profile {p}",
+                          error=MergeError)
+            if not isinstance(v, dict) or v.get("profile") != p or not isinstance(v.get("cases"), list) or \
+                    (v.get("fixtures") or {}).get("manifest_sha256") != doc["fixtures"].get("manifest_sha256"):
+                raise MergeError(f"{folder / p}: expected the verify summary of profile {p} of this shard's suite, "
+                                 f"found one of profile {v.get('profile') if isinstance(v, dict) else None!r} or "
+                                 "of another suite")
+            ids += [str(c.get("id")) for c in v["cases"] if isinstance(c, dict)]
+        out[p] = ids
+    return out
+
+
+def check_cases(shards: list[tuple[Path, dict]], n: int) -> None:
+    """Each case judged by one shard only, and by the shard its label says (``select_cases``' every
+    N-th case from the I-th, read off the suite when its manifest is at hand; else the counts a
+    label implies): a relabelled copy of a shard, or a shard of another plan, is refused."""
+    owner: dict[tuple[str, str], str] = {}
+    per_shard = []
+    for folder, doc in shards:
+        label = "{}/{}".format(*((doc.get("selection") or {}).get("shard") or (0, 1)))
+        cases = shard_cases(folder, doc)
+        per_shard.append(cases)
+        for p, ids in cases.items():
+            for case in ids:
+                if (p, case) in owner:
+                    raise MergeError(f"expected disjoint shards; case {case} ({p}) is in shard {owner[p, case]} and "
+                                     f"in shard {label} ({folder}): a copy of one shard under another label?")
+                owner[p, case] = f"{label} ({folder})"
+    props: dict[tuple[str, str], Path] = {}
+    for folder, doc in shards:
+        for r in (doc.get("properties") or {}).get("results", []):
+            key = (r.get("name"), r.get("profile"))
+            if key in props:
+                raise MergeError(f"expected disjoint shards; property {key[0]} ({key[1]}) was searched by {props[key]} "
+                                 f"and by {folder}")
+            props[key] = folder
+    ran = [(folder, doc, cases) for (folder, doc), cases in zip(shards, per_shard) if doc.get("profiles")]
+    if len(ran) < len(shards):  # a shard that could not run: the merged verdict says so, nothing to compare
+        return
+    expected = _expected_cases(shards, n)
+    for folder, doc, cases in ran:
+        i = (doc["selection"].get("shard") or (0, 1))[0]
+        got = sorted({c for ids in cases.values() for c in ids})
+        if expected is not None:
+            want = sorted(expected[i])
+            if got != want:
+                extra, lost = sorted(set(got) - set(want)), sorted(set(want) - set(got))
+                raise MergeError(f"{folder}: shard {i}/{n} of this suite selects {len(want)} case(s), its summary "
+                                 f"holds {len(got)}" + (f"; not its own: {', '.join(extra[:3])}" if extra else "")
+                                 + (f"; missing: {', '.join(lost[:3])}" if lost else ""))
+    total = sum(d["selection"]["selected"] for _, d in shards)
+    for folder, doc in shards:
+        i = (doc["selection"].get("shard") or (0, 1))[0]
+        want = len(range(i, total, n))
+        if doc["selection"]["selected"] != want:
+            raise MergeError(f"{folder}: shard {i}/{n} of {total} selected case(s) selects {want}, its summary says "
+                             f"{doc['selection']['selected']}: a shard of another selection or label")
+
+
+def _expected_cases(shards: list[tuple[Path, dict]], n: int) -> dict[int, list[str]] | None:
+    """Shard index -> the case ids its label selects in the suite the shards name, when that suite's
+    manifest is at hand with the shards' sha256 (else None: the counts alone are checked)."""
+    from gdncheck.fixtures.manifest import FixtureError, load_manifest, select_cases, sha256_file
+
+    first = shards[0][1]
+    folder = Path(str((first.get("fixtures") or {}).get("dir") or ""))
+    try:
+        if not folder.name or sha256_file(folder / "manifest.json") != first["fixtures"].get("manifest_sha256"):
+            return None
+        manifest = load_manifest(folder)
+        sel = first["selection"]
+        return {i: [e["id"] for e in select_cases(manifest, sel.get("cases"), sel.get("tags"),
+                                                  (i, n) if n > 1 else None)] for i in range(n)}
+    except (FixtureError, OSError, ValueError):
+        return None
+
+
 def _profile(sections: list[dict], summary_path: Path, merged: Summary | None) -> dict:
     """One profile's section over the shards: counts summed, lists joined, and the verdict judged again
     on the merged cases (a shard that got no case of a profile is no verdict on the others')."""
     code = max(s["exit_code"] for s in sections)
     verdict = gs.VERDICTS[code] if code != 2 else "inputs unusable"
     if merged is not None:
-        known = {k["case"] for s in sections for k in s.get("known_failures", [])}
-        code = gs.profile_code(merged, known)
+        code = gs.profile_code(merged)
         verdict = gs.VERDICTS[code] if code != 2 else merged.verdict()
     totals: dict[str, int] = {}
     for s in sections:
@@ -121,6 +213,7 @@ def merge_gates(folders: list[str | Path], out: str | Path, *, junit: str | Path
     shards = sorted((load_shard(f) for f in folders),
                     key=lambda s: ((s[1].get("selection") or {}).get("shard") or [0])[0])
     n = check_matrix(shards)
+    check_cases(shards, n)
     out = Path(out)
     first = shards[0][1]
     profiles = first["selection"]["profiles"]
@@ -153,11 +246,21 @@ def merge_gates(folders: list[str | Path], out: str | Path, *, junit: str | Path
             for more in parts[1:]:
                 merged.cases.extend(more.cases)
                 merged.notes.extend(n for n in more.notes if n not in merged.notes)
+                if more.xfails:  # the known failures of every shard: the merged verdict sets them apart too
+                    mine = merged.xfails = merged.xfails or {"file": more.xfails.get("file", ""), "entries": 0,
+                                                             "known_failures": [], "stale": []}
+                    for key in ("known_failures", "stale", "refused"):
+                        mine[key] = [*mine.get(key, []), *more.xfails.get(key, [])]
+                    mine.pop("unmatched", None)  # one shard's: the gate summary holds the matrix's
             merged.write(path)
             summaries[p] = merged
         doc["profiles"][p] = _profile(sections, path, merged)
+    unmatched = [(d.get("xfails") or {}).get("unmatched", []) for _, d in shards]
+    everywhere = set.intersection(*({x["line"] for x in u} for u in unmatched))  # no case of any shard
     doc["xfails"] = {"file": (first.get("xfails") or {}).get("file"),
-                     "stale": [x for _, d in shards for x in (d.get("xfails") or {}).get("stale", [])]}
+                     "stale": [x for _, d in shards for x in (d.get("xfails") or {}).get("stale", [])],
+                     "refused": [x for _, d in shards for x in (d.get("xfails") or {}).get("refused", [])],
+                     "unmatched": [x for x in unmatched[0] if x["line"] in everywhere]}
     doc["environment"] = first.get("environment", {})
     doc["timing"] = {"total_s": max(d["timing"]["total_s"] for _, d in shards),
                      "work_s": round(sum(d["timing"].get("work_s", d["timing"]["total_s"]) for _, d in shards), 2)}

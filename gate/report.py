@@ -93,6 +93,12 @@ def _result_lines(doc: dict, verbose: bool) -> list[str]:
     for x in (doc.get("xfails") or {}).get("stale", []):
         lines.append(f"warning: stale known failure ({doc['xfails']['file']}:{x['line']}: {x['impl']} {x['profile']} "
                      f"{x['case']}): the case passes in {x['profile_run']} now; delete the entry")
+    for x in (doc.get("xfails") or {}).get("unmatched", []):
+        lines.append(f"warning: known failure ({doc['xfails']['file']}:{x['line']}: {x['impl']} {x['profile']} "
+                     f"{x['case']}) matches no case of this run: {x['why']}")
+    for x in (doc.get("xfails") or {}).get("refused", []):
+        lines.append(f"known failure ({doc['xfails']['file']}:{x['line']}) does not excuse {x['profile_run']} "
+                     f"{x['case']}: {x['why']} (the coverage rule)")
     for r in (doc.get("properties") or {}).get("results", []):
         if r["status"] == "fail":
             first = r["message"].splitlines()[0] if r["message"] else ""

@@ -49,7 +49,7 @@ from .report import gate_junit, write_report
 from .summary import SCHEMA_PATH, VERDICTS, validate_gate_summary
 from .workers import Task, execute_tasks, run_case_unit, run_property_unit
 from .xfails import DEFAULT_PATH as DEFAULT_XFAILS
-from .xfails import classify, load_xfails
+from .xfails import load_xfails
 
 #: Examples per property under Triton's interpreter (an interpreted layer call costs ~0.2-0.5 s).
 INTERPRETER_MAX_EXAMPLES = 2
@@ -329,22 +329,40 @@ def judge(opts: GateOptions, out: Path, setup: Setup, outcome: Outcome, result: 
     no_xfails = (opts.xfails or "").lower() == "none"
     xfails = setup.xfails
     doc["profiles"] = {}
-    doc["xfails"] = {"file": "none" if no_xfails else str(opts.xfails or DEFAULT_XFAILS), "stale": []}
+    doc["xfails"] = {"file": "none" if no_xfails else str(opts.xfails or DEFAULT_XFAILS), "stale": [], "refused": []}
+    unmatched: list[list[dict]] = []
     for p in opts.profiles:
         if not ids:
             doc["profiles"][p] = gs.nothing_to_verify()
             continue
-        try:
-            summary = verify(setup.fixtures, out / p, p, cases=ids, diagnose=mutant_diagnoser(setup.fixtures))
+        try:  # the known failures judged by verify: one rule for verify, the gate and the pytest plugin
+            summary = verify(setup.fixtures, out / p, p, cases=ids, diagnose=mutant_diagnoser(setup.fixtures),
+                             xfails=xfails)
         except GDNError as exc:
             raise CouldNotRun(f"verify of profile {p} could not run: {exc}") from None
+        summary.xfails["file"] = doc["xfails"]["file"]
         path = summary.write(out / p / f"verify-summary-{p}.json")
-        known, stale = classify(xfails, opts.impl, p, summary.cases)
         result.summaries[p] = summary
-        result.known[p] = {c: x.reason for c, x in known.items()}
+        result.known[p] = {c: k["reason"] for c, k in summary.known_failures().items()}
         result.case_seconds[p] = outcome.seconds(p)
-        doc["xfails"]["stale"] += [{**x.to_json(), "profile_run": p} for x in stale]
-        doc["profiles"][p] = gs.profile_section(summary, path, known, sum(result.case_seconds[p].values()))
+        doc["xfails"]["stale"] += [{**x, "profile_run": p} for x in summary.xfails["stale"]]
+        doc["xfails"]["refused"] += [{**x, "profile_run": p} for x in summary.xfails["refused"]]
+        unmatched.append(summary.xfails["unmatched"])
+        doc["profiles"][p] = gs.profile_section(summary, path, sum(result.case_seconds[p].values()))
+    doc["xfails"]["unmatched"] = _unmatched_everywhere(unmatched, opts.profiles) if unmatched else []
+
+
+def _unmatched_everywhere(per_profile: list[list[dict]], profiles) -> list[dict]:
+    """The known-failure entries that matched no case in any profile of the run (a profile's list: its
+    verify summary's ``xfails.unmatched``), with why."""
+    lines = set.intersection(*({x["line"] for x in found} for found in per_profile))
+    out = []
+    for x in per_profile[0]:
+        if x["line"] in lines:
+            why = f"profile {x['profile']}; this run's: {', '.join(profiles)}" if x["why"].startswith("profile ") \
+                else x["why"]
+            out.append({**x, "why": why})
+    return out
 
 
 def summarise(opts: GateOptions, setup: Setup, outcome: Outcome, result: GateResult) -> None:

@@ -17,8 +17,6 @@ from gdncheck.conformance.judge.records import Summary
 from gdncheck.safetensors_io import write_bytes_atomic
 from gdncheck.untrusted import safe_text
 
-from .xfails import XFail
-
 SCHEMA = "gdncheck-gate-summary"
 SCHEMA_VERSION = 1
 #: JSON Schema (draft 2020-12) of OUT/gate-summary.json
@@ -42,17 +40,18 @@ def head(impl: str, options: dict, out: Path) -> dict:
             "implementation": {"spec": impl, "options": options}, "outputs": {"dir": str(out)}}
 
 
-def profile_code(summary: Summary, known: dict[str, XFail]) -> int:
-    """A profile's exit code: 2 a case's inputs were unusable or nothing was judged (the coverage rule,
-    as ``verify``), 1 a case fails (known failures aside), 0."""
-    if summary.exit_code == 2:
-        return 2
-    return int(any(c.status == "fail" and c.id not in known for c in summary.cases))
+def profile_code(summary: Summary) -> int:
+    """A profile's exit code, verify's (:attr:`Summary.exit_code`): 2 a case's inputs were unusable or
+    nothing was judged, 1 a case fails (known failures aside) or the coverage rule is broken (a known
+    failure never mends it), 0."""
+    return summary.exit_code
 
 
-def profile_section(summary: Summary, path: Path, known: dict[str, XFail], seconds: float) -> dict:
-    """One profile's section: its verdict, totals, failures, not-applicable cases and known failures."""
-    code = profile_code(summary, known)
+def profile_section(summary: Summary, path: Path, seconds: float) -> dict:
+    """One profile's section: its verdict, totals, failures, not-applicable cases and known failures
+    (verify's, judged with the gate's known-failures file)."""
+    code = profile_code(summary)
+    known = summary.known_failures()
     cases = summary.cases
     return {
         "verdict": VERDICTS[code] if code != 2 else summary.verdict(), "exit_code": code,
@@ -67,7 +66,7 @@ def profile_section(summary: Summary, path: Path, known: dict[str, XFail], secon
         "not_applicable": [{"case": c.id, "reason": (c.not_applicable or {}).get("reason") or c.message}
                            for c in cases if c.status == "not_applicable"],
         "known_failures": [{"case": c.id, "tensors": sorted({r.tensor for r in c.records if r.verdict == "fail"}),
-                            "reason": known[c.id].reason, "xfails_line": known[c.id].line, "message": c.message}
+                            "reason": known[c.id]["reason"], "xfails_line": known[c.id]["line"], "message": c.message}
                            for c in cases if c.id in known],
     }
 

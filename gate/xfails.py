@@ -11,8 +11,10 @@ plugin's ``--gdncheck-xfails``::
 a profile or ``*``; ``CASE`` a case id or id prefix; ``WHAT`` the only tensors or stages allowed to
 fail (comma-separated, or ``*``). A failing case whose failing tensors are all covered by an entry
 is reported as *known failure* with the reason and does not fail the gate; anything else it fails
-still does. An entry that matches no failure of a case that ran is *stale* (the case passes now):
-the gate warns, so the file cannot rot silently.
+still does. An entry that matches no failure of a case that ran is *stale* (the case passes now),
+and one that matches no case in any profile is listed: the gate warns, so the file cannot rot
+silently. The gate judges known failures through verify, so a known failure never makes a broken
+coverage rule (a required case declared not applicable, nothing passed) a pass.
 """
 
 from __future__ import annotations

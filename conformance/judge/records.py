@@ -207,13 +207,20 @@ class Summary:
     @property
     def exit_code(self) -> int:
         """2 inputs unusable, or nothing of the port judged; 1 a case fails (a known failure of the
-        xfails file does not); else 0. A not_applicable case counts neither way, nor does a case only
-        gdncheck's own config parser answered (the port never called): a run of nothing else judged
-        nothing (the coverage rule)."""
+        xfails file does not); else the coverage rule (:meth:`coverage`): broken, 2 when no tensor was
+        judged (nothing judged), else 1; 0 only when it holds. A not_applicable case counts neither way,
+        nor does a case only gdncheck's own config parser answered (the port never called): a run of
+        nothing else judged nothing. So ``coverage.ok`` false is never exit 0, whatever the known
+        failures."""
         if any(c.status == "error" for c in self.cases) or not self.port_judged():
             return 2
         known = self.known_failures()
-        return 1 if any(c.status == "fail" and c.id not in known for c in self.cases) else 0
+        if any(c.status == "fail" and c.id not in known for c in self.cases):
+            return 1
+        cov = self.coverage()  # known failures explain failures; they never make a broken coverage a pass
+        if not cov["ok"]:
+            return 2 if cov["tensors_judged"] == 0 else 1
+        return 0
 
     def known_failures(self) -> dict[str, dict]:
         """case id -> its known-failure entry ``{case, tensors, reason, line}`` (verify's xfails)."""
@@ -244,6 +251,17 @@ class Summary:
                        and c.first_divergence.reason == "nothing_judged")
         if empty:
             problems.append(f"{len(empty)} case(s) judged no tensor: {', '.join(empty)}")
+        port = [c for c in judged if not own_check(c)]
+        known = self.known_failures()
+        if port and not any(c.status == "pass" for c in port) and any(c.id in known for c in port):
+            problems.append(f"no case passed: each of the {len(port)} case(s) of the port judged failed, "
+                            f"{sum(c.id in known for c in port)} of them known failures (--xfails): a known failure "
+                            "explains a failure, it shows nothing conforms")
+        tensors = sum(c.judged for c in self.cases)
+        if port and not tensors and not problems:
+            problems.append(f"no tensor was judged: none of the {len(port)} case(s) of the port judged compared a "
+                            "tensor (an expected-error case checks only that bad input is refused; select a case "
+                            "that computes)")
         features: dict[str, int] = {}
         for c in na:
             for f in c.features:
@@ -251,7 +269,7 @@ class Summary:
         return {"cases": len(self.cases), "judged": len(judged), "gdncheck_checks": len(own),
                 "required": len(required), "required_judged": sum(c in judged for c in required),
                 "not_applicable": len([c for c in na if c.status == "not_applicable"]),
-                "not_applicable_features": features, "tensors_judged": sum(c.judged for c in self.cases),
+                "not_applicable_features": features, "tensors_judged": tensors,
                 "ok": not problems, "problems": problems}
 
     def coverage_line(self) -> str:

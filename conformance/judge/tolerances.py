@@ -111,32 +111,49 @@ class ToleranceTable:
                 "derivation": self.data.get("derivation", {}), "shipped_sha256": SHIPPED_SHA256,
                 "shipped": self.sha256 == SHIPPED_SHA256, "looser_bounds": len(self.looser)}
 
-    def loosened(self, shipped: ToleranceTable) -> tuple[str, ...]:
-        """Every bound of this table looser than the one ``shipped`` applies to the same lookup (a row the
-        shipped table lacks is compared with the bound the shipped table would use there)."""
-        out = []
+    def lookups(self) -> set[tuple[str, str, str | None, str, bool]]:
+        """Every lookup a row of this table answers: ``(mode, profile, recipe or None, tensor, property)``."""
+        out = set()
         for mode, profiles in self.data["modes"].items():
             for profile, sections in profiles.items():
-                rows = [("global", None, sections.get("global", {})),
-                        (PROPERTY_ROWS, None, sections.get(PROPERTY_ROWS, {}))]
-                rows += [("case", recipe, r) for recipe, r in sections.get("cases", {}).items() if isinstance(r, dict)]
-                for section, recipe, tensors in rows:
-                    for tensor in tensors:
-                        mine = self._checked(tensors[tensor], tensor, profile, mode, section)
-                        try:
-                            if section == PROPERTY_ROWS:  # the same mode's property rows, where it has them
-                                same = shipped.data["modes"].get(mode, {}).get(profile, {}).get(PROPERTY_ROWS, {})
-                                if tensor not in same:
-                                    continue
-                                theirs = shipped._checked(same[tensor], tensor, profile, mode, PROPERTY_ROWS)
-                            else:
-                                theirs = shipped.bound(tensor, profile, mode, f"{recipe}_s0" if recipe else None)
-                        except ToleranceError:
-                            continue  # a tensor the shipped table never judges
-                        if mine.elem > theirs.elem or mine.nmse > theirs.nmse:
-                            where = f"{mode} {profile} {recipe or section} {tensor}"
-                            out.append(f"{where}: elem {mine.elem:.3g} / nmse {mine.nmse:.3g} > shipped "
-                                       f"{theirs.elem:.3g} / {theirs.nmse:.3g}")
+                out.update((mode, profile, None, t, False) for t in sections.get("global", {}))
+                out.update((mode, profile, None, t, True) for t in sections.get(PROPERTY_ROWS, {})
+                           if mode == END_TO_END)
+                out.update((mode, profile, recipe, t, False) for recipe, r in sections.get("cases", {}).items()
+                           if isinstance(r, dict) for t in r)
+        return out
+
+    def _lookup(self, mode: str, profile: str, recipe: str | None, tensor: str, prop: bool) -> Bound:
+        if prop:
+            return self.property_bound(tensor, profile)
+        return self.bound(tensor, profile, mode, f"{recipe}_s0" if recipe else None)
+
+    def loosened(self, shipped: ToleranceTable) -> tuple[str, ...]:
+        """Every bound this table applies looser than the one ``shipped`` applies to the same lookup, over
+        the rows of both: a row the shipped table lacks is compared with the bound the shipped table
+        would use there, and a shipped row this table lacks with the bound this one falls back to (its
+        global row): deleting rows loosens as surely as raising them. A bound the shipped table has and
+        this one has nowhere (not even in its global row) is :class:`ToleranceError`, one line."""
+        out = []
+        for mode, profile, recipe, tensor, prop in sorted(self.lookups() | shipped.lookups(),
+                                                          key=lambda k: (k[0], k[1], k[2] or "", k[3], k[4])):
+            try:
+                theirs = shipped._lookup(mode, profile, recipe, tensor, prop)
+            except ToleranceError:
+                continue  # a tensor the shipped table never judges
+            try:
+                mine = self._lookup(mode, profile, recipe, tensor, prop)
+            except ToleranceError:
+                where = f"{mode}, {profile}" + (f", case {recipe}" if recipe else ", properties" if prop else "")
+                raise ToleranceError(f"tolerance table {self.source} has no bound for {tensor!r} ({where}), which the "
+                                     f"shipped table bounds: expected every bound of the shipped one (regenerate it "
+                                     f"with gdncheck tolerances derive)") from None
+            if mine.elem > theirs.elem or mine.nmse > theirs.nmse:
+                where = f"{mode} {profile} {recipe or (PROPERTY_ROWS if prop else 'global')} {tensor}"
+                fallback = f" (its {mine.source} row: the shipped row is missing)" if mine.source != theirs.source \
+                    and theirs.source != "global" else ""
+                out.append(f"{where}: elem {mine.elem:.3g} / nmse {mine.nmse:.3g}{fallback} > shipped "
+                           f"{theirs.elem:.3g} / {theirs.nmse:.3g}")
         return tuple(out)
 
 

@@ -28,14 +28,16 @@ from gdncheck.fixtures.manifest import (
 )
 from gdncheck.harness import END_TO_END, call_steps, is_packed, mode_name
 from gdncheck.profiles import VERIFY_PROFILES, choices
+from gdncheck.untrusted import safe_text
 
 from .aliases import load_names
 from .case import CaseJudge
 from .diagnose import advise
+from .filenames import plan_names
 from .provenance import Provenance
 from .records import CaseReport, Summary
 from .tolerances import ToleranceTable, load_table
-from .xfails import Tally, XFail, failing_names, load_xfails
+from .xfails import Tally, XFail, failing_names, load_xfails, unmatched, unmatched_line
 
 
 def verify(fixtures_dir: str | Path, outputs_dir: str | Path, profile: str, *, cases: list[str] | None = None,
@@ -92,7 +94,8 @@ def verify(fixtures_dir: str | Path, outputs_dir: str | Path, profile: str, *, c
                          max_fail=max_fail, provenance=Provenance(fixtures_dir, manifest))
     summary.implementation = _implementation(impls, profile, summary)
     if tally is not None:
-        summary.xfails = _xfails_section(tally, xfails_file, summary)
+        suite_ids = [e["id"] for e in manifest["cases"]] + [p.case for p in problems]
+        summary.xfails = _xfails_section(tally, xfails_file, summary, suite_ids)
     return summary
 
 
@@ -140,9 +143,16 @@ def _judge_cases(entries: list[dict], judge: Callable[[dict], CaseJudge], summar
     its likely cause named), stopping after ``max_fail`` failures; the outputs metadata of each case."""
     impls: dict[str, dict] = {}  # case -> the metadata of its usable outputs file
     failed = 0
+    clashes = plan_names(entries, judge.keywords["stage_isolated"])  # the names gdncheck run refuses to write
     for done, entry in enumerate(entries, 1):
         cj = judge(entry)
-        report = cj.run()
+        if entry["id"] in clashes:  # a bad manifest entry (exit 2), never a failure of the port
+            cj.report.status = "error"
+            cj.report.problem = safe_text(f"manifest entry unusable: {clashes[entry['id']]} (gdncheck run skips this "
+                                          "case; a file it names cannot be told from another use's)")
+            report = cj.report
+        else:
+            report = cj.run()
         known = tally.see(report, _impl_names(cj.meta)) if tally is not None else None
         tampered = provenance.check(entry) if report.status == "fail" else None
         if tampered:  # the goldens, not the port: said on the case, and instead of a bug class
@@ -180,19 +190,29 @@ def _impl_names(meta: dict | None) -> list[str]:
     return names + ([given] if isinstance(given, str) else [])
 
 
-def _xfails_section(tally: Tally, file: str | None, summary: Summary) -> dict:
-    """The summary's ``xfails``: the known failures set apart, the stale entries (each noted)."""
+def _xfails_section(tally: Tally, file: str | None, summary: Summary, suite_ids: list[str]) -> dict:
+    """The summary's ``xfails``: the known failures set apart; the stale entries, the entries refused
+    (a case that broke the coverage rule) and those that matched no case of the run, each noted."""
     files = sorted({x.file for x in tally.xfails if x.file})
     where = file or (files[0] if len(files) == 1 else None)
     stale = tally.stale()
     for x in stale:
         summary.notes.append(f"stale known failure ({x.where()}: {x.impl} {x.profile} {x.case} "
                              f"{','.join(x.tensors)}): the case passes in {summary.profile} now; delete the entry")
+    for case, (x, why) in tally.refused.items():
+        summary.notes.append(f"known failure {x.where()} does not excuse case {case}: {why}, which the coverage rule "
+                             "fails whatever a known-failures file says (fixtures/FORMAT.md §2)")
+    lost = unmatched(tally.xfails, tally.applied, profiles=[summary.profile], impl_names=tally.impl_names,
+                     suite_ids=suite_ids)
+    if lost:
+        summary.notes.append(unmatched_line(lost))
     by_id = {c.id: c for c in summary.cases}
     return {"file": where or "", "entries": len(tally.xfails),
             "known_failures": [{"case": case, "tensors": failing_names(by_id[case]), "reason": x.reason,
                                 "line": x.line} for case, x in tally.known.items()],
-            "stale": [x.to_json() for x in stale]}
+            "stale": [x.to_json() for x in stale],
+            "refused": [{"case": case, "line": x.line, "why": why} for case, (x, why) in tally.refused.items()],
+            "unmatched": [{**x.to_json(), "why": why} for x, why in lost]}
 
 
 def _only_packed(entry: dict) -> bool:

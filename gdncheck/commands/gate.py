@@ -23,7 +23,9 @@ skipped with the reason (--all-cases runs them); on a GPU everything runs.
 
 --merge DIR [DIR ...] runs nothing: it merges the gate folders (--out) of the shards of a CI matrix
 (--shard I/N) into one verdict, one OUT/gate-summary.json, one verify summary per profile, one JUnit
-file and, with --report, one report; a set that is not one complete matrix is refused.
+file and, with --report, one report; a set that is not one complete matrix is refused (exit 2, one
+line): another implementation, suite, selection or settings, a shard missing or twice, a case in
+two shards (a relabelled copy), a shard whose cases are not those its label selects.
 
 The outputs go to OUT/PROFILE/, folders the gate owns and replaces whole on each run (a folder there
 that holds anything else is refused, as is an OUT that is, lies in or contains a fixture suite);

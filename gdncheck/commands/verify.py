@@ -34,7 +34,10 @@ on a terminal, never with NO_COLOR set.
 Known failures (--xfails FILE, the format of the gate's gate/xfails.txt: IMPL PROFILE CASE WHAT
 # reason; docs/verify.md): a case that fails only where an entry allows (its tensors or stages)
 is printed "xfail" with the entry's reason and does not make the exit status 1; an entry whose
-case passes now is stale: a warning (note) naming its line, the exit status unchanged."""
+case passes now is stale, and one that matches no case of the run is listed: warnings (notes)
+naming their lines, the exit status unchanged. A known failure never excuses a case the coverage
+rule fails (a case every port must run declared not applicable), and a run whose every judged case
+is a known failure, or that judged no tensor (only expected errors: --tag error), never exits 0."""
 
 
 def configure(p: argparse.ArgumentParser) -> None:
@@ -64,7 +67,7 @@ def configure(p: argparse.ArgumentParser) -> None:
                    help="read the port's own tensor names through a name table: hf, doppler, metrale or a JSON path "
                         "(docs/names.md)")
     p.add_argument("--report", metavar="DIR", help="also write the HTML diff report there (docs/report.md)")
-    p.add_argument("--diagnose", type=int, default=8, metavar="N",
+    p.add_argument("--diagnose", type=case_count, default=8, metavar="N",
                    help="name the likely cause of the first N failing cases (default 8; 0: none): each runs every "
                         "known bug class on the case (docs/meta.md)")
     p.add_argument("--fixtures-sha256", metavar="SHA256",
@@ -100,6 +103,17 @@ def details_count(text: str) -> int | str:
         n = -1
     if n < 0:
         raise argparse.ArgumentTypeError(f"expected a number of cases (0 or more) or 'all', found {text!r}")
+    return n
+
+
+def case_count(text: str) -> int:
+    """``--diagnose``: a number of cases, 0 or more."""
+    try:
+        n = int(text)
+    except ValueError:
+        n = -1
+    if n < 0:
+        raise argparse.ArgumentTypeError(f"expected a number of cases (0 or more), found {text!r}")
     return n
 
 
@@ -238,6 +252,8 @@ def _judge(args, con, say, path, junit_path, to_file, failures, progress) -> int
     fail = f"{t['failed'] - len(known)} fail" + (f", {len(known)} known failure(s)" if known else "")
     stale = len((summary.xfails or {}).get("stale", []))
     fail += f", {stale} stale known-failure entry(ies)" if stale else ""
+    lost = len((summary.xfails or {}).get("unmatched", []))
+    fail += f", {lost} known-failure entry(ies) matching no case" if lost else ""
     con.say(con.mark(safe_text(
         f"{summary.verdict()}: {t['passed']}/{t['cases']} cases pass, {fail}, {t['errors']} unusable, "
         f"{t['not_applicable']} not applicable; "

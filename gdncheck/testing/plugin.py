@@ -49,9 +49,22 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     g.addoption("--gdncheck-xfails", metavar="FILE",
                 help="known failures (IMPL PROFILE CASE WHAT  # reason; docs/verify.md): listed cases are "
                      "xfail(strict=True): failing only in the listed tensors or stages XFAIL, passing XPASS(strict)")
-    g.addoption("--gdncheck-diagnose", type=int, default=8, metavar="N",
+    g.addoption("--gdncheck-diagnose", type=_count, default=8, metavar="N",
                 help="name the likely cause of the first N failing cases (default 8; 0: none), as gdncheck "
                      "verify --diagnose does")
+
+
+def _count(text: str) -> int:
+    """A number of cases, 0 or more (``--gdncheck-diagnose``)."""
+    import argparse
+
+    try:
+        n = int(text)
+    except ValueError:
+        n = -1
+    if n < 0:
+        raise argparse.ArgumentTypeError(f"expected a number of cases (0 or more), found {text!r}")
+    return n
 
 
 #: the default outputs folder, under pytest's rootdir
@@ -67,7 +80,7 @@ class _Run:
         from gdncheck.conformance.judge.xfails import load_xfails
         from gdncheck.conformance.ports.plugin import load_checked_factory, parse_options
         from gdncheck.errors import GDNError
-        from gdncheck.fixtures.manifest import load_manifest
+        from gdncheck.fixtures.manifest import load_manifest, refuse_output_in_suite
         from gdncheck.fixtures.packaged import default_suite
         from gdncheck.untrusted import one_line
 
@@ -100,6 +113,10 @@ class _Run:
             raise pytest.UsageError(f"gdncheck: {one_line(exc)}") from None
         given = opt.gdncheck_out is not None
         self.out = (Path(opt.gdncheck_out) if given else Path(config.rootpath) / DEFAULT_OUT).absolute()
+        try:  # never into (or around) a fixture suite: one usage error, nothing made there
+            refuse_output_in_suite(self.out, self.fixtures, "--gdncheck-out")
+        except GDNError as exc:
+            raise pytest.UsageError(f"gdncheck: {one_line(exc)}") from None
         try:
             if given:
                 self.out.mkdir(parents=True, exist_ok=True)
@@ -145,8 +162,9 @@ def _fresh_folder(out: Path) -> None:
 
 
 _KEY = pytest.StashKey[_Run]()
-#: a case test's user property: what judged it, ``port``, ``gdncheck`` (its own config parser, the port never
-#: called) or ``none`` (not applicable, skipped)
+#: a case test's user property: what judged it, ``port`` (a tensor of the port judged, not a known failure),
+#: ``checks`` (the port judged without a tensor: an expected error, a raise), ``known`` (a known failure),
+#: ``gdncheck`` (its own config parser, the port never called) or ``none`` (not applicable, skipped)
 JUDGED = "gdncheck_judged"
 class _Coverage:
     """The coverage rule in pytest (registered by :func:`pytest_configure` when the plugin is active):
@@ -169,8 +187,15 @@ class _Coverage:
         if hasattr(self.config, "workerinput") or not self.counts or self.counts.get("port", 0):
             return
         own, none = self.counts.get("gdncheck", 0), self.counts.get("none", 0)
-        line = (f"gdncheck: nothing of the port was judged: of {own + none} case test(s), {own} were answered by "
-                f"gdncheck's own config parser before the port was called and {none} not applicable")
+        checks, known = self.counts.get("checks", 0), self.counts.get("known", 0)
+        if checks or known:  # the port was called, but no tensor of it was shown to conform (as verify's coverage)
+            line = (f"gdncheck: no tensor of the port was judged to conform: of {sum(self.counts.values())} case "
+                    f"test(s), {known} known failure(s) (a known failure explains a failure, it shows nothing "
+                    f"conforms), {checks} judged no tensor (expected errors, raises), {own} answered by gdncheck's own "
+                    f"config parser, {none} not applicable")
+        else:
+            line = (f"gdncheck: nothing of the port was judged: of {own + none} case test(s), {own} were answered by "
+                    f"gdncheck's own config parser before the port was called and {none} not applicable")
         reporter = self.config.pluginmanager.get_plugin("terminalreporter")
         if reporter is not None:
             reporter.write_line(line, red=True)
@@ -197,8 +222,18 @@ def pytest_report_header(config: pytest.Config) -> list[str] | None:
     opts = "".join(f" {k}={v}" for k, v in run.options.items())
     xf = f", known failures {run.xfails[0].file if run.xfails else config.option.gdncheck_xfails}" \
         if run.xfails is not None else ""
-    return [f"gdncheck: {run.spec}{opts}, profile {run.profile}{xf}; outputs kept in {run.out} (the repro lines "
-            "point there)"]
+    lines = [f"gdncheck: {run.spec}{opts}, profile {run.profile}{xf}; outputs kept in {run.out} (the repro lines "
+             "point there)"]
+    if run.xfails:  # entries no case of this session can match: a typo, another profile (a warning)
+        from gdncheck.conformance.judge.xfails import unmatched, unmatched_line
+
+        ids = [c["id"] for c in run.manifest["cases"]]
+        applied = {x for x in run.xfails if any(x.applies(run.spec, run.profile, i) for i in ids)}
+        lost = [(x, why) for x, why in unmatched(run.xfails, applied, profiles=[run.profile], impl_names=set(),
+                                                  suite_ids=ids)]
+        if lost:
+            lines.append("gdncheck: warning: " + unmatched_line(lost))
+    return lines
 
 
 @pytest.hookimpl(tryfirst=True)  # before -k / -m deselect: the cases are selected like any test
@@ -281,20 +316,24 @@ class CaseItem(_Item):
         summary = verify(run.fixtures, run.out, run.profile, cases=[case], stage_isolated=run.stage_isolated,
                          diagnose=run.diagnoser(), xfails=run.xfails)
         report = next(c for c in summary.cases if c.id == case)
+        known = summary.known_failures().get(case)
         # what judged this case (the coverage rule, counted at the session's end: pytest_sessionfinish)
         self.user_properties.append((JUDGED, "gdncheck" if own_check(report) else
-                                     "port" if report.status in ("pass", "fail") else "none"))
+                                     "none" if report.status not in ("pass", "fail") else
+                                     "known" if known is not None else "port" if report.judged else "checks"))
         if report.status == "not_applicable":
             pytest.skip(f"not applicable: {report.message}")
         marked = self.get_closest_marker("xfail") is not None
-        known = summary.known_failures().get(case)
         if known is not None:
             text = f"known failure ({summary.xfails['file']}:{known['line']}: {known['reason']})"
             if not marked:  # an entry naming the implementation as it names itself: known at run time only
                 pytest.xfail(text)
             raise KnownFailure(f"{text}\n{case_text(report)}")
         if report.status != "pass":
-            raise NonConforming(case_text(report))
+            refused = next((r for r in (summary.xfails or {}).get("refused", []) if r["case"] == case), None)
+            why = (f"known failure ({summary.xfails['file']}:{refused['line']}) does not excuse this case: "
+                   f"{refused['why']} (the coverage rule)\n") if refused else ""
+            raise NonConforming(why + case_text(report))
         stale = (summary.xfails or {}).get("stale")
         if stale and not marked:  # strict, as a marked case's XPASS(strict)
             x = stale[0]

@@ -1,5 +1,6 @@
 """Plug-in factories that attack the tool (loaded by name: ``tests.apps.plugins:NAME``): one
-that declares every case not applicable, one whose words carry terminal control sequences."""
+that declares every case not applicable, one that raises on every case, one whose words carry terminal
+control sequences."""
 
 from __future__ import annotations
 
@@ -37,3 +38,8 @@ def dk_eq_dv_only(cfg, weights, *, profile, strict, **options):
     if cfg.head_k_dim != cfg.head_v_dim:
         raise NotApplicable(f"dk = {cfg.head_k_dim} != dv = {cfg.head_v_dim}: this port runs dk = dv only")
     return reference(cfg, weights, profile="f64" if profile == "f64" else profile, strict=strict)
+
+
+def not_implemented(cfg, weights, *, profile, strict, **options):
+    """Raises NotImplementedError on every case: a port that computes nothing (each case fails 'raised')."""
+    raise NotImplementedError("not implemented yet")

@@ -182,7 +182,11 @@ def test_a_port_that_raises_the_config_error_itself_is_judged(fixtures_dir, tmp_
     perfect_outputs(fixtures_dir, "error-head-ratio", tmp_path,
                     meta={"error_code": "head_ratio", "error_message": "Hv not a multiple of Hk", "error_step": "0"})
     s = verify(fixtures_dir, tmp_path, "f32", cases=["error-head-ratio"])
-    assert s.exit_code == 0, [c.message for c in s.cases]
+    assert [c.status for c in s.cases] == ["pass"] and len(s.port_judged()) == 1, [c.message for c in s.cases]
+    # the port judged, but no tensor of it (issue 37: `verify --tag error` of a numerically broken port
+    # "conformed"): nothing of its numbers was judged, exit 2
+    assert s.exit_code == 2 and s.verdict() == "nothing judged"
+    assert "no tensor was judged" in s.coverage()["problems"][0]
 
 
 def test_stage_isolated_skips_the_serving_cases_so_the_reference_conforms(fixtures_dir, tmp_path):

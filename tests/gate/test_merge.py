@@ -75,3 +75,38 @@ def test_merge_refuses_what_is_not_one_matrix(shards, tmp_path):
     with pytest.raises(MergeError, match="expected a gate summary"):
         merge_gates([s0, tmp_path / "nowhere"], tmp_path / "c")
     assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
+
+
+def _relabelled(src, dst, **changes):
+    """A copy of a shard's gate folder whose gate-summary.json says otherwise (``shard``, ``cases``...)."""
+    import shutil
+
+    shutil.copytree(src, dst)
+    doc = json.loads((dst / "gate-summary.json").read_text())
+    doc["selection"].update(changes)
+    (dst / "gate-summary.json").write_text(json.dumps(doc))
+    return dst
+
+
+@pytest.mark.slow
+def test_merge_refuses_a_relabelled_copy_and_another_plan(shards, tmp_path, capsys):
+    """Issue 37: a copy of shard 0 labelled 1/2 merged with shard 0 to one verdict, every case id twice
+    and shard 1 never run. The shards' cases must be disjoint and the ones their labels select."""
+    (s0, _), (s1, _) = shards
+    copy = _relabelled(s0, tmp_path / "copy", shard=[1, 2])
+    code = main(["gate", "--merge", str(s0), str(copy), "--out", str(tmp_path / "m")])
+    err = capsys.readouterr().err
+    assert code == 2 and len(err.strip().splitlines()) == 1, err
+    assert "expected disjoint shards; case " in err and "a copy of one shard under another label?" in err
+    assert not (tmp_path / "m").exists()
+    other = _relabelled(s1, tmp_path / "other", cases=["decode_T12"])
+    with pytest.raises(MergeError, match=r"selection \(--case, --tag\)"):
+        merge_gates([s0, other], tmp_path / "m2")
+    # shard 1's summary with one of its cases taken out: not what 1/2 of this suite selects
+    short = _relabelled(s1, tmp_path / "short")
+    path = short / "f32" / "verify-summary-f32.json"
+    v = json.loads(path.read_text())
+    v["cases"] = v["cases"][1:]
+    path.write_text(json.dumps(v))
+    with pytest.raises(MergeError, match=r"shard 1/2 of this suite selects 2 case\(s\), its summary holds 1"):
+        merge_gates([s0, short], tmp_path / "m3")

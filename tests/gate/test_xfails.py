@@ -20,7 +20,7 @@ from gdncheck.gate.xfails import load_xfails as gate_load_xfails
 MUTANT = "gdncheck.conformance.meta.mutants:gated_norm_weight_one_plus"
 LATE = "gated_norm,out_proj,residual,post_norm,mlp,output"  # the stages it fails in
 FAILING = ["attn_out", "core_gated", "h", "h_norm", "mlp_out", "out"]
-DECODE, PREFILL = "decode_T12", "prefill_T1_"
+DECODE, PREFILL, REFUSED = "decode_T12", "prefill_T1_", "error-input-dtype"  # the mutant passes the last one
 
 
 @pytest.fixture(scope="module")
@@ -28,7 +28,7 @@ def outs(tmp_path_factory):
     root = tmp_path_factory.mktemp("xfails")
     for impl, name in ((MUTANT, "mutant"), ("reference", "ref")):
         assert main(["run", impl, "--profile", "f32", "--out", str(root / name), "--case", DECODE,
-                     "--case", PREFILL, "-q"]) == 0
+                     "--case", PREFILL, "--case", REFUSED, "-q"]) == 0
     return root
 
 
@@ -46,7 +46,7 @@ def _verify(outs, capsys, folder, entries: str, *cases: str):
 
 def test_a_known_failure_by_stage_does_not_fail_the_run(outs, capsys):
     code, text, doc = _verify(outs, capsys, "mutant", f"# known\n{MUTANT}  f32  {DECODE}  {LATE}  # issue 7\n",
-                              DECODE)
+                              DECODE, REFUSED)
     assert code == 0 and doc["exit_code"] == 0 and doc["verdict"] == "conforms"
     (k,) = doc["xfails"]["known_failures"]
     assert k == {"case": doc["cases"][0]["id"], "tensors": FAILING, "reason": "issue 7", "line": 2}
@@ -55,8 +55,19 @@ def test_a_known_failure_by_stage_does_not_fail_the_run(outs, capsys):
     assert "FAIL  " not in text and "0 fail, 1 known failure(s)" in text
 
 
+def test_known_failures_alone_are_no_pass(outs, capsys):
+    """Issue 37: a run whose every judged case is a known failure showed nothing conforms: exit 1, and
+    the summary's coverage says why (never ``coverage.ok`` false beside exit 0)."""
+    code, text, doc = _verify(outs, capsys, "mutant", f"* f32 {DECODE} *  # issue 7\n* f32 {PREFILL} *  # issue 7\n",
+                              DECODE, PREFILL)
+    assert code == 1 and doc["verdict"] == "does not conform" and len(doc["xfails"]["known_failures"]) == 2
+    assert doc["coverage"]["ok"] is False and "no case passed" in doc["coverage"]["problems"][0]
+    assert "0 fail, 2 known failure(s)" in text and "FAIL  " not in text
+
+
 def test_tensor_names_and_another_implementation(outs, capsys):
-    code, _, doc = _verify(outs, capsys, "mutant", f"* * {DECODE} {','.join(FAILING)}  # tensors\n", DECODE)
+    code, _, doc = _verify(outs, capsys, "mutant", f"* * {DECODE} {','.join(FAILING)}  # tensors\n", DECODE,
+                           REFUSED)
     assert code == 0 and len(doc["xfails"]["known_failures"]) == 1
     code, _, doc = _verify(outs, capsys, "mutant", f"otherport:factory * {DECODE} *  # not this one\n", DECODE)
     assert code == 1 and not doc["xfails"]["known_failures"]  # the entry names another implementation

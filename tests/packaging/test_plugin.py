@@ -128,3 +128,60 @@ def test_a_session_that_judged_nothing_of_the_port_is_an_error(pytester):
     ok = pytester.runpytest("--gdncheck-impl", "myport:factory", "--gdncheck-profile", "f32", "-p",
                             "no:cacheprovider", "-k", "error-head-ratio or prefill_T1_")
     assert ok.ret == pytest.ExitCode.OK, ok.stdout.str()
+
+
+def test_known_failures_never_make_a_session_of_nothing_pass(pytester):
+    """Issue 37: a port declaring every case not applicable, with one plausible 'not implemented' entry
+    per required case, was 'xfailed' to exit 0. A known failure never excuses a case the coverage rule
+    fails (declared not applicable, though every port must run it), and a session in which no tensor of
+    the port was shown to conform fails."""
+    pytester.makepyfile(never=NEVER)
+    pytester.path.joinpath("xfails.txt").write_text(
+        "never:factory f32 prefill_T1_ *  # not implemented yet\n"
+        "never:factory f32 decode_T12 *  # not implemented yet\n")
+    result = pytester.runpytest("--gdncheck-impl", "never:factory", "--gdncheck-profile", "f32", "-p",
+                                "no:cacheprovider", "--gdncheck-xfails", "xfails.txt", "--gdncheck-diagnose", "0",
+                                "-k", "prefill_T1_ or decode_T12")
+    assert result.ret == pytest.ExitCode.TESTS_FAILED, result.stdout.str()
+    result.assert_outcomes(failed=2, deselected=len(CASES) - 2)
+    assert "does not excuse this case: it declared not applicable a case every port must run" in result.stdout.str()
+
+
+def test_a_session_of_only_known_failures_fails(pytester):
+    pytester.makepyfile(raising="def factory(cfg, weights, *, profile, strict=False, **options):\n"
+                                "    raise NotImplementedError('not implemented yet')\n")
+    pytester.path.joinpath("xfails.txt").write_text("* * prefill_T1_ *  # not implemented yet\n")
+    result = pytester.runpytest("--gdncheck-impl", "raising:factory", "--gdncheck-profile", "f32", "-p",
+                                "no:cacheprovider", "--gdncheck-xfails", "xfails.txt", "--gdncheck-diagnose", "0",
+                                "-k", "prefill_T1_")
+    result.assert_outcomes(xfailed=1, deselected=len(CASES) - 1)
+    assert result.ret == pytest.ExitCode.TESTS_FAILED, result.stdout.str()
+    result.stdout.fnmatch_lines(["*gdncheck: no tensor of the port was judged to conform: of 1 case test(s), 1 known*"])
+
+
+def test_outputs_inside_the_suite_and_a_negative_diagnose_are_usage_errors(pytester):
+    suite = pytester.path / "suite"
+    suite.mkdir()
+    suite.joinpath("manifest.json").write_text((DEFAULT_DIR / "manifest.json").read_text())
+    pytester.makepyfile(myport=PORT)
+    result = pytester.runpytest("--gdncheck-impl", "myport:factory", "--gdncheck-fixtures", str(suite),
+                                "--gdncheck-out", str(suite / "out"), "-p", "no:cacheprovider", "-k", "prefill_T1_")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR, result.stdout.str()
+    err = [line for line in result.errlines if line.strip()]
+    assert len(err) == 1 and "lies inside" in err[0] and "a fixture suite" in err[0], result.errlines
+    assert not (suite / "out").exists() and sorted(p.name for p in suite.iterdir()) == ["manifest.json"]
+    result = pytester.runpytest("--gdncheck-impl", "myport:factory", "--gdncheck-diagnose", "-1", "-p",
+                                "no:cacheprovider")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    assert "expected a number of cases (0 or more), found '-1'" in result.stderr.str()
+
+
+def test_entries_that_match_no_case_are_a_header_warning(port):
+    port.path.joinpath("xfails.txt").write_text("* f32 decod_T12 *  # a typo\n"
+                                                "* bf16 prefill_T1_ *  # another profile\n")
+    result = port.runpytest("--gdncheck-impl", "myport:factory", "--gdncheck-profile", "f32", "--gdncheck-xfails",
+                            "xfails.txt", "--collect-only", "-p", "no:cacheprovider")  # not -q: the header
+    assert result.ret == 0
+    result.stdout.fnmatch_lines(["gdncheck: warning: 2 known-failure entry(ies) match no case of this run*xfails.txt:1 "
+                                 "(no case of the suite starts with 'decod_T12')*xfails.txt:2 (profile bf16; this "
+                                 "run's: f32)*"])

@@ -133,7 +133,8 @@ def test_expected_errors(fixtures_dir, tmp_path):
     assert case.error_check["actual"] == "input_shape" and "but should raise norm_mode_conflict" in case.message
     perfect_outputs(fixtures_dir, prefix, tmp_path, meta={"error_code": "config_error", "error_step": "0"})
     s = verify(fixtures_dir, tmp_path, "f32", cases=[prefix])
-    assert s.exit_code == 0 and s.cases[0].error_check["match"] == "family"
+    assert s.cases[0].status == "pass" and s.cases[0].error_check["match"] == "family"
+    assert s.exit_code == 2 and s.verdict() == "nothing judged"  # an expected error alone judges no tensor (issue 37)
     # a forward case whose implementation raised
     case, _ = _one_failure(fixtures_dir, tmp_path, "decode_T12",
                            meta={"error_code": "input_dtype", "error_step": "1", "error_message": "no bf16 here"})
