@@ -34,6 +34,13 @@ def run(args: argparse.Namespace) -> int:
     from gdncheck.reports import markdown_summary, text_summary, write_report
     from gdncheck.reports.model import load_summary
 
+    from gdncheck.writes import refuse_write, refuse_write_into_suite
+
+    # every output path refused before the summary is read: never into a fixture suite
+    if args.out:
+        refuse_write_into_suite(args.out, "--out", fixtures=args.fixtures)
+    if args.markdown and args.markdown != "-":
+        refuse_write(args.markdown, "--markdown", append=True)
     doc = load_summary(args.summary)
     index = None
     if args.out:
