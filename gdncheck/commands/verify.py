@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 
+from pathlib import Path
+
 from gdncheck.profiles import VERIFY_PROFILES
 
 from .console import Console, add_output_arguments
@@ -121,6 +123,7 @@ def run(args: argparse.Namespace) -> int:
     from gdncheck.fixtures.manifest import refuse_output_in_suite
     from gdncheck.testing import case_text
     from gdncheck.untrusted import safe_text
+    from gdncheck.writes import JUNIT_MARKS, VERIFY_SUMMARY_MARKS, refuse_write, refuse_write_into_suite
 
     to_file = args.summary != "-"  # '-': the summary goes to stdout only
     if not to_file:
@@ -156,12 +159,21 @@ def run(args: argparse.Namespace) -> int:
     path = output_file(Path(args.summary) if args.summary and to_file else
                        Path(args.outputs) / f"verify-summary-{args.profile}.json", "--summary")
     junit_path = output_file(args.junit, "--junit") if args.junit else None
-    for target, flag in ((path, "--summary"), (junit_path, "--junit"), (args.report, "--report")):
+    for target, flag in ((path if to_file else None, "--summary"), (junit_path, "--junit"), (args.report, "--report")):
         if target is not None:
             refuse_output_in_suite(Path(target).parent if flag != "--report" else target, None, flag)
+    if to_file:  # never over a file gdncheck did not make: only an earlier summary is replaced (the default
+        # name in the outputs folder is gdncheck's own: a run never writes it, FORMAT.md §7)
+        if args.summary:
+            refuse_write(path, "--summary", VERIFY_SUMMARY_MARKS, kind="a verify summary gdncheck wrote")
+        writable_folder(path, "--summary", "or pass --summary elsewhere, or '-' for stdout")
+    if junit_path is not None:
+        refuse_write(junit_path, "--junit", JUNIT_MARKS, kind="a JUnit file gdncheck wrote")
+        writable_folder(junit_path, "--junit")
     if args.report:  # refused now, not after the whole run
         from gdncheck.reports.site import check_report_folder
 
+        refuse_write_into_suite(args.report, "--report", fixtures=args.fixtures)
         check_report_folder(args.report)
     from contextlib import ExitStack
 
@@ -174,8 +186,8 @@ def run(args: argparse.Namespace) -> int:
             in_suite = False
         except GDNError:  # a suite given as the outputs folder: only read, never written (not even a lock)
             in_suite = True
-        if not in_suite:
-            held.enter_context(folder_lock(outputs, "--outputs"))
+        if not in_suite:  # a reader's lock: verifies of one folder share it, a run into it is excluded
+            held.enter_context(folder_lock(outputs, "--outputs", shared=True))
         if args.report:
             held.enter_context(folder_lock(args.report, "--report", beside=True))
         for stale in (path if to_file else None, junit_path):
@@ -185,6 +197,19 @@ def run(args: argparse.Namespace) -> int:
         if len(runs) > 1:  # never a mix of runs judged as one
             raise GDNError(mixed_runs_message(outputs, runs))
         return _judge(args, con, say, path, junit_path, to_file, failures, progress)
+
+
+def writable_folder(path, flag: str, hint: str = "") -> None:
+    """Refuse (before anything is judged) a file to write whose folder exists but cannot be written
+    (a read-only outputs folder holding the default summary): one line, not an error after the run."""
+    import os
+
+    from gdncheck.errors import GDNError
+
+    folder = path.parent if str(path.parent) else Path(".")
+    if folder.is_dir() and not os.access(folder, os.W_OK):
+        raise GDNError(f"{flag} {path}: its folder {folder} is not writable (read-only); expected a path in a folder "
+                       f"gdncheck may write" + (f" ({hint})" if hint else ""))
 
 
 def _judge(args, con, say, path, junit_path, to_file, failures, progress) -> int:
