@@ -38,6 +38,29 @@ function caseFile(dir, name) {
   return path;
 }
 
+// A file this runner writes or reads back in --out: a case id (`ID.safetensors`) or a snapshot name
+// from the manifest is a plain relative name that stays inside --out (no `..`, no absolute path, no
+// backslash or control character, no link out): a hostile manifest never writes elsewhere.
+const CASE_ID = /^[A-Za-z0-9][A-Za-z0-9._-]*$/; // fixtures/manifest.schema.json
+function outFile(outDir, name, what) {
+  const parts = String(name).split('/');
+  if (typeof name !== 'string' || !name || isAbsolute(name) || /[\\\x00-\x1f\x7f]/.test(name)
+      || parts.some((p) => p === '' || p === '.' || p === '..')) {
+    throw new Error(`${what} name ${JSON.stringify(name)} leaves --out (expected a relative name inside it)`);
+  }
+  const root = realpathSync(outDir);
+  const path = resolve(root, name);
+  const rel = relative(root, path);
+  if (!rel || rel.startsWith('..') || isAbsolute(rel)) throw new Error(`${what} name ${JSON.stringify(name)} leaves --out`);
+  let real = null;
+  try { real = realpathSync(path); } catch { /* not written yet */ }
+  if (real !== null) {
+    const r = relative(root, real);
+    if (r.startsWith('..') || isAbsolute(r)) throw new Error(`${what} ${name} links outside --out`);
+  }
+  return path;
+}
+
 function readCase(dir, entry) {
   const bytes = readFileSync(caseFile(dir, entry.file));
   if (bytes.length !== entry.bytes) throw new Error(`${entry.file}: ${bytes.length} bytes, the manifest says ${entry.bytes}`);
@@ -144,10 +167,10 @@ function runCase(st, entry, outDir) {
           state = GDNLayer.cloneState(slots[step.slot]);
           break;
         case 'save':
-          writeSafetensors(join(outDir, step.file), stateTensors(layer, slots[step.slot]), { format: 'gdncheck-snapshot-port' });
+          writeSafetensors(outFile(outDir, step.file, 'snapshot file'), stateTensors(layer, slots[step.slot]), { format: 'gdncheck-snapshot-port' });
           break;
         case 'load': {
-          const snap = readSafetensors(join(outDir, step.file)).tensors;
+          const snap = readSafetensors(outFile(outDir, step.file, 'snapshot file')).tensors;
           slots[step.slot] = {
             batch: entry.batch, conv: Float32Array.from(snap.conv_state.data), rec: Float32Array.from(snap.recurrent_state.data),
             seqLen: Array.from(snap.seq_len.data, Number),
@@ -222,7 +245,12 @@ function main() {
     if (args.cases.length && !args.cases.some((c) => entry.id.startsWith(c))) continue;
     const t0 = performance.now();
     let st;
+    let outPath;
     try {
+      if (typeof entry.id !== 'string' || !CASE_ID.test(entry.id)) {
+        throw new Error(`case id ${JSON.stringify(entry.id)} is not a case id (${CASE_ID}): its outputs file would leave --out`);
+      }
+      outPath = outFile(args.out, `${entry.id}.safetensors`, 'outputs file');
       st = readCase(dir, entry);
     } catch (err) {
       unusable++;
@@ -236,7 +264,7 @@ function main() {
       command,
     };
     if (error) Object.assign(meta, { error_code: error.code, error_message: error.message, error_step: String(error.step) });
-    writeSafetensors(join(args.out, `${entry.id}.safetensors`), outputs, meta);
+    writeSafetensors(outPath, outputs, meta);
     const ms = (performance.now() - t0).toFixed(0);
     console.log(`${error ? 'raised' : 'ran   '}   ${entry.id} (${ms} ms)${error ? `: ${error.code} at step ${error.step}: ${error.message}` : ''}`);
   }
