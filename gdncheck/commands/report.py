@@ -33,7 +33,6 @@ def configure(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from gdncheck.reports import markdown_summary, text_summary, write_report
     from gdncheck.reports.model import load_summary
-
     from gdncheck.writes import refuse_write, refuse_write_into_suite
 
     # every output path refused before the summary is read: never into a fixture suite

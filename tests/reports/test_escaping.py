@@ -24,8 +24,9 @@ XSS = {
     "device": "\"><svg onload=alert(3)>",
     "message": "</div><script>alert('msg')</script>",
     # a repro line as gdncheck writes one (checked_repro keeps it), its quoted words markup
-    "repro": shlex.join(["gdncheck", "verify", "--outputs", "<img src=x onerror=alert(9)> | `x` *y* [z](javascript:alert(4))",
-                         "--profile", "f32", "--case", "c"]),
+    "repro": shlex.join(["gdncheck", "verify", "--outputs",
+                         "<img src=x onerror=alert(9)> | `x` *y* [z](javascript:alert(4))", "--profile", "f32",
+                         "--case", "c"]),
     "env": "v\"'<>",
     "note": "<script>alert('note')</script>",
     "err": "<iframe src=javascript:alert(5)>",
