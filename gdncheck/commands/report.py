@@ -16,7 +16,9 @@ few seconds. Plots reload the full tensors from the fixture and outputs files th
 
 Always prints a short text summary (for CI logs); --markdown appends a Markdown summary to a file
 (e.g. "$GITHUB_STEP_SUMMARY") or prints it with "-". Exit status 0 when written, 2 for an unusable
-summary or folder."""
+summary or folder: a summary over 64 MB, naming a case twice, or whose verdict, exit code or totals
+its cases contradict is refused (a repro line not in verify's form is withheld), and neither -o nor
+--markdown may lie in a fixture suite (docs/report.md)."""
 
 
 def configure(p: argparse.ArgumentParser) -> None:

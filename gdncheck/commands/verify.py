@@ -23,7 +23,9 @@ not start (a selection of no case, a bad path).
 Coverage (fixtures/FORMAT.md §2): a case that needs no optional feature must be judged (declaring it
 not applicable fails it), a case that judged no tensor is no pass, and a run that judged nothing
 never exits 0. An earlier summary at the same path is removed before anything runs, so a run that
-stops early leaves no stale verdict behind.
+stops early leaves no stale verdict behind; --summary and --junit never replace a file gdncheck did
+not make. verify only reads --outputs (a reader's lock: verifies of one folder run side by side, a
+run into it is refused); a read-only folder is judged with --summary elsewhere or '-'.
 
 A failing port reads from the top: passing cases stream by as they are judged (-q drops them);
 then the failing cases in groups (how many first diverge at each stage and tensor, how many have

@@ -254,6 +254,24 @@ def test_the_node_template_writes_nothing_outside_out(tmp_path, where):
         assert "leaves --out" in meta.get("error_message", ""), meta
 
 
+@pytest.mark.skipif(shutil.which("node") is None, reason="needs Node.js")
+def test_the_doppler_runner_writes_nothing_outside_out(tmp_path):
+    """The doppler engine's runner writes its outputs through the template's one path helper too."""
+    work = tmp_path / "a"
+    (work / "out").mkdir(parents=True)
+    outputs = (ROOT / "examples/engines/doppler-webgpu/outputs.js").as_uri()
+    script = (f"import {{ writeCaseOutputs }} from {json.dumps(outputs)};\n"
+              "for (const id of ['../../escaped', '/tmp/escaped', 'ok_case']) {\n"
+              "  try { writeCaseOutputs('out', { id, sha256: 'a' }, {}); console.log('wrote ' + id); }\n"
+              "  catch (e) { console.log('refused ' + id + ': ' + e.message); } }\n")
+    r = subprocess.run(["node", "--input-type=module", "-e", script], cwd=work, capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert "refused ../../escaped: " in r.stdout and "refused /tmp/escaped: " in r.stdout, r.stdout
+    assert "wrote ok_case" in r.stdout
+    assert sorted(p.name for p in tmp_path.rglob("*") if p.is_file()) == ["ok_case.safetensors"]
+
+
 # --- 3. verify of a read-only outputs folder; two verifies side by side ---------------------------
 
 

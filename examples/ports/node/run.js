@@ -10,7 +10,7 @@
 import { lstatSync, mkdirSync, readFileSync, realpathSync } from 'node:fs';
 import { isAbsolute, join, relative, resolve } from 'node:path';
 import { GDNError, GDNLayer, PAD_SLOT_ID } from './layer.js';
-import { parseSafetensors, readSafetensors, sha256, writeSafetensors } from './safetensors.js';
+import { CASE_ID, outFile, parseSafetensors, readSafetensors, sha256, writeSafetensors } from './safetensors.js';
 
 const FORMAT_VERSION = 1;
 
@@ -34,29 +34,6 @@ function caseFile(dir, name) {
   if (lstatSync(path).isSymbolicLink()) {
     const rel = relative(realpathSync(dir), realpathSync(path));
     if (rel.startsWith('..') || isAbsolute(rel)) throw new Error(`file ${name} links outside the fixture folder`);
-  }
-  return path;
-}
-
-// A file this runner writes or reads back in --out: a case id (`ID.safetensors`) or a snapshot name
-// from the manifest is a plain relative name that stays inside --out (no `..`, no absolute path, no
-// backslash or control character, no link out): a hostile manifest never writes elsewhere.
-const CASE_ID = /^[A-Za-z0-9][A-Za-z0-9._-]*$/; // fixtures/manifest.schema.json
-function outFile(outDir, name, what) {
-  const parts = String(name).split('/');
-  if (typeof name !== 'string' || !name || isAbsolute(name) || /[\\\x00-\x1f\x7f]/.test(name)
-      || parts.some((p) => p === '' || p === '.' || p === '..')) {
-    throw new Error(`${what} name ${JSON.stringify(name)} leaves --out (expected a relative name inside it)`);
-  }
-  const root = realpathSync(outDir);
-  const path = resolve(root, name);
-  const rel = relative(root, path);
-  if (!rel || rel.startsWith('..') || isAbsolute(rel)) throw new Error(`${what} name ${JSON.stringify(name)} leaves --out`);
-  let real = null;
-  try { real = realpathSync(path); } catch { /* not written yet */ }
-  if (real !== null) {
-    const r = relative(root, real);
-    if (r.startsWith('..') || isAbsolute(r)) throw new Error(`${what} ${name} links outside --out`);
   }
   return path;
 }
@@ -238,7 +215,7 @@ function main() {
     throw new Error(`${dir}/manifest.json: format ${manifest.format} v${manifest.format_version}, this runner reads gdncheck-fixtures v${FORMAT_VERSION}`);
   }
   mkdirSync(args.out, { recursive: true });
-  // verify's repro lines append `--case ID` to this command
+  // the command that made the outputs (data: verify repeats only a `gdncheck run` command in repro lines)
   const command = `node examples/ports/node/run.js --fixtures ${args.fixtures} --out ${args.out}`;
   let unusable = 0;
   for (const entry of manifest.cases) {
