@@ -242,8 +242,9 @@ RUN_OPTIONS = {"--fixtures": True, "--out": True, "--profile": True, "--case": T
 VERIFY_OPTIONS = {"--fixtures": True, "--outputs": True, "--profile": True, "--case": True, "--names": True,
                   "--tolerances": True, "--stage-isolated": False, "--fused": False,
                   "--allow-looser-tolerances": False}
-#: an implementation a repro may name: a built-in one, or MODULE:CALLABLE of Python identifiers
-_IMPL = re.compile(r"(reference|triton|hf|mlx|fla|[A-Za-z_][A-Za-z0-9_.]*:[A-Za-z_][A-Za-z0-9_]*)")
+#: an implementation a repro may name: a built-in name (one word), or MODULE:CALLABLE of dotted Python
+#: identifiers (what gdncheck run's parse_spec takes; it refuses any other when the line is run)
+_IMPL = re.compile(r"[a-z][a-z0-9_]*|[A-Za-z_][A-Za-z0-9_.]*:[A-Za-z_][A-Za-z0-9_.]*")
 #: characters a shell reads as operators outside quotes
 _OPERATORS = ";&|<>()"
 MAX_COMMAND = 8192
