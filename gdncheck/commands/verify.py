@@ -248,6 +248,10 @@ def _judge(args, con, say, path, junit_path, to_file, failures, progress) -> int
                                   for c in doc["cases"]]} if known else doc
         for line in failure_lines(real, shown, args, con, path if to_file else None):
             con.say(line)
+    if real:
+        made_by = port_command_note(summary.implementation.get("command"))
+        if made_by:
+            say(made_by)
     for c in failures:
         if c.id in known:
             k = known[c.id]
@@ -278,6 +282,19 @@ def _judge(args, con, say, path, junit_path, to_file, failures, progress) -> int
         con.progress(safe_text(f"report: {index}"))
     con.emit_json(doc)
     return summary.exit_code
+
+
+def port_command_note(command) -> str | None:
+    """A note showing, as data, the command the outputs say made them when it is no ``gdncheck run``
+    command the repro lines can repeat (a port's own runner, or anything else): quoted, on one line,
+    never part of a repro."""
+    from gdncheck.conformance.judge.messages import run_words
+    from gdncheck.untrusted import one_line
+
+    if not isinstance(command, str) or not command or run_words(command) is not None:
+        return None
+    return (f"note: the outputs say they were made by {one_line(command, 300)!r} (their command, shown as data: "
+            f"not a gdncheck run command, so repro lines do not repeat it; rerun your port, then the repro)")
 
 
 def failure_lines(failures: list, doc: dict, args: argparse.Namespace, con: Console, summary_path) -> list[str]:

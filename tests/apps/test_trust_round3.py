@@ -346,7 +346,10 @@ def test_a_hostile_command_never_becomes_a_repro_prefix(runs, tmp_path):
     console = runs["console"]
     repro = [line.strip() for line in console.splitlines() if line.strip().startswith("repro: ")]
     assert repro and all(line.startswith("repro: gdncheck verify ") for line in repro), repro
-    assert "curl" not in console
+    # the command appears once, quoted on a note line, as data
+    assert [line for line in console.splitlines() if "curl" in line] == [
+        f"note: the outputs say they were made by {HOSTILE!r} (their command, shown as data: not a gdncheck run "
+        f"command, so repro lines do not repeat it; rerun your port, then the repro)"]
     doc = json.loads(runs["bad_summary"].read_text())
     assert doc["cases"][0]["repro"].startswith("gdncheck verify --fixtures ")
     assert "curl" not in doc["cases"][0]["repro"]
