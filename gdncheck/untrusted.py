@@ -415,7 +415,8 @@ def folder_lock(folder: str | os.PathLike, what: str = "folder", *, command: str
                 fcntl.flock(fd, (fcntl.LOCK_SH if shared else fcntl.LOCK_EX) | fcntl.LOCK_NB)
             except BlockingIOError:
                 holder = _holder(os.pread(fd, 4096, 0).decode("utf-8", "replace"))
-                raise FolderBusyError(f"{what} {folder} is being written by {_describe(holder)}: one writer per "
+                doing = "being written" if isinstance(holder.get("pid"), int) else "in use"
+                raise FolderBusyError(f"{what} {folder} is {doing} by {_describe(holder)}: one writer per "
                                       f"folder; wait for it to finish, or choose another folder") from None
             st, mine = os.stat(path, follow_symlinks=False), os.fstat(fd)
         except FileNotFoundError:
