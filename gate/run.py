@@ -41,6 +41,7 @@ from gdncheck.fixtures.manifest import (
 )
 from gdncheck.profiles import VERIFY_PROFILES
 from gdncheck.untrusted import folder_lock, safe_text
+from gdncheck.writes import JUNIT_MARKS, refuse_write
 
 from . import summary as gs
 from .folders import OUTPUTS_MARKER, REPORT_MARKER, FolderError, check_owned, fresh, remove_stale
@@ -206,6 +207,7 @@ def run_gate(opts: GateOptions, progress: Callable[[float, float, dict], None] |
         if Path(opts.junit).is_dir():
             raise CouldNotRun(f"--junit {opts.junit} is a folder; expected the name of a file to write")
         refuse_output_in_suite(Path(opts.junit).parent, None, "--junit")
+        refuse_write(opts.junit, "--junit", JUNIT_MARKS, kind="a JUnit file gdncheck wrote")  # never a user's file
     with folder_lock(out, "gate --out"):  # one writer per folder: a second gate into OUT is refused
         return _run_gate(opts, out, result, start, progress)
 

@@ -291,7 +291,8 @@ def _holder(text: str) -> dict:
 def _describe(holder: dict) -> str:
     pid, command, started = holder.get("pid"), holder.get("command"), holder.get("started")
     if not isinstance(pid, int):
-        return "another gdncheck process (it has not written its pid yet)"
+        return ("another gdncheck process (a reader, such as a verify of the folder, or a writer that has not "
+                "written its pid yet)")
     return (f"gdncheck process {pid} ({one_line(command, 300) if isinstance(command, str) else 'command unknown'}"
             + (f", since {one_line(started, 40)}" if isinstance(started, str) else "") + ")")
 
@@ -308,17 +309,40 @@ def _alive(pid: object) -> bool:
     return True
 
 
+def _open_for_reading(path: Path, exc: OSError) -> int | None:
+    """A read-only descriptor of the lock file ``path`` a reader could not open for writing (``exc``:
+    a read-only folder or file): the descriptor; None when no lock file is there; -1 when the
+    failure was another one (the caller raises it)."""
+    import errno
+
+    if exc.errno not in (errno.EACCES, errno.EPERM, errno.EROFS):
+        return -1
+    try:
+        return os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0))
+    except FileNotFoundError:
+        return None
+    except OSError:
+        return -1
+
+
 class FolderLock:
     """The lock of one folder, held by this process (:func:`folder_lock`)."""
 
-    def __init__(self, folder: Path, path: Path, fd: int, note: str | None):
-        self.folder, self.path, self._fd, self.note = folder, path, fd, note
+    def __init__(self, folder: Path, path: Path, fd: int, note: str | None, shared: bool = False):
+        self.folder, self.path, self._fd, self.note, self.shared = folder, path, fd, note, shared
 
     def release(self) -> None:
         if self._fd < 0:
             return
         import fcntl
 
+        if self.shared:  # a reader removes the lock file only when no other reader holds it (it alone then)
+            try:
+                fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:  # another reader holds it: it stays, and the last one out removes it
+                os.close(self._fd)
+                self._fd = -1
+                return
         try:  # removed first (if still ours), so that a process that opened it before sees it gone
             st, mine = os.stat(self.path, follow_symlinks=False), os.fstat(self._fd)
             if (st.st_dev, st.st_ino) == (mine.st_dev, mine.st_ino):
@@ -339,7 +363,7 @@ class FolderLock:
 
 
 def folder_lock(folder: str | os.PathLike, what: str = "folder", *, command: str | None = None,
-                beside: bool = False, note=None) -> FolderLock:
+                beside: bool = False, note=None, shared: bool = False) -> FolderLock:
     """Take the lock of ``folder`` (one writer per folder), or raise :class:`FolderBusyError`: another
     process holds it (one line naming that process's pid, its command, and the folder).
 
@@ -348,7 +372,13 @@ def folder_lock(folder: str | os.PathLike, what: str = "folder", *, command: str
     and is removed on :meth:`FolderLock.release` (a context manager: ``with folder_lock(out): ...``).
     The kernel releases a lock whose process ended, so a lock file left by a process that was killed
     is taken over; ``note(text)`` (default: a line on stderr) is told so. Where ``fcntl`` does not
-    exist (Windows) nothing is locked."""
+    exist (Windows) nothing is locked.
+
+    ``shared``: a reader's lock (``verify`` of an outputs folder): any number of readers hold it at
+    once, and a writer is excluded while one does (and a reader while a writer does). A reader writes
+    no holder record, and the last reader out removes the lock file. In a folder the reader may not
+    write (read-only), an existing lock file is locked through a read-only descriptor, and where
+    none exists none can be made: nothing is locked (no process of this user writes there either)."""
     import json
     import shlex
     import sys
@@ -362,25 +392,31 @@ def folder_lock(folder: str | os.PathLike, what: str = "folder", *, command: str
         return FolderLock(folder, path, -1, None)
     if command is None:
         command = shlex.join(["gdncheck", *sys.argv[1:]]) if sys.argv and sys.argv[0] else "gdncheck"
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise UnsafePathError(f"cannot use {what} {folder}: {exc.strerror or exc}") from None
+    if not shared or not path.parent.is_dir():
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise UnsafePathError(f"cannot use {what} {folder}: {exc.strerror or exc}") from None
     flags = os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
     for _ in range(20):  # retried only when the file was removed (released) between open and flock
         try:
             fd = os.open(path, flags, 0o666)
         except OSError as exc:
-            raise UnsafePathError(f"cannot lock {what} {folder}: {path} {exc.strerror or exc} (expected gdncheck's "
-                                  f"own lock file, or nothing, there)") from None
+            fd = _open_for_reading(path, exc) if shared else -1
+            if fd is None:  # a read-only folder without a lock file: nobody can be writing it through one
+                return FolderLock(folder, path, -1, None, shared=True)
+            if fd < 0:
+                raise UnsafePathError(f"cannot lock {what} {folder}: {path} {exc.strerror or exc} (expected "
+                                      f"gdncheck's own lock file, or nothing, there)") from None
         try:
             if not stat.S_ISREG(os.fstat(fd).st_mode):
                 raise UnsafePathError(f"cannot lock {what} {folder}: {path} is not a regular file")
             try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                fcntl.flock(fd, (fcntl.LOCK_SH if shared else fcntl.LOCK_EX) | fcntl.LOCK_NB)
             except BlockingIOError:
                 holder = _holder(os.pread(fd, 4096, 0).decode("utf-8", "replace"))
-                raise FolderBusyError(f"{what} {folder} is being written by {_describe(holder)}: one writer per "
+                doing = "being written" if isinstance(holder.get("pid"), int) else "in use"
+                raise FolderBusyError(f"{what} {folder} is {doing} by {_describe(holder)}: one writer per "
                                       f"folder; wait for it to finish, or choose another folder") from None
             st, mine = os.stat(path, follow_symlinks=False), os.fstat(fd)
         except FileNotFoundError:
@@ -395,6 +431,8 @@ def folder_lock(folder: str | os.PathLike, what: str = "folder", *, command: str
         break
     else:  # pragma: no cover - 20 holders in a row
         raise FolderBusyError(f"{what} {folder}: its lock changed hands 20 times while taken; try again")
+    if shared:  # readers leave no record: the file may be read-only, and many hold it at once
+        return FolderLock(folder, path, fd, None, shared=True)
     try:
         left = _holder(os.pread(fd, 4096, 0).decode("utf-8", "replace"))
         message = None

@@ -47,8 +47,9 @@ MOE_GRID_STAGES: tuple[str, ...] = tuple(s for s in PIPELINE_ORDER if s not in S
 VERDICT_ORDER = {"fail": 0, "missing": 1, "pass": 2}
 #: failure reasons that leave nothing to plot (no values, or values of the wrong shape)
 NO_VALUES = ("missing_required", "dtype", "shape")
-#: a summary larger than this is refused unread (the default suite's is a few MB)
-MAX_SUMMARY_BYTES = 1 << 30
+#: a summary larger than this is refused unread (the default suite's is a few MB; a file this large
+#: takes the report minutes and gigabytes)
+MAX_SUMMARY_BYTES = 64 << 20
 
 
 class CheckedSummary(dict):
@@ -74,11 +75,16 @@ def load_summary(summary: str | Path | dict) -> CheckedSummary:
                                f"{doc.get('schema_version')!r}: use the gdncheck that wrote it")
     import jsonschema  # deferred: only a summary that needs checking pays for it
 
+    from .checks import checked_repros, refuse_contradictions, refuse_duplicate_ids
+
+    refuse_duplicate_ids(doc, ReportInputError)  # before the schema check, minutes on a large file
     try:
         validate_summary(doc)
     except jsonschema.ValidationError as exc:
         where = "/".join(str(p) for p in exc.absolute_path) or "(top)"
         raise ReportInputError(f"the summary breaks its schema at {where}: {exc.message}") from None
+    refuse_contradictions(doc, ReportInputError)  # the headline never better than its cases
+    checked_repros(doc)  # a repro line shown only as gdncheck writes one
     return CheckedSummary(doc)
 
 

@@ -18,6 +18,7 @@ strings), and a swapped pair would read as a plausible, wrong message.
 
 from __future__ import annotations
 
+import re
 import shlex
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -222,8 +223,83 @@ def not_applicable(*, na: dict, passed: int) -> str:
 
 def repro(fixtures: str, outputs: str, profile: str, case: str, *, stage_isolated: bool = False,
           fused: bool = False, run_command: str | None = None) -> str:
-    """One line that reruns the check of one case (and the run that made its outputs, if known)."""
-    iso = " --fused" if fused else " --stage-isolated" if stage_isolated else ""
-    verify = (f"gdncheck verify --fixtures {shlex.quote(fixtures)} --outputs {shlex.quote(outputs)} "
-              f"--profile {profile}{iso} --case {case}")
-    return f"{run_command} --case {case} && {verify}" if run_command else verify
+    """One line that reruns the check of one case (and the run that made its outputs, if known).
+
+    Every word is quoted by gdncheck (``shlex.quote``); ``run_command`` (an outputs file's
+    ``command``: a port's text) leads the line only as the words of a ``gdncheck run`` command
+    :func:`run_words` accepts, quoted again word by word; any other command (a shell pipeline, a
+    port's own runner) is left out: it is data, never a prefix a user pastes."""
+    iso = ["--fused"] if fused else ["--stage-isolated"] if stage_isolated else []
+    verify = shlex.join(["gdncheck", "verify", "--fixtures", str(fixtures), "--outputs", str(outputs),
+                         "--profile", str(profile), *iso, "--case", str(case)])
+    words = run_words(run_command)
+    return f"{shlex.join([*words, '--case', str(case)])} && {verify}" if words else verify
+
+
+#: the options a repro line may carry, per command: option -> whether it takes a value
+RUN_OPTIONS = {"--fixtures": True, "--out": True, "--profile": True, "--case": True, "--tag": True, "--shard": True,
+               "--option": True, "--stage-isolated": False, "--overwrite": False, "-q": False, "--quiet": False}
+VERIFY_OPTIONS = {"--fixtures": True, "--outputs": True, "--profile": True, "--case": True, "--names": True,
+                  "--tolerances": True, "--stage-isolated": False, "--fused": False,
+                  "--allow-looser-tolerances": False}
+#: an implementation a repro may name: a built-in name (one word), or MODULE:CALLABLE of dotted Python
+#: identifiers (what gdncheck run's parse_spec takes; it refuses any other when the line is run)
+_IMPL = re.compile(r"[a-z][a-z0-9_]*|[A-Za-z_][A-Za-z0-9_.]*:[A-Za-z_][A-Za-z0-9_.]*")
+#: characters a shell reads as operators outside quotes
+_OPERATORS = ";&|<>()"
+MAX_COMMAND = 8192
+
+
+def _command_words(text: object, command: str, options: dict[str, bool], positional: re.Pattern | None):
+    """The words of ``text`` if it is ``gdncheck COMMAND [POSITIONAL] OPTION...`` of ``options`` with no
+    shell operator outside quotes (a ``;``, ``|``, ``&&``, redirection or subshell) and no line
+    break; else None."""
+    if not isinstance(text, str) or len(text) > MAX_COMMAND or "\n" in text or "\r" in text:
+        return None
+    try:
+        lex = shlex.shlex(text, posix=True, punctuation_chars=_OPERATORS)
+        lex.whitespace_split = True
+        words = list(lex)
+    except ValueError:
+        return None
+    if any(w and set(w) <= set(_OPERATORS) for w in words) or words[:2] != ["gdncheck", command]:
+        return None
+    i = 2
+    if positional is not None:
+        if len(words) < 3 or not positional.fullmatch(words[2]):
+            return None
+        i = 3
+    while i < len(words):
+        takes = options.get(words[i])
+        if takes is None or (takes and i + 1 >= len(words)):
+            return None
+        i += 2 if takes else 1
+    return words
+
+
+def run_words(command: object) -> list[str] | None:
+    """The words of ``command`` (an outputs file's ``command`` metadata) if it is a ``gdncheck run``
+    command gdncheck can quote: ``gdncheck run IMPL`` and options of :data:`RUN_OPTIONS`, no shell
+    operator outside quotes; else None."""
+    return _command_words(command, "run", RUN_OPTIONS, _IMPL)
+
+
+def checked_repro(text: object) -> str | None:
+    """``text`` (a summary's repro line, read back from a file) in the form :func:`repro` writes, every
+    word quoted again by gdncheck, or None when it is not such a line: ``[gdncheck run ... --case ID
+    && ]gdncheck verify ...`` of the two commands' own options, nothing else before, between or after."""
+    if not isinstance(text, str) or len(text) > 2 * MAX_COMMAND:
+        return None
+    parts = text.split(" && ")
+    if len(parts) > 2:
+        return None
+    verify = _command_words(parts[-1], "verify", VERIFY_OPTIONS, None)
+    if verify is None:
+        return None
+    line = shlex.join(verify)
+    if len(parts) == 2:
+        run = run_words(parts[0])
+        if run is None:
+            return None
+        line = f"{shlex.join(run)} && {line}"
+    return line

@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
+import re
 import shlex
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -253,9 +255,28 @@ def run_impl(impl: str | Callable, fixtures_dir: str | Path, out_dir: str | Path
             held.enter_context(folder_lock(out_dir, "--out", command=command))
             _other_runs(out_dir, run_of({"run_config": config, "profile": profile,
                                          "mode": mode_name(stage_isolated)})[0], overwrite)
+        _refuse_foreign_files(out_dir, entries, names)
         out_dir.mkdir(parents=True, exist_ok=True)
         return _run_cases(factory, name, fixtures_dir, out_dir, profile, entries, problems, names, cases, options,
                           stage_isolated, command, config, progress)
+
+
+def _refuse_foreign_files(out_dir: Path, entries: list[dict], names: dict[str, str]) -> None:
+    """Refuse (before any case runs) a folder where a case's outputs file name is taken by something
+    that is no outputs file (FORMAT.md §7): a user's file, a link, a folder. gdncheck never replaces a
+    file it did not make (:mod:`gdncheck.writes`); an outputs file of a run or a port is its to replace."""
+    if not out_dir.is_dir():
+        return
+    for entry in entries:
+        if entry["id"] in names:
+            continue  # not run: nothing written
+        path = out_dir / f"{entry['id']}.safetensors"
+        if not os.path.lexists(path):
+            continue
+        if path.is_symlink() or not path.is_file() or _outputs_metadata(path) is None:
+            raise GDNError(one_line(f"--out {out_dir} holds {path.name}, which is not an outputs file (FORMAT.md §7, "
+                                    f"format {OUTPUTS_FORMAT}) but the run would write one there: gdncheck never "
+                                    f"replaces a file it did not make; choose another folder, or remove it first"))
 
 
 def _run_cases(factory, name, fixtures_dir: Path, out_dir: Path, profile: str, entries: list[dict],

@@ -62,6 +62,10 @@ def _lengths(text: str) -> list[int]:
 
 def run_from_args(args: argparse.Namespace) -> int:
     from ..env import blas_threads
+    from ..writes import refuse_write_into_suite
+
+    if args.json:  # refused before the minutes of measuring, not after them
+        refuse_write_into_suite(args.json, "--json")
 
     if args.target == "serving":
         from . import serving

@@ -69,20 +69,20 @@ def run(args: argparse.Namespace) -> int:
 def _build(args) -> int:
     from gdncheck.errors import GDNError
     from gdncheck.fixtures.build import build_checkpoint_suite, build_suite
-    from gdncheck.installed import refuse_write_into_package
     from gdncheck.untrusted import folder_lock
+    from gdncheck.writes import refuse_write_into_suite
 
     progress = None if args.quiet else print
     if args.from_checkpoint:
         if args.layer is None:
             raise GDNError("--from-checkpoint needs --layer N (the GDN layer to take)")
         out = args.out or f"fixtures-checkpoint-l{args.layer}"
-        refuse_write_into_package(out, "--out")  # before the build, not after it
+        refuse_write_into_suite(out, "--out", builds_suite=True)  # before the build, not after it
         with folder_lock(out, "--out", beside=True):  # one writer per suite (beside it: a suite holds only its files)
             doc = build_checkpoint_suite(args.from_checkpoint, args.layer, out, prune=args.prune, progress=progress)
     else:
         out = args.out or f"fixtures-{args.suite}"
-        refuse_write_into_package(out, "--out")
+        refuse_write_into_suite(out, "--out", builds_suite=True)  # never a suite inside another
         with folder_lock(out, "--out", beside=True):
             doc = build_suite(args.suite, out, jobs=args.jobs, names=args.case, prune=args.prune, progress=progress)
     size = sum(c["bytes"] for c in doc["cases"])
@@ -132,10 +132,10 @@ def _path(args) -> int:
 
 def _export(args) -> int:
     from gdncheck.fixtures.packaged import export_suite
-    from gdncheck.installed import refuse_write_into_package
     from gdncheck.untrusted import folder_lock
+    from gdncheck.writes import refuse_write_into_suite
 
-    refuse_write_into_package(args.dest, "export folder")  # before the lock beside it is written
+    refuse_write_into_suite(args.dest, "export folder", builds_suite=True)  # before the lock beside it is written
     with folder_lock(args.dest, "export folder", beside=True):  # one writer per folder (beside it: DIR must be empty)
         doc = export_suite(args.dest)
     if not args.quiet:

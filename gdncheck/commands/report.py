@@ -16,7 +16,9 @@ few seconds. Plots reload the full tensors from the fixture and outputs files th
 
 Always prints a short text summary (for CI logs); --markdown appends a Markdown summary to a file
 (e.g. "$GITHUB_STEP_SUMMARY") or prints it with "-". Exit status 0 when written, 2 for an unusable
-summary or folder."""
+summary or folder: a summary over 64 MB, naming a case twice, or whose verdict, exit code or totals
+its cases contradict is refused (a repro line not in verify's form is withheld), and neither -o nor
+--markdown may lie in a fixture suite (docs/report.md)."""
 
 
 def configure(p: argparse.ArgumentParser) -> None:
@@ -33,7 +35,13 @@ def configure(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from gdncheck.reports import markdown_summary, text_summary, write_report
     from gdncheck.reports.model import load_summary
+    from gdncheck.writes import refuse_write, refuse_write_into_suite
 
+    # every output path refused before the summary is read: never into a fixture suite
+    if args.out:
+        refuse_write_into_suite(args.out, "--out", fixtures=args.fixtures)
+    if args.markdown and args.markdown != "-":
+        refuse_write(args.markdown, "--markdown", append=True)
     doc = load_summary(args.summary)
     index = None
     if args.out:

@@ -47,11 +47,11 @@ def run(args: argparse.Namespace) -> int:
     import shutil
 
     from gdncheck.errors import GDNError
-    from gdncheck.installed import refuse_write_into_package
+    from gdncheck.writes import refuse_write_into_suite
 
     source = template_dir(args.name)
     dest = Path(args.out)
-    refuse_write_into_package(dest, "--out")
+    refuse_write_into_suite(dest, "--out")  # never into a fixture suite, nor into the installed package
     if dest.exists() and (not dest.is_dir() or any(dest.iterdir())):
         raise GDNError(f"--out {dest}: expected a new or empty folder to write the {args.name} template into, found "
                        + ("a file" if not dest.is_dir() else "a folder with files in it"))

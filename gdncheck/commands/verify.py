@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 from gdncheck.profiles import VERIFY_PROFILES
 
@@ -22,7 +23,9 @@ not start (a selection of no case, a bad path).
 Coverage (fixtures/FORMAT.md §2): a case that needs no optional feature must be judged (declaring it
 not applicable fails it), a case that judged no tensor is no pass, and a run that judged nothing
 never exits 0. An earlier summary at the same path is removed before anything runs, so a run that
-stops early leaves no stale verdict behind.
+stops early leaves no stale verdict behind; --summary and --junit never replace a file gdncheck did
+not make. verify only reads --outputs (a reader's lock: verifies of one folder run side by side, a
+run into it is refused); a read-only folder is judged with --summary elsewhere or '-'.
 
 A failing port reads from the top: passing cases stream by as they are judged (-q drops them);
 then the failing cases in groups (how many first diverge at each stage and tensor, how many have
@@ -135,6 +138,7 @@ def run(args: argparse.Namespace) -> int:
     from gdncheck.fixtures.manifest import refuse_output_in_suite
     from gdncheck.testing import case_text
     from gdncheck.untrusted import safe_text
+    from gdncheck.writes import JUNIT_MARKS, VERIFY_SUMMARY_MARKS, refuse_write, refuse_write_into_suite
 
     to_file = args.summary != "-"  # '-': the summary goes to stdout only
     if not to_file:
@@ -170,12 +174,21 @@ def run(args: argparse.Namespace) -> int:
     path = output_file(Path(args.summary) if args.summary and to_file else
                        Path(args.outputs) / f"verify-summary-{args.profile}.json", "--summary")
     junit_path = output_file(args.junit, "--junit") if args.junit else None
-    for target, flag in ((path, "--summary"), (junit_path, "--junit"), (args.report, "--report")):
+    for target, flag in ((path if to_file else None, "--summary"), (junit_path, "--junit"), (args.report, "--report")):
         if target is not None:
             refuse_output_in_suite(Path(target).parent if flag != "--report" else target, None, flag)
+    if to_file:  # never over a file gdncheck did not make: only an earlier summary is replaced (the default
+        # name in the outputs folder is gdncheck's own: a run never writes it, FORMAT.md §7)
+        if args.summary:
+            refuse_write(path, "--summary", VERIFY_SUMMARY_MARKS, kind="a verify summary gdncheck wrote")
+        writable_folder(path, "--summary", "or pass --summary elsewhere, or '-' for stdout")
+    if junit_path is not None:
+        refuse_write(junit_path, "--junit", JUNIT_MARKS, kind="a JUnit file gdncheck wrote")
+        writable_folder(junit_path, "--junit")
     if args.report:  # refused now, not after the whole run
         from gdncheck.reports.site import check_report_folder
 
+        refuse_write_into_suite(args.report, "--report", fixtures=args.fixtures)
         check_report_folder(args.report)
     from contextlib import ExitStack
 
@@ -188,8 +201,8 @@ def run(args: argparse.Namespace) -> int:
             in_suite = False
         except GDNError:  # a suite given as the outputs folder: only read, never written (not even a lock)
             in_suite = True
-        if not in_suite:
-            held.enter_context(folder_lock(outputs, "--outputs"))
+        if not in_suite:  # a reader's lock: verifies of one folder share it, a run into it is excluded
+            held.enter_context(folder_lock(outputs, "--outputs", shared=True))
         if args.report:
             held.enter_context(folder_lock(args.report, "--report", beside=True))
         for stale in (path if to_file else None, junit_path):
@@ -199,6 +212,19 @@ def run(args: argparse.Namespace) -> int:
         if len(runs) > 1:  # never a mix of runs judged as one
             raise GDNError(mixed_runs_message(outputs, runs))
         return _judge(args, con, say, path, junit_path, to_file, failures, progress)
+
+
+def writable_folder(path, flag: str, hint: str = "") -> None:
+    """Refuse (before anything is judged) a file to write whose folder exists but cannot be written
+    (a read-only outputs folder holding the default summary): one line, not an error after the run."""
+    import os
+
+    from gdncheck.errors import GDNError
+
+    folder = path.parent if str(path.parent) else Path(".")
+    if folder.is_dir() and not os.access(folder, os.W_OK):
+        raise GDNError(f"{flag} {path}: its folder {folder} is not writable (read-only); expected a path in a folder "
+                       f"gdncheck may write" + (f" ({hint})" if hint else ""))
 
 
 def _judge(args, con, say, path, junit_path, to_file, failures, progress) -> int:
@@ -236,6 +262,10 @@ def _judge(args, con, say, path, junit_path, to_file, failures, progress) -> int
                                   for c in doc["cases"]]} if known else doc
         for line in failure_lines(real, shown, args, con, path if to_file else None):
             con.say(line)
+    if real:
+        made_by = port_command_note(summary.implementation.get("command"))
+        if made_by:
+            say(made_by)
     for c in failures:
         if c.id in known:
             k = known[c.id]
@@ -268,6 +298,19 @@ def _judge(args, con, say, path, junit_path, to_file, failures, progress) -> int
         con.progress(safe_text(f"report: {index}"))
     con.emit_json(doc)
     return summary.exit_code
+
+
+def port_command_note(command) -> str | None:
+    """A note showing, as data, the command the outputs say made them when it is no ``gdncheck run``
+    command the repro lines can repeat (a port's own runner, or anything else): quoted, on one line,
+    never part of a repro."""
+    from gdncheck.conformance.judge.messages import run_words
+    from gdncheck.untrusted import one_line
+
+    if not isinstance(command, str) or not command or run_words(command) is not None:
+        return None
+    return (f"note: the outputs say they were made by {one_line(command, 300)!r} (their command, shown as data: "
+            f"not a gdncheck run command, so repro lines do not repeat it; rerun your port, then the repro)")
 
 
 def failure_lines(failures: list, doc: dict, args: argparse.Namespace, con: Console, summary_path) -> list[str]:

@@ -433,6 +433,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", metavar="PATH", help="also write the results as JSON")
     p.add_argument("--markdown", metavar="PATH", help="also write the tables as Markdown")
     args = p.parse_args(argv)
+    from gdncheck.writes import refuse_write_into_suite
+
+    for path, flag in ((args.json, "--json"), (args.markdown, "--markdown")):
+        if path:  # refused before the kernels are timed
+            refuse_write_into_suite(path, flag)
     run(dry_run=args.dry_run, json_path=args.json, markdown_path=args.markdown)
     return 0
 

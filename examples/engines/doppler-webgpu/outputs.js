@@ -6,8 +6,7 @@
 // gdncheck's (fixtures/FORMAT.md §5): qkv_conv [B, T, conv_dim], core_gated [B, T, Hv, dv],
 //   conv_state [B, conv_dim, K], recurrent_state [B, Hv, dk, dv].
 
-import { join } from 'node:path';
-import { writeSafetensors } from '../../ports/node/safetensors.js';
+import { CASE_ID, outFile, writeSafetensors } from '../../ports/node/safetensors.js';
 
 // Row b of a golden tensor [B, ...] as float32, the activation dtype doppler's f32 path uses.
 export function rowF32(tensor, b) {
@@ -47,7 +46,10 @@ export function outputsMetadata(entry, extra = {}) {
 }
 
 export function writeCaseOutputs(outDir, entry, tensors, extra = {}) {
-  const path = join(outDir, `${entry.id}.safetensors`);
+  if (typeof entry.id !== 'string' || !CASE_ID.test(entry.id)) {
+    throw new Error(`case id ${JSON.stringify(entry.id)} is not a case id (${CASE_ID}): its outputs file would leave --out`);
+  }
+  const path = outFile(outDir, `${entry.id}.safetensors`, 'outputs file'); // never outside --out
   writeSafetensors(path, tensors, outputsMetadata(entry, extra));
   return path;
 }

@@ -10,7 +10,7 @@
 import { lstatSync, mkdirSync, readFileSync, realpathSync } from 'node:fs';
 import { isAbsolute, join, relative, resolve } from 'node:path';
 import { GDNError, GDNLayer, PAD_SLOT_ID } from './layer.js';
-import { parseSafetensors, readSafetensors, sha256, writeSafetensors } from './safetensors.js';
+import { CASE_ID, outFile, parseSafetensors, readSafetensors, sha256, writeSafetensors } from './safetensors.js';
 
 const FORMAT_VERSION = 1;
 
@@ -144,10 +144,10 @@ function runCase(st, entry, outDir) {
           state = GDNLayer.cloneState(slots[step.slot]);
           break;
         case 'save':
-          writeSafetensors(join(outDir, step.file), stateTensors(layer, slots[step.slot]), { format: 'gdncheck-snapshot-port' });
+          writeSafetensors(outFile(outDir, step.file, 'snapshot file'), stateTensors(layer, slots[step.slot]), { format: 'gdncheck-snapshot-port' });
           break;
         case 'load': {
-          const snap = readSafetensors(join(outDir, step.file)).tensors;
+          const snap = readSafetensors(outFile(outDir, step.file, 'snapshot file')).tensors;
           slots[step.slot] = {
             batch: entry.batch, conv: Float32Array.from(snap.conv_state.data), rec: Float32Array.from(snap.recurrent_state.data),
             seqLen: Array.from(snap.seq_len.data, Number),
@@ -215,14 +215,19 @@ function main() {
     throw new Error(`${dir}/manifest.json: format ${manifest.format} v${manifest.format_version}, this runner reads gdncheck-fixtures v${FORMAT_VERSION}`);
   }
   mkdirSync(args.out, { recursive: true });
-  // verify's repro lines append `--case ID` to this command
+  // the command that made the outputs (data: verify repeats only a `gdncheck run` command in repro lines)
   const command = `node examples/ports/node/run.js --fixtures ${args.fixtures} --out ${args.out}`;
   let unusable = 0;
   for (const entry of manifest.cases) {
     if (args.cases.length && !args.cases.some((c) => entry.id.startsWith(c))) continue;
     const t0 = performance.now();
     let st;
+    let outPath;
     try {
+      if (typeof entry.id !== 'string' || !CASE_ID.test(entry.id)) {
+        throw new Error(`case id ${JSON.stringify(entry.id)} is not a case id (${CASE_ID}): its outputs file would leave --out`);
+      }
+      outPath = outFile(args.out, `${entry.id}.safetensors`, 'outputs file');
       st = readCase(dir, entry);
     } catch (err) {
       unusable++;
@@ -236,7 +241,7 @@ function main() {
       command,
     };
     if (error) Object.assign(meta, { error_code: error.code, error_message: error.message, error_step: String(error.step) });
-    writeSafetensors(join(args.out, `${entry.id}.safetensors`), outputs, meta);
+    writeSafetensors(outPath, outputs, meta);
     const ms = (performance.now() - t0).toFixed(0);
     console.log(`${error ? 'raised' : 'ran   '}   ${entry.id} (${ms} ms)${error ? `: ${error.code} at step ${error.step}: ${error.message}` : ''}`);
   }

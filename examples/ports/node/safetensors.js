@@ -2,7 +2,8 @@
 // header length N, N bytes of JSON, then the data. Row-major, little-endian.
 
 import { createHash } from 'node:crypto';
-import { readFileSync, renameSync, writeFileSync } from 'node:fs';
+import { readFileSync, realpathSync, renameSync, writeFileSync } from 'node:fs';
+import { isAbsolute, relative, resolve } from 'node:path';
 
 const BYTES = { F64: 8, F32: 4, F16: 2, BF16: 2, I64: 8, I32: 4 };
 export const FLOAT_DTYPES = new Set(['F64', 'F32', 'F16', 'BF16']);
@@ -96,4 +97,28 @@ export function writeSafetensors(path, tensors, metadata) {
   const tmp = `${path}.tmp-${process.pid}`;
   writeFileSync(tmp, Buffer.concat([len, json, ...chunks]));
   renameSync(tmp, path);
+}
+
+// The path of a file a runner writes or reads back in its outputs folder (--out): a case id
+// (`ID.safetensors`) or a snapshot name from the manifest must be a plain relative name that stays
+// inside --out (no `..`, no absolute path, no backslash or control character, no link out), so a
+// hostile manifest never writes elsewhere. Every runner built on these files writes through it.
+export const CASE_ID = /^[A-Za-z0-9][A-Za-z0-9._-]*$/; // fixtures/manifest.schema.json
+export function outFile(outDir, name, what) {
+  const parts = String(name).split('/');
+  if (typeof name !== 'string' || !name || isAbsolute(name) || /[\\\x00-\x1f\x7f]/.test(name)
+      || parts.some((p) => p === '' || p === '.' || p === '..')) {
+    throw new Error(`${what} name ${JSON.stringify(name)} leaves --out (expected a relative name inside it)`);
+  }
+  const root = realpathSync(outDir);
+  const path = resolve(root, name);
+  const rel = relative(root, path);
+  if (!rel || rel.startsWith('..') || isAbsolute(rel)) throw new Error(`${what} name ${JSON.stringify(name)} leaves --out`);
+  let real = null;
+  try { real = realpathSync(path); } catch { /* not written yet */ }
+  if (real !== null) {
+    const r = relative(root, real);
+    if (r.startsWith('..') || isAbsolute(r)) throw new Error(`${what} ${name} links outside --out`);
+  }
+  return path;
 }
