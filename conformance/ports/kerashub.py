@@ -225,7 +225,7 @@ class KerasLayer:
                 out, _, conv, rec = self.layer.call_and_update_cache(xt, None, state.conv, state.recurrent, 0)
             except (RuntimeError, ValueError, TypeError, IndexError) as exc:
                 raise KerasRefused("input_error", f"keras-hub raised {type(exc).__name__} on the input of shape "
-                                                  f"{list(np.shape(x))} and dtype {np.asarray(x).dtype}: {exc}") from None
+                                   f"{list(np.shape(x))} and dtype {np.asarray(x).dtype}: {exc}") from None
         window = torch.cat([state.oldest, state.conv, trace["qkv"].transpose(1, 2).to(self.dtype)], dim=-1)
         state.conv, state.recurrent, state.seq_len = conv, rec, seq_pos + x.shape[1]
         state.oldest = self.oldest_column(window)

@@ -21,7 +21,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import re
 import shlex
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field

@@ -1,5 +1,13 @@
-"""keras-hub normalises q and k in bf16: its Qwen3.5 delta rules call ``_l2norm`` on the bf16 query and key and
-only then cast them to float32, where transformers (and the float64 reference) cast first and normalise in float32.
+"""keras-hub's Qwen3.5 linear attention in bf16 loses precision twice: (1) Keras casts the recurrent state to bf16
+on every call, and (2) its delta rules normalise q and k in bf16.
+
+(1) ``Qwen3_5GatedDeltaNet`` receives its cache ``(conv_state, recurrent_state)`` as a call argument, and Keras 3's
+``Layer.__call__`` converts every floating tensor among a layer's arguments to its compute dtype (autocast): under
+a bfloat16 policy the float32 recurrent state reaches ``_recurrent_gated_delta_rule`` rounded to bf16, each call,
+although the rule keeps it in float32 and returns it so. A decode rounds the state once per token.
+
+(2) The rules call ``_l2norm`` on the bf16 query and key and only then cast them to float32, where transformers
+(and the float64 reference) cast first and normalise in float32.
 
 Standalone: imports only keras (torch backend), keras_hub, torch, numpy and the standard library.
 
@@ -10,14 +18,15 @@ and k element carries a rounding of up to 2^-9 relative that a float32 normalisa
 output error is that of its q, and the state's that of every k written into it, so over a long decode the rule's
 output drifts further than the bf16 inputs alone make it drift.
 
-This script runs keras-hub's own ``_recurrent_gated_delta_rule`` token by token for a long decode (bf16 inputs,
+For (1) this script calls keras-hub's own layer with a float32 state and records the dtype the rule receives.
+For (2) it runs keras-hub's own ``_recurrent_gated_delta_rule`` token by token for a long decode (bf16 inputs,
 the state in float32 between steps, as keras-hub's cache keeps it), twice: as shipped, and with ``_l2norm``
 patched to cast to float32 first (the one change); each against a float64 recurrence on the same bf16 inputs.
 
     python examples/engines/repros/keras_bf16_l2norm.py
 
-Exit status: 1 while keras-hub's error is over twice the float32-normalised one (the defect reproduces), 0 when
-it is not, 3 when keras-hub cannot be run here.
+Exit status: 1 while either reproduces ((1): the rule receives a bf16 state; (2): keras-hub's error is over twice
+the float32-normalised one), 0 when neither does, 3 when keras-hub cannot be run here.
 """
 
 from __future__ import annotations
@@ -70,7 +79,33 @@ def reference(q, k, v, g, beta) -> np.ndarray:
     return out
 
 
+def state_dtype_seen_by_the_rule() -> str:
+    """(1): one decode step of keras-hub's Qwen3_5GatedDeltaNet (bf16 policy) with a float32 state; the dtype of
+    the state its recurrent rule is handed."""
+    layer = gdn.Qwen3_5GatedDeltaNet(hidden_size=16, linear_num_key_heads=1, linear_num_value_heads=H,
+                                     linear_key_head_dim=D, linear_value_head_dim=D, dtype="bfloat16")
+    layer.build((None, None, 16))
+    conv = torch.zeros(1, 2 * D + H * D, 3, dtype=torch.bfloat16)
+    state = torch.full((1, H, D, D), 1.0 + 2.0 ** -12, dtype=torch.float32)  # not a bf16 number
+    seen = []
+    rule = gdn._recurrent_gated_delta_rule
+
+    def spy(*args, **kwargs):
+        seen.append(kwargs["initial_state"].dtype)
+        return rule(*args, **kwargs)
+
+    gdn._recurrent_gated_delta_rule = spy
+    try:
+        layer(torch.ones(1, 1, 16, dtype=torch.bfloat16), cache=(conv, state))
+    finally:
+        gdn._recurrent_gated_delta_rule = rule
+    return str(seen[0]).replace("torch.", "")
+
+
 def main() -> int:
+    seen = state_dtype_seen_by_the_rule()
+    print(f"(1) a float32 recurrent state handed to Qwen3_5GatedDeltaNet (bf16 policy) reaches "
+          f"_recurrent_gated_delta_rule as {seen}: {'reproduces' if seen != 'float32' else 'fixed'}")
     rng = np.random.default_rng(7)
     bf = lambda a: torch.tensor(a, dtype=torch.float32).to(torch.bfloat16)  # noqa: E731
     q, k, v = (bf(rng.normal(size=(1, STEPS, H, D))) for _ in range(3))
@@ -85,12 +120,12 @@ def main() -> int:
         patched = nmse(decode(q, k, v, g, beta))
     finally:
         gdn._l2norm = saved
-    print(f"keras-hub's _recurrent_gated_delta_rule, {STEPS} decode steps, bf16 q/k/v/beta, float32 state")
+    print(f"(2) keras-hub's _recurrent_gated_delta_rule, {STEPS} decode steps, bf16 q/k/v/beta, float32 state")
     print(f"  NMSE against float64 on the same inputs: as shipped (q, k normalised in bf16) {shipped:.3e}; "
           f"q, k normalised in float32 {patched:.3e} (x{shipped / patched:.1f})")
     bad = shipped > 2 * patched
-    print(f"defect: {'reproduces' if bad else 'fixed'}")
-    return 1 if bad else 0
+    print(f"    q and k normalised in bf16: {'reproduces' if bad else 'fixed'}")
+    return 1 if bad or seen != "float32" else 0
 
 
 if __name__ == "__main__":
