@@ -16,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
+from gdncheck.conformance.judge.aliases import convert, converted_shape, recorded_conversion
 from gdncheck.conformance.judge.metrics import CaseStats, scaled_error
 from gdncheck.conformance.judge.metrics import case_stats as metric_stats
 from gdncheck.errors import GDNError
@@ -138,6 +139,8 @@ class CaseFiles:
         f = self._open[key]
         if isinstance(f, str):
             return None, f
+        if side == "actual" and ref.get("port_key") is not None:  # written under the port's name (verify --names)
+            return self._read_named(f, path, ref, shape)
         if ref.get("key") not in f:
             return None, f"{what} file {path} has no tensor {ref.get('key')}"
         if shape is not None and list(f.shape_of(ref["key"])) != list(shape):
@@ -147,6 +150,27 @@ class CaseFiles:
             return np.asarray(f.read(ref["key"]), dtype=np.float64), None
         except (GDNError, OSError, ValueError) as exc:
             return None, f"{what} tensor {ref['key']} in {path} unreadable: {exc}"
+
+    @staticmethod
+    def _read_named(f: SafetensorsFile, path: Path, ref: dict, shape: list | None
+                    ) -> tuple[np.ndarray | None, str | None]:
+        """A tensor verify read through a name table: the port's key, converted as the summary records
+        (``convert``: the table's transpose or split slice, then the golden's shape)."""
+        port_key, key = ref["port_key"], ref.get("key")
+        conv = recorded_conversion(ref)
+        if not isinstance(port_key, str) or conv is None:
+            return None, f"the summary's name-table record of {key} is not one verify writes: not read"
+        if port_key not in f:
+            return None, f"outputs file {path} has no tensor {port_key} (read as {key} through {ref.get('names')})"
+        target = tuple(shape) if shape is not None else None
+        got = converted_shape(f.shape_of(port_key), conv, target)
+        if target is not None and got != target:
+            return None, (f"outputs tensor {port_key} in {path} gives shape {list(got)} as {key}, not the "
+                          f"{list(shape)} verify judged (the file changed since): not read")
+        try:
+            return np.asarray(convert(f.read(port_key), conv, target), dtype=np.float64), None
+        except (GDNError, OSError, ValueError) as exc:
+            return None, f"outputs tensor {port_key} in {path} unreadable: {exc}"
 
 
 def case_stats(files: CaseFiles, records: list[dict], tensor: str) -> tuple[CaseStats | None, str | None]:

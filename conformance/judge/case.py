@@ -108,7 +108,7 @@ class CaseJudge:
     def _repro(self) -> str:
         return messages.repro(str(self.fixtures), str(self.outputs), self.profile, self.case,
                               stage_isolated=self.stage_isolated, fused=self.bounds is not None,
-                              run_command=self.meta.get("command"))
+                              run_command=self.meta.get("command"), names=self.names.spec if self.names else None)
 
     def _open_golden(self) -> str | None:
         try:

@@ -221,9 +221,12 @@ def not_applicable(*, na: dict, passed: int) -> str:
 
 
 def repro(fixtures: str, outputs: str, profile: str, case: str, *, stage_isolated: bool = False,
-          fused: bool = False, run_command: str | None = None) -> str:
-    """One line that reruns the check of one case (and the run that made its outputs, if known)."""
+          fused: bool = False, run_command: str | None = None, names: str | None = None) -> str:
+    """One line that reruns the check of one case (and the run that made its outputs, if known);
+    ``names``: the name table verify read the outputs through (``--names``), without which the port's
+    own names are unknown and the case fails otherwise."""
     iso = " --fused" if fused else " --stage-isolated" if stage_isolated else ""
+    iso += f" --names {shlex.quote(names)}" if names else ""
     verify = (f"gdncheck verify --fixtures {shlex.quote(fixtures)} --outputs {shlex.quote(outputs)} "
               f"--profile {profile}{iso} --case {case}")
     return f"{run_command} --case {case} && {verify}" if run_command else verify
