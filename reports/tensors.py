@@ -30,6 +30,9 @@ from . import packed
 HEAT_ROWS = 64
 HEAT_COLS = 160
 DRIFT_POINTS = 160  # 3 px a point across a 472 px plot
+#: the largest port tensor read for a tensor judged through a name table, in elements of the judged
+#: one: a split's whole (Q|K|V of which q is a part: at most a few times larger), never more
+SPLIT_RATIO = 64
 STATE_AXES = {"conv_state": ("b", "channel", "slot"), "recurrent_state": ("b", "head", "k", "v")}
 
 
@@ -163,7 +166,11 @@ class CaseFiles:
         if port_key not in f:
             return None, f"outputs file {path} has no tensor {port_key} (read as {key} through {ref.get('names')})"
         target = tuple(shape) if shape is not None else None
-        got = converted_shape(f.shape_of(port_key), conv, target)
+        whole = tuple(f.shape_of(port_key))
+        got = converted_shape(whole, conv, target)
+        if target is not None and math.prod(whole) > SPLIT_RATIO * max(1, math.prod(target)):
+            return None, (f"outputs tensor {port_key} in {path} has shape {list(whole)}, more than {SPLIT_RATIO} "
+                          f"times the {list(shape)} verify judged as {key}: not read")
         if target is not None and got != target:
             return None, (f"outputs tensor {port_key} in {path} gives shape {list(got)} as {key}, not the "
                           f"{list(shape)} verify judged (the file changed since): not read")

@@ -189,3 +189,28 @@ def test_the_repro_names_the_table_and_reproduces(runs, monkeypatch, capsys):
     (c,) = again["cases"]
     assert c["id"] == FAILING and c["first_divergence"] == case["first_divergence"]
     assert c["message"] == case["message"]
+
+
+def test_a_summary_conversion_is_checked_before_anything_is_read(tmp_path):
+    """The summary is untrusted: a ``convert`` verify never writes, or one that would read a port tensor
+    far larger than the tensor judged, is a note; a good one gives the slice verify judged."""
+    from gdncheck.reports.tensors import CaseFiles
+
+    data = np.arange(24, dtype=np.float32).reshape(1, 4, 6)
+    write_safetensors(tmp_path / "o.safetensors", {"qkv_normed": data, "big": np.zeros((1, 4, 1000), np.float32)},
+                      {})
+    files = CaseFiles(None, tmp_path)
+    ref = {"file": str(tmp_path / "o.safetensors"), "key": "calls.0.q", "port_key": "qkv_normed",
+           "convert": {"transpose": None, "slice": [2, 4], "total": 6}}
+    arr, note = files.read("actual", ref, [1, 4, 2])
+    assert note is None and np.array_equal(arr, data[..., 2:4])
+    arr, note = files.read("actual", {**ref, "convert": {"transpose": [0, 0, 1], "slice": None, "total": None}},
+                           [1, 4, 2])
+    assert arr is None and "not one verify writes" in note
+    arr, note = files.read("actual", {**ref, "convert": {"transpose": None, "slice": [4, 9], "total": 6}}, [1, 4, 2])
+    assert arr is None and "not one verify writes" in note  # a slice outside its whole
+    arr, note = files.read("actual", {**ref, "port_key": "big", "convert": {"transpose": None, "slice": [0, 2],
+                                                                          "total": 1000}}, [1, 4, 2])
+    assert arr is None and "more than 64 times" in note
+    arr, note = files.read("actual", {**ref, "port_key": "gone"}, [1, 4, 2])
+    assert arr is None and "has no tensor gone (read as calls.0.q" in note
