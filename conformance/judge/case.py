@@ -163,7 +163,7 @@ class CaseJudge:
         elif na is not None and rep.status == "pass":
             if rep.features:
                 rep.status = "not_applicable"
-                rep.message = messages.not_applicable(na=na, passed=len(rep.records))
+                rep.message = messages.not_applicable(na=na, passed=judged)  # the tensors written, not the missing
             else:  # a case with no optional feature: every conforming port runs it
                 rep.status, rep.message = "fail", str(messages.not_applicable_required(case=self.case, na=na))
                 rep.first_divergence = FirstDivergence.at_step(na["step"], na["op"], "not_applicable")

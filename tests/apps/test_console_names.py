@@ -61,3 +61,23 @@ def test_a_name_table_note_is_said_once_for_the_run(metrale_port, capsys):
     notes = [x for x in out.splitlines() if "not compared (metrale name table)" in x]
     assert len(notes) == 1 and notes[0].startswith("note (2 of 2 case(s)): not compared (metrale name table): gates:")
     assert out.index(notes[0]) < out.index("coverage: ")  # with the run's notes, before the verdict
+
+
+def test_a_not_applicable_line_counts_the_tensors_that_passed(fixtures_dir, tmp_path, capsys):
+    """Its "the N tensor(s) of the steps before it pass" counted the tensors not written too."""
+    from tests.fixtures.outputs import perfect_outputs
+
+    def drop_q(t):
+        del t["calls.0.q"], t["calls.0.k"]
+
+    perfect_outputs(fixtures_dir, "snapshot-replay", tmp_path, alter=drop_q,
+                    meta={"not_applicable": "no snapshot files", "not_applicable_step": "3"})
+    code = main(["verify", "--outputs", str(tmp_path), "--profile", "f32", "--case", "snapshot-replay",
+                 "--summary", str(tmp_path / "s.json")])
+    out = capsys.readouterr().out
+    import json
+
+    (case,) = json.loads((tmp_path / "s.json").read_text())["cases"]
+    assert code == 2 and case["status"] == "not_applicable" and case["counts"]["missing"] == 2
+    assert f"the {case['counts']['pass']} tensor(s) of the steps before it pass" in out
+    assert '1 not applicable (as the port declared: "no snapshot files" 1)' in out
