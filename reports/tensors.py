@@ -161,6 +161,9 @@ class CaseFiles:
         (``convert``: the table's transpose or split slice, then the golden's shape)."""
         port_key, key = ref["port_key"], ref.get("key")
         conv = recorded_conversion(ref)
+        if isinstance(port_key, str) and "convert" not in ref:
+            return None, (f"the summary records no conversion of the port's {port_key} (read as {key}): a summary "
+                          f"of an older gdncheck; verify again to plot it")
         if not isinstance(port_key, str) or conv is None:
             return None, f"the summary's name-table record of {key} is not one verify writes: not read"
         if port_key not in f:

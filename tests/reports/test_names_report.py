@@ -212,5 +212,8 @@ def test_a_summary_conversion_is_checked_before_anything_is_read(tmp_path):
     arr, note = files.read("actual", {**ref, "port_key": "big", "convert": {"transpose": None, "slice": [0, 2],
                                                                           "total": 1000}}, [1, 4, 2])
     assert arr is None and "more than 64 times" in note
+    old = {k: v for k, v in ref.items() if k != "convert"}  # a summary written before the conversion was
+    arr, note = files.read("actual", old, [1, 4, 2])
+    assert arr is None and "verify again" in note
     arr, note = files.read("actual", {**ref, "port_key": "gone"}, [1, 4, 2])
     assert arr is None and "has no tensor gone (read as calls.0.q" in note
