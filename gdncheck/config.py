@@ -20,6 +20,7 @@ from .errors import (
     LayerIndexError,
     MissingConfigKeyError,
     MissingHeadSettingError,
+    MissingLayerSizeError,
     MoEConfigError,
     NormModeConflictError,
     NormWeightSizeError,
@@ -319,7 +320,7 @@ class GDNConfig:
         if sparse:
             return "moe"
         if self.intermediate_size is None:
-            raise MissingConfigKeyError(
+            raise MissingLayerSizeError(
                 f"config key 'intermediate_size' is required for the dense MLP of layer {layer} "
                 f"(mlp_only_layers={list(self.mlp_only_layers)}, decoder_sparse_step={self.decoder_sparse_step}), "
                 "found it missing", layer=layer)
@@ -397,8 +398,9 @@ class GDNConfig:
         moe = _moe_from_hf(d)
         dense_optional = bool(moe) and d.get("intermediate_size") is None
         return cls(
-            hidden_size=_positive_int(d, "hidden_size"),
-            intermediate_size=None if dense_optional else _positive_int(d, "intermediate_size"),
+            hidden_size=_positive_int(d, "hidden_size", MissingLayerSizeError),
+            intermediate_size=None if dense_optional else _positive_int(
+                d, "intermediate_size", MissingLayerSizeError, " for a dense MLP (the config has no num_experts)"),
             num_k_heads=heads["linear_num_key_heads"],
             num_v_heads=heads["linear_num_value_heads"],
             head_k_dim=heads["linear_key_head_dim"],

@@ -42,6 +42,12 @@ class MissingHeadSettingError(MissingConfigKeyError):
     code = "missing_head_setting"
 
 
+class MissingLayerSizeError(MissingConfigKeyError):
+    """A config without ``hidden_size``, or without ``intermediate_size`` where a layer's MLP is dense."""
+
+    code = "missing_layer_size"
+
+
 class HeadRatioError(ConfigError):
     code = "head_ratio"
 

@@ -28,7 +28,7 @@ from gdncheck.conformance.judge.records import (
 )
 from gdncheck.errors import GDNError
 from gdncheck.stages import PIPELINE_ORDER, STAGE_NAMES, TENSOR_BY_NAME, tensor_rank
-from gdncheck.untrusted import read_json
+from gdncheck.untrusted import read_json, safe_text
 
 from . import packed
 
@@ -116,6 +116,13 @@ class RecordView(Record):
     sequences: list = field(default_factory=list)  # a packed stream's packed.SequenceError per sequence
     slots: list = field(default_factory=list)  # a serving step's pool state: packed.SlotError per slot
     serving: dict | None = None  # the layout of the record's serving step (packed.layouts)
+
+    @property
+    def port_key(self) -> str | None:
+        """The port's own name of the tensor, when verify read it through a name table (``--names``)."""
+        ref = self.raw.get("actual_ref")
+        key = ref.get("port_key") if isinstance(ref, dict) else None
+        return safe_text(key) if isinstance(key, str) else None
 
     @property
     def sectioned(self) -> bool:

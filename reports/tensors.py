@@ -16,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
+from gdncheck.conformance.judge.aliases import convert, converted_shape, recorded_conversion
 from gdncheck.conformance.judge.metrics import CaseStats, scaled_error
 from gdncheck.conformance.judge.metrics import case_stats as metric_stats
 from gdncheck.errors import GDNError
@@ -29,6 +30,9 @@ from . import packed
 HEAT_ROWS = 64
 HEAT_COLS = 160
 DRIFT_POINTS = 160  # 3 px a point across a 472 px plot
+#: the largest port tensor read for a tensor judged through a name table, in elements of the judged
+#: one: a split's whole (Q|K|V of which q is a part: at most a few times larger), never more
+SPLIT_RATIO = 64
 STATE_AXES = {"conv_state": ("b", "channel", "slot"), "recurrent_state": ("b", "head", "k", "v")}
 
 
@@ -138,6 +142,8 @@ class CaseFiles:
         f = self._open[key]
         if isinstance(f, str):
             return None, f
+        if side == "actual" and ref.get("port_key") is not None:  # written under the port's name (verify --names)
+            return self._read_named(f, path, ref, shape)
         if ref.get("key") not in f:
             return None, f"{what} file {path} has no tensor {ref.get('key')}"
         if shape is not None and list(f.shape_of(ref["key"])) != list(shape):
@@ -147,6 +153,34 @@ class CaseFiles:
             return np.asarray(f.read(ref["key"]), dtype=np.float64), None
         except (GDNError, OSError, ValueError) as exc:
             return None, f"{what} tensor {ref['key']} in {path} unreadable: {exc}"
+
+    @staticmethod
+    def _read_named(f: SafetensorsFile, path: Path, ref: dict, shape: list | None
+                    ) -> tuple[np.ndarray | None, str | None]:
+        """A tensor verify read through a name table: the port's key, converted as the summary records
+        (``convert``: the table's transpose or split slice, then the golden's shape)."""
+        port_key, key = ref["port_key"], ref.get("key")
+        conv = recorded_conversion(ref)
+        if isinstance(port_key, str) and "convert" not in ref:
+            return None, (f"the summary records no conversion of the port's {port_key} (read as {key}): a summary "
+                          f"of an older gdncheck; verify again to plot it")
+        if not isinstance(port_key, str) or conv is None:
+            return None, f"the summary's name-table record of {key} is not one verify writes: not read"
+        if port_key not in f:
+            return None, f"outputs file {path} has no tensor {port_key} (read as {key} through {ref.get('names')})"
+        target = tuple(shape) if shape is not None else None
+        whole = tuple(f.shape_of(port_key))
+        got = converted_shape(whole, conv, target)
+        if target is not None and math.prod(whole) > SPLIT_RATIO * max(1, math.prod(target)):
+            return None, (f"outputs tensor {port_key} in {path} has shape {list(whole)}, more than {SPLIT_RATIO} "
+                          f"times the {list(shape)} verify judged as {key}: not read")
+        if target is not None and got != target:
+            return None, (f"outputs tensor {port_key} in {path} gives shape {list(got)} as {key}, not the "
+                          f"{list(shape)} verify judged (the file changed since): not read")
+        try:
+            return np.asarray(convert(f.read(port_key), conv, target), dtype=np.float64), None
+        except (GDNError, OSError, ValueError) as exc:
+            return None, f"outputs tensor {port_key} in {path} unreadable: {exc}"
 
 
 def case_stats(files: CaseFiles, records: list[dict], tensor: str) -> tuple[CaseStats | None, str | None]:

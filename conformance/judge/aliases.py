@@ -24,7 +24,6 @@ from __future__ import annotations
 import math
 import re
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
@@ -37,6 +36,8 @@ NAMES_FORMAT = "gdncheck-names"
 NAMES_VERSION = 1
 #: names an outputs file may hold besides the vocabulary (the input, the seq_len bookkeeping)
 KNOWN_EXTRA = ("x", "seq_len")
+#: how the notes about names open (:meth:`NamedOutputs.notes`)
+NOTE_OPENINGS = ("not compared (", "unknown tensor name(s) ignored")
 #: Largest name table read (the packaged ones are a few kB).
 MAX_TABLE_BYTES = 4 * 1024 * 1024
 
@@ -61,6 +62,7 @@ class NameTable:
         check_table(doc, source)
         self.port = str(doc.get("port", Path(source).stem))
         self.source = source
+        self.spec = source  # as ``--names`` gave it (load_names): what a repro line repeats
         self.tensors: dict[str, dict] = doc["tensors"]
         self.not_exposed: dict[str, str] = doc.get("not_exposed", {})
         self._prefixes = [re.compile(p) for p in doc.get("prefixes", [])]
@@ -145,7 +147,9 @@ def load_names(spec: str | None) -> NameTable | None:
         raise NameTableError(f"unknown name table {spec!r}: expected one of {', '.join(builtin_tables())} or the path "
                            f"of a {NAMES_FORMAT} JSON file (docs/names.md)")
     doc = read_json(path, what="name table", error=NameTableError, max_bytes=MAX_TABLE_BYTES)
-    return NameTable(doc, str(path))
+    table = NameTable(doc, str(path))
+    table.spec = spec
+    return table
 
 
 def _split_key(key: str) -> tuple[str, str]:
@@ -210,12 +214,17 @@ class NamedOutputs:
         return self._alias[key][0] if key not in self.file and key in self._alias else key
 
     def ref(self, file: str, key: str) -> dict:
-        """A record's ``actual_ref``: ``{file, key}``; read through a table, also the port's own key and the
-        table (reload with ``NamedOutputs(SafetensorsFile(file), load_names(names), dims).read(key)``)."""
+        """A record's ``actual_ref``: ``{file, key}``; read through a table, also the port's own key, the
+        table and the conversion made (``convert``: ``{transpose, slice, total}``), so that the tensor is
+        reloaded as verify judged it without the table (:func:`read_converted`; the report does)."""
         port_key = self.source_of(key)
         if port_key == key:
             return {"file": file, "key": key}
-        return {"file": file, "key": key, "port_key": port_key, "names": self.table.source}
+        conv = self._alias[key][1]
+        return {"file": file, "key": key, "port_key": port_key, "names": self.table.source,
+                "convert": {"transpose": conv["transpose"],
+                            "slice": list(conv["slice"]) if conv["slice"] is not None else None,
+                            "total": conv["total"]}}
 
     def dtype_of(self, key: str) -> str:
         return self.file.dtype_of(self.source_of(key))
@@ -226,17 +235,7 @@ class NamedOutputs:
         if key in self.file:
             return tuple(self.file.shape_of(key))
         port_key, conv = self._alias[key]
-        s = list(self.file.shape_of(port_key))
-        if conv["transpose"] is not None and len(s) == len(conv["transpose"]):
-            s = [s[a] for a in conv["transpose"]]
-        if conv["slice"] is not None:
-            lo, hi = conv["slice"]
-            if not s or s[-1] != conv["total"]:
-                return tuple(s)  # a split describes its whole tensor; anything else is another shape
-            s[-1] = hi - lo
-        if shape is not None and tuple(s) != tuple(shape) and math.prod(s) == math.prod(shape):
-            s = list(shape)
-        return tuple(s)
+        return converted_shape(self.file.shape_of(port_key), conv, shape)
 
     def read(self, key: str, shape: tuple[int, ...] | None = None) -> np.ndarray:
         """The array for canonical ``key``, converted (transpose, slice, then reshape to ``shape`` when only
@@ -244,25 +243,79 @@ class NamedOutputs:
         if key in self.file:
             return self.file.read(key)
         port_key, conv = self._alias[key]
-        arr: Any = self.file.read(port_key)
-        if conv["transpose"] is not None and arr.ndim == len(conv["transpose"]):
-            arr = np.transpose(arr, conv["transpose"])
-        if conv["slice"] is not None and arr.ndim >= 1 and arr.shape[-1] == conv["total"]:
-            arr = arr[..., conv["slice"][0]:conv["slice"][1]]
-        arr = np.ascontiguousarray(arr)
-        if shape is not None and tuple(arr.shape) != tuple(shape) and arr.size == math.prod(shape):
-            arr = arr.reshape(shape)
-        return arr
+        return convert(self.file.read(port_key), conv, shape)
 
     def notes(self) -> list[str]:
+        """What the table did not compare and the names it does not know: each note opens with one of
+        :data:`NOTE_OPENINGS` (the console says each once for the run, not under every case)."""
         out = []
         if self.not_comparable:
-            out.append("not compared (" + (self.table.port if self.table else "?") + " name table): " + "; ".join(
+            out.append(NOTE_OPENINGS[0] + (self.table.port if self.table else "?") + " name table): " + "; ".join(
                 f"{n}: {why}" for n, why in sorted(self.not_comparable.items())))
         if self.unknown:
             names = sorted(set(self.unknown))
             where = (f"neither the stage vocabulary nor the {self.table.port} name table ({self.table.source})"
                      if self.table else "not in the stage vocabulary (a port's own names need --names "
                      + "|".join(builtin_tables()) + " or a table path)")
-            out.append(f"unknown tensor name(s) ignored, {where}: {', '.join(names)}")
+            out.append(f"{NOTE_OPENINGS[1]}, {where}: {', '.join(names)}")
         return out
+
+
+def is_names_note(note: str) -> bool:
+    """A case note :meth:`NamedOutputs.notes` wrote (about names, not about the case's numbers)."""
+    return note.startswith(NOTE_OPENINGS)
+
+
+def converted_shape(port_shape, conv: dict, shape: tuple[int, ...] | None = None) -> tuple[int, ...]:
+    """The shape :func:`convert` gives a tensor of ``port_shape``."""
+    s = list(port_shape)
+    if conv["transpose"] is not None and len(s) == len(conv["transpose"]):
+        s = [s[a] for a in conv["transpose"]]
+    if conv["slice"] is not None:
+        lo, hi = conv["slice"]
+        if not s or s[-1] != conv["total"]:
+            return tuple(s)  # a split describes its whole tensor; anything else is another shape
+        s[-1] = hi - lo
+    if shape is not None and tuple(s) != tuple(shape) and math.prod(s) == math.prod(shape):
+        s = list(shape)
+    return tuple(s)
+
+
+def convert(arr, conv: dict, shape: tuple[int, ...] | None = None) -> np.ndarray:
+    """A port's tensor as the stage tensor it stands for: the axes permuted (``transpose``), the slice of
+    the last axis cut (``slice`` of a last axis of ``total``), then reshaped row-major to ``shape`` (the
+    golden's) when only the layout differs: a ``split`` part too (metrale's ``[T, Hv]`` half of
+    ``gates`` is ``beta`` [B, T, Hv] as it is; its ``[T, key_dim]`` slice of ``l2`` becomes ``q``
+    ``[B, T, Hk, dk]``)."""
+    arr = np.asarray(arr)
+    if conv["transpose"] is not None and arr.ndim == len(conv["transpose"]):
+        arr = np.transpose(arr, conv["transpose"])
+    if conv["slice"] is not None and arr.ndim >= 1 and arr.shape[-1] == conv["total"]:
+        arr = arr[..., conv["slice"][0]:conv["slice"][1]]
+    arr = np.ascontiguousarray(arr)
+    if shape is not None and tuple(arr.shape) != tuple(shape) and arr.size == math.prod(shape):
+        arr = arr.reshape(shape)
+    return arr
+
+
+def recorded_conversion(ref: dict) -> dict | None:
+    """The ``convert`` of a summary's ``actual_ref`` (:meth:`NamedOutputs.ref`) checked, since a summary is
+    read as untrusted: ``transpose`` a permutation or null, ``slice`` ``[lo, hi]`` inside ``total`` or
+    null; None if it is not such (the caller says the tensor cannot be reloaded)."""
+    conv = ref.get("convert")
+    if not isinstance(conv, dict):
+        return None
+    tr, sl, total = conv.get("transpose"), conv.get("slice"), conv.get("total")
+
+    def whole(v) -> bool:
+        return isinstance(v, int) and not isinstance(v, bool)
+
+    if tr is not None and (not isinstance(tr, list) or not all(whole(a) for a in tr)
+                           or sorted(tr) != list(range(len(tr)))):
+        return None
+    if sl is not None and not (isinstance(sl, list) and len(sl) == 2 and all(whole(v) for v in sl)
+                               and whole(total) and 0 <= sl[0] < sl[1] <= total):
+        return None
+    if total is not None and not whole(total):
+        return None
+    return {"transpose": tr, "slice": tuple(sl) if sl is not None else None, "total": total}

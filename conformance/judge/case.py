@@ -108,7 +108,7 @@ class CaseJudge:
     def _repro(self) -> str:
         return messages.repro(str(self.fixtures), str(self.outputs), self.profile, self.case,
                               stage_isolated=self.stage_isolated, fused=self.bounds is not None,
-                              run_command=self.meta.get("command"))
+                              run_command=self.meta.get("command"), names=self.names.spec if self.names else None)
 
     def _open_golden(self) -> str | None:
         try:
@@ -163,7 +163,7 @@ class CaseJudge:
         elif na is not None and rep.status == "pass":
             if rep.features:
                 rep.status = "not_applicable"
-                rep.message = messages.not_applicable(na=na, passed=len(rep.records))
+                rep.message = messages.not_applicable(na=na, passed=judged)  # the tensors written, not the missing
             else:  # a case with no optional feature: every conforming port runs it
                 rep.status, rep.message = "fail", str(messages.not_applicable_required(case=self.case, na=na))
                 rep.first_divergence = FirstDivergence.at_step(na["step"], na["op"], "not_applicable")

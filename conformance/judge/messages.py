@@ -222,14 +222,17 @@ def not_applicable(*, na: dict, passed: int) -> str:
 
 
 def repro(fixtures: str, outputs: str, profile: str, case: str, *, stage_isolated: bool = False,
-          fused: bool = False, run_command: str | None = None) -> str:
-    """One line that reruns the check of one case (and the run that made its outputs, if known).
+          fused: bool = False, run_command: str | None = None, names: str | None = None) -> str:
+    """One line that reruns the check of one case (and the run that made its outputs, if known);
+    ``names``: the name table verify read the outputs through (``--names``), without which the port's
+    own names are unknown and the case fails otherwise.
 
     Every word is quoted by gdncheck (``shlex.quote``); ``run_command`` (an outputs file's
     ``command``: a port's text) leads the line only as the words of a ``gdncheck run`` command
     :func:`run_words` accepts, quoted again word by word; any other command (a shell pipeline, a
     port's own runner) is left out: it is data, never a prefix a user pastes."""
     iso = ["--fused"] if fused else ["--stage-isolated"] if stage_isolated else []
+    iso += ["--names", str(names)] if names else []
     verify = shlex.join(["gdncheck", "verify", "--fixtures", str(fixtures), "--outputs", str(outputs),
                          "--profile", str(profile), *iso, "--case", str(case)])
     words = run_words(run_command)

@@ -275,11 +275,26 @@ class Summary:
     def coverage_line(self) -> str:
         """One line for a console: what was judged, what was not applicable, and what breaks the rule."""
         cov = self.coverage()
-        na = "".join(f", {k} {v}" for k, v in sorted(cov["not_applicable_features"].items()))
+        na = self.declared_not_applicable()
         line = (f"coverage: {cov['judged']} of {cov['cases']} case(s) judged ({cov['required_judged']} of "
                 f"{cov['required']} every port must run), {cov['not_applicable']} not applicable"
-                + (f" (optional features: {na[2:]})" if na else "") + f", {cov['tensors_judged']} tensor(s) judged")
+                + (f" (as the port declared: {na})" if na else "") + f", {cov['tensors_judged']} tensor(s) judged")
         return line + ("" if cov["ok"] else "; " + "; ".join(cov["problems"]))
+
+    def declared_not_applicable(self, groups: int = 4, width: int = 60) -> str:
+        """The reasons the port gave for its not-applicable cases, each once with its number of cases,
+        most first (``"no snapshot files" 2, "no strict mode" 1``): what it declared, in its words (a
+        case's features say what the case needs, not what the port lacks)."""
+        counts: dict[str, int] = {}
+        for c in self.cases:
+            if c.status == "not_applicable" and c.not_applicable is not None:
+                reason = " ".join(str(c.not_applicable.get("reason") or "no reason given").split())
+                reason = reason if len(reason) <= width else reason[: width - 1] + "…"
+                counts[reason] = counts.get(reason, 0) + 1
+        ranked = sorted(counts.items(), key=lambda kv: -kv[1])  # stable: ties in order of appearance
+        text = ", ".join(f"{json.dumps(r, ensure_ascii=False)} {n}" for r, n in ranked[:groups])
+        rest = ranked[groups:]
+        return text + (f", {len(rest)} other reason(s) {sum(n for _, n in rest)}" if rest else "")
 
     def totals(self) -> dict:
         recs = [r for c in self.cases for r in c.records]

@@ -66,9 +66,14 @@ def cause_label(diagnosis: dict | None) -> str:
         return f"matches: {diagnosis.get('bug_class') or diagnosis.get('candidate')}"
     if verdict == "none":
         return "no known bug class matches"
+    if verdict == "ambiguous":  # the case's own line names the classes: so does its group
+        classes = [diagnosis.get("bug_class"), *(diagnosis.get("alternatives") or [])]
+        return "ambiguous: " + " or ".join(str(c) for c in classes if c)
     if verdict == "skipped":
         return str(diagnosis.get("text") or "not diagnosed")
-    return "no diagnosis (the diagnosis failed: see the case)"
+    if verdict == "error":
+        return "no diagnosis (the diagnosis failed: see the case)"
+    return str(diagnosis.get("text") or NO_DIAGNOSIS)
 
 
 def failure_groups(doc: dict) -> Groups:

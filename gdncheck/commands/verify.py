@@ -158,7 +158,7 @@ def run(args: argparse.Namespace) -> int:
         else:
             text = con.mark(safe_text(case_text(c), keep_newlines=True))  # port strings made visible
             (con.progress if c.status in ("pass", "not_applicable") else con.say)(text)
-            for note in c.notes:
+            for note in case_notes(c):
                 con.progress(safe_text(f"      note: {safe_text(note)}", keep_newlines=True))
         con.status(f"judged {judged[0]} case(s)" + (f", {len(failures)} failing" if failures else ""))
 
@@ -271,6 +271,8 @@ def _judge(args, con, say, path, junit_path, to_file, failures, progress) -> int
             k = known[c.id]
             say(f"xfail {c.id}: known failure ({summary.xfails['file']}:{k['line']}: {k['reason']}); first "
                 f"divergence {c.first_divergence}")
+    for line in names_notes(summary.cases):
+        say(line)
     t = summary.totals()
     for note in summary.notes:
         say(f"note: {safe_text(note)}")
@@ -347,13 +349,34 @@ def failure_lines(failures: list, doc: dict, args: argparse.Namespace, con: Cons
             lines += [f"      also: {safe_text(r.message)}" for r in c.records
                       if r.verdict == "fail" and r.message != c.message]
         if not args.quiet:
-            lines += [f"      note: {safe_text(note)}" for note in c.notes]
+            lines += [f"      note: {safe_text(note)}" for note in case_notes(c)]
     hidden = len(failures) - len(shown)
     if hidden:
         where = f"; the summary {summary_path} holds every one" if summary_path else ""
         lines.append(safe_text(f"({hidden} failing case(s) on one line only: --details all prints each one's "
                                f"message, repro and likely cause{where})"))
     return lines
+
+
+def case_notes(c) -> list[str]:
+    """A case's notes as printed under it: those about the port's tensor names (a name table's, the
+    same for most cases of a run) are said once for the run instead (:func:`names_notes`)."""
+    from gdncheck.conformance.judge.aliases import is_names_note
+
+    return [n for n in c.notes if not is_names_note(n)]
+
+
+def names_notes(cases: list) -> list[str]:
+    """Each distinct note about the port's tensor names once, with the number of cases it holds for."""
+    from gdncheck.conformance.judge.aliases import is_names_note
+    from gdncheck.untrusted import safe_text
+
+    counts: dict[str, int] = {}
+    for c in cases:
+        for n in dict.fromkeys(c.notes):
+            if is_names_note(n):
+                counts[n] = counts.get(n, 0) + 1
+    return [safe_text(f"note ({k} of {len(cases)} case(s)): {n}") for n, k in counts.items()]
 
 
 def pick_details(failing: list[str], groups, limit: int | None) -> set[str]:
@@ -426,7 +449,7 @@ class Repro:
 
         a = self.args
         tail = f" --case {c.id} && " + judge_repro(str(Path(a.fixtures)), str(Path(a.outputs)), a.profile, c.id,
-                                                    stage_isolated=a.stage_isolated, fused=a.fused)
+                                                    stage_isolated=a.stage_isolated, fused=a.fused, names=a.names)
         text = c.repro or ""
         if not text.endswith(tail) or len(text) == len(tail):
             return None

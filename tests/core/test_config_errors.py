@@ -44,6 +44,19 @@ def test_missing_head_setting(key):
         GDNConfig.from_hf({k: v for k, v in HF.items() if k != key})
 
 
+@pytest.mark.parametrize("key, why", [("hidden_size", ""), ("intermediate_size", " for a dense MLP")])
+def test_missing_layer_size(key, why):
+    """A dense config without hidden_size or intermediate_size has its own code, in the family of a
+    missing key (a port that raises missing_config_key or config_error is still accepted)."""
+    with pytest.raises(E.MissingLayerSizeError, match=f"config key '{key}' is required{why}") as err:
+        GDNConfig.from_hf({k: v for k, v in HF.items() if k != key})
+    assert err.value.code == "missing_layer_size"
+    assert isinstance(err.value, E.MissingConfigKeyError) and isinstance(err.value, E.ConfigError)
+    from gdncheck.fixtures.build import accepted_codes
+
+    assert accepted_codes("missing_layer_size") == ["missing_layer_size", "missing_config_key", "config_error"]
+
+
 def test_heads_not_divisible():
     with pytest.raises(E.HeadRatioError, match="found 5 value heads and 2 key heads"):
         GDNConfig.from_hf({**HF, "linear_num_value_heads": 5})

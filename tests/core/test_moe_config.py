@@ -64,7 +64,7 @@ def test_qwen3_next_sparse_layers_follow_transformers_rule():
 def test_dense_layer_without_intermediate_size():
     cfg = GDNConfig.from_hf({k: v for k, v in QWEN3_NEXT.items() if k != "intermediate_size"})
     assert cfg.mlp_kind(1) == "moe"
-    with pytest.raises(E.MissingConfigKeyError, match=r"'intermediate_size' is required for the dense MLP of "
+    with pytest.raises(E.MissingLayerSizeError, match=r"'intermediate_size' is required for the dense MLP of "
                                                       r"layer 0 \(mlp_only_layers=\[0\].*\[layer 0\]"):
         cfg.mlp_kind(0)
 
