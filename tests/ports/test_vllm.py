@@ -119,6 +119,31 @@ class RowsInGdncheckOrder(vllm_port.VllmGDN):
         return list(range(len(has_initial))), num_decodes
 
 
+class AcceptedMiscounted(vllm_port.VllmGDN):
+    """path=spec: tells vLLM the previous step accepted one token while the entering state sits where two put it."""
+
+    def num_accepted(self, batch):
+        return super().num_accepted(batch) - 1
+
+
+@needs_vllm
+def test_the_speculative_path_conforms_and_reads_the_accepted_column(suite, tmp_path):
+    """path=spec: the last call (4 tokens, both rows continuing) is one speculative verify per row through
+    fused_sigmoid_gating_delta_rule_update_spec_cpu; the others are vLLM's non-speculative batches in a wide
+    conv buffer. It conforms; with num_accepted_tokens miscounted it reads another column and fails there."""
+    def judge(cls, out):
+        def factory(cfg, weights, **kw):
+            return vllm_port.vllm(cfg, weights, path="spec", impl_class=cls, **kw)
+        run_impl(factory, suite, out, "bf16", stage_isolated=True)
+        return _records(verify(suite, out, "bf16", stage_isolated=True, fused=True))
+
+    case, recs = judge(vllm_port.VllmGDN, tmp_path / "spec")
+    assert case["status"] == "pass" and (3, "delta_rule", "core") in recs, case.get("message")
+    case, recs = judge(AcceptedMiscounted, tmp_path / "miscounted")
+    failed = {(c, s) for (c, s, t), r in recs.items() if r["verdict"] == "fail"}
+    assert case["status"] == "fail" and failed == {(3, "delta_rule")}, failed
+
+
 @needs_vllm
 @pytest.mark.parametrize("mutant, where", [
     (StateTransposed, "recurrent_state"), (SlotsSwapped, "delta_rule"), (GatesSwapped, "gates"),
