@@ -241,6 +241,13 @@ _DOPPLER_SOFTPLUS_TOO = ("softplus-edges", "state-norms", "restore-mismatch")
 _DOPPLER_THEN_SOFTPLUS = ("; with the race fixed (GDN_DOPPLER_PATCH=barrier) this case still fails, by the second "
                           "defect: " + _DOPPLER_SOFTPLUS)
 
+_VLLM_EPS = ("vLLM's CPU path normalises q and k with an L2-norm eps of 1e-5, Qwen3.5 with 1e-6: "
+             "_cpu_gdn_attention_nonspec calls chunk_gated_delta_rule_cpu without its eps argument (default 1e-5) and "
+             "fused_sigmoid_gating_delta_rule_update_cpu has none (measures 1e-5); the float64 rule with eps 1e-5 "
+             "equals vLLM's core to NMSE 3e-5 (bound 3.0e-3), with 1e-6 it is 14x the bound (measured 2026-12-04)")
+_VLLM_HEAD_DIM = ("vLLM's CPU GDN kernels are compiled for head dim 128 only (\"Unexpected head dim size\"), so a case "
+                  "with other head dims cannot run on them; the d128- cases judge the same regimes at dk = dv = 128")
+
 FINDINGS: dict[tuple[str, str, str], Finding] = {
     ("mlx", "error-input-dtype", "*"): Finding(
         "deviation", "MLX computes the layer on an int32 x (its ops promote it) instead of refusing it; the "
@@ -304,6 +311,14 @@ FINDINGS: dict[tuple[str, str, str], Finding] = {
     ("ggml", "real-heads", "*"): Finding(
         "missing_feature", _GGML_NOTHING_JUDGED.format(what="a real-heads case keeps no *_in state"),
         None, {"kind": "nothing_judged"}),
+    ("vllm", "d128-qk-eps", "*"): Finding(
+        "deviation", _VLLM_EPS, f"{REPROS}/vllm_l2norm_eps.py",
+        {"kind": "tensor", "stage": "delta_rule", "tensor": "core"}),
+    **{("vllm", prefix, "*"): Finding(
+        "missing_feature", _VLLM_HEAD_DIM, None, {"kind": "required_not_applicable"})
+       for prefix in ("prefill-decode", "chunked", "decode_", "segments", "one-key-head", "long-decode", "wide-d1024",
+                      "rmsnorm-eps", "qk-eps", "gated-eps", "softplus-edges", "sigmoid-edges", "state-norms",
+                      "f16-state", "prefill_")},
 }
 
 

@@ -245,10 +245,12 @@ class VllmGDN(StageOnly):
                 return {"g": g.reshape(B, T, H), "beta": beta.reshape(B, T, H)}
             if stage == "delta_rule":
                 stash, self.stash = self.stash, {}
-                if set(stash) != {"qkv", "conv_state", "a", "b"}:
-                    raise GDNError("vllm: the delta_rule stage runs vLLM's fused path from the call's qkv, a and b, "
-                                   "which this call's conv1d and gates stages did not hand over")
-                return self._fused(stash, self._in(inputs["recurrent_state"], self.torch.float32))
+                state = self._in(inputs["recurrent_state"], self.torch.float32)
+                if set(stash) == {"qkv", "conv_state", "a", "b"}:
+                    return self._fused(stash, state)
+                if set(stash) == {"a", "b"}:  # a call that keeps no qkv (a long decode's decode step)
+                    return self._rule(*(self._in(inputs[n]) for n in ("q", "k", "v")), stash["a"], stash["b"], state)
+                return {}  # no a, b: vLLM's rule gates inside the kernel, nothing to hand it
         return {}  # the other stages are not vLLM GDN kernels (FORMAT.md §8: every output optional)
 
     def _conv(self, qkv, conv_state):
@@ -305,6 +307,39 @@ class VllmGDN(StageOnly):
         state = self.state_out(torch.stack([call.view[s] for s in call.slots]).to(torch.float32))
         return {"core": self._rows(core, call.order, T), "recurrent_state": state}
 
+
+    def _rule(self, q, k, v, a, b, rec_state):
+        """A call whose fixture keeps no ``qkv`` (a long decode's decode step keeps q, k, v, a, b and the states):
+        the kernel calls of ``_cpu_gdn_attention_nonspec`` after its conv, on the pool, from the golden q, k, v
+        (already normalised: vLLM's in-kernel L2 norm, eps 1e-5, changes a unit vector by ~5e-6, far below bf16)."""
+        torch, cfg, ops = self.torch, self.cfg, self.v.ops
+        B, T = q.shape[:2]
+        conv_state = torch.zeros((B, self.conv_dim, self.K))
+        call = self._call(torch.zeros((B, T, self.conv_dim)), conv_state, rec_state)
+        md, nd, order = call.md, call.num_decodes, call.order
+        qt, kt, vt = (self._tokens(x, order).unsqueeze(0) for x in (q, k, v))
+        at, bt = self._tokens(a, order), self._tokens(b, order)
+        idx, qsl = md.non_spec_state_indices_tensor, md.non_spec_query_start_loc
+        parts = []
+        if nd:
+            parts.append(ops.fused_sigmoid_gating_delta_rule_update_cpu(
+                A_log=self.layer.A_log, dt_bias=self.layer.dt_bias, q=qt[:, :nd], k=kt[:, :nd], v=vt[:, :nd],
+                a=at[:nd], b=bt[:nd], initial_state_source=call.view, initial_state_indices=idx[:nd],
+                cu_seqlens=qsl[:nd + 1], use_qk_l2norm_in_kernel=True).reshape(nd, cfg.num_v_heads, -1))
+        if nd < B:
+            g, beta = ops.fused_gdn_gating_cpu(A_log=self.layer.A_log, a=at[nd:], b=bt[nd:],
+                                               dt_bias=self.layer.dt_bias)
+            fresh = idx[nd:][~md.has_initial_state[nd:]]
+            if fresh.numel():
+                call.view[fresh] = 0
+            out, _ = ops.chunk_gated_delta_rule_cpu(
+                query=qt[:, nd:], key=kt[:, nd:], value=vt[:, nd:], g=g, beta=beta, initial_state=call.view,
+                output_final_state=True, cu_seqlens=qsl[nd:] - nd, head_first=False, use_qk_l2norm_in_kernel=True,
+                initial_state_indices=idx[nd:])
+            parts.append(out.squeeze(0))
+        self._untouched(call)
+        state = self.state_out(torch.stack([call.view[s] for s in call.slots]).to(torch.float32))
+        return {"core": self._rows(torch.cat(parts), order, T), "recurrent_state": state}
 
     # --- the speculative-decoding path (option path=spec) ----------------------------------------------
     def spec_layout(self, batch: int, T: int) -> tuple[int, list[list[int]]]:
