@@ -22,6 +22,10 @@ Per call (stages in pipeline order, FORMAT.md §8):
   L2 norm): ``core`` and ``recurrent_state``. These outputs inherit the conv, norm and gate rounding of vLLM's
   own stages, so the engine is judged ``fused`` (``gdncheck verify --fused``: the end-to-end bounds).
 
+``--option path=spec`` drives ``_cpu_gdn_attention_spec_aware`` instead (vLLM with speculative decoding
+configured: a wide conv buffer, a slot per draft token, ``fused_sigmoid_gating_delta_rule_update_spec_cpu``);
+``--option ssm_dtype=bfloat16`` a bf16 state pool.
+
 What it exposes, what it cannot and why, the versions it knows: docs/engines/vllm.md.
 """
 
@@ -119,8 +123,9 @@ class VllmGDN(StageOnly):
         unpacked = self._bf16(w.reshape(self.conv_dim, self.K)).contiguous()
         conv1d = types.SimpleNamespace(bias=None, _cpu_unpacked_conv_weight=unpacked)
         self.cpp_conv = bool(torch.cpu._is_avx512_bf16_supported() or self.v.gdn.is_arm_bf16())
-        # vllm/model_executor/layers/utils.py (dispatch_cpu_unquantized_gemm): the conv weight is packed in place
-        conv1d.weight = (self.v.ops.causal_conv1d_weight_pack(unpacked) if self.cpp_conv
+        # vllm/model_executor/layers/utils.py (dispatch_cpu_unquantized_gemm) packs a bf16 width-4 conv weight in
+        # place on such a CPU (and leaves any other as it is, which the C++ conv is then handed all the same)
+        conv1d.weight = (self.v.ops.causal_conv1d_weight_pack(unpacked) if self.cpp_conv and self.K == 4
                          else unpacked.view(self.conv_dim, 1, self.K))
         layer = types.SimpleNamespace(
             conv1d=conv1d, activation="silu", tp_size=1, head_k_dim=cfg.head_k_dim, head_v_dim=cfg.head_v_dim,
