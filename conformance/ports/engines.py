@@ -126,18 +126,6 @@ ENGINES: dict[str, Engine] = {e.name: e for e in (
            "delta_rule stage alone from golden inputs; f32 only: the op takes f32 tensors only "
            "(conformance/ports/ggml.py)",
            fallback="gdncheck.conformance.ports.ggml:ggml", option_values={"threads": (1, 2, 4)}),
-    Engine("keras", "keras", "end_to_end", ("f32", "bf16"), ("keras", "keras_hub", "torch"),
-           ("keras-hub", "keras", "torch"), "pip install keras && pip install --no-deps keras-hub==0.32.0",
-           "keras-hub's Qwen3_5TransformerDecoder(layer_type='linear_attention') and its generation cache on Keras "
-           "3's torch backend, stage tensors read between its sub-layers (conformance/ports/kerashub.py)",
-           fallback="gdncheck.conformance.ports.kerashub:keras"),
-    Engine("onnxruntime", "onnxruntime", "stage_isolated", ("f32", "f16"), ("onnxruntime", "onnx"),
-           ("onnxruntime", "onnx"), "pip install onnxruntime==1.32.0 onnx (or pip install -e '.[onnxruntime]')",
-           "ONNX Runtime's com.microsoft GDN ops as onnxruntime-genai's builder wires them (CausalConvWithState, "
-           "LinearAttentionGate, LinearAttention; --option op=gated_delta_net for GatedDeltaNet), one-node graphs "
-           "on the CPU EP fed golden stage inputs: stages conv1d, gates, delta_rule (conformance/ports/onnxruntime.py)",
-           fallback="gdncheck.conformance.ports.onnxruntime:onnxruntime",
-           option_values={"op": ("linear_attention", "gated_delta_net")}),
     Engine("doppler", "doppler", "fused", ("f32",), (), (), DOPPLER_INSTALL,
            "doppler's WebGPU kernel (doppler-gpu's linear-attention-core WGSL, unchanged) on the CPU through Dawn "
            "or doe-gpu on Mesa's lavapipe, fed each case's golden stage inputs; one fused kernel (conv, q/k norm, "

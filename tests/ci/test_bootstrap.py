@@ -155,7 +155,8 @@ def test_installed_torch_is_kept(tmp_path):
     if torch.__version__ != f"{PIN}+cpu" or not (Path(sys.prefix) / "bin" / "python").exists():
         pytest.skip(f"not bootstrap's CPU environment (torch {torch.__version__}, prefix {sys.prefix})")
     notes, cmds = plan(tmp_path, env={"GDN_TORCH_VARIANT": "cpu"}, venv=Path(sys.prefix))
-    assert [torch_reqs(a) for a in pip_installs(cmds)] == [[f"torch=={PIN}+cpu"]] * 2  # the extras, then keras-hub (--no-deps)
+    # the extras, then keras-hub (--no-deps)
+    assert [torch_reqs(a) for a in pip_installs(cmds)] == [[f"torch=={PIN}+cpu"]] * 2
     assert "-e" in pip_installs(cmds)[0]
     assert any("is installed already" in n for n in notes)
 
