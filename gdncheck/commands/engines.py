@@ -7,11 +7,13 @@ import argparse
 from .console import Console, add_output_arguments
 
 DESCRIPTION = """\
-Run every installed engine of the registry (conformance/ports/engines.py: {engines}), or those
-named with --engine, in every profile it supports, through `gdncheck run` (or the engine's own
+Run every installed engine of the registry (conformance/ports/engines.py), or those named with
+--engine, in every profile it supports, through `gdncheck run` (or the engine's own
 program) and `gdncheck verify` (with the likely-cause diagnosis verify's command line gives),
 into OUT/<engine>/<profile>/, then write the matrix: OUT/matrix.json, OUT/matrix.md and
 OUT/matrix.html (and --markdown FILE, --html FILE).
+
+{engines}
 
 Each engine's row: its versions, how it is judged (end-to-end: its whole layer and state; stage-
 isolated: each stage it has, run alone from golden inputs), per profile the pass / fail / n/a
@@ -33,10 +35,12 @@ Nothing is written outside --out and the files named by --markdown and --html.""
 
 
 def _description() -> str:
+    import textwrap
+
     from gdncheck.conformance.ports.engines import ENGINES
 
-    return DESCRIPTION.format(engines=", ".join(n + (" (the baseline)" if e.baseline else "")
-                                                for n, e in ENGINES.items()))
+    names = ", ".join(n + (" (the baseline)" if e.baseline else "") for n, e in ENGINES.items())
+    return DESCRIPTION.format(engines=textwrap.fill(f"The engines: {names}.", width=100))
 
 MARKER = ".gdncheck-engines"
 #: the default --timeout: the longest one engine may run in one profile (the whole matrix takes ~1 min here)
