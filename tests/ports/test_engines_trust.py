@@ -219,11 +219,15 @@ def test_an_in_process_engine_past_the_timeout_is_stopped(tmp_path, monkeypatch)
     assert rc == 1 and r["status"] == "could_not_run" and "ran past --timeout 1 s" in r["problem"]
 
 
-@pytest.mark.parametrize("value", ["0", "-1", "nan", "inf"])
-def test_a_bad_timeout_is_exit_2(tmp_path, capsys, value):
-    rc = cli(["engines", "--out", str(tmp_path / "out"), *ONE, "--timeout", value])
+@pytest.mark.parametrize("flag, value, words", [
+    *(("--timeout", v, "expected --timeout a positive number") for v in ("0", "-1", "nan", "inf")),
+    ("--diagnose", "-1", "expected --diagnose N a count of cases"),
+])
+def test_a_bad_timeout_or_diagnose_is_exit_2(tmp_path, capsys, flag, value, words):
+    rc = cli(["engines", "--out", str(tmp_path / "out"), *ONE, flag, value])
     err = capsys.readouterr().err
-    assert rc == 2 and "expected --timeout a positive number" in err and err.count("\n") == 1, err
+    assert rc == 2 and words in err and err.count("\n") == 1, err
+    assert not (tmp_path / "out").exists()
 
 
 # --- the doppler glue error behind the race (where doppler runs) ------------------------------------------------
