@@ -1,0 +1,157 @@
+"""SGLang's Triton GDN kernels, judged stage by stage under Triton's interpreter (``conformance/ports/sglang.py``).
+
+Each delta-rule kernel SGLang serves Qwen3.5 with (the state-indexed fused_recurrent update, the decode and
+packed-decode kernels, the speculative target verify) conforms on a small decode case, every call driven
+through SGLang's serving convention (packed rows, a padding sequence, pool slots); and each piece of glue the
+adapter does, done wrong, fails verify: the state not transposed to SGLang's [V, K], a wrong slot index,
+a and b swapped, the conv state's oldest columns kept instead of its newest.
+
+Every run happens in one child process (the kernels need the interpreter chosen before triton is imported,
+and other test modules import triton without it): about 60 s on two cores."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytest.importorskip("sglang", reason="SGLang is not installed (pip install --no-deps sglang==0.5.23 and the "
+                                     "sglang extra)")
+
+from gdncheck.conformance.judge.verify import verify  # noqa: E402
+from gdncheck.conformance.ports import sglang as sglang_port  # noqa: E402
+from gdncheck.conformance.ports.plugin import check_options  # noqa: E402
+from gdncheck.errors import GDNError  # noqa: E402
+from gdncheck.harness import NotApplicable  # noqa: E402
+from tests.helpers import tiny_config  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[2]
+SGL = "gdncheck.conformance.ports.sglang:sglang"
+#: 12 one-token decode steps of 2 rows from a kept state (2 key heads, 4 value heads, dk = dv = 16)
+DECODE = "decode_T12"
+
+
+# --- the glue, each piece broken alone --------------------------------------------------------------------
+class StateNotTransposed(sglang_port.SGLangStages):
+    """Hands SGLang's [slots, Hv, dv, dk] pool gdncheck's [Hv, dk, dv] rows as they are."""
+
+    def recurrent_in(self, s):
+        return s
+
+    def recurrent_out(self, s):
+        return s
+
+
+class WrongSlot(sglang_port.SGLangStages):
+    """Reads and writes each sequence's state one slot off (a NaN slot of the pool, or another row's)."""
+
+    def slots(self, batch):
+        return [s - 1 for s in super().slots(batch)]
+
+
+class GatesSwapped(sglang_port.SGLangStages):
+    """Hands SGLang's gating a and b the other way round."""
+
+    def gate_inputs(self, a, b):
+        return b, a
+
+
+class ConvOldest(sglang_port.SGLangStages):
+    """Keeps the oldest K-1 columns of gdncheck's conv_state for SGLang's pool, where it needs the newest."""
+
+    def conv_in(self, c):
+        return c[..., :-1]
+
+
+def _with(impl_class):
+    def factory(cfg, weights, *, profile, strict=False, kernel="packed_decode"):
+        return sglang_port.sglang(cfg, weights, profile=profile, strict=strict, kernel=kernel, impl_class=impl_class)
+
+    return factory
+
+
+state_not_transposed, wrong_slot, gates_swapped, conv_oldest = (
+    _with(c) for c in (StateNotTransposed, WrongSlot, GatesSwapped, ConvOldest))
+
+#: (label, factory, kernel, profile, cases)
+JOBS = [
+    ("packed_decode-f32", SGL, "packed_decode", "f32", [DECODE]),
+    ("packed_decode-bf16", SGL, "packed_decode", "bf16", [DECODE]),
+    ("decode-f32", SGL, "decode", "f32", [DECODE]),
+    ("verify-f32", SGL, "verify", "f32", [DECODE]),
+    ("recurrent-f32", SGL, "recurrent", "f32", [DECODE]),
+    ("state-not-transposed", "tests.ports.test_sglang:state_not_transposed", "recurrent", "f32", [DECODE]),
+    ("wrong-slot", "tests.ports.test_sglang:wrong_slot", "packed_decode", "f32", [DECODE]),
+    ("gates-swapped", "tests.ports.test_sglang:gates_swapped", "packed_decode", "f32", [DECODE]),
+    ("conv-oldest", "tests.ports.test_sglang:conv_oldest", "recurrent", "f32", [DECODE]),
+]
+CHILD = """
+import json, sys
+from gdncheck.conformance.ports.run import run_impl
+fixtures, root, jobs = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
+for label, spec, kernel, profile, cases in jobs:
+    rep = run_impl(spec, fixtures, f"{root}/{label}", profile, cases=cases, options={"kernel": kernel},
+                   stage_isolated=True)
+    print(json.dumps([label, [[c.id, c.status, c.detail] for c in rep.cases]]))
+"""
+
+
+@pytest.fixture(scope="module")
+def runs(fixtures_dir, tmp_path_factory):
+    """Outputs of every JOBS run, by label, from one child process with TRITON_INTERPRET=1."""
+    root = tmp_path_factory.mktemp("sglang")
+    env = {**os.environ, "TRITON_INTERPRET": "1", "OPENBLAS_NUM_THREADS": "1"}
+    proc = subprocess.run([sys.executable, "-W", "ignore", "-c", CHILD, str(fixtures_dir), str(root),
+                           json.dumps(JOBS)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    for line in proc.stdout.splitlines():
+        label, cases = json.loads(line)
+        assert all(status == "ran" for _, status, _ in cases), (label, cases)
+    return root
+
+
+def _summary(fixtures_dir, runs, label):
+    _, _, kernel, profile, cases = next(j for j in JOBS if j[0] == label)
+    return verify(fixtures_dir, runs / label, profile, cases=cases, stage_isolated=True,
+                  fused=kernel in sglang_port.FUSED)
+
+
+@pytest.mark.parametrize("label", [j[0] for j in JOBS if j[1] == SGL])
+def test_each_kernel_of_sglang_conforms(fixtures_dir, runs, label):
+    s = _summary(fixtures_dir, runs, label)
+    assert s.exit_code == 0, [c.message for c in s.cases if c.status != "pass"]
+    judged = {(r.stage, r.tensor) for c in s.cases for r in c.records if r.verdict != "missing"}
+    assert judged == {("conv1d", "qkv_conv"), ("conv1d", "conv_state"), ("gates", "g"), ("gates", "beta"),
+                      ("delta_rule", "core"), ("delta_rule", "recurrent_state")}
+
+
+@pytest.mark.parametrize("label,stage,failing", [
+    ("state-not-transposed", "delta_rule", {"core", "recurrent_state"}),
+    ("wrong-slot", "conv1d", {"qkv_conv", "conv_state", "core", "recurrent_state"}),
+    ("gates-swapped", "gates", {"g", "beta", "core", "recurrent_state"}),
+    ("conv-oldest", "conv1d", {"qkv_conv", "conv_state"}),
+])
+def test_each_glue_mistake_fails_verify(fixtures_dir, runs, label, stage, failing):
+    (case,) = _summary(fixtures_dir, runs, label).cases
+    assert case.status == "fail" and case.first_divergence.stage == stage
+    assert {r.tensor for r in case.records if r.verdict == "fail"} == failing
+
+
+# --- the contract around the stages -------------------------------------------------------------------------
+def test_what_sglang_does_not_run_here_says_so():
+    cfg = tiny_config()
+    w = {"linear_attn.norm.weight": np.ones(cfg.num_v_heads * cfg.head_v_dim)}
+    with pytest.raises(NotApplicable, match="shared by every head"):
+        sglang_port.sglang(cfg, w, profile="f32")
+    with pytest.raises(NotApplicable, match="bf16"):
+        sglang_port.sglang(cfg, w, profile="f64")
+    with pytest.raises(GDNError, match="kernel=recurrent"):
+        sglang_port.sglang(cfg, w, profile="f32", kernel="chunk")
+    with pytest.raises(NotApplicable, match="stage-isolated"):
+        sglang_port.sglang.check_case({}, [])
+    check_options(sglang_port.sglang, {"kernel": "verify"})
