@@ -111,11 +111,13 @@ ENGINES: dict[str, Engine] = {e.name: e for e in (
            fallback="gdncheck.conformance.ports.fla:fla", options={"kernel": "naive"},
            option_values={"kernel": ("naive", "naive_chunk", "fused_recurrent", "chunk"),
                           "chunk_size": (16, 32, 64)}),
-    Engine("sglang", "sglang", "fused", ("f32", "bf16"), ("sglang", "triton", "torch"), ("sglang", "triton", "torch"),
+    Engine("sglang", "sglang", "fused", ("f32", "bf16"), ("sglang", "triton", "torch"),
+           ("sglang", "triton", "torch"),
            "pip install --no-deps sglang==0.5.23 && pip install -e '.[sglang]' (its kernels' pure-Python imports)",
-           "SGLang's Triton GDN kernels (conv1d, gating, the packed-decode delta rule with q/k L2 norm and gates fused) "
-           "under Triton's interpreter, fed golden stage inputs through SGLang's serving convention (packed rows, a "
-           "padding sequence, pool slots); fused, so judged against the end-to-end bounds (conformance/ports/sglang.py)",
+           "SGLang's Triton GDN kernels (conv1d, gating, the packed-decode delta rule with q/k L2 norm and gates "
+           "fused) under Triton's interpreter, fed golden stage inputs through SGLang's serving convention (packed "
+           "rows, a padding sequence, pool slots); fused, so judged against the end-to-end bounds "
+           "(conformance/ports/sglang.py)",
            fallback="gdncheck.conformance.ports.sglang:sglang", options={"kernel": "packed_decode"},
            option_values={"kernel": ("recurrent", "decode", "packed_decode", "verify")}),
     Engine("llamacpp", "llamacpp", "end_to_end", ("f32", "bf16"), ("llama_cpp", "torch", "transformers"),

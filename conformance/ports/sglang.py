@@ -3,9 +3,10 @@
 A factory of the port contract (:mod:`gdncheck.harness.contract`) that judges SGLang's own Triton kernels for
 Qwen3.5's gated delta net (``sglang.kernels.ops``: the conv1d of ``mamba/causal_conv1d_triton.py``, the gating of
 ``attention/linear/fused_gdn_gating.py``, the delta rule of ``attention/fla/fused_recurrent.py`` and
-``attention/linear/fused_sigmoid_gating_recurrent.py``) on the suite's golden inputs, each driven through SGLang's serving convention: every call's rows packed into one
-varlen stream (``cu_seqlens``) with a padding sequence (slot -1), their states in slots of a state pool read and
-written in place at ``cache_indices``. Under Triton's interpreter on a CPU, on a GPU compiled.
+``attention/linear/fused_sigmoid_gating_recurrent.py``) on the suite's golden inputs, each driven through
+SGLang's serving convention: every call's rows packed into one varlen stream (``cu_seqlens``) with a padding
+sequence (slot -1), their states in slots of a state pool read and written in place at ``cache_indices``.
+Under Triton's interpreter on a CPU, on a GPU compiled.
 
 What it exposes, what it cannot and why, the interpreter workarounds, the version it knows: docs/engines/sglang.md.
 """
@@ -77,6 +78,7 @@ def _bare_packages() -> None:
     """Register :data:`BARE_PACKAGES` as plain namespace packages over SGLang's own folders (their
     ``__init__`` not run), unless SGLang is imported already; submodules then import from the installed
     files as they are."""
+    import importlib.machinery
     import importlib.util
     import types
 
@@ -89,6 +91,8 @@ def _bare_packages() -> None:
     for name in BARE_PACKAGES:
         module = types.ModuleType(name)
         module.__path__ = [os.path.join(root, *name.split(".")[1:])]
+        module.__spec__ = importlib.machinery.ModuleSpec(name, None, is_package=True)
+        module.__spec__.submodule_search_locations = module.__path__
         sys.modules[name] = module
 
 
@@ -121,7 +125,11 @@ def interpreter_casts() -> Iterator[None]:
 
     3. the interpreter casts float32 -> bfloat16 by cutting the mantissa (round toward zero); a GPU's
        ``.to(tl.bfloat16)`` rounds to nearest even: both directions go through torch's exact conversions;
-    4. a mask built from a Python bool and a tensor (``causal_conv1d_triton``'s ``(idx_token < segment_len) &
+    4. the interpreter's bfloat16 arithmetic runs NumPy's integer ops on the raw 16-bit patterns (bf16 is held
+       as uint16): ``causal_conv1d_triton``'s ``x * w`` of two bf16 blocks gives garbage and NaN. A bf16
+       add, sub, mul, div, min or max is computed in float32 (exact for a product of two bf16) and rounded to
+       nearest even, as a GPU's bf16 instructions do;
+    5. a mask built from a Python bool and a tensor (``causal_conv1d_triton``'s ``(idx_token < segment_len) &
        (idx_feats < dim)``, ``segment_len`` a Python ``min``) is int32 in the interpreter, int1 compiled, and
        the interpreter's store refuses it ("mask has unsupported dtype"): an integer mask is read as ``!= 0``."""
     import torch
@@ -131,6 +139,18 @@ def interpreter_casts() -> Iterator[None]:
     old = interp._convert_float
     builder = interp.InterpreterBuilder
     old_store, old_load = builder.create_masked_store, builder.create_masked_load
+    old_binary = builder.binary_op
+    arithmetic = (np.add, np.subtract, np.multiply, np.divide, np.fmod, np.minimum, np.maximum, np.fmin, np.fmax)
+
+    def to_f32(h):
+        return (np.ascontiguousarray(h.data).view(np.uint16).astype(np.uint32) << 16).view(np.float32)
+
+    def binary(self, lhs, rhs, op):
+        if lhs.dtype.scalar != tl.bfloat16 or rhs.dtype.scalar != tl.bfloat16 or op not in arithmetic:
+            return old_binary(self, lhs, rhs, op)
+        out = np.asarray(op(to_f32(lhs), to_f32(rhs)), dtype=np.float32)
+        bits = torch.from_numpy(np.ascontiguousarray(out)).to(torch.bfloat16).view(torch.int16).numpy()
+        return interp.TensorHandle(bits.view(np.uint16).reshape(out.shape), tl.bfloat16)
 
     def boolean(mask):
         if mask is not None and mask.data.dtype != np.bool_:
@@ -153,12 +173,12 @@ def interpreter_casts() -> Iterator[None]:
         return old(data, src, dst, rounding_mode)
 
     interp._convert_float = convert
-    builder.create_masked_store, builder.create_masked_load = store, load
+    builder.create_masked_store, builder.create_masked_load, builder.binary_op = store, load, binary
     try:
         yield
     finally:
         interp._convert_float = old
-        builder.create_masked_store, builder.create_masked_load = old_store, old_load
+        builder.create_masked_store, builder.create_masked_load, builder.binary_op = old_store, old_load, old_binary
 
 
 def _version() -> str:
@@ -221,7 +241,12 @@ class SGLangStages(StageOnly):
         return self.torch.tensor([i * T for i in range(B + 1)] + [B * T + 1], dtype=self.torch.int32,
                                  device=self.device)
 
+    def placed(self, B: int):
+        """Where the adapter puts (and reads back) each row's state: :meth:`slots`."""
+        return self.torch.tensor(self.slots(B), dtype=self.torch.long, device=self.device)
+
     def indices(self, B: int):
+        """The cache indices the kernels are given: each sequence's slot, then the padding sequence's -1."""
         return self.torch.tensor(self.slots(B) + [PAD_SLOT_ID], dtype=self.torch.int32, device=self.device)
 
     def pool(self, B: int, shape, dtype):
@@ -249,7 +274,8 @@ class SGLangStages(StageOnly):
 
     # --- stages ----------------------------------------------------------------------------------------
     def run_stage(self, stage: str, inputs: Mapping[str, np.ndarray]) -> dict[str, Any]:
-        run = {"conv1d": self.conv1d, "qk_norm": self.keep, "gates": self.gates, "delta_rule": self.delta_rule}.get(stage)
+        run = {"conv1d": self.conv1d, "qk_norm": self.keep, "gates": self.gates,
+               "delta_rule": self.delta_rule}.get(stage)
         if run is None:
             return {}  # not an SGLang kernel here (FORMAT.md §8: every output optional)
         ctx = interpreter_casts() if self.k.interpreted else contextlib.nullcontext()
@@ -271,7 +297,7 @@ class SGLangStages(StageOnly):
         K = cfg.conv_kernel
         pool = self.pool(B, (C, K - 1), self.dtype)
         idx = self.indices(B)
-        pool[idx[:B].long()] = self._t(self.conv_in(c0), self.dtype)
+        pool[self.placed(B)] = self._t(self.conv_in(c0), self.dtype)
         if self.kernel in FUSED:
             x = self._t(qkv, self.dtype)
             outs = []
@@ -289,7 +315,7 @@ class SGLangStages(StageOnly):
                 activation="silu").transpose(0, 1)
             out = out[: B * T].reshape(B, T, C)
         from gdncheck.harness import to_numpy
-        newest = np.asarray(to_numpy(pool[idx[:B].long()]), dtype=np.float64)
+        newest = np.asarray(to_numpy(pool[self.placed(B)]), dtype=np.float64)
         history = np.concatenate([c0, np.swapaxes(qkv, 1, 2)], axis=-1)  # the oldest column SGLang drops
         state = np.concatenate([history[..., -K:-K + 1], newest], axis=-1)
         return {"qkv_conv": out, "conv_state": state}
@@ -310,7 +336,7 @@ class SGLangStages(StageOnly):
         Hv, dk, dv = cfg.num_v_heads, cfg.head_k_dim, cfg.head_v_dim
         pool = self.pool(B, (Hv, dv, dk), torch.float32)
         idx = self.indices(B)
-        pool[idx[:B].long()] = self._t(self.recurrent_in(np.asarray(inputs["recurrent_state"])), torch.float32)
+        pool[self.placed(B)] = self._t(self.recurrent_in(np.asarray(inputs["recurrent_state"])), torch.float32)
         if self.kernel == "recurrent":
             o = self._recurrent(inputs, pool, idx, B, T)
         else:
@@ -320,7 +346,7 @@ class SGLangStages(StageOnly):
                 self.kernel](pool, idx, B, T)
         self.kept.clear()
         from gdncheck.harness import to_numpy
-        state = self.recurrent_out(np.asarray(to_numpy(pool[idx[:B].long()]), dtype=np.float64))
+        state = self.recurrent_out(np.asarray(to_numpy(pool[self.placed(B)]), dtype=np.float64))
         return {"core": o, "recurrent_state": state}
 
     def _recurrent(self, inputs, pool, idx, B, T):
@@ -394,7 +420,7 @@ class SGLangStages(StageOnly):
             intermediate_states_buffer=cache, intermediate_state_indices=cache_idx, cache_steps=T)
         if not torch.equal(torch.nan_to_num(before, 7.0), torch.nan_to_num(pool, 7.0)):
             raise GDNError("sglang verify: the target verify wrote the state pool (disable_state_update=True)")
-        pool[idx[:B].long()] = cache[cache_idx[:B].long(), T - 1]
+        pool[self.placed(B)] = cache[cache_idx[:B].long(), T - 1]
         return self.unpack(o[0], B, T)
 
 

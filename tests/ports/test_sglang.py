@@ -1,7 +1,7 @@
 """SGLang's Triton GDN kernels, judged stage by stage under Triton's interpreter (``conformance/ports/sglang.py``).
 
 Each delta-rule kernel SGLang serves Qwen3.5 with (the state-indexed fused_recurrent update, the decode and
-packed-decode kernels, the speculative target verify) conforms on a small decode case, every call driven
+packed-decode kernels, the speculative target verify) conforms on a small case of three rows carrying states, every call driven
 through SGLang's serving convention (packed rows, a padding sequence, pool slots); and each piece of glue the
 adapter does, done wrong, fails verify: the state not transposed to SGLang's [V, K], a wrong slot index,
 a and b swapped, the conv state's oldest columns kept instead of its newest.
@@ -11,6 +11,7 @@ and other test modules import triton without it): about 60 s on two cores."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -20,10 +21,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-pytest.importorskip("sglang", reason="SGLang is not installed (pip install --no-deps sglang==0.5.23 and the "
-                                     "sglang extra)")
+if importlib.util.find_spec("sglang") is None:  # not imported: its __init__ pulls its serving stack (the adapter's)
+    pytest.skip("SGLang is not installed (pip install --no-deps sglang==0.5.23 and the sglang extra)",
+                allow_module_level=True)
 
 from gdncheck.conformance.judge.verify import verify  # noqa: E402
+from gdncheck.conformance.meta.catalogue import mutant_diagnoser  # noqa: E402
 from gdncheck.conformance.ports import sglang as sglang_port  # noqa: E402
 from gdncheck.conformance.ports.plugin import check_options  # noqa: E402
 from gdncheck.errors import GDNError  # noqa: E402
@@ -32,8 +35,9 @@ from tests.helpers import tiny_config  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 SGL = "gdncheck.conformance.ports.sglang:sglang"
-#: 12 one-token decode steps of 2 rows from a kept state (2 key heads, 4 value heads, dk = dv = 16)
-DECODE = "decode_T12"
+#: 3 rows at different positions (slots 4, 3, 2 of a pool of 5), three forward calls carrying their states
+#: then a decode step (2 key heads, 4 value heads, dk = dv = 16)
+CASE = "batch-positions_T20"
 
 
 # --- the glue, each piece broken alone --------------------------------------------------------------------
@@ -48,10 +52,12 @@ class StateNotTransposed(sglang_port.SGLangStages):
 
 
 class WrongSlot(sglang_port.SGLangStages):
-    """Reads and writes each sequence's state one slot off (a NaN slot of the pool, or another row's)."""
+    """Gives the kernels each sequence's cache index one slot off from where its state was put (a NaN slot
+    of the pool, or another row's)."""
 
-    def slots(self, batch):
-        return [s - 1 for s in super().slots(batch)]
+    def indices(self, B):
+        idx = super().indices(B)
+        return idx.where(idx < 0, idx - 1)
 
 
 class GatesSwapped(sglang_port.SGLangStages):
@@ -80,15 +86,14 @@ state_not_transposed, wrong_slot, gates_swapped, conv_oldest = (
 
 #: (label, factory, kernel, profile, cases)
 JOBS = [
-    ("packed_decode-f32", SGL, "packed_decode", "f32", [DECODE]),
-    ("packed_decode-bf16", SGL, "packed_decode", "bf16", [DECODE]),
-    ("decode-f32", SGL, "decode", "f32", [DECODE]),
-    ("verify-f32", SGL, "verify", "f32", [DECODE]),
-    ("recurrent-f32", SGL, "recurrent", "f32", [DECODE]),
-    ("state-not-transposed", "tests.ports.test_sglang:state_not_transposed", "recurrent", "f32", [DECODE]),
-    ("wrong-slot", "tests.ports.test_sglang:wrong_slot", "packed_decode", "f32", [DECODE]),
-    ("gates-swapped", "tests.ports.test_sglang:gates_swapped", "packed_decode", "f32", [DECODE]),
-    ("conv-oldest", "tests.ports.test_sglang:conv_oldest", "recurrent", "f32", [DECODE]),
+    ("packed_decode-f32", SGL, "packed_decode", "f32", [CASE]),
+    ("packed_decode-bf16", SGL, "packed_decode", "bf16", [CASE]),
+    ("verify-f32", SGL, "verify", "f32", [CASE]),
+    ("recurrent-f32", SGL, "recurrent", "f32", [CASE]),
+    ("state-not-transposed", "tests.ports.test_sglang:state_not_transposed", "packed_decode", "f32", [CASE]),
+    ("wrong-slot", "tests.ports.test_sglang:wrong_slot", "packed_decode", "f32", [CASE]),
+    ("gates-swapped", "tests.ports.test_sglang:gates_swapped", "packed_decode", "f32", [CASE]),
+    ("conv-oldest", "tests.ports.test_sglang:conv_oldest", "packed_decode", "f32", [CASE]),
 ]
 CHILD = """
 import json, sys
@@ -121,25 +126,48 @@ def _summary(fixtures_dir, runs, label):
                   fused=kernel in sglang_port.FUSED)
 
 
-@pytest.mark.parametrize("label", [j[0] for j in JOBS if j[1] == SGL])
-def test_each_kernel_of_sglang_conforms(fixtures_dir, runs, label):
-    s = _summary(fixtures_dir, runs, label)
-    assert s.exit_code == 0, [c.message for c in s.cases if c.status != "pass"]
-    judged = {(r.stage, r.tensor) for c in s.cases for r in c.records if r.verdict != "missing"}
-    assert judged == {("conv1d", "qkv_conv"), ("conv1d", "conv_state"), ("gates", "g"), ("gates", "beta"),
-                      ("delta_rule", "core"), ("delta_rule", "recurrent_state")}
+JUDGED = {("conv1d", "qkv_conv"), ("conv1d", "conv_state"), ("gates", "g"), ("gates", "beta"),
+          ("delta_rule", "core"), ("delta_rule", "recurrent_state")}
+
+
+#: what SGLang's own kernels get wrong on this case in f32: g, whose softplus is log(1 + exp(x)) in float32
+#: (examples/engines/repros/sglang_softplus.py; within the bf16 bounds); every other tensor conforms
+KNOWN = {("gates", "g")}
+
+
+def _failing(case) -> set[tuple[str, str]]:
+    return {(r.stage, r.tensor) for r in case.records if r.verdict == "fail"}
+
+
+@pytest.mark.parametrize("label", [j[0] for j in JOBS if j[1] == SGL and j[0] != "recurrent-f32"])
+def test_each_kernel_of_sglang_conforms_but_its_softplus(fixtures_dir, runs, label):
+    (case,) = _summary(fixtures_dir, runs, label).cases
+    assert {(r.stage, r.tensor) for r in case.records if r.verdict != "missing"} == JUDGED
+    assert _failing(case) == (KNOWN if label.endswith("f32") else set()), case.message
+
+
+def test_sglang_s_softplus_is_what_fails_and_verify_names_it(fixtures_dir, runs):
+    """Against the stage bounds (kernel=recurrent, stage-isolated) too, only g fails, and verify's float64
+    diagnosis names the cause: the softplus formula, residual 0."""
+    s = verify(fixtures_dir, runs / "recurrent-f32", "f32", cases=[CASE], stage_isolated=True,
+               diagnose=mutant_diagnoser(fixtures_dir))
+    (case,) = s.cases
+    assert {(r.stage, r.tensor) for r in case.records if r.verdict != "missing"} == JUDGED
+    assert _failing(case) == KNOWN
+    assert "softplus as log(1 + exp(x)) in f32" in case.diagnosis["text"] and case.diagnosis["verdict"] == "matches"
 
 
 @pytest.mark.parametrize("label,stage,failing", [
     ("state-not-transposed", "delta_rule", {"core", "recurrent_state"}),
     ("wrong-slot", "conv1d", {"qkv_conv", "conv_state", "core", "recurrent_state"}),
-    ("gates-swapped", "gates", {"g", "beta", "core", "recurrent_state"}),
+    ("gates-swapped", "gates", {"beta", "core", "recurrent_state"}),
     ("conv-oldest", "conv1d", {"qkv_conv", "conv_state"}),
 ])
 def test_each_glue_mistake_fails_verify(fixtures_dir, runs, label, stage, failing):
+    """Beyond SGLang's own softplus deviation, the broken piece of glue fails its stage's tensors."""
     (case,) = _summary(fixtures_dir, runs, label).cases
-    assert case.status == "fail" and case.first_divergence.stage == stage
-    assert {r.tensor for r in case.records if r.verdict == "fail"} == failing
+    assert case.status == "fail"
+    assert {t for s, t in _failing(case) - KNOWN} == failing and {s for s, _ in _failing(case) - KNOWN} >= {stage}
 
 
 # --- the contract around the stages -------------------------------------------------------------------------

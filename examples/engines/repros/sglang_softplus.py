@@ -24,6 +24,7 @@ dt_bias = 0, so g = -softplus(a), and compares it with float64 log1p(exp(a)).
 
 from __future__ import annotations
 
+import importlib.machinery
 import importlib.util
 import math
 import os
@@ -56,6 +57,8 @@ def fused_gdn_gating():
         if name not in sys.modules:
             module = types.ModuleType(name)
             module.__path__ = [os.path.join(root, *name.split(".")[1:])]
+            module.__spec__ = importlib.machinery.ModuleSpec(name, None, is_package=True)
+            module.__spec__.submodule_search_locations = module.__path__
             sys.modules[name] = module
     from sglang.kernels.ops.attention.linear.fused_gdn_gating import fused_gdn_gating as gating
 
