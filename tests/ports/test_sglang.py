@@ -1,13 +1,13 @@
 """SGLang's Triton GDN kernels, judged stage by stage under Triton's interpreter (``conformance/ports/sglang.py``).
 
-Each delta-rule kernel SGLang serves Qwen3.5 with (the state-indexed fused_recurrent update, the decode and
-packed-decode kernels, the speculative target verify) conforms on a small case of three rows carrying states, every call driven
-through SGLang's serving convention (packed rows, a padding sequence, pool slots); and each piece of glue the
-adapter does, done wrong, fails verify: the state not transposed to SGLang's [V, K], a wrong slot index,
-a and b swapped, the conv state's oldest columns kept instead of its newest.
+SGLang's delta-rule kernels (the packed-decode kernel, the speculative target verify, the state-indexed
+fused_recurrent update) conform on a small case of three rows carrying their states between calls, every call
+driven through SGLang's serving convention (packed rows, a padding sequence, pool slots), but for SGLang's own
+softplus (f32); and each piece of glue the adapter does, done wrong, fails verify: the state not transposed
+to SGLang's [V, K], a wrong cache index, a and b swapped, the conv state's oldest columns kept.
 
 Every run happens in one child process (the kernels need the interpreter chosen before triton is imported,
-and other test modules import triton without it): about 60 s on two cores."""
+and other test modules import triton without it): 8 runs of one case, about 40 s of CPU."""
 
 from __future__ import annotations
 
