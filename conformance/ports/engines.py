@@ -241,6 +241,11 @@ _DOPPLER_SOFTPLUS_TOO = ("softplus-edges", "state-norms", "restore-mismatch")
 _DOPPLER_THEN_SOFTPLUS = ("; with the race fixed (GDN_DOPPLER_PATCH=barrier) this case still fails, by the second "
                           "defect: " + _DOPPLER_SOFTPLUS)
 
+_SGLANG_SOFTPLUS = ("SGLang's gating computes softplus as log(1 + exp(x)) in float32 (fused_gdn_gating_kernel, and the "
+                    "packed-decode and decode kernels' own gating): for negative x an absolute error near 6e-8 "
+                    "(relative 7.4e-4 at x = -11), and exactly 0 below x ~ -16.6, so g = 0 there and that head never "
+                    "decays; verify's float64 diagnosis matches the formula with residual 0")
+
 FINDINGS: dict[tuple[str, str, str], Finding] = {
     ("mlx", "error-input-dtype", "*"): Finding(
         "deviation", "MLX computes the layer on an int32 x (its ops promote it) instead of refusing it; the "
@@ -304,6 +309,20 @@ FINDINGS: dict[tuple[str, str, str], Finding] = {
     ("ggml", "real-heads", "*"): Finding(
         "missing_feature", _GGML_NOTHING_JUDGED.format(what="a real-heads case keeps no *_in state"),
         None, {"kind": "nothing_judged"}),
+    # sglang (conformance/ports/sglang.py, docs/engines/sglang.md): its softplus, in g and accumulated in the state
+    **{("sglang", prefix, profile): Finding(
+        "deviation", _SGLANG_SOFTPLUS, f"{REPROS}/sglang_softplus.py",
+        {"kind": "tensor", "stage": "gates", "tensor": "g"})
+       for prefix, profile in [("softplus-edges", "*"), *((p, "f32") for p in (
+           "prefill-decode", "chunked", "segments", "snapshot-replay", "mismatch-midstream", "batch-positions",
+           "long-decode", "real-heads", "qk-eps", "gated-eps", "state-norms", "prefill_", "moe-e512-k10",
+           "moe-e256-k8", "moe-exact-tie", "moe-no-renorm"))]},
+    **{("sglang", prefix, "f32"): Finding(
+        "deviation", _SGLANG_SOFTPLUS + "; on this case the packed-decode kernel's own g error accumulates into the "
+        f"state (the float64 reference with that softplus alone swapped in gives the same state error: {numbers})",
+        f"{REPROS}/sglang_softplus.py", {"kind": "tensor", "stage": "delta_rule", "tensor": "recurrent_state"})
+       for prefix, numbers in (("dk-gt-dv", "NMSE 7.2e-12 against SGLang's 6.7e-12, call 0"),
+                               ("restore-mismatch", "NMSE 2.9e-12 against SGLang's 3.1e-12, call 1"))},
 }
 
 

@@ -201,7 +201,8 @@ def test_every_findings_entry_is_of_a_registered_engine_with_an_existing_repro()
 
 
 def test_repros_import_only_the_engine_numpy_and_the_stdlib():
-    allowed = {"mlx", "mlx_lm", "numpy", "transformers", "torch", "fla", "llama_cpp"} | set(sys.stdlib_module_names)
+    allowed = {"mlx", "mlx_lm", "numpy", "transformers", "torch", "fla", "llama_cpp", "sglang"} | \
+        set(sys.stdlib_module_names)
     scripts = sorted(REPROS.glob("*.py"))
     assert {p.name for p in scripts} >= {"mlx_int32_input.py", "mlx_missing_moe_size.py"}
     for path in scripts:
