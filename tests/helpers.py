@@ -34,9 +34,9 @@ def rel_err(a, b) -> float:
     return float(num / denom) if denom > 0 else float(num)
 
 
-#: Tags of the committed cases too heavy to run many times (the real-head-size cases and the 2048-token
-#: decode); the others are the ``light_cases`` fixture (tests/conftest.py).
-HEAVY_TAGS = ("real-heads", "long")
+#: Tags of the committed cases too heavy to run many times (the real-head-size cases, the dk = dv = 128
+#: cases and the 2048-token decode); the others are the ``light_cases`` fixture (tests/conftest.py).
+HEAVY_TAGS = ("real-heads", "long", "real-size")
 
 
 #: Unit roundoff of each profile's activation dtype (half its machine epsilon).

@@ -7,9 +7,9 @@ import argparse
 from .console import Console, add_output_arguments
 
 DESCRIPTION = """\
-Run every installed engine of the registry (conformance/ports/engines.py: hf, mlx, fla, and the
-reference as the baseline), or those named with --engine, in every profile it supports, through
-`gdncheck run` and `gdncheck verify` (with the likely-cause diagnosis verify's command line gives),
+Run every installed engine of the registry (conformance/ports/engines.py: {engines}), or those
+named with --engine, in every profile it supports, through `gdncheck run` (or the engine's own
+program) and `gdncheck verify` (with the likely-cause diagnosis verify's command line gives),
 into OUT/<engine>/<profile>/, then write the matrix: OUT/matrix.json, OUT/matrix.md and
 OUT/matrix.html (and --markdown FILE, --html FILE).
 
@@ -18,21 +18,38 @@ isolated: each stage it has, run alone from golden inputs), per profile the pass
 counts, the worst ratio error / bound over passing tensors, and every case that is no clean pass,
 classified from verify's summary: deviation (with its float64 adjudication: stage, tensor, error /
 bound), convention (declared, e.g. a routing tie), missing_feature (not applicable, with the reason),
-engine_crash (the engine raised something that is no FORMAT.md §6 code), unusable. Known findings
-add an explanation and a standalone repro script; a failing case no known finding explains is
-marked unexplained. An engine that is not installed is a row saying how to install it.
+engine_crash (the engine raised something that is no FORMAT.md §6 code: a failure, even where the
+adapter maps it to an accepted code), unusable. Known findings add an explanation and a standalone
+repro script where they match what was measured for them (class, stage, tensor, NaN or not, the
+ratio's range); a failing case no known finding explains is marked unexplained. An engine that is
+not installed is a row saying how to install it. Each engine run is bounded by --timeout.
 
-Exit status: 0 the matrix was written (findings are its content, not a failure); 2 bad input (an
-unknown engine or profile, a selection of no case, an --out that is a file or someone else's
-folder). Nothing is written outside --out and the files named by --markdown and --html."""
+Exit status: 0 the matrix was written and every engine run judged its cases (findings are its
+content, not a failure); 1 the matrix was written but a run could not be made (timed out, crashed,
+its program failed) or nothing was judged at all (no engine ran); 2 bad input (an unknown engine,
+profile or --option, a selection of no case, an --out that is a file, someone else's folder or one
+another run is writing, a --markdown/--html FILE inside a fixture suite or not made by this command).
+Nothing is written outside --out and the files named by --markdown and --html."""
+
+
+def _description() -> str:
+    from gdncheck.conformance.ports.engines import ENGINES
+
+    return DESCRIPTION.format(engines=", ".join(n + (" (the baseline)" if e.baseline else "")
+                                                for n, e in ENGINES.items()))
 
 MARKER = ".gdncheck-engines"
+#: the default --timeout: the longest one engine may run in one profile (the whole matrix takes ~1 min here)
+DEFAULT_TIMEOUT = 900.0
+#: the most of an engine program's output kept (its last bytes: where it says why it stopped)
+OUTPUT_TAIL = 64 * 1024
 
 
 def configure(p: argparse.ArgumentParser) -> None:
     from gdncheck.conformance.ports.engines import ENGINES
     from gdncheck.fixtures.manifest import DEFAULT_DIR
 
+    p.description = _description()
     p.add_argument("--engine", action="append", metavar="NAME",
                    help=f"only this engine (repeatable; default: every registered one: {', '.join(ENGINES)})")
     p.add_argument("--profile", action="append", metavar="P",
@@ -49,6 +66,9 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tag", action="append", help="only cases with this tag (repeatable)")
     p.add_argument("--option", action="append", metavar="ENGINE:KEY=VALUE",
                    help="an --option for one engine's factory, over the registry's (e.g. fla:kernel=chunk)")
+    p.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT, metavar="SECONDS",
+                   help=f"the longest one engine may run in one profile (default {DEFAULT_TIMEOUT:.0f}); past it the "
+                        "run is stopped and is a run that could not be made (exit 1)")
     p.add_argument("--diagnose", type=int, default=8, metavar="N",
                    help="name the likely cause of the first N failing cases of each run, as verify does "
                         "(default 8; 0: none)")
@@ -67,24 +87,86 @@ def _check_out(out, fixtures):
         raise GDNError(f"--out {out}: expected a folder for the matrix, found a file")
     if any(parent.exists() and not parent.is_dir() for parent in out.parents):
         raise GDNError(f"--out {out}: a parent of it is a file")
-    if out.is_dir() and any(out.iterdir()) and not (out / MARKER).is_file():
+    if out.is_dir() and any(p.name != LOCK_NAME for p in out.iterdir()) and not (out / MARKER).is_file():
         raise GDNError(f"--out {out} is not empty and holds no earlier `gdncheck engines` run ({MARKER}): choose "
                        "another folder (the engine folders in it are replaced)")
     refuse_output_in_suite(out, fixtures)
     return out
 
 
-def _engine_options(pairs, names):
+#: the lock file gdncheck.untrusted.folder_lock keeps in --out while a matrix is written there
+LOCK_NAME = ".gdncheck.lock"
+#: the HTML view's title (reports/templates/engines.html.j2): a --html FILE without it is not one this command wrote
+HTML_TITLE = "<title>gdncheck engines: cross-engine conformance matrix</title>"
+
+
+def _check_page(path, flag: str):
+    """--markdown / --html FILE: never inside a fixture suite (its manifest or goldens), and an existing
+    FILE only one this command made (a Markdown page with its generated blocks' markers, once each and in
+    order, whose other text is kept; an HTML view it wrote): anything else is someone's file."""
+    from gdncheck.commands.run import output_file
+    from gdncheck.errors import GDNError
+    from gdncheck.fixtures.manifest import is_suite
+    from gdncheck.reports import engines as pages
+
+    path = output_file(path, flag)
+    folder = path.resolve().parent
+    suite = next((f for f in (folder, *folder.parents) if is_suite(f)), None)
+    if suite is not None:
+        raise GDNError(f"{flag} {path} lies in the fixture suite {suite}: a page never goes into one (it could replace "
+                       "its manifest or a golden); choose a file elsewhere")
+    if not path.exists():
+        return path
+    try:
+        with open(path, "rb") as fh:
+            text = fh.read(PAGE_MAX + 1).decode("utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise GDNError(f"{flag} {path}: expected a page `gdncheck engines` wrote, found a file it cannot read as "
+                       f"UTF-8 text ({type(exc).__name__}); it is never overwritten: choose another file") from None
+    if len(text) > PAGE_MAX:
+        raise GDNError(f"{flag} {path}: expected a page `gdncheck engines` wrote, found a file over "
+                       f"{PAGE_MAX // 2**20} MB; it is never overwritten: choose another file")
+    if flag == "--html":
+        if HTML_TITLE not in text[:4096]:
+            raise GDNError(f"{flag} {path} exists and is not an HTML view `gdncheck engines` wrote (its title is "
+                           "not the view's): it is never overwritten; choose another file or remove it")
+        return path
+    problem = pages.marker_problem(text)
+    if problem:
+        raise GDNError(f"{flag} {path}: {problem}; it is never overwritten (its text would be lost): choose another "
+                       "file, or put the two marker lines of docs/engines.md where the matrix goes")
+    return path
+
+
+#: the largest --markdown / --html FILE read to be replaced (docs/engines.md: ~60 KB)
+PAGE_MAX = 16 * 2**20
+
+
+def _engine_options(pairs, registry) -> dict:
+    """--option ENGINE:KEY=VALUE, each checked against what the engine's factory takes (the registry's
+    ``option_values``: its keys, and the values where it lists them)."""
     from gdncheck.conformance.ports.plugin import parse_options
     from gdncheck.errors import GDNError
 
+    names = list(registry.ENGINES)
     out: dict[str, list[str]] = {}
     for pair in pairs or []:
         name, sep, rest = pair.partition(":")
         if not sep or name not in names:
             raise GDNError(f"expected --option ENGINE:KEY=VALUE with ENGINE one of {', '.join(names)}, found {pair!r}")
         out.setdefault(name, []).append(rest)
-    return {k: parse_options(v) for k, v in out.items()}
+    parsed = {k: parse_options(v) for k, v in out.items()}
+    for name, opts in parsed.items():
+        known = registry.ENGINES[name].option_values
+        for key, value in opts.items():
+            if key not in known:
+                takes = f"one of {', '.join(known)}" if known else "none"
+                raise GDNError(f"expected --option {name}:KEY=VALUE with KEY {takes} (the options {name} takes), "
+                               f"found {key!r}")
+            if known[key] and value not in known[key]:
+                raise GDNError(f"expected --option {name}:{key}= one of {', '.join(map(str, known[key]))}, "
+                               f"found {value!r}")
+    return parsed
 
 
 def run(args: argparse.Namespace) -> int:
@@ -93,33 +175,61 @@ def run(args: argparse.Namespace) -> int:
     import time
 
     from gdncheck.env import limit_blas_threads
+    from gdncheck.untrusted import folder_lock, safe_text
 
     started = time.perf_counter()
     limit_blas_threads()
     logging.getLogger("gdncheck").setLevel(logging.ERROR)  # the seq-len reset warning is part of the programs
     con = Console(args)
     names, options, fixtures, out, manifest, pages = _checked_inputs(args)  # bad input: exit 2, before anything runs
-    out.mkdir(parents=True, exist_ok=True)
-    (out / MARKER).write_text("written by gdncheck engines; the engine folders here are replaced by the next run\n")
-    rows = [_engine_row(name, options, fixtures, out, args, con) for name in names]
-    matrix = _matrix(args, fixtures, manifest, rows, started)
-    _write(matrix, out, *pages)
+    if "fla" in names:
+        _interpret_triton_without_gpu()
+    with folder_lock(out, "--out"):  # one writer per matrix folder (a second run: exit 2 naming the first)
+        _check_out(out, fixtures)  # again, under the lock: what was checked may have changed meanwhile
+        (out / MARKER).write_text("written by gdncheck engines; the engine folders here are replaced by the next run\n")
+        rows = [_engine_row(name, options, fixtures, out, args, con) for name in names]
+        matrix = _matrix(args, fixtures, manifest, rows, started)
+        _write(matrix, out, *pages)
     t = matrix["totals"]
     by = ", ".join(f"{n} {k}" for k, n in t["findings_by_class"].items() if n) or "none"
-    from gdncheck.untrusted import safe_text
-
     con.say(safe_text(f"matrix: {len(rows)} engine(s), {t['runs']} run(s); findings: {by}; {t['unexplained']} "
                       f"unexplained; {matrix['seconds']:.0f} s; {out / 'matrix.json'}"))
     if t["unexplained"]:
         con.say(safe_text(f"note: {t['unexplained']} finding(s) no known finding explains: see {out / 'matrix.md'}"))
+    if t["could_not_run"]:
+        con.say(safe_text(f"exit 1: {t['could_not_run']} run(s) could not be made (timed out, crashed or refused): "
+                          f"see {out / 'matrix.md'}"))
+        return 1
+    if not t["cases_judged"]:
+        con.say(safe_text("exit 1: nothing was judged (no engine selected is installed here, or none ran a case): "
+                          "the matrix holds no verdict"))
+        return 1
     return 0
+
+
+def _interpret_triton_without_gpu() -> None:
+    """fla's default, its Triton kernels, run under Triton's interpreter where there is no GPU: which
+    ``@triton.jit`` reads when triton is imported, so before any engine imports it (docs/engines/fla.md)."""
+    import os
+    import sys
+
+    if "triton" in sys.modules or "TRITON_INTERPRET" in os.environ:
+        return
+    try:
+        import torch
+    except ImportError:
+        return
+    if not torch.cuda.is_available():
+        os.environ["TRITON_INTERPRET"] = "1"
 
 
 def _checked_inputs(args):
     """(engine names in the registry's order, their --option values, the fixture folder, --out, the
     manifest, the --markdown and --html files or None), every one checked: an unknown engine or profile,
     a bad option, a folder, a selection of no case is a GDNError (exit 2)."""
-    from gdncheck.commands.run import existing_folder, output_file
+    import math
+
+    from gdncheck.commands.run import existing_folder
     from gdncheck.conformance.ports import engines as registry
     from gdncheck.errors import GDNError
     from gdncheck.fixtures.manifest import load_manifest, select_cases
@@ -131,11 +241,15 @@ def _checked_inputs(args):
     for p in args.profile or []:
         if p not in VERIFY_PROFILES:
             raise GDNError(f"expected --profile one of {', '.join(VERIFY_PROFILES)}, found {p!r}")
-    options = _engine_options(args.option, list(registry.ENGINES))
+    if not (math.isfinite(args.timeout) and args.timeout > 0):
+        raise GDNError(f"expected --timeout a positive number of seconds, found {args.timeout!r}")
+    if args.diagnose < 0:
+        raise GDNError(f"expected --diagnose N a count of cases (0: none), found {args.diagnose}")
+    options = _engine_options(args.option, registry)
     fixtures = existing_folder(args.fixtures, "--fixtures", "a fixture folder")
     out = _check_out(args.out, fixtures)
-    md_path = output_file(args.markdown, "--markdown") if args.markdown else None
-    html_path = output_file(args.html, "--html") if args.html else None
+    md_path = _check_page(args.markdown, "--markdown") if args.markdown else None
+    html_path = _check_page(args.html, "--html") if args.html else None
     problems: list = []
     manifest = load_manifest(fixtures, problems)
     select_cases(manifest, args.case, args.tag, None, also_known=[p.case for p in problems])  # SelectionError: 2
@@ -215,8 +329,14 @@ def _write(matrix: dict, out, md_path, html_path) -> None:
         write_bytes_atomic(html_path, pages.render_html(matrix, html_path.parent).encode())
 
 
+class _Timeout(BaseException):
+    """An in-process engine run past --timeout (raised by the alarm in the main thread; a BaseException, so
+    that no adapter or harness `except Exception` takes it for the case's own error)."""
+
+
 def _run_one(eng, opts, profile, fixtures, folder, args, con) -> dict:
-    """One engine in one profile: run, verify, classify. An engine that cannot run is a result saying why."""
+    """One engine in one profile: run, verify, classify. An engine that cannot run (refused, timed out,
+    its program failed) is a result saying why: a run that could not be made, never a pass."""
     import json
     import os
     import time
@@ -235,8 +355,9 @@ def _run_one(eng, opts, profile, fixtures, folder, args, con) -> dict:
             command = _run_program(eng, fixtures, folder, args)
         else:
             command = default_command(spec, fixtures, folder, profile, opts, eng.stage_isolated)
-            run_impl(spec, fixtures, folder, profile, cases=args.case, tags=args.tag, options=opts,
-                     stage_isolated=eng.stage_isolated, command=command)
+            with _alarm(args.timeout, f"{eng.name} {profile}"):
+                run_impl(spec, fixtures, folder, profile, cases=args.case, tags=args.tag, options=opts,
+                         stage_isolated=eng.stage_isolated, command=command)
         diagnose = None
         if args.diagnose > 0:
             from gdncheck.conformance.meta.catalogue import mutant_diagnoser
@@ -244,7 +365,7 @@ def _run_one(eng, opts, profile, fixtures, folder, args, con) -> dict:
             diagnose = mutant_diagnoser(fixtures, limit=args.diagnose)
         summary = verify(fixtures, folder, profile, cases=args.case, tags=args.tag,
                          stage_isolated=eng.stage_isolated, fused=eng.fused, diagnose=diagnose)
-    except GDNError as exc:
+    except (GDNError, _Timeout) as exc:
         con.say(safe_text(f"{eng.name} {profile}: could not run: {one_line(exc)}"))
         return {"status": "could_not_run", "problem": one_line(exc), "seconds": round(time.perf_counter() - t0, 1)}
     except Exception as exc:  # noqa: BLE001 - one engine never stops the matrix (GDN_DEBUG=1 raises)
@@ -271,14 +392,41 @@ def _run_one(eng, opts, profile, fixtures, folder, args, con) -> dict:
     return result
 
 
-#: how long an engine's own program may run over the suite (doppler: ~6 s here)
-PROGRAM_TIMEOUT = 1800
+class _alarm:
+    """Raise :class:`_Timeout` in the main thread after ``seconds`` (SIGALRM, where there is one and this is
+    the main thread; elsewhere nothing is bounded). An engine stuck inside native code that never returns to
+    Python is stopped when it does."""
+
+    def __init__(self, seconds: float, what: str):
+        self.seconds, self.what, self.old = seconds, what, None
+
+    def _fire(self, *_):
+        raise _Timeout(f"{self.what} ran past --timeout {self.seconds:g} s and was stopped")
+
+    def __enter__(self):
+        import signal
+        import threading
+
+        if hasattr(signal, "setitimer") and threading.current_thread() is threading.main_thread():
+            self.old = signal.signal(signal.SIGALRM, self._fire)
+            signal.setitimer(signal.ITIMER_REAL, self.seconds)
+        return self
+
+    def __exit__(self, *exc):
+        import signal
+
+        if self.old is not None:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            signal.signal(signal.SIGALRM, self.old)
+        return False
 
 
 def _run_program(eng, fixtures, folder, args) -> str:
     """Run an engine that has a program of its own (``eng.command``) into ``folder``; its command line.
     Its exit 0, or 2 (a case it could not read or run: no outputs file, which verify reports), lets the
-    matrix judge what it wrote; any other exit (3: no WebGPU adapter) is a run that could not be made."""
+    matrix judge what it wrote; any other exit (3: no WebGPU adapter), a run past --timeout (the program is
+    killed), is a run that could not be made. Its output goes to a file of its folder (``program-output.txt``),
+    never into memory, whatever its size or encoding; its last line is quoted."""
     import shlex
     import subprocess
     from pathlib import Path
@@ -299,20 +447,58 @@ def _run_program(eng, fixtures, folder, args) -> str:
         else list(args.case or [])
     argv += [w for c in ids for w in ("--case", c)]
     Path(folder).mkdir(parents=True, exist_ok=True)
+    log = Path(folder) / "program-output.txt"
     try:
-        run = subprocess.run(argv, capture_output=True, text=True, timeout=PROGRAM_TIMEOUT)
-    except (OSError, subprocess.TimeoutExpired) as exc:
+        with open(log, "wb") as fh:
+            proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=fh, stderr=subprocess.STDOUT,
+                                    start_new_session=True)
+            try:
+                code = proc.wait(timeout=args.timeout)
+            except subprocess.TimeoutExpired:
+                _kill_group(proc)
+                raise GDNError(f"{eng.name}: {shlex.join(argv[:2])} ran past --timeout {args.timeout:g} s and was "
+                               f"stopped (its output: {log})") from None
+    except OSError as exc:
         raise GDNError(f"{eng.name}: {shlex.join(argv[:2])} could not run: {one_line(exc)}") from None
-    if run.returncode not in (0, 2):
-        said = (run.stdout + run.stderr).strip().splitlines()
-        raise GDNError(f"{eng.name}: {shlex.join(argv[:2])} exited {run.returncode}"
-                       + (f": {one_line(said[-1])}" if said else ""))
+    if code not in (0, 2):
+        said = _last_line(log)
+        how = f"was killed by signal {-code}" if code < 0 else f"exited {code}"
+        raise GDNError(f"{eng.name}: {shlex.join(argv[:2])} {how}" + (f": {one_line(said)}" if said else ""))
     return shlex.join(argv)
+
+
+def _kill_group(proc) -> None:
+    """Stop a program run past its time and whatever it started (its own session), and reap it."""
+    import os
+    import signal
+
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (OSError, AttributeError):
+        proc.kill()
+    proc.wait()
+
+
+def _last_line(path) -> str:
+    """The last non-blank line of a program's output file, from its last :data:`OUTPUT_TAIL` bytes, decoded
+    with replacement (an engine may print anything)."""
+    try:
+        with open(path, "rb") as fh:
+            fh.seek(0, 2)
+            fh.seek(max(0, fh.tell() - OUTPUT_TAIL))
+            tail = fh.read().decode("utf-8", errors="replace")
+    except OSError:
+        return ""
+    lines = [line for line in tail.splitlines() if line.strip()]
+    return lines[-1] if lines else ""
 
 
 def _totals(rows, classes) -> dict:
     results = [r for row in rows for r in row["results"].values() if r["status"] == "ran"]
     return {"engines": len(rows), "installed": sum(r["installed"] for r in rows), "runs": len(results),
             "could_not_run": sum(r["status"] != "ran" for row in rows for r in row["results"].values()),
+            "tensors_judged": sum(int(r.get("tensors_judged") or 0) for r in results),
+            # judged: passed or failed (not applicable, unusable: no verdict on the engine)
+            "cases_judged": sum(r["counts"]["pass"] + r["counts"]["fail"] for r in results),
             "findings_by_class": {k: sum(r["findings_by_class"][k] for r in results) for k in classes},
             "unexplained": sum(r["unexplained"] for r in results)}

@@ -116,11 +116,24 @@ function layerStateFor(D, entry, st) {
   return s;
 }
 
+// Tests only (GDN_DOPPLER_GLUE_MUTANT=state_transposed, never the judged default): a deliberate glue error,
+// each head's entering state fed transposed, which the matrix must report unexplained, not explained by a
+// known finding (tests/ports/test_engines.py).
+function enteringState(data, s) {
+  if (process.env.GDN_DOPPLER_GLUE_MUTANT !== 'state_transposed') return data;
+  const { numVHeads: Hv, headKDim: dk, headVDim: dv } = s;
+  const out = new Float32Array(data.length);
+  for (let h = 0; h < Hv; h++) {
+    for (let i = 0; i < dk; i++) for (let j = 0; j < dv; j++) out[h * dk * dv + j * dk + i] = data[h * dk * dv + i * dv + j];
+  }
+  return out;
+}
+
 // One call of doppler's core on one sequence row, from the golden inputs.
 async function runRow(D, gpu, s, st, k, b, T, capture) {
   const g = (n) => st.tensors[`calls.${k}.${n}`];
   D.pool.uploadData(s.convStateGPU, rowF32(g('conv_state_in'), b));
-  D.pool.uploadData(s.recurrentStateGPU, rowF32(g('recurrent_state_in'), b));
+  D.pool.uploadData(s.recurrentStateGPU, enteringState(rowF32(g('recurrent_state_in'), b), s));
   const tensors = {};
   const made = [];
   for (const [name, shape] of [['qkv', [T, s.convDim]], ['z', [T, s.valueDim]], ['a', [T, s.numVHeads]], ['b', [T, s.numVHeads]]]) {

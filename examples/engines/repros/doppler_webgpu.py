@@ -1,11 +1,19 @@
 #!/usr/bin/env python3
 """Two defects of doppler-gpu 0.5.1's `linear_attention_recurrent` WGSL kernel
-(src/gpu/kernels/linear-attention-core.js), each adjudicated against float64. numpy only:
+(src/gpu/kernels/linear-attention-core.js), each adjudicated against float64.
 
-    python3 examples/engines/repros/doppler_webgpu.py     # both, the shapes gdncheck's fixtures use
-    python3 examples/engines/repros/doppler_webgpu.py --subgroup 32 --dk 128 --dv 128   # Qwen3.5's heads, 32-wide
+    python3 examples/engines/repros/doppler_webgpu.py     # doppler's own WGSL, run by the Node glue
+    python3 examples/engines/repros/doppler_webgpu.py --numpy   # the kernel's statement order in float64 instead
+    python3 examples/engines/repros/doppler_webgpu.py --numpy --subgroup 32 --dk 128 --dv 128   # Qwen3.5's heads
 
-Exit 1 while either defect reproduces (the race on the schedule asked for, or the softplus), else 0.
+By default it runs doppler's kernel itself, unchanged, through gdncheck's Node glue
+(examples/engines/doppler-webgpu/run.js, or $GDN_DOPPLER_DIR; its README installs it) on two committed
+cases and compares the states it returns with the float64 goldens: `decode_T12` as shipped (the race:
+NaN or wrong lanes) and `softplus-edges` with the race fixed (`GDN_DOPPLER_PATCH=barrier`: the softplus).
+Imports only numpy and the standard library (the cases' safetensors are read here by hand).
+
+Exit 0 when neither defect reproduces (fixed), 1 while either does, 3 when it cannot run (no Node, the
+glue's npm packages or the fixtures missing, no WebGPU adapter): never a verdict it did not measure.
 
 1. A workgroup race (every GPU whose subgroups are narrower than the active lanes of a head):
    each reduction ends `workgroupBarrier(); let s = shared_sq[0];` and the very next statement
@@ -37,8 +45,101 @@ Exit 1 while either defect reproduces (the race on the schedule asked for, or th
 from __future__ import annotations
 
 import argparse
+import json
+import os
+import shutil
+import struct
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
 
 import numpy as np
+
+#: the exit status when the repro cannot run: neither fixed (0) nor reproduced (1)
+CANNOT_RUN = 3
+ROOT = Path(__file__).resolve().parents[3]
+DTYPES = {"F64": np.float64, "F32": np.float32, "F16": np.float16, "I64": np.int64, "I32": np.int32}
+
+
+class CannotRun(Exception):
+    pass
+
+
+def read_safetensors(path: Path) -> dict[str, np.ndarray]:
+    """A safetensors file's float tensors (BF16 widened), read with numpy and json only."""
+    data = path.read_bytes()
+    (n,) = struct.unpack("<Q", data[:8])
+    header = json.loads(data[8:8 + n])
+    out = {}
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        start, end = info["data_offsets"]
+        raw = data[8 + n + start: 8 + n + end]
+        if info["dtype"] == "BF16":
+            arr = (np.frombuffer(raw, dtype=np.uint16).astype(np.uint32) << 16).view(np.float32)
+        else:
+            arr = np.frombuffer(raw, dtype=DTYPES[info["dtype"]])
+        out[name] = arr.reshape(info["shape"])
+    return out
+
+
+def run_kernel(case: str, patch: bool) -> tuple[dict, dict]:
+    """doppler's kernel on one committed case through the Node glue: (its outputs, the goldens)."""
+    glue = Path(os.environ.get("GDN_DOPPLER_DIR") or ROOT / "examples" / "engines" / "doppler-webgpu")
+    fixtures = ROOT / "fixtures" / "default"
+    node = shutil.which("node")
+    for what, ok in (("Node.js", node), (f"the glue {glue}/run.js", (glue / "run.js").is_file()),
+                     (f"its npm packages ({glue}/node_modules: npm install there)",
+                      (glue / "node_modules" / "doppler-gpu").is_dir()),
+                     (f"the fixtures {fixtures}", (fixtures / "manifest.json").is_file())):
+        if not ok:
+            raise CannotRun(f"needs {what}")
+    golden = next(fixtures.glob(f"{case}*.safetensors"), None)
+    if golden is None:
+        raise CannotRun(f"no committed case {case} in {fixtures}")
+    env = {k: v for k, v in os.environ.items() if k not in ("GDN_DOPPLER_PATCH", "GDN_DOPPLER_GLUE_MUTANT")}
+    if patch:
+        env["GDN_DOPPLER_PATCH"] = "barrier"
+    with tempfile.TemporaryDirectory() as out:
+        run = subprocess.run([node, str(glue / "run.js"), "--fixtures", str(fixtures), "--out", out, "--case", case],
+                             env=env, capture_output=True, timeout=600)
+        said = (run.stdout + run.stderr).decode("utf-8", errors="replace").strip().splitlines()
+        made = Path(out) / golden.name
+        if run.returncode not in (0, 2) or not made.is_file():
+            raise CannotRun(f"run.js exited {run.returncode}" + (f": {said[-1]}" if said else ""))
+        return read_safetensors(made), read_safetensors(golden)
+
+
+def state_error(got: dict, gold: dict, call: int = 0) -> np.ndarray:
+    """Per value head: the relative Frobenius error of the kernel's recurrent state after ``call`` (inf
+    where it holds NaN)."""
+    key = f"calls.{call}.recurrent_state"
+    a, e = got[key].astype(np.float64)[0], gold[key][0]
+    err = np.sqrt(((a - e) ** 2).sum(axis=(1, 2)) / np.maximum((e ** 2).sum(axis=(1, 2)), 1e-300))
+    return np.where(np.isnan(a).any(axis=(1, 2)), np.inf, err)
+
+
+def on_the_kernel() -> int:
+    """Both defects on doppler's own WGSL: 1 while either reproduces, 0 when neither does."""
+    got, gold = run_kernel("decode_T12", patch=False)
+    race_err = state_error(got, gold)
+    raced = bool(np.any(race_err > 1e-3))
+    print(f"1. the race, decode_T12 (dk = dv = 16), as shipped: recurrent state after call 0, relative error per "
+          f"head {', '.join('NaN' if not np.isfinite(x) else f'{x:.2g}' for x in race_err)}"
+          f" -> {'reproduces' if raced else 'not seen'}")
+    patched, _ = run_kernel("decode_T12", patch=True)
+    print(f"   with the barrier fix (GDN_DOPPLER_PATCH=barrier): "
+          f"{', '.join(f'{x:.2g}' for x in state_error(patched, gold))}")
+    got, gold = run_kernel("softplus-edges", patch=True)
+    soft_err = state_error(got, gold)
+    softened = bool(soft_err[3] > 1e-2)  # head 3: A = e^16.5 and a + dt_bias ~ -20 (fixtures/edge_weights.py)
+    print(f"2. softplus as log(1 + exp(x)), softplus-edges with the race fixed: head 3 (A = 1.5e7, x ~ -19) state "
+          f"relative error {soft_err[3]:.3g} (the other heads: "
+          f"{', '.join(f'{x:.2g}' for i, x in enumerate(soft_err) if i != 3)}) -> "
+          f"{'reproduces' if softened else 'not seen'}")
+    return int(raced or softened)
 
 
 def definition(q, k, v, a_neg, x_gate, b, z, w, eps_rms, s0):
@@ -190,12 +291,21 @@ def softplus(args):
 
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--subgroup", type=int, default=8, help="subgroup width (lavapipe 8, NVIDIA 32, AMD 32/64)")
+    p.add_argument("--numpy", action="store_true",
+                   help="run the kernel's statement order in float64 (NumPy) instead of doppler's WGSL")
+    p.add_argument("--subgroup", type=int, default=8, help="--numpy: subgroup width (lavapipe 8, NVIDIA 32, AMD 32/64)")
     p.add_argument("--dk", type=int, default=16)
     p.add_argument("--dv", type=int, default=16)
     p.add_argument("--tokens", type=int, default=4)
     args = p.parse_args()
-    return max(race(args), softplus(args))
+    if args.numpy:
+        return max(race(args), softplus(args))
+    try:
+        return on_the_kernel()
+    except (CannotRun, OSError, subprocess.TimeoutExpired) as exc:
+        print(f"cannot run doppler's kernel here: {exc} (--numpy runs its statement order in float64 instead)",
+              file=sys.stderr)
+        return CANNOT_RUN
 
 
 if __name__ == "__main__":

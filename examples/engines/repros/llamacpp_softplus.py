@@ -32,10 +32,14 @@ from pathlib import Path
 
 import numpy as np
 
+#: the exit status when the repro cannot run (the engine is not installed here): neither fixed (0) nor reproduced (1)
+CANNOT_RUN = 3
+
 try:
     import llama_cpp
 except ImportError:
-    sys.exit("needs llama-cpp-python (built from its sdist)")
+    print("cannot run: needs llama-cpp-python (built from its sdist; docs/engines/llamacpp.md)", file=sys.stderr)
+    sys.exit(CANNOT_RUN)
 
 LIB = Path(llama_cpp.__file__).parent / "lib"
 

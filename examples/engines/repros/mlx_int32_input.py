@@ -19,10 +19,18 @@ from __future__ import annotations
 import sys
 from importlib.metadata import version
 
-import mlx.core as mx
 import numpy as np
-from mlx.utils import tree_flatten
-from mlx_lm.models import qwen3_5
+
+#: the exit status when the repro cannot run (the engine is not installed here): neither fixed (0) nor reproduced (1)
+CANNOT_RUN = 3
+
+try:
+    import mlx.core as mx
+    from mlx.utils import tree_flatten
+    from mlx_lm.models import qwen3_5
+except ImportError as exc:
+    print(f"cannot run: needs MLX and mlx-lm (pip install \"mlx[cpu]\" mlx-lm): {exc}", file=sys.stderr)
+    sys.exit(CANNOT_RUN)
 
 D, HK, HV, DK, DV, K, FF, EPS = 8, 1, 2, 4, 4, 4, 8, 1e-6
 
