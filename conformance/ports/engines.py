@@ -328,18 +328,26 @@ FINDINGS: dict[tuple[str, str, str], Finding] = {
     ("ggml", "real-heads", "*"): Finding(
         "missing_feature", _GGML_NOTHING_JUDGED.format(what="a real-heads case keeps no *_in state"),
         None, {"kind": "nothing_judged"}),
-    # sglang (conformance/ports/sglang.py, docs/engines/sglang.md): its softplus, in g and accumulated in the state
-    **{("sglang", prefix, profile): Finding(
+    # sglang (conformance/ports/sglang.py, docs/engines/sglang.md), measured 2026-12-04 (kernel=packed_decode,
+    # interpreted, --fused): g off by 1.15-9.1x its bound in f32, 4.1e9x on softplus-edges; the state by
+    # 1.2-2.0x where g's error accumulates; never NaN
+    ("sglang", "softplus-edges", "f32"): Finding(
         "deviation", _SGLANG_SOFTPLUS, f"{REPROS}/sglang_softplus.py",
-        {"kind": "tensor", "stage": "gates", "tensor": "g"})
-       for prefix, profile in [("softplus-edges", "*"), *((p, "f32") for p in (
-           "prefill-decode", "chunked", "segments", "snapshot-replay", "mismatch-midstream", "batch-positions",
-           "long-decode", "real-heads", "qk-eps", "gated-eps", "state-norms", "prefill_", "moe-e512-k10",
-           "moe-e256-k8", "moe-exact-tie", "moe-no-renorm"))]},
+        {"kind": "tensor", "stage": "gates", "tensor": "g", "nan": False, "ratio": (1e8, 1e11)}),
+    ("sglang", "softplus-edges", "bf16"): Finding(
+        "deviation", _SGLANG_SOFTPLUS, f"{REPROS}/sglang_softplus.py",
+        {"kind": "tensor", "stage": "gates", "tensor": "g", "nan": False, "ratio": (1.0, 40.0)}),
+    **{("sglang", prefix, "f32"): Finding(
+        "deviation", _SGLANG_SOFTPLUS, f"{REPROS}/sglang_softplus.py",
+        {"kind": "tensor", "stage": "gates", "tensor": "g", "nan": False, "ratio": (1.0, 20.0)})
+       for prefix in ("prefill-decode", "chunked", "segments", "snapshot-replay", "mismatch-midstream",
+                      "batch-positions", "long-decode", "real-heads", "qk-eps", "gated-eps", "state-norms", "prefill_",
+                      "moe-e512-k10", "moe-e256-k8", "moe-exact-tie", "moe-no-renorm")},
     **{("sglang", prefix, "f32"): Finding(
         "deviation", _SGLANG_SOFTPLUS + "; on this case the packed-decode kernel's own g error accumulates into the "
         f"state (the float64 reference with that softplus alone swapped in gives the same state error: {numbers})",
-        f"{REPROS}/sglang_softplus.py", {"kind": "tensor", "stage": "delta_rule", "tensor": "recurrent_state"})
+        f"{REPROS}/sglang_softplus.py", {"kind": "tensor", "stage": "delta_rule", "tensor": "recurrent_state",
+                                         "nan": False, "ratio": (1.0, 5.0)})
        for prefix, numbers in (("dk-gt-dv", "NMSE 7.2e-12 against SGLang's 6.7e-12, call 0"),
                                ("restore-mismatch", "NMSE 2.9e-12 against SGLang's 3.1e-12, call 1"))},
 }

@@ -2,7 +2,7 @@
 ``log1p(exp(x))``.
 
 Standalone: imports only sglang's kernel module, torch, triton, numpy and the standard library. Exit 0 when
-fixed, 1 when it reproduces, 2 when it cannot run (SGLang not installed, or triton imported without the
+fixed, 1 when it reproduces, 3 when it cannot run (SGLang not installed, or triton imported without the
 interpreter on a machine with no GPU).
 
 Qwen3.5's gated delta rule decays its state by ``exp(g)``, ``g = -exp(A_log) * softplus(a + dt_bias)``. SGLang's
@@ -33,7 +33,7 @@ import types
 
 import numpy as np
 
-CANNOT_RUN = 2
+CANNOT_RUN = 3
 
 
 def fused_gdn_gating():
