@@ -183,3 +183,22 @@ def test_what_sglang_does_not_run_here_says_so():
     with pytest.raises(NotApplicable, match="stage-isolated"):
         sglang_port.sglang.check_case({}, [])
     check_options(sglang_port.sglang, {"kernel": "verify"})
+
+
+def test_the_interpreter_s_bf16_is_a_gpu_s_while_a_kernel_runs_and_only_then():
+    """Workarounds 3 and 4 (docs/engines/sglang.md): float32 -> bf16 rounds to nearest even (the interpreter
+    cuts: 1 + 0.75 ulp -> 1), and a bf16 product is the product of the values, not of the uint16 patterns;
+    both undone after the kernel."""
+    import triton.language as tl
+    from triton.runtime import interpreter as interp
+
+    builder, convert, binary = interp.InterpreterBuilder, interp._convert_float, interp.InterpreterBuilder.binary_op
+    x = np.array([1 + 0.75 * 2.0 ** -7], dtype=np.float32)
+    bf16 = lambda v: (np.array([v], dtype=np.float32).view(np.uint32) >> 16).astype(np.uint16)  # noqa: E731
+    as_f32 = lambda bits: (bits.astype(np.uint32) << 16).view(np.float32)  # noqa: E731
+    assert as_f32(interp._convert_float(x, tl.float32, tl.bfloat16, None))[0] == 1.0  # Triton 3.9's own: cut
+    with sglang_port.interpreter_casts():
+        assert as_f32(interp._convert_float(x, tl.float32, tl.bfloat16, None))[0] == 1.0078125
+        h = interp.TensorHandle(bf16(1.5), tl.bfloat16)
+        assert as_f32(builder.binary_op(None, h, h, np.multiply).data)[0] == 2.25
+    assert interp._convert_float is convert and builder.binary_op is binary
