@@ -110,7 +110,7 @@ def test_an_engine_not_installed_is_a_row_with_its_pip_line(tmp_path, monkeypatc
 
 
 @pytest.mark.parametrize("args, words", [
-    (["--engine", "vllm"], "expected an engine reference, hf, mlx, fla, llamacpp, ggml, doppler, found 'vllm'"),
+    (["--engine", "no-such-engine"], f"expected an engine {', '.join(registry.ENGINES)}, found 'no-such-engine'"),
     (["--profile", "f64"], "expected --profile one of"),
     (["--case", "no-such-case"], "no-such-case"),
     (["--option", "kernel=chunk"], "expected --option ENGINE:KEY=VALUE"),
