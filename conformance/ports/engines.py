@@ -111,6 +111,15 @@ ENGINES: dict[str, Engine] = {e.name: e for e in (
            fallback="gdncheck.conformance.ports.fla:fla", options={"kernel": "chunk"},
            option_values={"kernel": ("naive", "naive_chunk", "fused_recurrent", "chunk"),
                           "chunk_size": (16, 32, 64)}),
+    Engine("sglang", "sglang", "fused", ("f32", "bf16"), ("sglang", "triton", "torch"),
+           ("sglang", "triton", "torch"),
+           "pip install --no-deps sglang==0.5.23 && pip install -e '.[sglang]' (its kernels' pure-Python imports)",
+           "SGLang's Triton GDN kernels (conv1d, gating, the packed-decode delta rule with q/k L2 norm and gates "
+           "fused) under Triton's interpreter, fed golden stage inputs through SGLang's serving convention (packed "
+           "rows, a padding sequence, pool slots); fused, so judged against the end-to-end bounds "
+           "(conformance/ports/sglang.py)",
+           fallback="gdncheck.conformance.ports.sglang:sglang", options={"kernel": "packed_decode"},
+           option_values={"kernel": ("recurrent", "decode", "packed_decode", "verify")}),
     Engine("llamacpp", "llamacpp", "end_to_end", ("f32", "bf16"), ("llama_cpp", "torch", "transformers"),
            ("llama-cpp-python", "torch", "transformers"),
            'CMAKE_ARGS="-DGGML_NATIVE=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TESTS=OFF" pip install '
@@ -249,6 +258,10 @@ _VLLM_EPS = ("vLLM's CPU path normalises q and k with an L2-norm eps of 1e-5, Qw
              "equals vLLM's core to NMSE 3e-5 (bound 3.0e-3), with 1e-6 it is 14x the bound (measured 2026-12-04)")
 _VLLM_HEAD_DIM = ("vLLM's CPU GDN kernels are compiled for head dim 128 only (\"Unexpected head dim size\"), so a case "
                   "with other head dims cannot run on them; the d128- cases judge the same regimes at dk = dv = 128")
+_SGLANG_SOFTPLUS = ("SGLang's gating computes softplus as log(1 + exp(x)) in float32 (fused_gdn_gating_kernel, and the "
+                    "packed-decode and decode kernels' own gating): for negative x an absolute error near 6e-8 "
+                    "(relative 7.4e-4 at x = -11), and exactly 0 below x ~ -16.6, so g = 0 there and that head never "
+                    "decays; verify's float64 diagnosis matches the formula with residual 0")
 
 FINDINGS: dict[tuple[str, str, str], Finding] = {
     ("mlx", "error-input-dtype", "*"): Finding(
@@ -338,6 +351,36 @@ FINDINGS: dict[tuple[str, str, str], Finding] = {
        for prefix in ("prefill-decode", "chunked", "decode_", "segments", "one-key-head", "long-decode", "wide-d1024",
                       "rmsnorm-eps", "qk-eps", "gated-eps", "softplus-edges", "sigmoid-edges", "state-norms",
                       "f16-state", "prefill_")},
+    # sglang (conformance/ports/sglang.py, docs/engines/sglang.md), measured 2026-12-04 (kernel=packed_decode,
+    # interpreted, --fused): g off by 1.15-9.1x its bound in f32, 4.1e9x on softplus-edges (1.8e8x on
+    # d128-softplus-edges; 10.2-10.6x in bf16); the state by 1.2-2.0x where g's error accumulates; never NaN
+    ("sglang", "softplus-edges", "f32"): Finding(
+        "deviation", _SGLANG_SOFTPLUS, f"{REPROS}/sglang_softplus.py",
+        {"kind": "tensor", "stage": "gates", "tensor": "g", "nan": False, "ratio": (1e8, 1e11)}),
+    ("sglang", "d128-softplus-edges", "f32"): Finding(
+        "deviation", _SGLANG_SOFTPLUS + "; here at dk = dv = 128, value head 1 (a + dt_bias ~ -20): g = 0 where it "
+        "should be -0.19", f"{REPROS}/sglang_softplus.py",
+        {"kind": "tensor", "stage": "gates", "tensor": "g", "nan": False, "ratio": (1e7, 1e10)}),
+    ("sglang", "d128-softplus-edges", "bf16"): Finding(
+        "deviation", _SGLANG_SOFTPLUS + "; here at dk = dv = 128, value head 1 (a + dt_bias ~ -20): g = 0 where it "
+        "should be -0.19", f"{REPROS}/sglang_softplus.py",
+        {"kind": "tensor", "stage": "gates", "tensor": "g", "nan": False, "ratio": (1.0, 40.0)}),
+    ("sglang", "softplus-edges", "bf16"): Finding(
+        "deviation", _SGLANG_SOFTPLUS, f"{REPROS}/sglang_softplus.py",
+        {"kind": "tensor", "stage": "gates", "tensor": "g", "nan": False, "ratio": (1.0, 40.0)}),
+    **{("sglang", prefix, "f32"): Finding(
+        "deviation", _SGLANG_SOFTPLUS, f"{REPROS}/sglang_softplus.py",
+        {"kind": "tensor", "stage": "gates", "tensor": "g", "nan": False, "ratio": (1.0, 20.0)})
+       for prefix in ("prefill-decode", "chunked", "segments", "snapshot-replay", "mismatch-midstream",
+                      "batch-positions", "long-decode", "real-heads", "qk-eps", "gated-eps", "state-norms", "prefill_",
+                      "moe-e512-k10", "moe-e256-k8", "moe-exact-tie", "moe-no-renorm")},
+    **{("sglang", prefix, "f32"): Finding(
+        "deviation", _SGLANG_SOFTPLUS + "; on this case the packed-decode kernel's own g error accumulates into the "
+        f"state (the float64 reference with that softplus alone swapped in gives the same state error: {numbers})",
+        f"{REPROS}/sglang_softplus.py", {"kind": "tensor", "stage": "delta_rule", "tensor": "recurrent_state",
+                                         "nan": False, "ratio": (1.0, 5.0)})
+       for prefix, numbers in (("dk-gt-dv", "NMSE 7.2e-12 against SGLang's 6.7e-12, call 0"),
+                               ("restore-mismatch", "NMSE 2.9e-12 against SGLang's 3.1e-12, call 1"))},
 }
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import platform
 import shlex
 import socket
 import subprocess
@@ -56,17 +57,22 @@ def index_dir(tmp_path) -> str:
 def test_cpu_from_the_cpu_index(tmp_path, index_dir):
     notes, cmds = plan(tmp_path, env={"GDN_TORCH_VARIANT": "cpu", "GDN_TORCH_INDEX": index_dir})
     assert cmds[0][1:] == ["-m", "venv", str(tmp_path / "venv")]
-    torch_step, extras_step, no_deps_step = pip_installs(cmds)
+    torch_step, extras_step, no_deps_step, *_ = pip_installs(cmds)
     # torch alone from that index, the exact CPU build, with bounded network waits
     assert torch_reqs(torch_step) == [f"torch=={PIN}+cpu"]
     assert option(torch_step, "--index-url") == index_dir and "--no-deps" in torch_step
     assert int(option(torch_step, "--timeout")) <= 60 and int(option(torch_step, "--retries")) <= 3
     # then gdncheck's extras with the same exact pin among the requirements
-    assert extras_step[extras_step.index("-e") + 1] == ".[triton,dev,hf,mlx,fla,onnxruntime,keras]"
+    assert extras_step[extras_step.index("-e") + 1] == ".[triton,dev,hf,mlx,fla,onnxruntime,keras,sglang]"
     assert torch_reqs(extras_step) == [f"torch=={PIN}+cpu"]
     # keras-hub without its dependencies (tensorflow-text), the pin beside it
     assert "--no-deps" in no_deps_step and "keras-hub==0.32.0" in no_deps_step
     assert torch_reqs(no_deps_step) == [f"torch=={PIN}+cpu"]
+    # SGLang's wheel alone last, where it has one (its metadata pins a CUDA stack: docs/engines/sglang.md)
+    if sys.platform == "linux" and platform.machine() == "x86_64" and sys.version_info[:2] == (3, 11):
+        assert pip_installs(cmds)[3:] == [["--disable-pip-version-check", "-q", "--no-deps", "sglang==0.5.23"]]
+    else:
+        assert len(pip_installs(cmds)) == 3 and any("sglang==0.5.23 not installed" in n for n in notes)
     assert all(c[0] == str(tmp_path / "venv" / "bin" / "python") for c in cmds[1:])
     assert any("cpu" in n and "GDN_TORCH_VARIANT" in n for n in notes)
 
@@ -77,7 +83,7 @@ def test_cpu_without_the_index_takes_pips_own_sources(tmp_path):
     hold a CUDA build under that name."""
     missing = (tmp_path / "no-such-index").as_uri()
     notes, cmds = plan(tmp_path, env={"GDN_TORCH_VARIANT": "cpu", "GDN_TORCH_INDEX": missing})
-    torch_step, extras_step, no_deps_step = pip_installs(cmds)
+    torch_step, extras_step, no_deps_step, *_ = pip_installs(cmds)
     assert torch_reqs(torch_step) == [f"torch=={PIN}+cpu"] and "--index-url" not in torch_step
     assert torch_reqs(extras_step) == [f"torch=={PIN}+cpu"]
     assert any("did not answer" in n and missing in n for n in notes)
@@ -98,14 +104,14 @@ def test_an_index_that_never_answers_is_given_up(tmp_path):
 def test_cpu_default_index_is_pytorchs(tmp_path):
     # --no-probe: the plan of a machine that reaches the index (GitHub's hosted runners)
     _, cmds = plan(tmp_path, "--no-probe", env={"GDN_TORCH_VARIANT": "cpu", "GDN_TORCH_VERSION": "2.12.1"})
-    torch_step, extras_step, no_deps_step = pip_installs(cmds)
+    torch_step, extras_step, no_deps_step, *_ = pip_installs(cmds)
     assert option(torch_step, "--index-url") == CPU_INDEX
     assert torch_reqs(torch_step) == torch_reqs(extras_step) == ["torch==2.12.1+cpu"]
 
 
 def test_cuda_takes_pypis_build_with_its_dependencies(tmp_path, index_dir):
     _, cmds = plan(tmp_path, env={"GDN_TORCH_VARIANT": "cuda"})
-    torch_step, extras_step, no_deps_step = pip_installs(cmds)
+    torch_step, extras_step, no_deps_step, *_ = pip_installs(cmds)
     assert torch_reqs(torch_step) == torch_reqs(extras_step) == [f"torch=={PIN}"]
     assert "--no-deps" not in torch_step and "--index-url" not in torch_step
     # a CUDA index of PyTorch's when asked
@@ -155,8 +161,8 @@ def test_installed_torch_is_kept(tmp_path):
     if torch.__version__ != f"{PIN}+cpu" or not (Path(sys.prefix) / "bin" / "python").exists():
         pytest.skip(f"not bootstrap's CPU environment (torch {torch.__version__}, prefix {sys.prefix})")
     notes, cmds = plan(tmp_path, env={"GDN_TORCH_VARIANT": "cpu"}, venv=Path(sys.prefix))
-    # the extras, then keras-hub (--no-deps)
-    assert [torch_reqs(a) for a in pip_installs(cmds)] == [[f"torch=={PIN}+cpu"]] * 2
+    # the extras, then keras-hub (--no-deps), each with the pin; SGLang's wheel alone has none
+    assert [torch_reqs(a) for a in pip_installs(cmds)][:2] == [[f"torch=={PIN}+cpu"]] * 2
     assert "-e" in pip_installs(cmds)[0]
     assert any("is installed already" in n for n in notes)
 

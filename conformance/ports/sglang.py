@@ -1,0 +1,450 @@
+"""SGLang's GDN kernels as a port of stages: ``gdncheck run conformance.ports.sglang:sglang --stage-isolated``.
+
+A factory of the port contract (:mod:`gdncheck.harness.contract`) that judges SGLang's own Triton kernels for
+Qwen3.5's gated delta net (``sglang.kernels.ops``: the conv1d of ``mamba/causal_conv1d_triton.py``, the gating of
+``attention/linear/fused_gdn_gating.py``, the delta rule of ``attention/fla/fused_recurrent.py`` and
+``attention/linear/fused_sigmoid_gating_recurrent.py``) on the suite's golden inputs, each driven through
+SGLang's serving convention: every call's rows packed into one varlen stream (``cu_seqlens``) with a padding
+sequence (slot -1), their states in slots of a state pool read and written in place at ``cache_indices``.
+Under Triton's interpreter on a CPU, on a GPU compiled.
+
+What it exposes, what it cannot and why, the interpreter workarounds, the version it knows: docs/engines/sglang.md.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import numpy as np
+
+from gdncheck.config import GDNConfig
+from gdncheck.errors import GDNError
+from gdncheck.harness import NotApplicable, StageOnly
+
+TESTED = "0.5.23"
+INSTALL = "pip install --no-deps sglang==0.5.23 && pip install -e '.[sglang]'"
+#: the delta-rule kernel: ``recurrent`` is stage-isolated (g and beta given); the others fuse SGLang's gating and
+#: q/k L2 norm into the rule, fed from the golden ``qkv_conv``, ``a`` and ``b`` (judged with ``verify --fused``)
+KERNELS = ("recurrent", "decode", "packed_decode", "verify")
+FUSED = ("decode", "packed_decode", "verify")
+PROFILES = ("f32", "bf16")
+PAD_SLOT_ID = -1  # SGLang's (causal_conv1d_triton.PAD_SLOT_ID)
+NO_LAYER = ("SGLang's GDN kernels are judged one stage at a time from golden inputs (conv1d, gates, delta_rule; "
+            "the q/k L2 norm inside the fused delta-rule kernels); its Qwen3.5 layer needs SGLang's "
+            "serving runtime (model runner, memory pools, a GPU), so only stage-isolated mode applies "
+            "(gdncheck run conformance.ports.sglang:sglang --stage-isolated)")
+NOT_INSTALLED = f"implementation 'sglang' needs SGLang's kernels, which cannot be imported here ({{exc}}); {INSTALL}"
+
+
+# --- import, with the interpreter's workarounds (docs/engines/sglang.md, Interpreter) ----------------------
+class Kernels:
+    """SGLang's kernel modules, imported once."""
+
+    def __init__(self, interpreted: bool):
+        import importlib
+
+        self.interpreted = interpreted
+        fla = "sglang.kernels.ops.attention.fla"
+        try:
+            _bare_packages()
+            utils = importlib.import_module(f"{fla}.utils")
+            if interpreted:
+                utils.custom_device_ctx = lambda index: contextlib.nullcontext()  # 1: no torch.cpu.device
+                _jit_math_aliases(importlib.import_module(f"{fla}.op"))  # 2: before any kernel imports them
+            self.recurrent = importlib.import_module(f"{fla}.fused_recurrent")
+            self.sigmoid = importlib.import_module("sglang.kernels.ops.attention.linear.fused_sigmoid_gating_recurrent")
+            self.gating = importlib.import_module("sglang.kernels.ops.attention.linear.fused_gdn_gating")
+            self.conv = importlib.import_module("sglang.kernels.ops.mamba.causal_conv1d_triton")
+        except ImportError as exc:
+            raise GDNError(NOT_INSTALLED.format(exc=exc)) from None
+        if interpreted and not _interpreted(self.recurrent.fused_recurrent_gated_delta_rule_update_fwd_kernel):
+            raise GDNError("SGLang's Triton kernels need a CUDA device or Triton's interpreter, and triton (or "
+                           "sglang) was imported without TRITON_INTERPRET=1, too late to choose it now: set "
+                           "TRITON_INTERPRET=1 before starting")
+        self.version = _version()
+
+
+_KERNELS: dict[bool, Kernels] = {}
+#: packages whose ``__init__`` imports SGLang's serving stack (``sglang/__init__.py``: its frontend language and
+#: IPython; ``sglang.kernels``: the kernel registry of every backend); their kernel modules need none of it
+BARE_PACKAGES = ("sglang", "sglang.kernels", "sglang.kernels.ops", "sglang.kernels.ops.attention")
+
+
+def _bare_packages() -> None:
+    """Register :data:`BARE_PACKAGES` as plain namespace packages over SGLang's own folders (their
+    ``__init__`` not run), unless SGLang is imported already; submodules then import from the installed
+    files as they are."""
+    import importlib.machinery
+    import importlib.util
+    import types
+
+    if "sglang" in sys.modules:
+        return
+    spec = importlib.util.find_spec("sglang")
+    if spec is None or not spec.submodule_search_locations:
+        raise ImportError("No module named 'sglang'")
+    root = next(iter(spec.submodule_search_locations))
+    for name in BARE_PACKAGES:
+        module = types.ModuleType(name)
+        module.__path__ = [os.path.join(root, *name.split(".")[1:])]
+        module.__spec__ = importlib.machinery.ModuleSpec(name, None, is_package=True)
+        module.__spec__.submodule_search_locations = module.__path__
+        sys.modules[name] = module
+
+
+def kernels(interpreted: bool) -> Kernels:
+    if interpreted and "triton" not in sys.modules:
+        os.environ.setdefault("TRITON_INTERPRET", "1")  # must precede `import triton` (docs/engines/fla.md)
+    if interpreted not in _KERNELS:
+        _KERNELS[interpreted] = Kernels(interpreted)
+    return _KERNELS[interpreted]
+
+
+def _interpreted(fn) -> bool:
+    from .fla import _interpreted as fla_interpreted
+    return fla_interpreted(fn)
+
+
+def _jit_math_aliases(op) -> None:
+    """``fla/op.py`` binds ``exp = tl.exp`` (and exp2, log, log2) at import; the interpreter swaps ``tl``'s
+    builtins only inside ``triton.language``, so a kernel calling the alias meets the compiled builtin ("Did you
+    forget to add @triton.jit?"). Rebind each to a one-line ``@triton.jit`` function calling ``tl``'s own
+    (:mod:`.sglang_ops`) before any kernel module imports them."""
+    from . import sglang_ops
+
+    op.exp, op.exp2, op.log, op.log2 = sglang_ops.exp, sglang_ops.exp2, sglang_ops.log, sglang_ops.log2
+
+
+@contextlib.contextmanager
+def interpreter_casts() -> Iterator[None]:
+    """While a kernel runs (nothing else in Triton changes):
+
+    3. the interpreter casts float32 -> bfloat16 by cutting the mantissa (round toward zero); a GPU's
+       ``.to(tl.bfloat16)`` rounds to nearest even: both directions go through torch's exact conversions;
+    4. the interpreter's bfloat16 arithmetic runs NumPy's integer ops on the raw 16-bit patterns (bf16 is held
+       as uint16): ``causal_conv1d_triton``'s ``x * w`` of two bf16 blocks gives garbage and NaN. A bf16
+       add, sub, mul, div, min or max is computed in float32 (exact for a product of two bf16) and rounded to
+       nearest even, as a GPU's bf16 instructions do;
+    5. a mask built from a Python bool and a tensor (``causal_conv1d_triton``'s ``(idx_token < segment_len) &
+       (idx_feats < dim)``, ``segment_len`` a Python ``min``) is int32 in the interpreter, int1 compiled, and
+       the interpreter's store refuses it ("mask has unsupported dtype"): an integer mask is read as ``!= 0``."""
+    import torch
+    import triton.language as tl
+    from triton.runtime import interpreter as interp
+
+    old = interp._convert_float
+    builder = interp.InterpreterBuilder
+    old_store, old_load = builder.create_masked_store, builder.create_masked_load
+    old_binary = builder.binary_op
+    arithmetic = (np.add, np.subtract, np.multiply, np.divide, np.fmod, np.minimum, np.maximum, np.fmin, np.fmax)
+
+    def to_f32(h):
+        return (np.ascontiguousarray(h.data).view(np.uint16).astype(np.uint32) << 16).view(np.float32)
+
+    def binary(self, lhs, rhs, op):
+        if lhs.dtype.scalar != tl.bfloat16 or rhs.dtype.scalar != tl.bfloat16 or op not in arithmetic:
+            return old_binary(self, lhs, rhs, op)
+        out = np.asarray(op(to_f32(lhs), to_f32(rhs)), dtype=np.float32)
+        bits = torch.from_numpy(np.ascontiguousarray(out)).to(torch.bfloat16).view(torch.int16).numpy()
+        return interp.TensorHandle(bits.view(np.uint16).reshape(out.shape), tl.bfloat16)
+
+    def boolean(mask):
+        if mask is not None and mask.data.dtype != np.bool_:
+            return interp.TensorHandle(mask.data != 0, tl.int1)
+        return mask
+
+    def store(self, ptrs, value, mask, cache_policy):
+        return old_store(self, ptrs, value, boolean(mask), cache_policy)
+
+    def load(self, ptrs, mask, other, cache_policy, is_volatile):
+        return old_load(self, ptrs, boolean(mask), other, cache_policy, is_volatile)
+
+    def convert(data, src, dst, rounding_mode):
+        if src == tl.float32 and dst == tl.bfloat16 and rounding_mode in (None, interp._ir.ROUNDING_MODE.RTNE):
+            t = torch.from_numpy(np.ascontiguousarray(data).view(np.float32).copy()).to(torch.bfloat16)
+            return t.view(torch.int16).numpy().view(np.uint16).reshape(np.shape(data))
+        if src == tl.bfloat16 and dst == tl.float32:
+            bits = np.ascontiguousarray(data).view(np.uint16).astype(np.uint32) << 16
+            return bits.view(np.float32).reshape(np.shape(data))
+        return old(data, src, dst, rounding_mode)
+
+    interp._convert_float = convert
+    builder.create_masked_store, builder.create_masked_load, builder.binary_op = store, load, binary
+    try:
+        yield
+    finally:
+        interp._convert_float = old
+        builder.create_masked_store, builder.create_masked_load, builder.binary_op = old_store, old_load, old_binary
+
+
+def _version() -> str:
+    try:
+        from importlib.metadata import version
+        return version("sglang")
+    except Exception:  # noqa: BLE001 - a name in a report only
+        return "?"
+
+
+# --- the implementation --------------------------------------------------------------------------------
+class SGLangStages(StageOnly):
+    """SGLang's kernels behind ``run_stage``; every layer method not applicable.
+
+    Each call's B rows are N = B sequences of a packed stream plus one padding sequence; sequence i's state
+    lives in pool slot :meth:`slots` ``[i]`` of a pool of B + 2 slots whose other slots hold NaN (a kernel
+    reading a wrong slot shows). The glue is in small methods (:meth:`slots`, :meth:`recurrent_in`,
+    :meth:`recurrent_out`, :meth:`conv_in`, :meth:`gate_inputs`) so that the tests can break each one alone."""
+
+    no_layer = NO_LAYER
+
+    def __init__(self, cfg: GDNConfig, weights, *, profile: str, kernel: str, device: str):
+        import torch
+
+        self.torch, self.cfg, self.profile, self.kernel = torch, cfg, profile, kernel
+        if device == "auto":
+            device = "cuda" if torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1" else "cpu"
+        if device not in ("cpu", "cuda"):
+            raise GDNError(f"sglang: expected --option device=auto|cpu|cuda, found {device!r}")
+        self.device = torch.device(device)
+        self.k = kernels(self.device.type == "cpu")
+        self.dtype = {"f32": torch.float32, "bf16": torch.bfloat16}[profile]
+        w = weights
+        K = cfg.conv_kernel
+        self.conv_weight = self._t(np.asarray(w["linear_attn.conv1d.weight"]).reshape(cfg.conv_dim, K), self.dtype)
+        self.A_log = self._t(w["linear_attn.A_log"], torch.float32)  # SGLang's A_log is float32, dt_bias the model's
+        self.dt_bias = self._t(w["linear_attn.dt_bias"], self.dtype)
+        self.kept: dict[str, np.ndarray] = {}  # the fused kernels' inputs, from earlier stages of the same call
+        where = "interpreted" if self.k.interpreted else device
+        self.name = f"sglang {self.k.version} {kernel} ({profile}, {where})"
+
+    def _t(self, a, dtype):
+        a = np.asarray(a, dtype=np.float64)
+        return self.torch.from_numpy(a.copy()).to(device=self.device).to(dtype)
+
+    # --- glue: the serving convention ------------------------------------------------------------------
+    def slots(self, batch: int) -> list[int]:
+        """Pool slot of each row: the last slots, in reverse order (slot 0 and 1 never hold a row)."""
+        return [batch + 1 - i for i in range(batch)]
+
+    def pool_size(self, batch: int) -> int:
+        return batch + 2
+
+    def packed(self, a: np.ndarray, dtype) -> Any:
+        """[B, T, ...] rows as one packed stream [B*T + 1, ...], the last token a padding sequence's."""
+        flat = np.concatenate([a.reshape(-1, *a.shape[2:]), a[:1, :1].reshape(1, *a.shape[2:])])
+        return self._t(flat, dtype)
+
+    def cu_seqlens(self, B: int, T: int):
+        return self.torch.tensor([i * T for i in range(B + 1)] + [B * T + 1], dtype=self.torch.int32,
+                                 device=self.device)
+
+    def placed(self, B: int):
+        """Where the adapter puts (and reads back) each row's state: :meth:`slots`."""
+        return self.torch.tensor(self.slots(B), dtype=self.torch.long, device=self.device)
+
+    def indices(self, B: int):
+        """The cache indices the kernels are given: each sequence's slot, then the padding sequence's -1."""
+        return self.torch.tensor(self.slots(B) + [PAD_SLOT_ID], dtype=self.torch.int32, device=self.device)
+
+    def pool(self, B: int, shape, dtype):
+        return self.torch.full((self.pool_size(B), *shape), float("nan"), dtype=dtype, device=self.device)
+
+    def recurrent_in(self, s: np.ndarray) -> np.ndarray:
+        """gdncheck's state [B, Hv, dk, dv] as SGLang's pool rows [B, Hv, dv, dk] (V before K)."""
+        return np.swapaxes(s, -1, -2)
+
+    def recurrent_out(self, s: np.ndarray) -> np.ndarray:
+        return np.swapaxes(s, -1, -2)
+
+    def conv_in(self, c: np.ndarray) -> np.ndarray:
+        """gdncheck's conv_state [B, conv_dim, K] (oldest first) as SGLang's [B, conv_dim, K-1]: the newest K-1."""
+        return c[..., 1:]
+
+    def gate_inputs(self, a, b):
+        return a, b
+
+    def unpack(self, t, B: int, T: int) -> np.ndarray:
+        """The packed stream's first B*T rows (the padding sequence dropped) as [B, T, ...]."""
+        from gdncheck.harness import to_numpy
+        x = np.asarray(to_numpy(t), dtype=np.float64)
+        return x[: B * T].reshape(B, T, *x.shape[1:])
+
+    # --- stages ----------------------------------------------------------------------------------------
+    def run_stage(self, stage: str, inputs: Mapping[str, np.ndarray]) -> dict[str, Any]:
+        run = {"conv1d": self.conv1d, "qk_norm": self.keep, "gates": self.gates,
+               "delta_rule": self.delta_rule}.get(stage)
+        if run is None:
+            return {}  # not an SGLang kernel here (FORMAT.md §8: every output optional)
+        ctx = interpreter_casts() if self.k.interpreted else contextlib.nullcontext()
+        with ctx, self.torch.no_grad():
+            return run(inputs)
+
+    def keep(self, inputs) -> dict:
+        """qk_norm: SGLang has no separate kernel (the L2 norm is inside the delta-rule kernels): its input
+        is kept for a fused delta rule."""
+        self.kept["qkv_conv"] = np.asarray(inputs["qkv_conv"])
+        return {}
+
+    def conv1d(self, inputs) -> dict:
+        """SGLang's prefill conv (``causal_conv1d_fn``: varlen, cache_indices, has_initial_state), or for the
+        decode kernels its ``causal_conv1d_update``, one token of every sequence at a time."""
+        torch, cfg = self.torch, self.cfg
+        qkv, c0 = np.asarray(inputs["qkv"]), np.asarray(inputs["conv_state"])
+        B, T, C = qkv.shape
+        K = cfg.conv_kernel
+        pool = self.pool(B, (C, K - 1), self.dtype)
+        idx = self.indices(B)
+        pool[self.placed(B)] = self._t(self.conv_in(c0), self.dtype)
+        if self.kernel in FUSED:
+            x = self._t(qkv, self.dtype)
+            outs = []
+            for t in range(T):
+                xt = torch.cat([x[:, t], x[:1, t]])  # B sequences' token t and the padding sequence's
+                outs.append(self.k.conv.causal_conv1d_update(xt, pool, self.conv_weight, None, "silu",
+                                                             conv_state_indices=idx)[:B])
+            out = torch.stack(outs, dim=1)
+        else:
+            x = self.packed(qkv, self.dtype)  # [tokens, C]
+            out = self.k.conv.causal_conv1d_fn(
+                x.transpose(0, 1), self.conv_weight, None, conv_states=pool,
+                query_start_loc=self.cu_seqlens(B, T), seq_lens_cpu=[T] * B + [1], cache_indices=idx,
+                has_initial_state=torch.ones(B + 1, dtype=torch.bool, device=self.device),
+                activation="silu").transpose(0, 1)
+            out = out[: B * T].reshape(B, T, C)
+        from gdncheck.harness import to_numpy
+        newest = np.asarray(to_numpy(pool[self.placed(B)]), dtype=np.float64)
+        history = np.concatenate([c0, np.swapaxes(qkv, 1, 2)], axis=-1)  # the oldest column SGLang drops
+        state = np.concatenate([history[..., -K:-K + 1], newest], axis=-1)
+        return {"qkv_conv": out, "conv_state": state}
+
+    def gates(self, inputs) -> dict:
+        """``fused_gdn_gating`` on the tokens as rows (as SGLang's prefill calls it)."""
+        a, b = self.gate_inputs(np.asarray(inputs["a"]), np.asarray(inputs["b"]))
+        self.kept["a"], self.kept["b"] = a, b
+        B, T, Hv = a.shape
+        g, beta = self.k.gating.fused_gdn_gating(self.A_log, self._t(a.reshape(B * T, Hv), self.dtype),
+                                                 self._t(b.reshape(B * T, Hv), self.dtype), self.dt_bias)
+        return {"g": g.reshape(B, T, Hv), "beta": beta.reshape(B, T, Hv)}
+
+    def delta_rule(self, inputs) -> dict:
+        torch, cfg = self.torch, self.cfg
+        v = np.asarray(inputs["v"])
+        B, T = v.shape[:2]
+        Hv, dk, dv = cfg.num_v_heads, cfg.head_k_dim, cfg.head_v_dim
+        pool = self.pool(B, (Hv, dv, dk), torch.float32)
+        idx = self.indices(B)
+        pool[self.placed(B)] = self._t(self.recurrent_in(np.asarray(inputs["recurrent_state"])), torch.float32)
+        if self.kernel == "recurrent":
+            o = self._recurrent(inputs, pool, idx, B, T)
+        else:
+            if not {"qkv_conv", "a", "b"} <= set(self.kept):
+                return {}  # the fused kernels start from qk_norm's and the gates' inputs: none kept
+            o = {"decode": self._decode, "packed_decode": self._packed_decode, "verify": self._verify}[
+                self.kernel](pool, idx, B, T)
+        self.kept.clear()
+        from gdncheck.harness import to_numpy
+        state = self.recurrent_out(np.asarray(to_numpy(pool[self.placed(B)]), dtype=np.float64))
+        return {"core": o, "recurrent_state": state}
+
+    def _recurrent(self, inputs, pool, idx, B, T):
+        q, k, v = (self.packed(np.asarray(inputs[n]), self.dtype)[None] for n in ("q", "k", "v"))
+        g, beta = (self.packed(np.asarray(inputs[n]), self.torch.float32)[None] for n in ("g", "beta"))
+        o = self.k.recurrent.fused_recurrent_gated_delta_rule_update(
+            q, k, v, g, beta, scale=self.cfg.scale, initial_state_source=pool, initial_state_indices=idx,
+            cu_seqlens=self.cu_seqlens(B, T), use_qk_l2norm_in_kernel=False)
+        return self.unpack(o[0], B, T)
+
+    def _split(self, qkv):
+        """[..., conv_dim] as SGLang's q, k, v views (``torch.split`` by q_dim, k_dim, v_dim, then heads)."""
+        cfg = self.cfg
+        qd, vd = cfg.num_k_heads * cfg.head_k_dim, cfg.num_v_heads * cfg.head_v_dim
+        q, k, v = self.torch.split(qkv, [qd, qd, vd], dim=-1)
+        lead = qkv.shape[:-1]
+        return (q.reshape(*lead, cfg.num_k_heads, cfg.head_k_dim), k.reshape(*lead, cfg.num_k_heads, cfg.head_k_dim),
+                v.reshape(*lead, cfg.num_v_heads, cfg.head_v_dim))
+
+    def _fused_inputs(self):
+        return (self.packed(self.kept["qkv_conv"], self.dtype), self.packed(self.kept["a"], self.dtype),
+                self.packed(self.kept["b"], self.dtype))
+
+    def _decode(self, pool, idx, B, T):
+        """SGLang's decode path without packed decode (``TritonGDNKernel.decode``): one token of every
+        sequence a call, gating and the q/k L2 norm fused."""
+        qkv, a, b = (self.kept[n] for n in ("qkv_conv", "a", "b"))
+        outs = []
+        for t in range(T):
+            xt, at, bt = (self._t(np.concatenate([z[:, t], z[:1, t]]), self.dtype) for z in (qkv, a, b))
+            q, k, v = self._split(xt[None])
+            o = self.k.sigmoid.fused_sigmoid_gating_delta_rule_update(
+                A_log=self.A_log, dt_bias=self.dt_bias, q=q, k=k, v=v, a=at, b=bt, initial_state_source=pool,
+                initial_state_indices=idx, scale=self.cfg.scale,
+                cu_seqlens=self.torch.arange(B + 2, dtype=self.torch.int32, device=self.device),
+                use_qk_l2norm_in_kernel=True, softplus_beta=1.0, softplus_threshold=20.0)
+            outs.append(o[0, :B])
+        return self.torch.stack(outs, dim=1)
+
+    def _packed_decode(self, pool, idx, B, T):
+        """SGLang's default decode path on a GPU (``TritonGDNKernel.packed_decode``): the post-conv qkv rows,
+        a and b in, one kernel for the split, the L2 norms, the gates and the rule."""
+        cfg = self.cfg
+        qkv, a, b = (self.kept[n] for n in ("qkv_conv", "a", "b"))
+        outs = []
+        for t in range(T):
+            xt, at, bt = (self._t(np.concatenate([z[:, t], z[:1, t]]), self.dtype) for z in (qkv, a, b))
+            out = xt.new_empty(B + 1, 1, cfg.num_v_heads, cfg.head_v_dim)
+            self.k.recurrent.fused_recurrent_gated_delta_rule_packed_decode(
+                mixed_qkv=xt, a=at, b=bt, A_log=self.A_log, dt_bias=self.dt_bias, scale=cfg.scale,
+                initial_state=pool, out=out, ssm_state_indices=idx, use_qk_l2norm_in_kernel=True)
+            outs.append(out[:B, 0])
+        return self.torch.stack(outs, dim=1)
+
+    def _verify(self, pool, idx, B, T):
+        """SGLang's speculative target verify (``TritonGDNKernel.target_verify``): the call's T tokens as draft
+        tokens, the pool not written, the state after every token cached at ``intermediate_state_indices``;
+        then every draft token accepted: the slot takes the cached state of the last one, as
+        ``update_mamba_state_after_mtp_verify`` does."""
+        torch, cfg = self.torch, self.cfg
+        qkv, a, b = self._fused_inputs()
+        q, k, v = self._split(qkv[None])
+        cache = torch.full((B + 2, T, cfg.num_v_heads, cfg.head_v_dim, cfg.head_k_dim), float("nan"),
+                           dtype=torch.float32, device=self.device)
+        cache_idx = torch.tensor(list(range(2, B + 2)) + [PAD_SLOT_ID], dtype=torch.int32, device=self.device)
+        before = pool.clone()
+        o = self.k.sigmoid.fused_sigmoid_gating_delta_rule_update(
+            A_log=self.A_log, dt_bias=self.dt_bias, q=q, k=k, v=v, a=a, b=b, initial_state_source=pool,
+            initial_state_indices=idx, scale=cfg.scale, cu_seqlens=self.cu_seqlens(B, T),
+            use_qk_l2norm_in_kernel=True, softplus_beta=1.0, softplus_threshold=20.0, disable_state_update=True,
+            intermediate_states_buffer=cache, intermediate_state_indices=cache_idx, cache_steps=T)
+        if not torch.equal(torch.nan_to_num(before, 7.0), torch.nan_to_num(pool, 7.0)):
+            raise GDNError("sglang verify: the target verify wrote the state pool (disable_state_update=True)")
+        pool[self.placed(B)] = cache[cache_idx[:B].long(), T - 1]
+        return self.unpack(o[0], B, T)
+
+
+def sglang(cfg: GDNConfig, weights, *, profile: str = "f32", strict: bool = False, kernel: str = "packed_decode",
+           device: str = "auto", impl_class: type[SGLangStages] = SGLangStages) -> SGLangStages:
+    """SGLang's Triton GDN kernels, stage-isolated (``kernel=recurrent``) or fused (``decode``,
+    ``packed_decode``, ``verify``: judge with ``verify --fused``).
+
+    ``impl_class`` (not an ``--option``): a subclass with other glue, for the tests' mutants."""
+    if kernel not in KERNELS:
+        raise GDNError(f"sglang: expected --option kernel={'|'.join(KERNELS)}, found {kernel!r}")
+    if profile not in PROFILES:
+        raise NotApplicable(f"profile {profile}: SGLang serves Qwen3.5 in bf16 (and float32); profiles "
+                            f"{', '.join(PROFILES)}")
+    if np.asarray(weights["linear_attn.norm.weight"]).size != cfg.head_v_dim:
+        raise NotApplicable(f"per_head gated norm ({cfg.num_v_heads * cfg.head_v_dim} = Hv·dv weights): "
+                            f"SGLang's RMSNormGated holds one [head_v_dim = {cfg.head_v_dim}] weight shared by "
+                            f"every head")
+    return impl_class(cfg, weights, profile=profile, kernel=kernel, device=device)
+
+
+def _not_end_to_end(config, program) -> None:
+    raise NotApplicable(NO_LAYER)
+
+
+sglang.options = ("kernel", "device")
+sglang.check_case = _not_end_to_end  # end to end, before gdncheck's parser answers (docs/plugins.md)
