@@ -1,0 +1,44 @@
+"""A mixed serving call and a commit with snapshots as verify and the report read them (issue 36): which
+slots the step may write, what a row's tokens are called, and what the report says each row and slot
+is for. The layouts are written out here, not taken from the code under test."""
+
+from __future__ import annotations
+
+from gdncheck.conformance.judge import packed
+from gdncheck.reports import packed as report
+
+# vLLM's order: a decode (slot 3), verify windows of 4 (slot 0) and 3 (slot 5), a prefill (slot 1), padding
+MIXED = {"op": "forward_mixed", "call": 1, "cu_seqlens": [0, 1, 5, 8, 38, 40], "seq_pos": [20, 9, 12, 0, 0],
+         "slots": [3, 0, 5, 1, -1], "verify": [0, 1, 1, 0, 0]}
+COMMIT = {"op": "commit", "call": 2, "of_call": 1, "accepted": [0, 2, 3, 0, 0], "seq_pos": [20, 9, 12, 0, 0],
+          "slots": [3, 0, 5, 1, -1], "verify": [0, 1, 1, 0, 0], "snap_seq": [1], "snap_offset": [1],
+          "snap_slot": [2]}
+
+
+def test_a_mixed_call_may_write_its_plain_rows_slots_only():
+    assert packed.written_slots(MIXED) == {3, 1}
+
+
+def test_a_commit_may_write_its_accepting_slots_and_its_snapshot_destinations():
+    assert packed.written_slots(COMMIT) == {0, 5, 2}
+    assert packed.written_slots({**COMMIT, "accepted": [0, 0, 3, 0, 0]}) == {5, 2}
+
+
+def test_verify_rows_have_draft_tokens_and_plain_rows_tokens():
+    assert [packed.token_word(MIXED, i) for i in range(5)] == ["token", "draft token", "draft token", "token",
+                                                               "token"]
+    assert packed.layout(0, MIXED)["verify"] == [0, 1, 1, 0, 0]
+
+
+def test_the_report_says_what_each_row_and_slot_is_for():
+    kinds = [r["kind"] for r in report.meanings(MIXED)]
+    assert kinds == ["decode", "verify", "verify", "prefill", "prefill"]  # the padding row has 2 tokens
+    roles = report.slot_roles(MIXED)
+    assert "verify writes no slot" in roles[0] and "verify writes no slot" in roles[5]
+    assert "read and written" in roles[3] and "read and written" in roles[1]
+    rows = report.meanings(COMMIT)
+    assert "nothing to commit" in rows[0]["what"] and "nothing to commit" in rows[3]["what"]
+    assert rows[1]["what"].startswith("commit 2") and rows[2]["what"].startswith("commit 3")
+    assert rows[-1]["kind"] == "snapshot" and "first 1 accepted tokens" in rows[-1]["what"]
+    assert "1 snapshots" in report.step_label(COMMIT)
+    assert report.slot_roles(COMMIT)[2] == "snapshot of sequence 1 at offset 1"
