@@ -42,3 +42,29 @@ def test_the_report_says_what_each_row_and_slot_is_for():
     assert rows[-1]["kind"] == "snapshot" and "first 1 accepted tokens" in rows[-1]["what"]
     assert "1 snapshots" in report.step_label(COMMIT)
     assert report.slot_roles(COMMIT)[2] == "snapshot of sequence 1 at offset 1"
+
+
+def test_a_mixed_case_renders_each_row_in_its_own_terms(tmp_path_factory):
+    """The committed mixed-batch case run by the reference and shown in the report: each forward_mixed
+    row as decode, prefill or verify with what the step does with its slot; the commit's plain rows with
+    nothing to commit; the commit's snapshot."""
+    from gdncheck.reports import write_report
+    from tests.reports.conftest import serving_run
+    from tests.reports.pages import parse
+    from tests.reports.test_packed import program, sequence_rows
+
+    case_id = "mixed-batch_T42_Hk2_Hv6_dk16_dv16_s0"
+    run = serving_run(tmp_path_factory, "reference", [case_id])
+    assert [c["status"] for c in run.doc["cases"]] == ["pass"]
+    doc = parse(write_report(run.doc, tmp_path_factory.mktemp("mixed-report") / "site").parent / "cases"
+                / f"{case_id}.html")
+    steps = program(case_id)
+    for i, st in enumerate(steps):
+        if st["op"] == "forward_mixed":
+            kinds = [r["kind"] for r in sequence_rows(doc, i)]
+            lengths = [b - a for a, b in zip(st["cu_seqlens"], st["cu_seqlens"][1:])]
+            assert kinds == ["verify" if v else ("decode" if n == 1 else "prefill")
+                             for v, n in zip(st["verify"], lengths)], kinds
+        if st["op"] == "commit" and st.get("snap_slot"):
+            table = doc.find("table", id=f"layout-{i}").text
+            assert "nothing to commit" in table and f"stored in slot {st['snap_slot'][0]}" in table
