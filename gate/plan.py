@@ -72,6 +72,8 @@ def call_count(entry: dict) -> int:
     for step in entry["program"]:
         if step["op"] in ("forward", "forward_packed", "prefix_snapshots", "verify_spec"):
             n += 1
+        elif step["op"] == "forward_mixed":  # a verify of its verify rows and a packed call of the others
+            n += 2 if 0 in step["verify"] and 1 in step["verify"] else 1
         elif step["op"] == "decode":
             n += int(step["T"])
     return n

@@ -93,7 +93,10 @@ SERVING_OPS: dict[str, tuple[str, ...]] = {
     "forward_packed": ("cu_seqlens", "seq_pos", "slots"),
     "prefix_snapshots": ("cu_seqlens", "seq_pos", "slots", "snap_seq", "snap_offset", "snap_slot"),
     "verify_spec": ("cu_seqlens", "seq_pos", "slots"),
-    "commit": ("accepted",),
+    "commit": ("accepted", "snap_seq", "snap_offset", "snap_slot"),  # the snapshot requests optional
+    # a batch as engines schedule it: speculative-verify rows (``verify[i]`` 1) beside plain prefill and
+    # decode rows (0); a verify of its verify rows, a packed call of the others
+    "forward_mixed": ("cu_seqlens", "seq_pos", "slots", "verify"),
 }
 
 #: What a speculative verify keeps for its commit: the state after every token, packed by token like
@@ -211,19 +214,47 @@ def slots_to_reset(pos: np.ndarray, slots: np.ndarray, slot_seq_len: np.ndarray,
     return mismatch, True
 
 
-def check_accepted(accepted, lengths: np.ndarray, layer: int | None) -> np.ndarray:
-    """``commit``: one accepted count per sequence, ``0 <= accepted[i] <= lengths[i]``. Returns int64 [N]."""
+def check_accepted(accepted, lengths: np.ndarray, layer: int | None, verify: np.ndarray | None = None) -> np.ndarray:
+    """``commit``: one accepted count per sequence, ``0 <= accepted[i] <= lengths[i]``; for a plain row of a
+    mixed call (``verify[i]`` false) exactly 0: it has nothing to commit. Returns int64 [N]."""
     n = _ints(accepted, lengths.shape[0], "accepted", layer)
     bad = (n < 0) | (n > lengths)
     if bad.any():
         i = int(np.flatnonzero(bad)[0])
         raise AcceptCountError(f"expected 0 <= accepted <= k for each sequence, found accepted={n[i]} for "
                                f"sequence {i} (k={lengths[i]})", layer=layer)
+    if verify is not None and ((n != 0) & ~verify).any():
+        i = int(np.flatnonzero((n != 0) & ~verify)[0])
+        raise AcceptCountError(f"expected accepted 0 for a plain (non-verify) row of a mixed call, found "
+                               f"accepted={n[i]} for sequence {i}", layer=layer)
     return n
 
 
+def check_verify_rows(verify, n: int, layer: int | None) -> np.ndarray:
+    """``forward_mixed``: one flag per sequence, 1 (a speculative-verify row) or 0 (a plain prefill or
+    decode row; booleans are taken too). Returns bool [N]."""
+    arr = np.asarray(verify)
+    if arr.dtype.kind == "b":
+        arr = arr.astype(np.int64)
+    if arr.dtype.kind not in "iu" or arr.ndim != 1 or arr.shape[0] != n or not np.isin(arr, (0, 1)).all():
+        raise InputShapeError(f"expected verify as {n} flags 0 or 1 (one per sequence), found {verify!r}",
+                              layer=layer)
+    return arr.astype(bool)
+
+
+def check_commit_snapshots(snap_seq, snap_offset, snap_slot, accepted: np.ndarray, slots: np.ndarray,
+                           pool_size: int, layer: int | None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """A commit's snapshot requests (docs/serving.md §4): sequence ``snap_seq[m]``'s state after
+    ``snap_offset[m]`` of its *accepted* tokens goes to slot ``snap_slot[m]``; an offset in
+    ``1..accepted[i]`` (a prefix cache keeps accepted tokens only), destinations as for
+    :func:`check_snapshot_requests`. Returns the three as int64 [M]."""
+    return check_snapshot_requests(snap_seq, snap_offset, snap_slot, accepted, slots, pool_size, layer,
+                                   counted="accepted tokens")
+
+
 def check_snapshot_requests(snap_seq, snap_offset, snap_slot, lengths: np.ndarray, slots: np.ndarray,
-                            pool_size: int, layer: int | None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+                            pool_size: int, layer: int | None, counted: str = "tokens"
+                            ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Prefix-snapshot requests, M entries: sequence ``snap_seq[m]`` after ``snap_offset[m]`` of its tokens
     goes to pool slot ``snap_slot[m]``. Each names a real sequence, an offset in ``1..length``, no
     (sequence, offset) twice; destinations are real slots, distinct, and none of the call's slots.
@@ -242,7 +273,7 @@ def check_snapshot_requests(snap_seq, snap_offset, snap_slot, lengths: np.ndarra
             raise SnapshotRequestError(f"expected a snapshot of a sequence with a slot, found request {m} for "
                                        f"padding sequence {i}", layer=layer)
         if not 1 <= o <= lengths[i]:
-            raise SnapshotRequestError(f"expected snap_offset in 1..{lengths[i]} (sequence {i}'s tokens), found "
+            raise SnapshotRequestError(f"expected snap_offset in 1..{lengths[i]} (sequence {i}'s {counted}), found "
                                        f"{o} at request {m}", layer=layer)
         if (i, o) in seen:
             raise SnapshotRequestError(f"expected each (sequence, offset) once, found sequence {i} offset {o} "

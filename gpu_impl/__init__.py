@@ -32,7 +32,7 @@ from .out_proj import out_proj
 from .post_norm import post_norm
 from .qk_norm import qk_norm
 from .residual import output, residual, residual_post_norm
-from .serving import SpecVerify, StatePool, commit, forward_packed, prefix_snapshots, verify_spec
+from .serving import SpecVerify, StatePool, commit, forward_mixed, forward_packed, prefix_snapshots, verify_spec
 from .state import DeviceSnapshot, State
 from .target import fill_allocations, resolve_device
 
@@ -42,7 +42,7 @@ __all__ = [
     "input_norm", "mlp", "out_proj", "output", "post_norm", "qk_norm", "residual", "residual_post_norm",
     "resolve_device", "swiglu",
     # the serving patterns (docs/serving.md): the API of reference/serving.py
-    "SpecVerify", "StatePool", "commit", "forward_packed", "prefix_snapshots", "verify_spec",
+    "SpecVerify", "StatePool", "commit", "forward_mixed", "forward_packed", "prefix_snapshots", "verify_spec",
     # the sparse mixture-of-experts block (stage 11's variant, gpu_impl/moe.py)
     "experts", "mlp_moe", "moe_block", "moe_sum", "router", "routing", "shared_expert",
 ]

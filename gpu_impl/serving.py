@@ -6,6 +6,8 @@ slots, speculative verify and commit, prefix snapshots. The API is that of the f
 >>> out, trace = forward_packed(layer, pool, x, cu_seqlens=[0, 1, 65], seq_pos=[40, 0], slots=[3, 7])
 >>> out, trace, spec = verify_spec(layer, pool, x_draft, cu_seqlens=[0, 4, 8], seq_pos=[41, 64], slots=[3, 7])
 >>> commit(spec, accepted=[2, 4])
+>>> out, trace, spec = forward_mixed(layer, pool, x, [0, 1, 9, 49], [7, 30, 0], [2, 3, 4], verify=[0, 1, 0])
+>>> commit(spec, [0, 5, 0], snap_seq=[1], snap_offset=[3], snap_slot=[9])
 
 Every function takes the Triton `Layer` first and any device `State` of the layer's dimensions,
 device and profile as the pool; `out` is [total_tokens, D] in the profile dtype, the trace `{}`
@@ -28,12 +30,14 @@ import triton.language as tl
 from gdncheck.calls import (
     PAD_SLOT_ID,
     check_accepted,
+    check_commit_snapshots,
     check_cu_seqlens,
     check_free_slots,
     check_packed_x,
     check_seq_pos,
     check_slots,
     check_snapshot_requests,
+    check_verify_rows,
     slots_to_reset,
 )
 from gdncheck.config import GDNConfig
@@ -173,19 +177,91 @@ def verify_spec(layer: Layer, pool: State, x, cu_seqlens, seq_pos, slots, *, str
     return out, trace, spec
 
 
-def commit(spec: SpecVerify, accepted) -> None:
+@dataclass
+class MixedVerify:
+    """What :func:`forward_mixed` keeps for :func:`commit`: the verify of its verify rows (None when it
+    has none) and where they sit among the call's sequences."""
+
+    pool: State
+    layer_index: int | None
+    lengths: np.ndarray  # int64 [N]: the call's sequences
+    slots: np.ndarray  # int64 [N]
+    verify: np.ndarray  # bool [N]
+    spec: SpecVerify | None  # the verify rows' own verify, in call order
+    committed: bool = False
+
+
+def forward_mixed(layer: Layer, pool: State, x, cu_seqlens, seq_pos, slots, verify, *, strict: bool | None = None,
+                  delta_rule: str | None = None, chunk_size: int | None = None, capture: bool = False
+                  ) -> tuple[torch.Tensor, dict[str, torch.Tensor], MixedVerify]:
+    """A serving batch as engines schedule it: the rows with ``verify[i]`` true are speculative-verify rows
+    (as :func:`verify_spec`), the others plain prefill and decode rows (as :func:`forward_packed`). As
+    vLLM runs its spec and non-spec rows, the two kinds go through their own kernels: a verify of the
+    verify rows (the recurrent kernel keeping every token's state) and a packed call of the others, each
+    over its rows of the stream, gathered by token and scattered back. The layout is read on the host
+    (it is split there). Returns ``(out, trace, spec)``; :func:`commit` commits the verify rows."""
+    call = _prepare(layer, pool, x, cu_seqlens, seq_pos, slots, strict, delta_rule, chunk_size, host_layout=True)
+    h = call.host
+    rows = check_verify_rows(verify, h["slots"].shape[0], layer.layer_index)
+    total, dev = call.x.shape[1], call.x.device
+    out = torch.empty((total, layer.cfg.hidden_size), dtype=layer.dtype, device=dev)
+    traces, spec = [], None
+    # the verify rows first: they write nothing, so the plain rows' writes come after every read
+    for kind in (True, False):
+        seqs = np.flatnonzero(rows == kind)
+        if not seqs.size:
+            continue
+        tokens = np.concatenate([np.arange(h["cu"][i], h["cu"][i + 1]) for i in seqs])
+        sub_cu = np.concatenate([[0], np.cumsum(h["lengths"][seqs])])
+        (where,) = _upload([tokens], dev)
+        args = (layer, pool, call.x[0].index_select(0, where), sub_cu, h["pos"][seqs], h["slots"][seqs])
+        opts = dict(strict=strict, delta_rule=delta_rule, chunk_size=chunk_size, capture=capture)
+        if kind:
+            sub_out, sub_trace, spec = verify_spec(*args, **opts)
+        else:
+            sub_out, sub_trace = forward_packed(*args, **opts)
+        out.index_copy_(0, where, sub_out)
+        traces.append((where, sub_trace))
+    trace = {}
+    for name in set.intersection(*(set(t) for _, t in traces)):
+        first = traces[0][1][name]
+        trace[name] = torch.empty((total, *first.shape[1:]), dtype=first.dtype, device=dev)
+        for where, t in traces:
+            trace[name].index_copy_(0, where, t[name])
+    mixed = MixedVerify(pool, layer.layer_index, h["lengths"], h["slots"], rows, spec)
+    return out, trace, mixed
+
+
+def commit(spec: SpecVerify | MixedVerify, accepted, snap_seq=(), snap_offset=(), snap_slot=()) -> None:
     """Make each slot of a verify as if only its sequence's first ``accepted[i]`` tokens had been run
     (``seq_len = seq_pos + accepted``); ``accepted[i] = 0`` leaves the slot as it was. Once per verify;
-    refused when a call since the verify moved one of its slots' seq_len. It reads the layout and the
+    refused when a call since the verify moved one of its slots' seq_len. Snapshot request m writes
+    sequence ``snap_seq[m]``'s state after ``snap_offset[m]`` (``1..accepted``) of its tokens to slot
+    ``snap_slot[m]``. Of a :func:`forward_mixed` call: its plain rows take 0. It reads the layout and the
     slots' seq_len on the host (the one synchronisation of the pattern: it must refuse before writing)."""
+    raw = accepted.cpu().numpy() if isinstance(accepted, torch.Tensor) else accepted
+    if isinstance(spec, MixedVerify):
+        n = check_accepted(raw, spec.lengths, spec.layer_index, spec.verify)
+        seq, off, dest = check_commit_snapshots(snap_seq, snap_offset, snap_slot, n, spec.slots, spec.pool.batch,
+                                                spec.layer_index)
+        if spec.committed or spec.spec is None:
+            if spec.committed:
+                raise SpecCommitError("expected one commit per verify_spec, found this verify already committed",
+                                      layer=spec.layer_index)
+            spec.committed = True
+            return
+        inner = np.cumsum(spec.verify) - 1  # a verify row's index among the verify rows
+        commit(spec.spec, n[spec.verify], inner[seq], off, dest)
+        spec.committed = True
+        return
     pool, where = spec.pool, spec.layer_index
     lengths = spec.lengths
-    raw = accepted.cpu().numpy() if isinstance(accepted, torch.Tensor) else accepted
     n = check_accepted(raw, lengths, where)
+    cu, pos, slots = (t.cpu().numpy() for t in (spec.cu_seqlens, spec.seq_pos, spec.slots))
+    seq, off, dest = check_commit_snapshots(snap_seq, snap_offset, snap_slot, n, slots, pool.batch, where)
     if spec.committed:
         raise SpecCommitError("expected one commit per verify_spec, found this verify already committed",
                               layer=where)
-    cu, pos, slots = (t.cpu().numpy() for t in (spec.cu_seqlens, spec.seq_pos, spec.slots))
     real = slots != PAD_SLOT_ID
     now = np.where(real, pool.seq_len.cpu().numpy()[np.where(real, slots, 0)], -1)
     moved = np.flatnonzero(now != spec.slot_seq_len.cpu().numpy())
@@ -194,11 +270,15 @@ def commit(spec: SpecVerify, accepted) -> None:
         raise SpecCommitError(f"expected slot {slots[i]} (sequence {i}) at the seq_len it had when verified "
                               f"({int(spec.slot_seq_len[i])}), found {now[i]}: another call moved it", layer=where)
     keep = np.flatnonzero(real & (n > 0))
-    if keep.size:
-        rows, dest, lens = _upload([cu[keep] + n[keep] - 1, slots[keep], pos[keep] + n[keep]], pool.device)
-        pool.conv_state.index_copy_(0, dest, spec.conv_state_steps.index_select(0, rows))
-        pool.recurrent_state.index_copy_(0, dest, spec.recurrent_state_steps.index_select(0, rows))
-        pool.seq_len.index_copy_(0, dest, lens)
+    # the accepted states, then the prefix snapshots inside the accepted windows: rows of the steps
+    rows = np.concatenate([cu[keep] + n[keep] - 1, cu[seq] + off - 1])
+    dests = np.concatenate([slots[keep], dest])
+    lens = np.concatenate([pos[keep] + n[keep], pos[seq] + off])
+    if rows.size:
+        d_rows, d_dest, d_lens = _upload([rows, dests, lens], pool.device)
+        pool.conv_state.index_copy_(0, d_dest, spec.conv_state_steps.index_select(0, d_rows))
+        pool.recurrent_state.index_copy_(0, d_dest, spec.recurrent_state_steps.index_select(0, d_rows))
+        pool.seq_len.index_copy_(0, d_dest, d_lens)
     spec.committed = True
 
 

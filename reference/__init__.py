@@ -21,13 +21,13 @@ from .out_proj import out_proj
 from .post_norm import post_norm
 from .qk_norm import qk_norm
 from .residual import output, residual
-from .serving import SpecVerify, StatePool, commit, forward_packed, prefix_snapshots, verify_spec
+from .serving import SpecVerify, StatePool, commit, forward_mixed, forward_packed, prefix_snapshots, verify_spec
 from .state import State
 
 __all__ = [
     "Layer", "SpecVerify", "State", "StatePool", "commit", "conv1d", "delta_rule_chunked", "delta_rule_recurrent",
-    "expand_heads", "forward_packed", "gated_norm", "gates", "in_proj", "input_norm", "layer_forward", "mlp",
-    "out_proj", "output", "post_norm", "prefix_snapshots", "qk_norm", "residual", "verify_spec",
+    "expand_heads", "forward_mixed", "forward_packed", "gated_norm", "gates", "in_proj", "input_norm",
+    "layer_forward", "mlp", "out_proj", "output", "post_norm", "prefix_snapshots", "qk_norm", "residual", "verify_spec",
     # the sparse mixture-of-experts block (stage 11's variant, reference/moe.py)
     "experts", "mlp_moe", "moe_sum", "router", "router_probs", "routing", "routing_margin", "shared_expert",
 ]

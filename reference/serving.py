@@ -7,6 +7,9 @@ state slots, speculative verify and commit, prefix snapshots.
 >>> commit(spec, accepted=[2, 4])             # slot 3 as if it decoded 2 tokens, slot 7 all 4
 >>> out, trace = prefix_snapshots(layer, pool, x, [0, 200], [0], [5], snap_seq=[0, 0], snap_offset=[64, 130],
 ...                               snap_slot=[8, 9])    # slots 8, 9 get the states after 64 and 130 tokens
+>>> out, trace, spec = forward_mixed(layer, pool, x, cu_seqlens=[0, 1, 9, 49], seq_pos=[7, 30, 0],
+...                                  slots=[2, 3, 4], verify=[0, 1, 0])   # a decode, 8 draft tokens, a prefill
+>>> commit(spec, [0, 5, 0], snap_seq=[1], snap_offset=[3], snap_slot=[9])  # slot 3 keeps 5, slot 9 the first 3
 
 Every function takes the reference `Layer` first and any `State` as the pool (`strict`,
 `delta_rule`, `chunk_size` default to the layer's). `x`, `out` and every trace tensor are
@@ -19,19 +22,21 @@ The contract, the errors and how a call runs: docs/serving.md §1-6, §8.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
 from gdncheck.calls import (
     PAD_SLOT_ID,
     check_accepted,
+    check_commit_snapshots,
     check_cu_seqlens,
     check_free_slots,
     check_packed_x,
     check_seq_pos,
     check_slots,
     check_snapshot_requests,
+    check_verify_rows,
     slots_to_reset,
 )
 from gdncheck.config import GDNConfig
@@ -93,6 +98,7 @@ class SpecVerify:
     conv_state_steps: np.ndarray  # [total_tokens, conv_dim, K]
     recurrent_state_steps: np.ndarray  # [total_tokens, Hv, dk, dv]
     committed: bool = False
+    verify: np.ndarray | None = None  # bool [N] of a forward_mixed call (its verify rows); None: every row
 
     @property
     def lengths(self) -> np.ndarray:
@@ -149,30 +155,43 @@ def verify_spec(layer: Layer, pool: State, x, cu_seqlens, seq_pos, slots, *, str
     aside). Returns ``(out, trace, spec)``; :func:`commit` ``(spec, accepted)`` writes the slots."""
     call = _prepare(layer, pool, x, cu_seqlens, seq_pos, slots, strict, delta_rule, chunk_size)
     out, trace, states = _compute(layer, pool, call, [list(range(1, int(n) + 1)) for n in call.lengths])
-    cfg = layer.cfg
-    total = call.x.shape[0]
-    conv_steps = np.empty((total, cfg.conv_dim, cfg.conv_kernel))
-    rec_steps = np.empty((total, cfg.num_v_heads, cfg.head_k_dim, cfg.head_v_dim))
-    for i, start in enumerate(call.cu[:-1].tolist()):
-        for j, (conv, rec) in states[i].items():
-            conv_steps[start + j - 1], rec_steps[start + j - 1] = conv, rec
-    real = call.slots != PAD_SLOT_ID
-    seen = np.where(real, pool.seq_len[np.where(real, call.slots, 0)], -1)
     pool.warned = call.warned
-    spec = SpecVerify(pool, layer.layer_index, call.cu, call.pos, call.slots, seen, conv_steps, rec_steps)
+    spec = _spec(layer, pool, call, states, None)
     return out, trace, spec
 
 
-def commit(spec: SpecVerify, accepted) -> None:
+def forward_mixed(layer: Layer, pool: State, x, cu_seqlens, seq_pos, slots, verify, *, strict: bool | None = None,
+                  delta_rule: str | None = None, chunk_size: int | None = None
+                  ) -> tuple[np.ndarray, dict[str, np.ndarray], SpecVerify]:
+    """A serving batch as engines schedule it: the rows with ``verify[i]`` true are speculative-verify rows
+    (as :func:`verify_spec`: no slot written, the state after every token kept), the others plain prefill
+    and decode rows (as :func:`forward_packed`: their slots written). Returns ``(out, trace, spec)``;
+    :func:`commit` ``(spec, accepted)`` commits the verify rows (a plain row's count is 0)."""
+    call = _prepare(layer, pool, x, cu_seqlens, seq_pos, slots, strict, delta_rule, chunk_size)
+    rows = check_verify_rows(verify, call.lengths.shape[0], layer.layer_index)
+    cuts = [list(range(1, int(n) + 1)) if v else [int(n)] for n, v in zip(call.lengths, rows)]
+    out, trace, states = _compute(layer, pool, call, cuts)
+    spec = _spec(layer, pool, call, states, rows)
+    plain = replace(call, slots=np.where(rows, PAD_SLOT_ID, call.slots))
+    _write_final(pool, plain, states)  # the plain rows' slots (a verify row is padding to this write)
+    return out, trace, spec
+
+
+def commit(spec: SpecVerify, accepted, snap_seq=(), snap_offset=(), snap_slot=()) -> None:
     """Make each slot of a verify as if only its sequence's first ``accepted[i]`` tokens had been run
     (``seq_len = seq_pos + accepted``); ``accepted[i] = 0`` leaves the slot as it was. Once per verify;
-    refused when a call since the verify moved one of its slots' seq_len."""
+    refused when a call since the verify moved one of its slots' seq_len. Snapshot request m writes
+    sequence ``snap_seq[m]``'s state after ``snap_offset[m]`` (in ``1..accepted``) of its tokens to slot
+    ``snap_slot[m]``, ``seq_len = seq_pos + offset`` (a prefix cache entry inside the accepted window)."""
     pool, where = spec.pool, spec.layer_index
-    n = check_accepted(accepted, spec.lengths, where)
+    n = check_accepted(accepted, spec.lengths, where, spec.verify)
+    seq, off, dest = check_commit_snapshots(snap_seq, snap_offset, snap_slot, n, spec.slots, pool.batch, where)
     if spec.committed:
         raise SpecCommitError("expected one commit per verify_spec, found this verify already committed",
                               layer=where)
     real = spec.slots != PAD_SLOT_ID
+    if spec.verify is not None:  # a mixed call: its plain rows' slots were written by the call itself
+        real = real & spec.verify
     now = np.where(real, pool.seq_len[np.where(real, spec.slots, 0)], -1)
     moved = np.flatnonzero(now != spec.slot_seq_len)
     if moved.size:
@@ -184,7 +203,29 @@ def commit(spec: SpecVerify, accepted) -> None:
         pool.conv_state[slot] = spec.conv_state_steps[row]
         pool.recurrent_state[slot] = spec.recurrent_state_steps[row]
         pool.seq_len[slot] = spec.seq_pos[i] + n[i]
+    for i, o, d in zip(seq.tolist(), off.tolist(), dest.tolist()):
+        row = int(spec.cu_seqlens[i] + o - 1)
+        pool.conv_state[d], pool.recurrent_state[d] = spec.conv_state_steps[row], spec.recurrent_state_steps[row]
+        pool.seq_len[d] = spec.seq_pos[i] + o
     spec.committed = True
+
+
+def _spec(layer: Layer, pool: State, call: _Call, states, rows: np.ndarray | None) -> SpecVerify:
+    """The steps of the verify rows (``rows``; None: every row) packed by token; a plain row's rows of the
+    steps hold its final state only (never committed)."""
+    cfg = layer.cfg
+    total = call.x.shape[0]
+    conv_steps = np.zeros((total, cfg.conv_dim, cfg.conv_kernel))
+    rec_steps = np.zeros((total, cfg.num_v_heads, cfg.head_k_dim, cfg.head_v_dim))
+    for i, start in enumerate(call.cu[:-1].tolist()):
+        for j, (conv, rec) in states[i].items():
+            conv_steps[start + j - 1], rec_steps[start + j - 1] = conv, rec
+    real = call.slots != PAD_SLOT_ID
+    if rows is not None:
+        real = real & rows
+    seen = np.where(real, pool.seq_len[np.where(real, call.slots, 0)], -1)
+    return SpecVerify(pool, layer.layer_index, call.cu, call.pos, call.slots, seen, conv_steps, rec_steps,
+                      verify=rows)
 
 
 # --- checking, computing, writing ------------------------------------------------------------------

@@ -18,7 +18,14 @@ from dataclasses import dataclass
 import numpy as np
 
 from gdncheck.calls import PAD_SLOT_ID
-from gdncheck.conformance.judge.packed import Sequence, as_judged, sequence_of, sequences, token_word
+from gdncheck.conformance.judge.packed import (
+    Sequence,
+    as_judged,
+    is_verify_row,
+    sequence_of,
+    sequences,
+    token_word,
+)
 from gdncheck.stages import STATE_NAMES
 
 #: sequences drawn (as panels of one figure) for one failing tensor at most, those over the bound
@@ -52,7 +59,7 @@ def as_seen(arr: np.ndarray, layout: dict | None, tensor: str) -> np.ndarray:
 def where(layout: dict, row: int | None, token: int | None) -> str:
     """``sequence 1, token 0 (slot 0)`` for a stream position (a verify's: ``draft token``)."""
     seq = sequences(layout)[row]
-    return f"sequence {seq.index}, {token_word(layout)} {token} ({seq.slot_text})"
+    return f"sequence {seq.index}, {token_word(layout, seq.index)} {token} ({seq.slot_text})"
 
 
 def first_text(fd, layout: dict) -> str:
@@ -74,7 +81,8 @@ def step_label(layout: dict) -> str:
     """The pipeline's row label of a serving step: what it does, in the step's own terms."""
     op, call = layout["op"], layout["call"]
     if op == "commit":
-        return f"call {call} (commit of call {layout.get('of_call')}: accepted {layout.get('accepted')})"
+        snaps = f", {len(layout['snap_offset'])} snapshots" if layout.get("snap_offset") else ""
+        return f"call {call} (commit of call {layout.get('of_call')}: accepted {layout.get('accepted')}{snaps})"
     seqs = sequences(layout)
     n = sum(s.length for s in seqs)
     extra = f", {len(layout.get('snap_offset', []))} snapshots" if op == "prefix_snapshots" else ""
@@ -91,24 +99,29 @@ def meanings(layout: dict) -> list[dict]:
             what = (f"commit {n}: the slot's state after the first {n} draft token{'s' if n != 1 else ''} of call "
                     f"{layout.get('of_call')}"
                     if n else "commit 0: the slot keeps its state from before the verify")
+            if "verify" in layout and not layout["verify"][i]:  # a plain row of a mixed call
+                what = f"plain row of call {layout.get('of_call')}: written by that call, nothing to commit"
             rows.append(_row(i, slot, None, layout["seq_pos"][i], None, what if slot != PAD_SLOT_ID else
                              "padding: nothing committed"))
-        return rows
+        return rows + _snapshot_rows(layout, "accepted tokens")
     for seq in sequences(layout):
         if seq.padding:
             what = "padding: computed from a zero state, no pool slot read or written"
-        elif op == "verify_spec":
+        elif is_verify_row(layout, seq.index):
             what = (f"verify {seq.length} draft tokens (draft token 0 … {seq.length - 1}); the slot is not written "
                     f"until a commit")
         else:
             what = f"{seq.kind}: reads and writes its slot"
-        kind = "verify" if op == "verify_spec" else seq.kind  # draft tokens, neither prefill nor decode
+        kind = "verify" if is_verify_row(layout, seq.index) else seq.kind  # draft tokens, neither prefill nor decode
         rows.append(_row(seq.index, seq.slot, seq.length, seq.seq_pos, kind, what))
-    for s, o, d in zip(layout.get("snap_seq", []), layout.get("snap_offset", []), layout.get("snap_slot", [])):
-        rows.append({"sequence": s, "slot": f"slot {d}", "tokens": None, "positions": None, "kind": "snapshot",
-                     "what": f"snapshot at offset {o}: the state of sequence {s} after its first {o} tokens, "
-                             f"stored in slot {d}"})
-    return rows
+    return rows + _snapshot_rows(layout, "tokens")
+
+
+def _snapshot_rows(layout: dict, counted: str) -> list[dict]:
+    return [{"sequence": s, "slot": f"slot {d}", "tokens": None, "positions": None, "kind": "snapshot",
+             "what": f"snapshot at offset {o}: the state of sequence {s} after its first {o} {counted}, "
+                     f"stored in slot {d}"}
+            for s, o, d in zip(layout.get("snap_seq", []), layout.get("snap_offset", []), layout.get("snap_slot", []))]
 
 
 def _row(i: int, slot: int, length: int | None, pos: int, kind: str | None, what: str) -> dict:
@@ -204,7 +217,7 @@ def slot_roles(layout: dict) -> dict[int, str]:
     for i, slot in enumerate(layout["slots"]):
         if slot == PAD_SLOT_ID:
             continue
-        if op == "verify_spec":
+        if op != "commit" and is_verify_row(layout, i):
             text = f"sequence {i}'s: read (verify writes no slot)"
         elif op == "commit":
             n = layout["accepted"][i]

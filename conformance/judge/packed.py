@@ -81,13 +81,22 @@ def sequence_of(step: dict, t: int) -> tuple[Sequence, int]:
     return seqs[i], t - seqs[i].start
 
 
-def token_word(step: dict) -> str:
-    """What a token of a sequence is in this step: a speculative verify's tokens are draft tokens."""
-    return "draft token" if step["op"] == "verify_spec" else "token"
+def is_verify_row(step: dict, index: int) -> bool:
+    """Whether sequence ``index`` of a step is a speculative-verify row: every row of a ``verify_spec``,
+    the rows flagged ``verify`` of a ``forward_mixed``."""
+    if step["op"] == "forward_mixed":
+        return bool(step["verify"][index])
+    return step["op"] == "verify_spec"
+
+
+def token_word(step: dict, index: int = 0) -> str:
+    """What a token of sequence ``index`` is in this step: a speculative verify's tokens are draft tokens."""
+    return "draft token" if is_verify_row(step, index) else "token"
 
 
 #: the fields of a serving step the summary keeps (:func:`layout`), besides op, call and the slots it may write
-LAYOUT_FIELDS = ("cu_seqlens", "seq_pos", "slots", "accepted", "of_call", "snap_seq", "snap_offset", "snap_slot")
+LAYOUT_FIELDS = ("cu_seqlens", "seq_pos", "slots", "accepted", "of_call", "snap_seq", "snap_offset", "snap_slot",
+                 "verify")
 
 
 def layout(index: int, step: dict) -> dict:
@@ -101,13 +110,11 @@ def layout(index: int, step: dict) -> dict:
 
 
 def written_slots(step: dict) -> set[int]:
-    """The slots a serving step may write: its sequences' (a verify: none; a commit: those accepting
-    at least one token) and its snapshots' destinations."""
-    slots = [s for s in step.get("slots", []) if s != PAD_SLOT_ID]
-    if step["op"] == "verify_spec":
-        return set()
+    """The slots a serving step may write: its sequences' (a verify: none; a mixed call: its plain rows';
+    a commit: those accepting at least one token) and its snapshots' destinations."""
+    slots = [s for i, s in enumerate(step.get("slots", [])) if s != PAD_SLOT_ID and not is_verify_row(step, i)]
     if step["op"] == "commit":
-        return {s for s, n in zip(step["slots"], step["accepted"]) if s != PAD_SLOT_ID and n > 0}
+        slots = [s for s, n in zip(step["slots"], step["accepted"]) if s != PAD_SLOT_ID and n > 0]
     return set(slots) | set(step.get("snap_slot", []))
 
 
@@ -122,9 +129,10 @@ def locate_token(rec: Record, step: dict) -> None:
     rec.first_bad_position = seq.seq_pos + j
     where = "the padding sequence" if seq.padding else f"slot {seq.slot}"
     # the failure said its first element as if the stream were one row at sequence 0's position
-    messages.relocate(rec, f"sequence {seq.index}'s {token_word(step)} {j} (position {rec.first_bad_position})",
+    word = token_word(step, seq.index)
+    messages.relocate(rec, f"sequence {seq.index}'s {word} {j} (position {rec.first_bad_position})",
                       f"[packed call: stream token {t} is sequence {seq.index} ({where}, {seq.length} tokens), "
-                      f"its {token_word(step)} {j} at position {rec.first_bad_position}]")
+                      f"its {word} {j} at position {rec.first_bad_position}]")
 
 
 def slot_note(rec: Record, step: dict, actual: np.ndarray | None, expected: np.ndarray, bound: Bound,

@@ -32,7 +32,7 @@ MAX_TABLE_BYTES = 64 * 1024 * 1024
 PROPERTY_ROWS = "properties"
 #: sha256 of the packaged tolerances.json this release ships (re-derived tables update it: it is the
 #: one line a review sees change when a bound moves)
-SHIPPED_SHA256 = "c9ebc87c581f3575b9d705c0e4d43c01bb93fcc295465ce87aefd45b00f201fc"
+SHIPPED_SHA256 = "eddc0e5444225a54f2358f545b5a9d0979160e091ca2f2c4a75910b5c8071fa9"
 #: how many loosened bounds an error message lists
 LISTED_LOOSER = 3
 

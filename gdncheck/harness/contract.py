@@ -84,8 +84,9 @@ class LayerAdapter:
     ``prepare_input`` converts the runner's float32 NumPy input (default: unchanged).
 
     ``serving``: how it runs the serving ops (docs/serving.md, FORMAT.md §4.1), the state being the
-    pool: a module with ``forward_packed``, ``prefix_snapshots``, ``verify_spec`` and ``commit`` taking
-    the layer first (``gdncheck.reference.serving``, ``gdncheck.gpu_impl.serving``; or
+    pool: a module with ``forward_packed``, ``prefix_snapshots``, ``verify_spec``, ``commit`` (its snapshot
+    requests optional) and ``forward_mixed`` (optional: not applicable without it) taking the layer first
+    (``gdncheck.reference.serving``, ``gdncheck.gpu_impl.serving``; or
     :mod:`.plain_serving`, each sequence as a plain call on a one-row state, the definition: for layers
     that only *earn* bounds, never to claim a packed path), or None (the serving ops are not
     applicable). ``serving_options``: keyword arguments of its calls.
@@ -143,8 +144,17 @@ class LayerAdapter:
         return self._pattern("verify_spec")(self.layer, pool, self._prepare(x), cu_seqlens, seq_pos, slots,
                                             **self._serving_options)
 
-    def commit(self, spec, accepted) -> None:
-        self._pattern("commit")(spec, accepted)
+    def forward_mixed(self, x, pool, cu_seqlens, seq_pos, slots, verify):
+        fn = self._pattern("forward_mixed")
+        if fn is None:
+            raise NotApplicable(f"{self.name} runs no mixed serving batches (verify rows beside plain rows)")
+        return fn(self.layer, pool, self._prepare(x), cu_seqlens, seq_pos, slots, verify, **self._serving_options)
+
+    def commit(self, spec, accepted, snap_seq=(), snap_offset=(), snap_slot=()) -> None:
+        if len(snap_seq):  # a commit keeping accepted prefixes (docs/serving.md §4)
+            self._pattern("commit")(spec, accepted, snap_seq, snap_offset, snap_slot)
+        else:
+            self._pattern("commit")(spec, accepted)
 
     def free(self, pool, slots) -> None:
         """Zero the slots and their seq_len (a finished request): the state's ``reset(rows)``."""

@@ -19,7 +19,15 @@ from typing import Any
 
 import numpy as np
 
-from gdncheck.calls import PAD_SLOT_ID, check_accepted, check_cu_seqlens, check_slots, check_snapshot_requests
+from gdncheck.calls import (
+    PAD_SLOT_ID,
+    check_accepted,
+    check_commit_snapshots,
+    check_cu_seqlens,
+    check_slots,
+    check_snapshot_requests,
+    check_verify_rows,
+)
 
 from .contract import to_numpy
 
@@ -101,6 +109,7 @@ class PlainSpec:
     slots: np.ndarray
     lengths: np.ndarray
     steps: list[dict[int, Any]] = field(default_factory=list)  # per sequence {j: state after j tokens}
+    verify: np.ndarray | None = None  # a mixed call's verify rows (None: every row)
 
 
 def verify_spec(layer, pool, x, cu_seqlens, seq_pos, slots):
@@ -110,9 +119,23 @@ def verify_spec(layer, pool, x, cu_seqlens, seq_pos, slots):
     return out, trace, PlainSpec(pool, slots, lengths, states)
 
 
-def commit(spec: PlainSpec, accepted) -> None:
-    accepted = check_accepted(accepted, spec.lengths, None)
+def forward_mixed(layer, pool, x, cu_seqlens, seq_pos, slots, verify):
+    x, cu_seqlens, lengths, slots = _checked(layer, pool, x, cu_seqlens, slots)
+    rows = check_verify_rows(verify, lengths.shape[0], getattr(layer, "layer_index", None))
+    cuts = [list(range(1, int(n) + 1)) if v else [int(n)] for n, v in zip(lengths, rows)]
+    out, trace, states = _run(layer, pool, x, cu_seqlens, seq_pos, slots, cuts)
+    for i, slot in enumerate(slots.tolist()):
+        if slot != PAD_SLOT_ID and not rows[i]:
+            _put(pool, slot, states[i][int(lengths[i])])
+    return out, trace, PlainSpec(pool, slots, lengths, states, rows)
+
+
+def commit(spec: PlainSpec, accepted, snap_seq=(), snap_offset=(), snap_slot=()) -> None:
+    accepted = check_accepted(accepted, spec.lengths, None, spec.verify)
+    snaps = check_commit_snapshots(snap_seq, snap_offset, snap_slot, accepted, spec.slots, len(spec.pool.seq_len), None)
     for i, slot in enumerate(spec.slots.tolist()):
         n = int(accepted[i])
         if slot != PAD_SLOT_ID and n > 0:
             _put(spec.pool, slot, spec.steps[i][n])
+    for i, o, d in zip(*(a.tolist() for a in snaps)):
+        _put(spec.pool, d, spec.steps[i][o])

@@ -9,7 +9,7 @@ The serving ops (docs/serving.md, FORMAT.md §4.1) run on the same state, read a
 (a state of ``batch`` rows is a pool of ``batch`` slots): their input ``calls.{k}.x`` is packed
 ``[total_tokens, D]``, their stage tensors are ``[total_tokens, ...]``, and the states kept after
 them are the whole pool. An implementation runs them through its optional methods
-(``forward_packed``, ``prefix_snapshots``, ``verify_spec``, ``commit``, ``free``; see
+(``forward_packed``, ``prefix_snapshots``, ``verify_spec``, ``commit``, ``forward_mixed``, ``free``; see
 :class:`~.contract.LayerAdapter`); one without them gets the case ``not_applicable``.
 """
 
@@ -37,7 +37,7 @@ from .contract import Implementation, NotApplicable, error_code, to_numpy
 #: one-token calls, outputs stacked along T); each has a call index and an input ``calls.{k}.x``.
 #: The serving ops with a call index (FORMAT.md §4.1): the packed calls (input ``[total_tokens, D]``)
 #: and ``commit``, which has no input and keeps the pool it leaves.
-SERVING_CALL_OPS: tuple[str, ...] = ("forward_packed", "prefix_snapshots", "verify_spec", "commit")
+SERVING_CALL_OPS: tuple[str, ...] = ("forward_packed", "prefix_snapshots", "verify_spec", "commit", "forward_mixed")
 CALL_OPS: tuple[str, ...] = ("forward", "decode", *SERVING_CALL_OPS)
 #: Every op a program may hold (FORMAT.md §4), in the order the format lists them.
 PROGRAM_OPS: tuple[str, ...] = ("construct", "reset", *CALL_OPS, "free", "snapshot", "restore", "save", "load")
@@ -212,15 +212,19 @@ def _serving(impl: Implementation, op: str, step: Mapping[str, Any], x: np.ndarr
              specs: dict[int, Any]) -> dict[str, np.ndarray]:
     """One serving step on the pool; the trace packed by token ({} for ``commit``)."""
     ints = {f: np.asarray(step[f], dtype=np.int64) for f in ("cu_seqlens", "seq_pos", "slots", "snap_seq",
-                                                            "snap_offset", "snap_slot", "accepted") if f in step}
+                                                            "snap_offset", "snap_slot", "accepted", "verify")
+            if f in step}
     if op == "commit":
-        _method(impl, "commit")(specs.pop(int(step["of_call"])), ints["accepted"])
+        snaps = [ints[f] for f in ("snap_seq", "snap_offset", "snap_slot") if f in ints]
+        _method(impl, "commit")(specs.pop(int(step["of_call"])), ints["accepted"], *snaps)
         return {}
     layout = (ints["cu_seqlens"], ints["seq_pos"], ints["slots"])
     if op == "forward_packed":
         out, trace = _method(impl, op)(x, pool, *layout)
     elif op == "prefix_snapshots":
         out, trace = _method(impl, op)(x, pool, *layout, ints["snap_seq"], ints["snap_offset"], ints["snap_slot"])
+    elif op == "forward_mixed":
+        out, trace, specs[int(step["call"])] = _method(impl, op)(x, pool, *layout, ints["verify"])
     else:
         out, trace, specs[int(step["call"])] = _method(impl, op)(x, pool, *layout)
     return _trace_arrays(out, trace)

@@ -73,8 +73,9 @@ def test_node_port_runs_the_serving_cases(tmp_path):
     bad = [f"{c.id}: {c.message or c.problem}" for c in s.cases if c.status != "pass"]
     assert s.exit_code == 0 and not bad, "\n".join(bad)
     t = s.totals()
-    assert t["passed"] == 11 and t["records_missing"] == 0
+    assert t["passed"] == 13 and t["records_missing"] == 0  # with issue 36's mixed-batch, spec-prefix-cache
     refused = {c.id.split("_")[0] for c in s.cases if "error" in c.tags}
     assert refused == {"error-free-padding", "error-free-out-of-range", "error-slot-index", "error-duplicate-slot",
                        "error-empty-sequence", "error-accept-count", "error-snapshot-request"}
-    assert {r.op for c in s.cases for r in c.records} >= {"forward_packed", "prefix_snapshots", "verify_spec", "commit"}
+    assert {r.op for c in s.cases for r in c.records} >= {"forward_packed", "prefix_snapshots", "verify_spec", "commit",
+                                                         "forward_mixed"}

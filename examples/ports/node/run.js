@@ -175,6 +175,16 @@ function runCase(st, entry, outDir) {
           keep(outputs, step, trace, layer, state);
           break;
         }
+        case 'forward_mixed': { // verify rows (verify[i] = 1) as verify_spec, plain rows as forward_packed
+          const steps = step.slots.map(() => []);
+          const { trace, rows } = layer.packed(st.tensors[`calls.${step.call}.x`], state, step.cu_seqlens, step.seq_pos,
+            step.slots, (i, j, row) => { if (step.verify[i]) steps[i][j] = GDNLayer.cloneState(row); });
+          step.slots.forEach((slot, i) => { if (slot !== PAD_SLOT_ID && !step.verify[i]) layer.putRow(state, slot, rows[i]); });
+          // a plain row has nothing to commit: 0 draft tokens
+          verifies[step.call] = { slots: step.slots, steps: steps.map((s, i) => (step.verify[i] ? s : [null])) };
+          keep(outputs, step, trace, layer, state);
+          break;
+        }
         case 'commit': {
           const v = verifies[step.of_call];
           delete verifies[step.of_call];
@@ -182,10 +192,16 @@ function runCase(st, entry, outDir) {
             const k = v.steps[i].length - 1;
             if (!Number.isInteger(n) || n < 0 || n > k) throw new GDNError('accept_count', `sequence ${i}: accepted ${n}, expected 0..${k} (its draft tokens)`);
           });
+          (step.snap_seq || []).forEach((i, m) => {
+            const o = step.snap_offset[m];
+            if (!(o >= 1 && o <= step.accepted[i])) throw new GDNError('snapshot_request', `request ${m}: offset ${o}, expected 1..${step.accepted[i]} (sequence ${i}'s accepted tokens)`);
+          });
           v.slots.forEach((slot, i) => {
             const n = step.accepted[i];
             if (slot !== PAD_SLOT_ID && n > 0) layer.putRow(state, slot, v.steps[i][n]);
           });
+          // prefix snapshots inside (or at the end of) the accepted windows
+          (step.snap_seq || []).forEach((i, m) => layer.putRow(state, step.snap_slot[m], v.steps[i][step.snap_offset[m]]));
           keep(outputs, step, {}, layer, state);
           break;
         }
