@@ -88,6 +88,34 @@ def _commit_off_by_one(spec, accepted) -> None:
         spec.pool.seq_len[slot] = spec.steps[i][n].seq_len[0]  # seq_pos + n, as the contract says
 
 
+def _commit_counting(spec, accepted, count) -> None:
+    """commit with each accepted count n read as ``count(n, window)`` (the state after that many
+    tokens, seq_len to match: a consistent but wrong commit)."""
+    for i, slot in enumerate(spec.slots.tolist()):
+        n = count(int(accepted[i]), int(spec.lengths[i]))
+        if slot != PAD_SLOT_ID and n > 0:
+            plain._put(spec.pool, slot, spec.steps[i][n])
+
+
+def _commit_one_late(spec, accepted) -> None:
+    """commit(n) keeps the state after n + 1 tokens (the window's last at most): the accepted count
+    read as the index of the last accepted token plus one more (the bonus token counted)."""
+    _commit_counting(spec, accepted, lambda n, window: min(n + 1, window) if n > 0 else 0)
+
+
+def _commit_capped_4(spec, accepted) -> None:
+    """commit(n) keeps the state after min(n, 4) tokens (a kernel built for drafts of at most 4)."""
+    _commit_counting(spec, accepted, lambda n, window: min(n, 4))
+
+
+def _free_keeping_conv_state(pool, slots) -> None:
+    """The recurrent state and seq_len zeroed, the conv window kept: the next request in the slot
+    starts from the old request's last K columns."""
+    for s in np.asarray(slots, dtype=np.int64).tolist():
+        pool.recurrent_state[s] = 0
+        pool.seq_len[s] = 0
+
+
 def _late_snapshots(layer, pool, x, cu, pos, slots, snap_seq, snap_offset, snap_slot):
     lengths = np.diff(cu)
     late = np.minimum(np.asarray(snap_offset) + CHUNK, lengths[np.asarray(snap_seq)])
@@ -188,6 +216,14 @@ SERVING_MUTANTS: tuple[ServingMutant, ...] = (
                   serving=_serving(commit=_commit_off_by_one), case_tags=("spec-decode",)),
     ServingMutant("snapshot_chunk_late", EmulatedLayer, "conv1d", bug_class="prefix snapshot one chunk late",
                   serving=_serving(prefix_snapshots=_late_snapshots), case_tags=("prefix-cache",)),
+    # the state-handling classes real engines have shipped (issue 36 item 5)
+    ServingMutant("commit_one_late", EmulatedLayer, "conv1d", bug_class="commit one token late (n + 1 kept)",
+                  serving=_serving(commit=_commit_one_late), case_tags=("spec-decode",)),
+    ServingMutant("commit_capped_4", EmulatedLayer, "conv1d", bug_class="commit's accepted count capped at 4",
+                  serving=_serving(commit=_commit_capped_4), case_tags=("spec-decode",)),
+    ServingMutant("free_keeps_conv_state", EmulatedLayer, "conv1d", ("packed-mixed", 3),
+                  bug_class="stale conv state on a new request (state handling)",
+                  serving=_serving(free=_free_keeping_conv_state), case_tags=("packed", "slots")),
 )
 
 #: Misreadings of the contract (module docstring), each first seen at ``stage`` in call ``call[1]`` of
