@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 import warnings
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 import numpy as np
 
@@ -52,14 +52,25 @@ class Diagnosis:
     candidates: int  # how many were compared
     alternatives: tuple[str, ...] = ()  # ambiguous: the other bug classes that explain it as well
     closest: dict | None = None  # none: the closest candidate {bug_class, candidate, residual}, never shown
+    #: where the first divergence says the state's handling is at fault, not the stage whose tensor
+    #: shows it (:func:`state_handling`): {op, why}
+    state_handling: dict | None = None
+    #: ambiguous at the first divergence, told apart by this later failing tensor of the same step
+    told_apart_by: str | None = None
 
     def text(self) -> str:
         if self.verdict == "matches":
-            return f"matches: {self.bug_class} (residual {self.residual:.2g})"
-        if self.verdict == "ambiguous":
-            return (f"ambiguous: {' or '.join((self.bug_class, *self.alternatives))} (residual {self.residual:.2g}; "
+            said = f"matches: {self.bug_class} (residual {self.residual:.2g})"
+            if self.told_apart_by:
+                said += f"; told apart from the bug classes giving the same {self.tensor} by {self.told_apart_by}"
+        elif self.verdict == "ambiguous":
+            said = (f"ambiguous: {' or '.join((self.bug_class, *self.alternatives))} (residual {self.residual:.2g}; "
                     "this case cannot tell them apart)")
-        return "no known bug class matches"
+        else:
+            said = "no known bug class matches"
+        if self.state_handling:
+            said = f"state handling ({self.state_handling['op']}): {said}; {self.state_handling['why']}"
+        return said
 
     def to_json(self) -> dict:
         d = asdict(self)
@@ -69,6 +80,49 @@ class Diagnosis:
                 doc["residual"] = None
         d["text"] = self.text()
         return d
+
+
+#: Program steps between two calls that only move the state (FORMAT.md §4): the first call after one
+#: that fails may have read a state they left wrong.
+STATE_MOVES = ("reset", "free", "restore", "load")
+
+
+def _get(rec, name):
+    return rec.get(name) if isinstance(rec, dict) else getattr(rec, name, None)
+
+
+def state_handling(first, records, program=None) -> dict | None:
+    """Whether a case's first divergence ``first`` (a ``FirstDivergence`` or its JSON) points at the
+    state's handling rather than at the stage whose tensor shows it: {op, why}, or None.
+
+    - a ``commit`` step computes nothing: a state it leaves wrong is the commit's (which of the
+      verify's states it kept, in which slot);
+    - a call whose every failing record is a state (``conv_state``, ``recurrent_state``, ``seq_len``)
+      computed its outputs right and left the state wrong (which state it wrote, or where);
+    - with ``program``: the first call failing after a step that only moves the state (``reset``,
+      ``free``, ``restore``, ``load``) may have read a state that step left wrong.
+    ``records``: the case's records (``Record`` objects or their JSON)."""
+    step, op, tensor = _get(first, "step"), _get(first, "op"), _get(first, "tensor")
+    if step is None or tensor is None:
+        return None
+    here = [r for r in records if _get(r, "verdict") == "fail" and _get(r, "step") == step]
+    if op == "commit":
+        return {"op": "commit", "why": f"the commit computes nothing: the {tensor} it left is the wrong one of "
+                                      "the verify's states, or in the wrong slot (not a bug of the stage that "
+                                      "produced it)"}
+    held = (*STATE_NAMES, "seq_len")
+    if tensor in held and here and all(_get(r, "tensor") in held for r in here):
+        return {"op": op, "why": f"the {op} step's outputs are right and the {tensor} it left is not: which "
+                                 "state it wrote, or where"}
+    if program is not None:
+        before = [s.get("op") for s in program[:step]]
+        calls = [i for i, o in enumerate(before) if o not in (None, "construct") and o not in STATE_MOVES
+                 and o not in ("snapshot", "save")]
+        moves = [o for o in before[(calls[-1] + 1 if calls else 0):] if o in STATE_MOVES]
+        if moves and calls:
+            return {"op": moves[-1], "why": f"the first failing call follows a {moves[-1]} step: the state it read "
+                                            "may be what is wrong"}
+    return None
 
 
 def _heads_axis(tensor: str) -> int | None:
@@ -204,10 +258,29 @@ class Diagnoser:
         if self.limit is not None and self.done >= self.limit:
             return {"verdict": "skipped", "text": f"not diagnosed (only the first {self.limit} failing cases are)",
                     "tensor": rec.tensor, "call": rec.call}
+        first = self._diagnose(judge, rec)
+        if first is None:
+            return None
+        self.done += 1
+        d = first
+        if d.verdict == "ambiguous":
+            d = self._tell_apart(judge, report, rec, d)
+        handling = state_handling(fd, report.records, judge.entry.get("program"))
+        d = (replace(d, state_handling=handling) if handling else d).to_json()
+        if d["verdict"] == "none" and rec.reason == "routing" and rec.routing:  # what the routing verdict knows
+            tok = rec.routing["first"][0]
+            d["text"] += ("; the first token routed otherwise sits at an exact tie on the k boundary, but the port "
+                          "took an expert outside the tied ones" if tok["exact_tie"] else
+                          f"; the first token routed otherwise has a probability margin of {tok['prob_margin']:.3g}, "
+                          "beyond any rounding")
+        return d
+
+
+    def _diagnose(self, judge, rec) -> Diagnosis | None:
+        """The diagnosis of one failing record (None: its tensors cannot be read)."""
         actual, expected = _read_pair(judge, rec)
         if actual is None:
             return None
-        self.done += 1
         extra = self.catalogue(judge.entry, judge.profile, judge.mode, rec) if self.catalogue else None
         # a packed call's stage tensor [total_tokens, ...] as the judge saw it (one row): its case
         # statistics, and so the residuals' scale, are of that layout (packed.as_judged)
@@ -216,14 +289,28 @@ class Diagnoser:
         extra = {k: (cls, as_judged(arr, step, rec.tensor)) for k, (cls, arr) in (extra or {}).items()}
         stats = (getattr(judge, "stats", None) or {}).get(rec.tensor) if rec.tensor not in STATE_NAMES else None
         scale = error_denominator(expected, rec.tensor, judge.profile, stats, rec.call)
-        d = diagnose_tensor(actual, expected, rec.tensor, call=rec.call, config=judge.entry.get("config"),
-                            extra=extra, scale=scale).to_json()
-        if d["verdict"] == "none" and rec.reason == "routing" and rec.routing:  # what the routing verdict knows
-            tok = rec.routing["first"][0]
-            d["text"] += ("; the first token routed otherwise sits at an exact tie on the k boundary, but the port "
-                          "took an expert outside the tied ones" if tok["exact_tie"] else
-                          f"; the first token routed otherwise has a probability margin of {tok['prob_margin']:.3g}, "
-                          "beyond any rounding")
+        return diagnose_tensor(actual, expected, rec.tensor, call=rec.call, config=judge.entry.get("config"),
+                               extra=extra, scale=scale)
+
+    def _tell_apart(self, judge, report, rec, d: Diagnosis) -> Diagnosis:
+        """Bug classes that give the same numbers at the first divergence may not at the other tensors
+        that fail in the same step (a stale conv window with or without a stale recurrent state: the same
+        qkv_conv, another core): the first of those records, in pipeline order, that exactly one of the
+        ambiguous classes matches decides, and the diagnosis says which tensor told them apart."""
+        classes = {d.bug_class, *d.alternatives}
+        for other in report.records:
+            if other is rec or other.verdict != "fail" or other.step != rec.step or other.op == "save":
+                continue
+            later = self._diagnose(judge, other)
+            if later is None or later.verdict == "none":
+                continue
+            named = {later.bug_class, *later.alternatives} if later.verdict == "ambiguous" else {later.bug_class}
+            kept = classes & named if later.source == "mutant" else set()
+            if len(kept) == 1:
+                cls = kept.pop()
+                name = later.candidate if later.bug_class == cls else d.candidate if d.bug_class == cls else None
+                return replace(d, verdict="matches", alternatives=(), told_apart_by=other.tensor, bug_class=cls,
+                               candidate=name)
         return d
 
 

@@ -34,7 +34,8 @@ def test_the_kill_matrix_lists_the_serving_bug_classes():
     classes = {m.bug_class for m in SERVING_MUTANTS}
     assert {"conv window leaks across a packed boundary", "chunks straddle two sequences",
             "state read from slot i, written to j", "padding slot written", "commit off by one token",
-            "prefix snapshot one chunk late"} == classes
+            "prefix snapshot one chunk late", "commit one token late (n + 1 kept)",
+            "commit's accepted count capped at 4", "stale conv state on a new request (state handling)"} == classes
 
 
 def test_a_slot_wrong_since_an_earlier_step_is_not_blamed_on_a_later_one(fixtures_dir, tmp_path):
