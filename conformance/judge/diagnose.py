@@ -184,27 +184,49 @@ def transforms(actual: np.ndarray, expected: np.ndarray, tensor: str, config: di
     return out
 
 
-def residual(actual: np.ndarray, expected: np.ndarray, candidate: np.ndarray, scale=None) -> float:
-    """‖(a − c) / d‖ / ‖(a − e) / d‖ over the elements all three hold finite (NaN of the candidate
-    where ``a`` is finite, from a shifted transform, drops those elements); inf when a's NaN sit
-    elsewhere than the candidate's (a shifted transform's padding aside). ``scale`` is ``d``
-    (broadcast to ``a``; default 1)."""
+def _kind(x: np.ndarray) -> np.ndarray:
+    """0 finite, 1 NaN, 2 +inf, 3 -inf."""
+    return np.where(np.isnan(x), 1, np.where(np.isposinf(x), 2, np.where(np.isneginf(x), 3, 0)))
+
+
+def residual(actual: np.ndarray, expected: np.ndarray, candidate: np.ndarray, scale=None, noise=None,
+             padded: bool = False) -> float:
+    """‖(a − c) / d‖ / ‖(a − e) / d‖ over the elements all three hold finite (``padded``: the candidate
+    is a shifted transform, whose NaN padding where ``a`` is finite drops those elements). ``scale`` is ``d``
+    (broadcast to ``a``; default 1). ``noise``: the judge's element bound in those units; given, only
+    the elements where the port or the candidate departs from the golden by more than it count, so
+    that two engines' roundings of the same bug are not told apart by their rounding noise.
+
+    Where ``a`` or the candidate is not finite: the share of those places where they differ (a NaN or
+    an infinity the candidate does not have, of the same kind, or one the port does not have) is a
+    part of the error left unexplained, and the residual is the larger of it and the finite part's;
+    inf when the candidate has none of the port's."""
     a, e, c = (np.asarray(x, dtype=np.float64) for x in (actual, expected, candidate))
     if c.shape != a.shape:
         return math.inf
-    if np.any(np.isnan(a) & ~np.isnan(c)) or np.any(np.isinf(a) & (a != c)):
-        return math.inf
+    bad = ~np.isfinite(a)
+    extra = ~np.isfinite(c) & ~bad & (np.isinf(c) if padded else True)  # non-finite where the port is not
+    missed = 0.0
+    if bad.any() or extra.any():
+        unmatched = int(np.sum(bad & (_kind(a) != _kind(c))))
+        if bad.any() and unmatched == int(bad.sum()):
+            return math.inf
+        missed = (unmatched + int(extra.sum())) / int((bad | extra).sum())
     d = np.broadcast_to(1.0 if scale is None else np.asarray(scale, dtype=np.float64), a.shape)
     ok = np.isfinite(a) & np.isfinite(c) & np.isfinite(e) & (d > 0)
+    with np.errstate(all="ignore"):
+        ea, ec = np.abs(a - e) / d, np.abs(c - e) / d
+    if noise is not None:
+        ok &= (ea > noise) | (ec > noise)
     num = float(np.sqrt(np.sum(((a[ok] - c[ok]) / d[ok]) ** 2)))
     den = float(np.sqrt(np.sum(((a[ok] - e[ok]) / d[ok]) ** 2)))
     if den == 0.0:
-        return 0.0 if num == 0.0 and np.any(~np.isfinite(a)) else math.inf
-    return num / den
+        return missed if num == 0.0 and bad.any() else math.inf
+    return max(missed, num / den)
 
 
 def diagnose_tensor(actual, expected, tensor: str, *, call: int | None = None, config: dict | None = None,
-                    extra: dict | None = None, scale=None) -> Diagnosis:
+                    extra: dict | None = None, scale=None, noise=None) -> Diagnosis:
     """The best candidate for one failing tensor (transforms, then ``extra``: the catalogue's), with
     residuals measured in units of ``scale`` (the judge's error denominator; default absolute)."""
     if rule_of(tensor) == "log_decay":  # below the floor a decay is zero: g is the floor there (metrics)
@@ -216,7 +238,8 @@ def diagnose_tensor(actual, expected, tensor: str, *, call: int | None = None, c
     cands = [(name, cls, arr, "mutant") for name, (cls, arr) in (extra or {}).items()]
     found = transforms(actual, expected, tensor, config)
     cands += [(name, *found[name], "transform") for name in TRANSFORM_PREFERENCE if name in found]
-    scored = [(residual(actual, expected, arr, scale), name, cls, source) for name, cls, arr, source in cands]
+    scored = [(residual(actual, expected, arr, scale, noise, padded=name in ("token_late", "token_early")), name, cls,
+               source) for name, cls, arr, source in cands]
     finite = [s for s in scored if math.isfinite(s[0])]
     if not finite:
         return Diagnosis("none", tensor, call, None, None, None, None, len(cands))
@@ -289,8 +312,9 @@ class Diagnoser:
         extra = {k: (cls, as_judged(arr, step, rec.tensor)) for k, (cls, arr) in (extra or {}).items()}
         stats = (getattr(judge, "stats", None) or {}).get(rec.tensor) if rec.tensor not in STATE_NAMES else None
         scale = error_denominator(expected, rec.tensor, judge.profile, stats, rec.call)
+        noise = (rec.bound or {}).get("elem")  # the element bound, in the units of scale
         return diagnose_tensor(actual, expected, rec.tensor, call=rec.call, config=judge.entry.get("config"),
-                               extra=extra, scale=scale)
+                               extra=extra, scale=scale, noise=noise)
 
     def _tell_apart(self, judge, report, rec, d: Diagnosis) -> Diagnosis:
         """Bug classes that give the same numbers at the first divergence may not at the other tensors
