@@ -128,3 +128,26 @@ def test_a_commit_or_a_state_written_beside_right_outputs_is_state_handling():
     d = Diagnosis("none", "conv_state", 2, None, None, None, None, 12, state_handling=h)
     assert d.text().startswith("state handling (commit): no known bug class matches; the commit computes nothing")
     assert d.to_json()["state_handling"] == h
+
+
+def test_only_elements_past_the_bound_count_and_a_nan_placed_otherwise_is_a_share():
+    """Issue 36: two engines' roundings of one bug differ below the bound by their noise, which is no
+    evidence of another cause; a NaN the candidate places one element off leaves that share."""
+    rng = np.random.default_rng(3)
+    e = rng.normal(size=200)
+    bug = e.copy()
+    bug[:20] += 0.02  # the bug: 20 elements off by 20 times the roundings
+    a = bug + 1e-3 * rng.normal(size=200)  # the port's roundings
+    c = bug + 1e-3 * rng.normal(size=200)  # the catalogue's
+    assert residual(a, e, c) > MATCH  # every element: the noise of 180 elements weighs in
+    assert residual(a, e, c, noise=0.005) < 0.1  # past a bound of 0.005 only: the bug's 20
+    # a candidate predicting an error where the port has none is charged for it
+    c2 = c.copy()
+    c2[100:120] += 0.02
+    assert residual(a, e, c2, noise=0.005) > 0.9
+    # NaN: 10 in the port; the candidate has 9 of them and one a place later -> 2 of 11 places differ
+    a3, c3 = a.copy(), a.copy()
+    a3[50:60] = np.nan
+    c3[51:61] = np.nan
+    assert residual(a3, e, c3, noise=0.01) == pytest.approx(2 / 11)
+    assert residual(a3, e, a.copy(), noise=0.01) == math.inf  # none of the port's NaN
