@@ -75,3 +75,22 @@ def test_verify_names_a_serving_bug_as_the_likely_cause(fixtures_dir, tmp_path, 
     text = capsys.readouterr().out
     assert code == 1 and "FAIL  packed-mixed_" in text, text
     assert "likely cause: matches: conv window leaks across a packed boundary (residual " in text, text
+
+
+def test_a_commit_bug_is_named_a_state_handling_bug_not_a_conv_one(fixtures_dir, tmp_path, capsys):
+    """Issue 36: a commit computes nothing, so the conv_state it leaves wrong (stage conv1d in the
+    vocabulary) is grouped and printed as the commit's state handling."""
+    from gdncheck.cli import main
+
+    out = tmp_path / "out"
+    impl = "gdncheck.conformance.meta.serving_mutants:commit_one_late"
+    assert main(["run", impl, "--fixtures", str(fixtures_dir), "--profile", "f32", "--case", "spec-decode",
+                 "--out", str(out), "-q"]) == 0
+    capsys.readouterr()
+    code = main(["verify", "--fixtures", str(fixtures_dir), "--outputs", str(out), "--profile", "f32",
+                 "--case", "spec-decode", "--diagnose", "0"])
+    text = capsys.readouterr().out
+    assert code == 1
+    assert "1 first diverge at state handling at commit/conv_state" in text, text
+    assert "first diverge at conv1d" not in text, text
+    assert "first divergence call 2 (commit), stage conv1d, tensor conv_state" in text, text
