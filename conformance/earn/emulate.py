@@ -234,10 +234,14 @@ class EmulatedLayer(MoEStages):
         c = self.cfg
         return w.reshape(c.num_v_heads, c.head_v_dim) if self.norm_mode == "per_head" else w
 
+    def output_gate(self, z):
+        """silu(z), the gated norm's gate, in float32."""
+        return lowp.silu(f32(z))
+
     def gated_norm(self, core, z):
         w = self.norm_weight()
         normed = self.gated_normalize(core)
-        gate = lowp.silu(f32(z))
+        gate = self.output_gate(z)
         if self.p.gated_norm == "hf":
             return self.store(self.store(self.store(normed) * w) * gate)
         if self.p.gated_norm == "metrale":

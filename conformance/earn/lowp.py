@@ -176,7 +176,7 @@ def _unit_lower_inverse_f32(A: np.ndarray, order: str = "blas") -> np.ndarray:
 
 
 def delta_rule_chunked_f32(q, k, v, g, beta, state, scale, *, chunk_size=64, lowp=None, scale_at="out",
-                           order="blas", quotient_of_exps=False):
+                           order="blas", quotient_of_exps=False, mask_by_product=False):
     """The chunked (WY/UT) gated delta rule in float32 (reference: ``delta_rule_chunked``).
 
     Decay factors come from differences of chunk-local cumulative sums of g, as HF and FLA compute
@@ -187,7 +187,10 @@ def delta_rule_chunked_f32(q, k, v, g, beta, state, scale, *, chunk_size=64, low
     ``order`` sums every product in the chunk (over dk or over the chunk's positions) and the forward
     substitution. ``quotient_of_exps`` computes the decay between positions i and j as
     ``exp(γ_i) / exp(γ_j)`` instead of ``exp(γ_i - γ_j)`` (a bug class of the mutants: 0/0 where a
-    chunk's cumulative decay underflows). Shapes as :func:`delta_rule_recurrent_f32`.
+    chunk's cumulative decay underflows). ``mask_by_product`` takes exp(γ_i − γ_j) over the whole
+    chunk and masks it by multiplying with the causal mask (another bug class: inf · 0 = NaN where the
+    masked half's exp overflows, a chunk decaying by more than e^88). Shapes as
+    :func:`delta_rule_recurrent_f32`.
     """
     if scale_at == "q":
         q, scale = q * F32(scale), 1.0
@@ -220,14 +223,19 @@ def delta_rule_chunked_f32(q, k, v, g, beta, state, scale, *, chunk_size=64, low
             if quotient_of_exps:
                 eg = np.exp(gamma)
                 E = np.where(lower, eg[..., :, None] / eg[..., None, :], F32(0.0))
+            elif mask_by_product:
+                E = np.exp(diff) * lower.astype(F32)
             else:
                 E = np.where(lower, np.exp(np.where(lower, diff, F32(0.0))), F32(0.0))
-        A = np.where(strict, bn[..., :, None] * mm(Kn, KnT) * E, F32(0.0))
+        if mask_by_product:
+            A = bn[..., :, None] * mm(Kn, KnT) * E * strict.astype(F32)
+        else:
+            A = np.where(strict, bn[..., :, None] * mm(Kn, KnT) * E, F32(0.0))
         Tinv = r(_unit_lower_inverse_f32(A, order))
         W = r(mm(Tinv, r(Kn * (bn * np.exp(gamma))[..., None])))
         U = r(mm(Tinv, r(Vn * bn[..., None])))
         Vp = U - mm(W, r(S))
-        QK = r(np.where(lower, mm(Qn, KnT) * E, F32(0.0)))
+        QK = r(mm(Qn, KnT) * E if mask_by_product else np.where(lower, mm(Qn, KnT) * E, F32(0.0)))
         out[:, :, n] = F32(scale) * (mm(Qn * np.exp(gamma)[..., None], r(S)) + mm(QK, r(Vp)))
         last = gamma[..., -1:]
         with np.errstate(over="ignore", invalid="ignore", divide="ignore"):

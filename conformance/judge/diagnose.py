@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 import warnings
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 import numpy as np
 
@@ -52,14 +52,25 @@ class Diagnosis:
     candidates: int  # how many were compared
     alternatives: tuple[str, ...] = ()  # ambiguous: the other bug classes that explain it as well
     closest: dict | None = None  # none: the closest candidate {bug_class, candidate, residual}, never shown
+    #: where the first divergence says the state's handling is at fault, not the stage whose tensor
+    #: shows it (:func:`state_handling`): {op, why}
+    state_handling: dict | None = None
+    #: ambiguous at the first divergence, told apart by this later failing tensor of the same step
+    told_apart_by: str | None = None
 
     def text(self) -> str:
         if self.verdict == "matches":
-            return f"matches: {self.bug_class} (residual {self.residual:.2g})"
-        if self.verdict == "ambiguous":
-            return (f"ambiguous: {' or '.join((self.bug_class, *self.alternatives))} (residual {self.residual:.2g}; "
+            said = f"matches: {self.bug_class} (residual {self.residual:.2g})"
+            if self.told_apart_by:
+                said += f"; told apart from the bug classes giving the same {self.tensor} by {self.told_apart_by}"
+        elif self.verdict == "ambiguous":
+            said = (f"ambiguous: {' or '.join((self.bug_class, *self.alternatives))} (residual {self.residual:.2g}; "
                     "this case cannot tell them apart)")
-        return "no known bug class matches"
+        else:
+            said = "no known bug class matches"
+        if self.state_handling:
+            said = f"state handling ({self.state_handling['op']}): {said}; {self.state_handling['why']}"
+        return said
 
     def to_json(self) -> dict:
         d = asdict(self)
@@ -69,6 +80,49 @@ class Diagnosis:
                 doc["residual"] = None
         d["text"] = self.text()
         return d
+
+
+#: Program steps between two calls that only move the state (FORMAT.md §4): the first call after one
+#: that fails may have read a state they left wrong.
+STATE_MOVES = ("reset", "free", "restore", "load")
+
+
+def _get(rec, name):
+    return rec.get(name) if isinstance(rec, dict) else getattr(rec, name, None)
+
+
+def state_handling(first, records, program=None) -> dict | None:
+    """Whether a case's first divergence ``first`` (a ``FirstDivergence`` or its JSON) points at the
+    state's handling rather than at the stage whose tensor shows it: {op, why}, or None.
+
+    - a ``commit`` step computes nothing: a state it leaves wrong is the commit's (which of the
+      verify's states it kept, in which slot);
+    - a call whose every failing record is a state (``conv_state``, ``recurrent_state``, ``seq_len``)
+      computed its outputs right and left the state wrong (which state it wrote, or where);
+    - with ``program``: the first call failing after a step that only moves the state (``reset``,
+      ``free``, ``restore``, ``load``) may have read a state that step left wrong.
+    ``records``: the case's records (``Record`` objects or their JSON)."""
+    step, op, tensor = _get(first, "step"), _get(first, "op"), _get(first, "tensor")
+    if step is None or tensor is None:
+        return None
+    here = [r for r in records if _get(r, "verdict") == "fail" and _get(r, "step") == step]
+    if op == "commit":
+        return {"op": "commit", "why": f"the commit computes nothing: the {tensor} it left is the wrong one of "
+                                      "the verify's states, or in the wrong slot (not a bug of the stage that "
+                                      "produced it)"}
+    held = (*STATE_NAMES, "seq_len")
+    if tensor in held and here and all(_get(r, "tensor") in held for r in here):
+        return {"op": op, "why": f"the {op} step's outputs are right and the {tensor} it left is not: which "
+                                 "state it wrote, or where"}
+    if program is not None:
+        before = [s.get("op") for s in program[:step]]
+        calls = [i for i, o in enumerate(before) if o not in (None, "construct") and o not in STATE_MOVES
+                 and o not in ("snapshot", "save")]
+        moves = [o for o in before[(calls[-1] + 1 if calls else 0):] if o in STATE_MOVES]
+        if moves and calls:
+            return {"op": moves[-1], "why": f"the first failing call follows a {moves[-1]} step: the state it read "
+                                            "may be what is wrong"}
+    return None
 
 
 def _heads_axis(tensor: str) -> int | None:
@@ -130,27 +184,49 @@ def transforms(actual: np.ndarray, expected: np.ndarray, tensor: str, config: di
     return out
 
 
-def residual(actual: np.ndarray, expected: np.ndarray, candidate: np.ndarray, scale=None) -> float:
-    """‖(a − c) / d‖ / ‖(a − e) / d‖ over the elements all three hold finite (NaN of the candidate
-    where ``a`` is finite, from a shifted transform, drops those elements); inf when a's NaN sit
-    elsewhere than the candidate's (a shifted transform's padding aside). ``scale`` is ``d``
-    (broadcast to ``a``; default 1)."""
+def _kind(x: np.ndarray) -> np.ndarray:
+    """0 finite, 1 NaN, 2 +inf, 3 -inf."""
+    return np.where(np.isnan(x), 1, np.where(np.isposinf(x), 2, np.where(np.isneginf(x), 3, 0)))
+
+
+def residual(actual: np.ndarray, expected: np.ndarray, candidate: np.ndarray, scale=None, noise=None,
+             padded: bool = False) -> float:
+    """‖(a − c) / d‖ / ‖(a − e) / d‖ over the elements all three hold finite (``padded``: the candidate
+    is a shifted transform, whose NaN padding where ``a`` is finite drops those elements). ``scale`` is ``d``
+    (broadcast to ``a``; default 1). ``noise``: the judge's element bound in those units; given, only
+    the elements where the port or the candidate departs from the golden by more than it count, so
+    that two engines' roundings of the same bug are not told apart by their rounding noise.
+
+    Where ``a`` or the candidate is not finite: the share of those places where they differ (a NaN or
+    an infinity the candidate does not have, of the same kind, or one the port does not have) is a
+    part of the error left unexplained, and the residual is the larger of it and the finite part's;
+    inf when the candidate has none of the port's."""
     a, e, c = (np.asarray(x, dtype=np.float64) for x in (actual, expected, candidate))
     if c.shape != a.shape:
         return math.inf
-    if np.any(np.isnan(a) & ~np.isnan(c)) or np.any(np.isinf(a) & (a != c)):
-        return math.inf
+    bad = ~np.isfinite(a)
+    extra = ~np.isfinite(c) & ~bad & (np.isinf(c) if padded else True)  # non-finite where the port is not
+    missed = 0.0
+    if bad.any() or extra.any():
+        unmatched = int(np.sum(bad & (_kind(a) != _kind(c))))
+        if bad.any() and unmatched == int(bad.sum()):
+            return math.inf
+        missed = (unmatched + int(extra.sum())) / int((bad | extra).sum())
     d = np.broadcast_to(1.0 if scale is None else np.asarray(scale, dtype=np.float64), a.shape)
     ok = np.isfinite(a) & np.isfinite(c) & np.isfinite(e) & (d > 0)
+    with np.errstate(all="ignore"):
+        ea, ec = np.abs(a - e) / d, np.abs(c - e) / d
+    if noise is not None:
+        ok &= (ea > noise) | (ec > noise)
     num = float(np.sqrt(np.sum(((a[ok] - c[ok]) / d[ok]) ** 2)))
     den = float(np.sqrt(np.sum(((a[ok] - e[ok]) / d[ok]) ** 2)))
     if den == 0.0:
-        return 0.0 if num == 0.0 and np.any(~np.isfinite(a)) else math.inf
-    return num / den
+        return missed if num == 0.0 and bad.any() else math.inf
+    return max(missed, num / den)
 
 
 def diagnose_tensor(actual, expected, tensor: str, *, call: int | None = None, config: dict | None = None,
-                    extra: dict | None = None, scale=None) -> Diagnosis:
+                    extra: dict | None = None, scale=None, noise=None) -> Diagnosis:
     """The best candidate for one failing tensor (transforms, then ``extra``: the catalogue's), with
     residuals measured in units of ``scale`` (the judge's error denominator; default absolute)."""
     if rule_of(tensor) == "log_decay":  # below the floor a decay is zero: g is the floor there (metrics)
@@ -162,7 +238,8 @@ def diagnose_tensor(actual, expected, tensor: str, *, call: int | None = None, c
     cands = [(name, cls, arr, "mutant") for name, (cls, arr) in (extra or {}).items()]
     found = transforms(actual, expected, tensor, config)
     cands += [(name, *found[name], "transform") for name in TRANSFORM_PREFERENCE if name in found]
-    scored = [(residual(actual, expected, arr, scale), name, cls, source) for name, cls, arr, source in cands]
+    scored = [(residual(actual, expected, arr, scale, noise, padded=name in ("token_late", "token_early")), name, cls,
+               source) for name, cls, arr, source in cands]
     finite = [s for s in scored if math.isfinite(s[0])]
     if not finite:
         return Diagnosis("none", tensor, call, None, None, None, None, len(cands))
@@ -204,10 +281,29 @@ class Diagnoser:
         if self.limit is not None and self.done >= self.limit:
             return {"verdict": "skipped", "text": f"not diagnosed (only the first {self.limit} failing cases are)",
                     "tensor": rec.tensor, "call": rec.call}
+        first = self._diagnose(judge, rec)
+        if first is None:
+            return None
+        self.done += 1
+        d = first
+        if d.verdict == "ambiguous":
+            d = self._tell_apart(judge, report, rec, d)
+        handling = state_handling(fd, report.records, judge.entry.get("program"))
+        d = (replace(d, state_handling=handling) if handling else d).to_json()
+        if d["verdict"] == "none" and rec.reason == "routing" and rec.routing:  # what the routing verdict knows
+            tok = rec.routing["first"][0]
+            d["text"] += ("; the first token routed otherwise sits at an exact tie on the k boundary, but the port "
+                          "took an expert outside the tied ones" if tok["exact_tie"] else
+                          f"; the first token routed otherwise has a probability margin of {tok['prob_margin']:.3g}, "
+                          "beyond any rounding")
+        return d
+
+
+    def _diagnose(self, judge, rec) -> Diagnosis | None:
+        """The diagnosis of one failing record (None: its tensors cannot be read)."""
         actual, expected = _read_pair(judge, rec)
         if actual is None:
             return None
-        self.done += 1
         extra = self.catalogue(judge.entry, judge.profile, judge.mode, rec) if self.catalogue else None
         # a packed call's stage tensor [total_tokens, ...] as the judge saw it (one row): its case
         # statistics, and so the residuals' scale, are of that layout (packed.as_judged)
@@ -216,14 +312,33 @@ class Diagnoser:
         extra = {k: (cls, as_judged(arr, step, rec.tensor)) for k, (cls, arr) in (extra or {}).items()}
         stats = (getattr(judge, "stats", None) or {}).get(rec.tensor) if rec.tensor not in STATE_NAMES else None
         scale = error_denominator(expected, rec.tensor, judge.profile, stats, rec.call)
-        d = diagnose_tensor(actual, expected, rec.tensor, call=rec.call, config=judge.entry.get("config"),
-                            extra=extra, scale=scale).to_json()
-        if d["verdict"] == "none" and rec.reason == "routing" and rec.routing:  # what the routing verdict knows
-            tok = rec.routing["first"][0]
-            d["text"] += ("; the first token routed otherwise sits at an exact tie on the k boundary, but the port "
-                          "took an expert outside the tied ones" if tok["exact_tie"] else
-                          f"; the first token routed otherwise has a probability margin of {tok['prob_margin']:.3g}, "
-                          "beyond any rounding")
+        # where the port's failure is its NaN or infinities, only the elements past the element bound
+        # count (its finite part is mostly rounding, another engine's than the catalogue's); elsewhere
+        # every element does: measured over the kill matrix, the bound everywhere lost more (a
+        # precision loss near its bound: softplus_naive 16 -> 6 of 17 right in f32) than it gained
+        noise = (rec.bound or {}).get("elem") if not np.all(np.isfinite(actual)) else None
+        return diagnose_tensor(actual, expected, rec.tensor, call=rec.call, config=judge.entry.get("config"),
+                               extra=extra, scale=scale, noise=noise)
+
+    def _tell_apart(self, judge, report, rec, d: Diagnosis) -> Diagnosis:
+        """Bug classes that give the same numbers at the first divergence may not at the other tensors
+        that fail in the same step (a stale conv window with or without a stale recurrent state: the same
+        qkv_conv, another core): the first of those records, in pipeline order, that exactly one of the
+        ambiguous classes matches decides, and the diagnosis says which tensor told them apart."""
+        classes = {d.bug_class, *d.alternatives}
+        for other in report.records:
+            if other is rec or other.verdict != "fail" or other.step != rec.step or other.op == "save":
+                continue
+            later = self._diagnose(judge, other)
+            if later is None or later.verdict == "none":
+                continue
+            named = {later.bug_class, *later.alternatives} if later.verdict == "ambiguous" else {later.bug_class}
+            kept = classes & named if later.source == "mutant" else set()
+            if len(kept) == 1:
+                cls = kept.pop()
+                name = later.candidate if later.bug_class == cls else d.candidate if d.bug_class == cls else None
+                return replace(d, verdict="matches", alternatives=(), told_apart_by=other.tensor, bug_class=cls,
+                               candidate=name)
         return d
 
 

@@ -131,7 +131,7 @@ class FirstDivergence:
         """``call 1, stage delta_rule, tensor core, token 1877 (position 1929, row 0)``, or where and why."""
         parts = []
         if self.call is not None:
-            parts.append(f"call {self.call}")
+            parts.append(f"call {self.call}" + (" (commit)" if self.op == "commit" else ""))
         elif self.op == "save":
             parts.append("saved snapshot")
         elif self.step is not None:

@@ -47,7 +47,7 @@ GOAL = 10.0
 PORT_PLACEMENTS = ("fp32_once", "fla", "metrale")
 PORT_PLACEMENT = PORT_PLACEMENTS[0]
 #: How a diagnosis of a mutant's failing case is counted (:func:`judged_as`).
-OUTCOMES = ("right", "ambiguous", "silent", "wrong")
+OUTCOMES = ("right", "ambiguous", "symptom", "silent", "wrong")
 
 
 def record_margin(rec: Record) -> float:
@@ -223,15 +223,16 @@ def _diagnose_job(r: KillResult, name, profile, fixtures_dir, dirs, out, cases, 
 
 #: The transforms of the diagnosis (an error's shape read off the expected tensor alone) that describe
 #: a mutant's bug exactly: matching one names that bug.
-TRANSFORM_OF = {"heads_tiled": {"head_grouping_tiled", "state_heads_tiled"}, "state_transposed": {"state_transposed"},
-                "uniform_scale": {"scale_doubled"}}
+TRANSFORM_OF = {"heads_tiled": {"head_grouping_tiled", "state_heads_tiled", "converter_ab_heads_tiled"},
+                "state_transposed": {"state_transposed"}, "uniform_scale": {"scale_doubled", "qk_norm_rms_form"}}
 
 
 def judged_as(diagnosis: dict, mutant: Mutant) -> str:
     """``right``: it matches the mutant's bug class (the mutant, another of its class, or a transform
     that is that bug, :data:`TRANSFORM_OF`); ``ambiguous``: named among equals, the mutant's class one of
-    them; ``silent``: "no known bug class matches"; ``wrong``: it names another class alone, or an
-    ambiguity the mutant's class is not part of."""
+    them; ``symptom``: a transform of the expected tensor that describes the error's shape (a scale, a
+    shift, a sign) but is not this bug; ``silent``: "no known bug class matches"; ``wrong``: it names
+    another class alone, or an ambiguity the mutant's class is not part of."""
     verdict = diagnosis.get("verdict")
     if verdict == "none":
         return "silent"
@@ -239,6 +240,8 @@ def judged_as(diagnosis: dict, mutant: Mutant) -> str:
               or mutant.name in TRANSFORM_OF.get(diagnosis.get("candidate"), ()))
     if verdict == "matches" and itself:
         return "right"
+    if verdict == "matches" and diagnosis.get("source") == "transform":
+        return "symptom"
     if verdict == "ambiguous" and (itself or mutant.bug_class in diagnosis.get("alternatives", ())):
         return "ambiguous"
     return "wrong"
@@ -320,9 +323,10 @@ def accuracy_table(results: list[KillResult], profiles=VERIFY_PROFILES) -> str:
     placements = list(dict.fromkeys(pl for r in results for pl in r.accuracy))
     lines = ["The likely cause over the whole catalogue run as ports in each placement (failing cases "
              "diagnosed; right: the mutant's bug class; ambiguous: named among equals, the mutant's class "
-             "one of them; silent: no known bug class matches; wrong: another class):", "",
-             "| placement | profile | diagnosed | right | ambiguous | silent | wrong | wrong: mutant (named) |",
-             "|---|---|---|---|---|---|---|---|"]
+             "one of them; symptom: the error's shape (a scale, a shift, a sign), not the bug; silent: no "
+             "known bug class matches; wrong: another class):", "",
+             "| placement | profile | diagnosed | right | ambiguous | symptom | silent | wrong | wrong: mutant (named) |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for pl in placements:
         for p in profiles:
             row = [r for r in results if r.profile == p and pl in r.accuracy]

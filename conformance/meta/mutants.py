@@ -357,6 +357,135 @@ class ConvWindowShifted(EmulatedLayer):
         return self.store(lowp.silu(y)), np.ascontiguousarray(self.store(np.swapaxes(full[:, -K:], 1, 2)))
 
 
+# --- the bug classes real engines have shipped (issue 36 item 5): one mutant each ------------------
+class L2NormEpsClampSum(EmulatedLayer):
+    """q, k = x / sqrt(max(sum x^2, 1e-6)): the eps a floor under the squared sum (a clamp) instead
+    of a term added to it; the same unless sum x^2 is comparable to 1e-6."""
+
+    def l2_normalize(self, x):
+        return f32(x) / np.sqrt(np.maximum(lowp.sum_last(f32(x) * f32(x), self.order), F32(1e-6)))
+
+
+class QKNormRmsForm(EmulatedLayer):
+    """q, k normalised as an RMSNorm, x / sqrt(mean x^2 + 1e-6), instead of the L2 norm (sum): every
+    q and k sqrt(dk) times too large (the norm's form taken from the layer's other norms)."""
+
+    def l2_normalize(self, x):
+        return lowp.rms_normalize(f32(x), 1e-6, self.order)
+
+
+class StateBf16WriteBack(EmulatedLayer):
+    """The recurrent state exact within a call but written back to the cache in bf16 at its end (a
+    bf16 state cache: one rounding per call, not per token)."""
+
+    def delta_rule(self, q, k, v, g, beta, recurrent_state):
+        core, S = super().delta_rule(q, k, v, g, beta, recurrent_state)
+        return core, lowp.store(S, "bf16")
+
+
+class StateReadTransposed(EmulatedLayer):
+    """The kernel reads the cached state's buffer as V-major [Hv, dv, dk] while the cache holds it
+    K-major [Hv, dk, dv] (a prefill kernel writing one layout, a decode kernel reading the other)."""
+
+    def delta_rule(self, q, k, v, g, beta, recurrent_state):
+        B, H, dk, dv = recurrent_state.shape
+        read = np.ascontiguousarray(recurrent_state).reshape(B, H, dv, dk).swapaxes(-1, -2)
+        return super().delta_rule(q, k, v, g, beta, np.ascontiguousarray(read))
+
+
+class StaleConvStateOnReset(EmulatedLayer):
+    """A row the seq-len rule resets (a new request in a used row) gets a zero recurrent state and
+    seq_len but keeps the old request's conv window (vLLM's has_initial_state applied to the
+    recurrent state only)."""
+
+    def apply_seq_pos_rule(self, state, pos):
+        conv = state.conv_state.copy()
+        super().apply_seq_pos_rule(state, pos)
+        state.conv_state[...] = conv
+
+
+class OutputGateSigmoid(EmulatedLayer):
+    """The output gate as sigmoid(z) instead of silu(z) (the full-attention layers' gate of Qwen3-Next
+    taken for the linear-attention one)."""
+
+    def output_gate(self, z):
+        return lowp.sigmoid(f32(z))
+
+
+class OutputGateMissingSilu(EmulatedLayer):
+    """The output gate applied as z itself: the SiLU of silu(z) forgotten."""
+
+    def output_gate(self, z):
+        return f32(z)
+
+
+class ConvMissingSilu(EmulatedLayer):
+    """The causal conv's output without its SiLU (activation=None passed to the conv kernel)."""
+
+    def conv1d(self, qkv, conv_state):
+        w = self.w["linear_attn.conv1d.weight"]
+        K, T = w.shape[1], qkv.shape[1]
+        full = np.concatenate([np.swapaxes(f32(conv_state), 1, 2), f32(qkv)], axis=1)
+        y = np.zeros(qkv.shape, dtype=F32)
+        for j in range(K):
+            y += w[:, j] * full[:, 1 + j: 1 + j + T]
+        return self.store(y), np.ascontiguousarray(self.store(np.swapaxes(full[:, -K:], 1, 2)))
+
+
+class ALogSign(EmulatedLayer):
+    """g = +exp(A_log) * softplus(a + dt_bias): the loader's A = -exp(A_log) lost its sign (every
+    decay above 1)."""
+
+    def gates(self, a, b):
+        g = np.exp(self.w["linear_attn.A_log"]) * self.softplus(f32(a) + self.w["linear_attn.dt_bias"])
+        return g, super().gates(a, b)[1]
+
+
+class ALogConvertedTwice(EmulatedLayer):
+    """The loader stores A = -exp(A_log) and the kernel applies -exp again: g = -exp(-exp(A_log)) *
+    softplus(a + dt_bias) (the checkpoint's A_log converted twice)."""
+
+    def gates(self, a, b):
+        A = -np.exp(self.w["linear_attn.A_log"])
+        g = -np.exp(A) * self.softplus(f32(a) + self.w["linear_attn.dt_bias"])
+        return g, super().gates(a, b)[1]
+
+
+class ChunkMaskedExp(EmulatedLayer):
+    """The chunked rule takes exp(γ_i − γ_j) over the whole chunk and masks by multiplying with the
+    causal mask: inf · 0 = NaN where a chunk decays by more than e^88 (fast-forgetting heads)."""
+
+    def delta_rule(self, q, k, v, g, beta, recurrent_state):
+        if v.shape[1] == 1:
+            return super().delta_rule(q, k, v, g, beta, recurrent_state)
+        core, S = lowp.delta_rule_chunked_f32(
+            self.expand(f32(q)), self.expand(f32(k)), f32(v), f32(g), f32(beta), recurrent_state, self.cfg.scale,
+            chunk_size=self.chunk_size, scale_at=self.p.scale_at, order=self.order, mask_by_product=True)
+        return self.store(core), S
+
+
+class ConverterABHeadsTiled(EmulatedLayer):
+    """A converter reordered the value heads of in_proj_a and in_proj_b to the tiled order (kh + Hk·i,
+    for a broadcasting kernel) and left A_log, dt_bias and the other projections interleaved."""
+
+    def in_proj(self, x_norm):
+        qkv, z, a, b = super().in_proj(x_norm)
+        order = tiled_order(self.cfg.num_k_heads, self.cfg.num_v_heads)
+        return qkv, z, np.ascontiguousarray(a[..., order]), np.ascontiguousarray(b[..., order])
+
+
+class GatesHeadMajorWhenMha(EmulatedLayer):
+    """The Hv = Hk path (no head grouping) reads g and beta as head-major [H, T] buffers while they
+    are token-major [T, H]: right only with one head or one token."""
+
+    def delta_rule(self, q, k, v, g, beta, recurrent_state):
+        if self.cfg.num_v_heads == self.cfg.num_k_heads:
+            B, T, H = np.shape(g)
+            g = np.ascontiguousarray(f32(g)).reshape(B, H, T).swapaxes(1, 2)
+            beta = np.ascontiguousarray(f32(beta)).reshape(B, H, T).swapaxes(1, 2)
+        return super().delta_rule(q, k, v, g, beta, recurrent_state)
+
+
 @dataclass(frozen=True)
 class Mutant:
     name: str
@@ -425,6 +554,29 @@ MUTANTS: tuple[Mutant, ...] = (
            bug_class="chunk decay as exp(γi) / exp(γj)"),
     Mutant("state_heads_tiled", StateHeadsTiled, "delta_rule", bug_class="state's value heads in tiled order"),
     Mutant("conv_window_shifted", ConvWindowShifted, "conv1d", bug_class="conv window one token early"),
+    # the bug classes real engines have shipped (issue 36 item 5)
+    Mutant("l2norm_eps_clamp_sum", L2NormEpsClampSum, "qk_norm", ("qk-eps", 0),
+           bug_class="L2 norm as x / sqrt(max(Σx², eps)) (eps a clamp)", edge="qk-eps", edge_only=True),
+    Mutant("qk_norm_rms_form", QKNormRmsForm, "qk_norm", bug_class="q/k norm as an RMSNorm (mean, not sum)"),
+    Mutant("state_bf16_write_back", StateBf16WriteBack, "delta_rule",
+           bug_class="recurrent state written back in bf16 each call"),
+    Mutant("state_read_transposed", StateReadTransposed, "delta_rule", ("prefill-decode_T65", 1),
+           bug_class="cached state read V-major ([dv, dk]) while written K-major"),
+    Mutant("stale_conv_state_on_reset", StaleConvStateOnReset, "conv1d", ("restore-mismatch", 2),
+           bug_class="stale conv state on a new request (state handling)"),
+    Mutant("output_gate_sigmoid", OutputGateSigmoid, "gated_norm", bug_class="output gate sigmoid(z), not silu(z)"),
+    Mutant("output_gate_missing_silu", OutputGateMissingSilu, "gated_norm",
+           bug_class="output gate without its SiLU (z, not silu(z))"),
+    Mutant("conv_missing_silu", ConvMissingSilu, "conv1d", bug_class="conv output without its SiLU"),
+    Mutant("a_log_sign", ALogSign, "gates", bug_class="A = +exp(A_log): the decay's sign lost"),
+    Mutant("a_log_converted_twice", ALogConvertedTwice, "gates",
+           bug_class="A_log converted twice (g = -exp(-exp(A_log)) softplus)"),
+    Mutant("chunk_masked_exp", ChunkMaskedExp, "delta_rule",
+           bug_class="chunk decay exp'd before the causal mask (inf · 0)"),
+    Mutant("converter_ab_heads_tiled", ConverterABHeadsTiled, "in_proj",
+           bug_class="a/b value heads in tiled order from a converter"),
+    Mutant("gates_head_major_when_mha", GatesHeadMajorWhenMha, "delta_rule",
+           bug_class="g, beta read head-major on the Hv = Hk path"),
 )
 MUTANT_BY_NAME = {m.name: m for m in MUTANTS}
 

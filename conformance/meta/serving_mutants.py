@@ -77,7 +77,9 @@ def _padding_written_forward(layer, pool, x, cu, pos, slots):
     return out, trace
 
 
-def _commit_off_by_one(spec, accepted) -> None:
+def _commit_off_by_one(spec, accepted, *snaps) -> None:
+    before = {f: getattr(spec.pool, f).copy() for f in plain.STATE_FIELDS}
+    plain.commit(spec, accepted, *snaps)  # checks, snapshots; the slots set below
     for i, slot in enumerate(spec.slots.tolist()):
         n = int(accepted[i])
         if slot == PAD_SLOT_ID or n == 0:
@@ -85,7 +87,55 @@ def _commit_off_by_one(spec, accepted) -> None:
         kept = spec.steps[i].get(n - 1)  # None for n = 1: the slot stays as it was
         if kept is not None:
             plain._put(spec.pool, slot, kept)
+        else:
+            for f in ("conv_state", "recurrent_state"):
+                getattr(spec.pool, f)[slot] = before[f][slot]
         spec.pool.seq_len[slot] = spec.steps[i][n].seq_len[0]  # seq_pos + n, as the contract says
+
+
+def _commit_counting(spec, accepted, count, snap_seq=(), snap_offset=(), snap_slot=()) -> None:
+    """commit with each accepted count n read as ``count(n, window)`` (the state after that many
+    tokens, seq_len to match: a consistent but wrong commit); its snapshots right."""
+    plain.commit(spec, accepted, snap_seq, snap_offset, snap_slot)  # checks, the snapshots
+    for i, slot in enumerate(spec.slots.tolist()):
+        n = count(int(accepted[i]), int(spec.lengths[i]))
+        if slot != PAD_SLOT_ID and n > 0 and (spec.verify is None or spec.verify[i]):
+            plain._put(spec.pool, slot, spec.steps[i][n])
+
+
+def _commit_one_late(spec, accepted, *snaps) -> None:
+    """commit(n) keeps the state after n + 1 tokens (the window's last at most): the accepted count
+    read as the index of the last accepted token plus one more (the bonus token counted)."""
+    _commit_counting(spec, accepted, lambda n, window: min(n + 1, window) if n > 0 else 0, *snaps)
+
+
+def _commit_capped_4(spec, accepted, *snaps) -> None:
+    """commit(n) keeps the state after min(n, 4) tokens (a kernel built for drafts of at most 4)."""
+    _commit_counting(spec, accepted, lambda n, window: min(n, 4), *snaps)
+
+
+def _mixed_plain_rows_from_zero(layer, pool, x, cu, pos, slots, verify):
+    """A mixed call gathers the verify rows' states from their slots and runs the plain rows from a
+    zero state (the gather built for the speculative rows only); the plain rows' slots are written."""
+    from gdncheck.calls import check_verify_rows
+
+    x, cu, lengths, slots = plain._checked(layer, pool, x, cu, slots)
+    rows = check_verify_rows(verify, lengths.shape[0], getattr(layer, "layer_index", None))
+    read = np.where(np.asarray(rows, dtype=bool), slots, PAD_SLOT_ID)
+    cuts = [list(range(1, int(n) + 1)) if v else [int(n)] for n, v in zip(lengths, rows)]
+    out, trace, states = plain._run(layer, pool, x, cu, pos, read, cuts)
+    for i, slot in enumerate(slots.tolist()):
+        if slot != PAD_SLOT_ID and not rows[i]:
+            plain._put(pool, slot, states[i][int(lengths[i])])
+    return out, trace, plain.PlainSpec(pool, slots, lengths, states, rows)
+
+
+def _free_keeping_conv_state(pool, slots) -> None:
+    """The recurrent state and seq_len zeroed, the conv window kept: the next request in the slot
+    starts from the old request's last K columns."""
+    for s in np.asarray(slots, dtype=np.int64).tolist():
+        pool.recurrent_state[s] = 0
+        pool.seq_len[s] = 0
 
 
 def _late_snapshots(layer, pool, x, cu, pos, slots, snap_seq, snap_offset, snap_slot):
@@ -116,14 +166,14 @@ def _verify_noting_resets(layer, pool, x, cu, pos, slots):
     pos = np.broadcast_to(np.asarray(pos, dtype=np.int64), ids.shape)
     seen = np.array([int(pool.seq_len[s]) if s != PAD_SLOT_ID else p for s, p in zip(ids.tolist(), pos.tolist())])
     out, trace, spec = plain.verify_spec(layer, pool, x, cu, pos, slots)
-    return out, trace, _ResetSpec(spec.pool, spec.slots, spec.lengths, spec.steps, pos.copy(),
-                                  (ids != PAD_SLOT_ID) & (seen != pos))
+    return out, trace, _ResetSpec(spec.pool, spec.slots, spec.lengths, spec.steps, seq_pos=pos.copy(),
+                                  was_reset=(ids != PAD_SLOT_ID) & (seen != pos))
 
 
-def _commit_writing_reset(spec: _ResetSpec, accepted) -> None:
+def _commit_writing_reset(spec: _ResetSpec, accepted, *snaps) -> None:
     """commit(n >= 1) right; commit(0) of a slot the verify read as zeros writes those zeros, at
     seq_len = seq_pos (the state "after 0 tokens" of the reading)."""
-    plain.commit(spec, accepted)
+    plain.commit(spec, accepted, *snaps)
     for i, slot in enumerate(spec.slots.tolist()):
         if slot != PAD_SLOT_ID and int(accepted[i]) == 0 and spec.was_reset[i]:
             spec.pool.conv_state[slot] = 0
@@ -152,7 +202,8 @@ def _free_keeping_seq_len(pool, slots) -> None:
 
 def _serving(**overrides) -> SimpleNamespace:
     """plain_serving's four patterns with some replaced (and ``free``, the harness's, when given)."""
-    base = {n: getattr(plain, n) for n in ("forward_packed", "prefix_snapshots", "verify_spec", "commit")}
+    base = {n: getattr(plain, n) for n in ("forward_packed", "prefix_snapshots", "verify_spec", "commit",
+                                           "forward_mixed")}
     return SimpleNamespace(**{**base, **overrides})
 
 
@@ -188,6 +239,17 @@ SERVING_MUTANTS: tuple[ServingMutant, ...] = (
                   serving=_serving(commit=_commit_off_by_one), case_tags=("spec-decode",)),
     ServingMutant("snapshot_chunk_late", EmulatedLayer, "conv1d", bug_class="prefix snapshot one chunk late",
                   serving=_serving(prefix_snapshots=_late_snapshots), case_tags=("prefix-cache",)),
+    # the state-handling classes real engines have shipped (issue 36 item 5)
+    ServingMutant("commit_one_late", EmulatedLayer, "conv1d", bug_class="commit one token late (n + 1 kept)",
+                  serving=_serving(commit=_commit_one_late), case_tags=("spec-decode",)),
+    ServingMutant("commit_capped_4", EmulatedLayer, "conv1d", bug_class="commit's accepted count capped at 4",
+                  serving=_serving(commit=_commit_capped_4), case_tags=("spec-decode",)),
+    ServingMutant("mixed_plain_rows_from_zero", EmulatedLayer, "conv1d",
+                  bug_class="mixed batch: plain rows' states not gathered (run from zeros)",
+                  serving=_serving(forward_mixed=_mixed_plain_rows_from_zero), case_tags=("mixed-batch",)),
+    ServingMutant("free_keeps_conv_state", EmulatedLayer, "conv1d", ("packed-mixed", 3),
+                  bug_class="stale conv state on a new request (state handling)",
+                  serving=_serving(free=_free_keeping_conv_state), case_tags=("packed", "slots")),
 )
 
 #: Misreadings of the contract (module docstring), each first seen at ``stage`` in call ``call[1]`` of

@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field
 
+from gdncheck.conformance.judge.diagnose import state_handling
 from gdncheck.untrusted import safe_text
 
 #: groups of one kind printed; the others are counted on one line
@@ -84,13 +85,22 @@ def failure_groups(doc: dict) -> Groups:
     # divergence and diagnosis, nothing else (a view of every record costs a second on a large suite)
     view = build({**doc, "cases": [{**c, "records": []} for c in doc["cases"] if c.get("status") == "fail"]})
     failing = view.cases
+    # a commit's state, or a state a call left wrong beside right outputs: the state's handling, not
+    # the stage that produced the tensor (diagnose.state_handling)
+    handled = {c["id"]: state_handling(c.get("first_divergence"), c.get("records") or [])
+               for c in doc["cases"] if c.get("status") == "fail"}
     stages: list[Group] = []
     for key, _ in view.first_stages:  # stage (or reason), most cases first
         members = view.first_cases[key]
-        by_tensor = Counter(c.first.tensor for c in members)
-        for tensor, _ in by_tensor.most_common():
-            label = f"{key}/{tensor}" if tensor and key != tensor else key
-            stages.append(Group(label, [c.id for c in members if c.first.tensor == tensor]))
+
+        def where(c, key=key):
+            h = handled.get(c.id)
+            return (f"state handling at {h['op']}" if h else key), c.first.tensor
+
+        by_label = Counter(where(c) for c in members)
+        for (at, tensor), _ in by_label.most_common():
+            label = f"{at}/{tensor}" if tensor and at != tensor else at
+            stages.append(Group(label, [c.id for c in members if where(c) == (at, tensor)]))
     grouped = {i for g in stages for i in g.cases}
     lost = [c.id for c in failing if c.id not in grouped]
     if lost:

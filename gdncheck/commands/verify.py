@@ -333,12 +333,15 @@ def failure_lines(failures: list, doc: dict, args: argparse.Namespace, con: Cons
         problem = safe_text(f"(the failing cases could not be grouped: {type(exc).__name__}: {exc}; a gdncheck bug)")
     given = getattr(args, "details", None)  # None: not given (--verbose then means all)
     limit = None if given == "all" or (given is None and args.verbose) else DETAILS if given is None else given
-    shown = pick_details([c.id for c in failures], groups, limit)
+    shown = pick_details([c.id for c in failures], groups, limit, earliest=earliest_in_layer(failures))
     repro = Repro(args)
     lines = groups.lines() if groups is not None else [problem]
-    for c in failures:
+    # the cases printed in full first, in the order they were picked (the earliest in the layer first),
+    # then the one-line cases in the suite's order
+    order = {case: i for i, case in enumerate(shown)}
+    for c in sorted(failures, key=lambda c: order.get(c.id, len(order))):
         lines.append(con.mark(safe_text(f"FAIL  {c.id}: first divergence {c.first_divergence}")))
-        if c.id not in shown:
+        if c.id not in order:
             continue
         if c.message:
             lines.append(f"      {one_line(c.message)}")
@@ -379,12 +382,27 @@ def names_notes(cases: list) -> list[str]:
     return [safe_text(f"note ({k} of {len(cases)} case(s)): {n}") for n, k in counts.items()]
 
 
-def pick_details(failing: list[str], groups, limit: int | None) -> set[str]:
-    """The failing cases whose full text is printed: the first case of each first-divergence group
-    (most cases first), then the next cases in order, ``limit`` in all (None: every one)."""
+def earliest_in_layer(failures: list) -> str | None:
+    """The failing case whose first divergence is earliest in the layer (the stage's rank in the
+    pipeline; the first such case of the suite): the one to read first, since a later stage may only
+    show what an earlier one did (a case without a stage, one that raised, comes last)."""
+    from gdncheck.stages import PIPELINE_ORDER, stage_rank
+
+    def rank(c):
+        stage = c.first_divergence.stage if c.first_divergence else None
+        return stage_rank(stage) if stage in (*PIPELINE_ORDER, "state") else len(PIPELINE_ORDER) + 1
+
+    return min(failures, key=rank).id if failures else None
+
+
+def pick_details(failing: list[str], groups, limit: int | None, earliest: str | None = None) -> list[str]:
+    """The failing cases whose full text is printed, in the order they are printed: ``earliest`` (the
+    case whose first divergence is earliest in the layer) first, then the first case of each
+    first-divergence group (most cases first), then the next cases in order, ``limit`` in all (None:
+    every one, ``earliest`` first)."""
     if limit is None:
-        return set(failing)
-    picked: list[str] = []
+        return ([earliest] if earliest in failing else []) + [c for c in failing if c != earliest]
+    picked: list[str] = [earliest] if earliest in failing and limit > 0 else []
     for g in groups.stages if groups is not None else []:
         if len(picked) < limit and g.cases and g.cases[0] not in picked:
             picked.append(g.cases[0])
@@ -393,7 +411,7 @@ def pick_details(failing: list[str], groups, limit: int | None) -> set[str]:
             break
         if case not in picked:
             picked.append(case)
-    return set(picked)
+    return picked
 
 
 class Repro:

@@ -116,6 +116,17 @@ def test_details_are_limited(port_dir, monkeypatch, capsys, details, shown):
         assert any(c.startswith(OTHER) for c in detailed), detailed
 
 
+@pytest.mark.parametrize("details", ["1", "3", "all"])
+def test_the_first_case_printed_in_full_is_the_earliest_in_the_layer(port_dir, monkeypatch, capsys, details):
+    # the input_norm case is the fourth failing case of the suite and the smaller group (1 of 4): the
+    # gated_norm cases only show what a later stage does; it is printed in full, first (issue 36)
+    _, text, _ = _verify(port_dir, monkeypatch, capsys, "--diagnose", "0", "--details", details)
+    lines = text.splitlines()
+    first_full = next(i for i, line in enumerate(lines) if line.startswith("      repro: ")) - 2
+    assert lines[first_full].startswith(f"FAIL  {OTHER}") and "stage input_norm" in lines[first_full]
+    assert next(line for line in lines if line.startswith("FAIL  ")) == lines[first_full]
+
+
 def test_verbose_means_every_detail_unless_details_says(port_dir, monkeypatch, capsys):
     _, text, _ = _verify(port_dir, monkeypatch, capsys, "--diagnose", "0", "--verbose")
     assert text.count("      repro: ") == 4

@@ -97,3 +97,57 @@ def test_the_diagnoser_advises_only_and_respects_its_limit():
         first_divergence = None
         records = []
     assert Diagnoser()(None, Report()) is None  # nothing to diagnose without a first divergence
+
+
+def _rec(step, tensor, op="forward", verdict="fail"):
+    return {"step": step, "op": op, "tensor": tensor, "verdict": verdict}
+
+
+def test_a_commit_or_a_state_written_beside_right_outputs_is_state_handling():
+    """Issue 36: a commit computes nothing, so its wrong conv_state is a state-handling bug, not a
+    conv1d one; so is a state a call leaves wrong while its outputs are right. A stage bug, whose
+    outputs fail at the same step, is not."""
+    from gdncheck.conformance.judge.diagnose import Diagnosis, state_handling
+
+    commit = {"step": 3, "op": "commit", "tensor": "conv_state"}
+    h = state_handling(commit, [_rec(3, "conv_state", "commit"), _rec(3, "recurrent_state", "commit")])
+    assert h["op"] == "commit" and "not a bug of the stage" in h["why"]
+    packed = {"step": 2, "op": "forward_packed", "tensor": "conv_state"}
+    assert state_handling(packed, [_rec(2, "conv_state", "forward_packed"), _rec(2, "seq_len", "forward_packed"),
+                                   _rec(3, "out")])["op"] == "forward_packed"
+    stage_bug = {"step": 1, "op": "forward", "tensor": "qkv_conv"}
+    assert state_handling(stage_bug, [_rec(1, "qkv_conv"), _rec(1, "conv_state")]) is None
+    state_and_outputs = {"step": 1, "op": "forward", "tensor": "conv_state"}
+    assert state_handling(state_and_outputs, [_rec(1, "conv_state"), _rec(1, "out")]) is None
+    # the first failing call after a free: the state it read; without a state move between: None
+    program = [{"op": "construct"}, {"op": "forward_packed"}, {"op": "free"}, {"op": "forward_packed"}]
+    after_free = {"step": 3, "op": "forward_packed", "tensor": "qkv_conv"}
+    assert state_handling(after_free, [_rec(3, "qkv_conv", "forward_packed")], program)["op"] == "free"
+    program[2] = {"op": "forward"}
+    assert state_handling(after_free, [_rec(3, "qkv_conv", "forward_packed")], program) is None
+    d = Diagnosis("none", "conv_state", 2, None, None, None, None, 12, state_handling=h)
+    assert d.text().startswith("state handling (commit): no known bug class matches; the commit computes nothing")
+    assert d.to_json()["state_handling"] == h
+
+
+def test_only_elements_past_the_bound_count_and_a_nan_placed_otherwise_is_a_share():
+    """Issue 36: two engines' roundings of one bug differ below the bound by their noise, which is no
+    evidence of another cause; a NaN the candidate places one element off leaves that share."""
+    rng = np.random.default_rng(3)
+    e = rng.normal(size=200)
+    bug = e.copy()
+    bug[:20] += 0.02  # the bug: 20 elements off by 20 times the roundings
+    a = bug + 1e-3 * rng.normal(size=200)  # the port's roundings
+    c = bug + 1e-3 * rng.normal(size=200)  # the catalogue's
+    assert residual(a, e, c) > MATCH  # every element: the noise of 180 elements weighs in
+    assert residual(a, e, c, noise=0.005) < 0.1  # past a bound of 0.005 only: the bug's 20
+    # a candidate predicting an error where the port has none is charged for it
+    c2 = c.copy()
+    c2[100:120] += 0.02
+    assert residual(a, e, c2, noise=0.005) > 0.9
+    # NaN: 10 in the port; the candidate has 9 of them and one a place later -> 2 of 11 places differ
+    a3, c3 = a.copy(), a.copy()
+    a3[50:60] = np.nan
+    c3[51:61] = np.nan
+    assert residual(a3, e, c3, noise=0.01) == pytest.approx(2 / 11)
+    assert residual(a3, e, a.copy(), noise=0.01) == math.inf  # none of the port's NaN

@@ -139,11 +139,11 @@ def test_the_command_writes_the_matrix_with_margins_and_diagnosis_into_the_docs(
     assert diag.endswith("| 1/1 |") or "1/1" in diag, diag  # the one failing case diagnosed as this mutant
     rows = [line.split(" | ") for line in block.splitlines() if line.startswith("| `") and " | f32 | " in line]
     assert [r[0] for r in rows] == ["| `fp32_once`", "| `fla`", "| `metrale`"], rows  # one per port placement
-    assert all(r[2:7] == ["1", "1 (100%)", "0 (0%)", "0 (0%)", "0 (0%)"] for r in rows), rows
+    assert all(r[2:8] == ["1", "1 (100%)", "0 (0%)", "0 (0%)", "0 (0%)", "0 (0%)"] for r in rows), rows
 
 
-def test_a_likely_cause_is_counted_right_ambiguous_silent_or_wrong():
-    """The accuracy table's four outcomes, from the diagnosis verify wrote (its JSON form)."""
+def test_a_likely_cause_is_counted_right_ambiguous_symptom_silent_or_wrong():
+    """The accuracy table's five outcomes, from the diagnosis verify wrote (its JSON form)."""
     from gdncheck.conformance.meta.kill_matrix import judged_as
     from gdncheck.conformance.meta.mutants import MUTANTS
 
@@ -153,7 +153,9 @@ def test_a_likely_cause_is_counted_right_ambiguous_silent_or_wrong():
     # a transform of the mutant's class (the error's shape alone) names the same bug
     assert judged_as({"verdict": "matches", "candidate": "heads_tiled",
                       "bug_class": "the heads in the tiled order instead of the interleaved one"}, tiled) == "right"
-    assert judged_as({"verdict": "matches", "candidate": "sign_flip", "bug_class": "a sign flipped"}, tiled) == "wrong"
+    # a transform that is not this bug describes the error's shape: the symptom, not the cause
+    assert judged_as({"verdict": "matches", "candidate": "sign_flip", "bug_class": "a sign flipped",
+                      "source": "transform"}, tiled) == "symptom"
     assert judged_as({"verdict": "matches", "candidate": "scale_doubled", "bug_class": "q scale doubled"}, tiled) \
         == "wrong"
     assert judged_as({"verdict": "ambiguous", "candidate": "state_heads_tiled", "bug_class": "state heads tiled",

@@ -34,7 +34,8 @@ def test_the_kill_matrix_lists_the_serving_bug_classes():
     classes = {m.bug_class for m in SERVING_MUTANTS}
     assert {"conv window leaks across a packed boundary", "chunks straddle two sequences",
             "state read from slot i, written to j", "padding slot written", "commit off by one token",
-            "prefix snapshot one chunk late"} == classes
+            "prefix snapshot one chunk late", "commit one token late (n + 1 kept)",
+            "commit's accepted count capped at 4", "stale conv state on a new request (state handling)"} == classes
 
 
 def test_a_slot_wrong_since_an_earlier_step_is_not_blamed_on_a_later_one(fixtures_dir, tmp_path):
@@ -74,3 +75,22 @@ def test_verify_names_a_serving_bug_as_the_likely_cause(fixtures_dir, tmp_path, 
     text = capsys.readouterr().out
     assert code == 1 and "FAIL  packed-mixed_" in text, text
     assert "likely cause: matches: conv window leaks across a packed boundary (residual " in text, text
+
+
+def test_a_commit_bug_is_named_a_state_handling_bug_not_a_conv_one(fixtures_dir, tmp_path, capsys):
+    """Issue 36: a commit computes nothing, so the conv_state it leaves wrong (stage conv1d in the
+    vocabulary) is grouped and printed as the commit's state handling."""
+    from gdncheck.cli import main
+
+    out = tmp_path / "out"
+    impl = "gdncheck.conformance.meta.serving_mutants:commit_one_late"
+    assert main(["run", impl, "--fixtures", str(fixtures_dir), "--profile", "f32", "--case", "spec-decode",
+                 "--out", str(out), "-q"]) == 0
+    capsys.readouterr()
+    code = main(["verify", "--fixtures", str(fixtures_dir), "--outputs", str(out), "--profile", "f32",
+                 "--case", "spec-decode", "--diagnose", "0"])
+    text = capsys.readouterr().out
+    assert code == 1
+    assert "1 first diverge at state handling at commit/conv_state" in text, text
+    assert "first diverge at conv1d" not in text, text
+    assert "first divergence call 2 (commit), stage conv1d, tensor conv_state" in text, text
