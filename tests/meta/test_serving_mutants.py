@@ -35,7 +35,8 @@ def test_the_kill_matrix_lists_the_serving_bug_classes():
     assert {"conv window leaks across a packed boundary", "chunks straddle two sequences",
             "state read from slot i, written to j", "padding slot written", "commit off by one token",
             "prefix snapshot one chunk late", "commit one token late (n + 1 kept)",
-            "commit's accepted count capped at 4", "stale conv state on a new request (state handling)"} == classes
+            "commit's accepted count capped at 4", "stale conv state on a new request (state handling)",
+            "mixed batch: plain rows' states not gathered (run from zeros)"} == classes
 
 
 def test_a_slot_wrong_since_an_earlier_step_is_not_blamed_on_a_later_one(fixtures_dir, tmp_path):
