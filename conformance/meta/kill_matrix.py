@@ -325,7 +325,8 @@ def accuracy_table(results: list[KillResult], profiles=VERIFY_PROFILES) -> str:
              "diagnosed; right: the mutant's bug class; ambiguous: named among equals, the mutant's class "
              "one of them; symptom: the error's shape (a scale, a shift, a sign), not the bug; silent: no "
              "known bug class matches; wrong: another class):", "",
-             "| placement | profile | diagnosed | right | ambiguous | symptom | silent | wrong | wrong: mutant (named) |",
+             "| placement | profile | diagnosed | right | ambiguous | symptom | silent | wrong "
+             "| wrong: mutant (named) |",
              "|---|---|---|---|---|---|---|---|---|"]
     for pl in placements:
         for p in profiles:

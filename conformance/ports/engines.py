@@ -135,6 +135,18 @@ ENGINES: dict[str, Engine] = {e.name: e for e in (
            "delta_rule stage alone from golden inputs; f32 only: the op takes f32 tensors only "
            "(conformance/ports/ggml.py)",
            fallback="gdncheck.conformance.ports.ggml:ggml", option_values={"threads": (1, 2, 4)}),
+    Engine("keras", "keras", "end_to_end", ("f32", "bf16"), ("keras", "keras_hub", "torch"),
+           ("keras-hub", "keras", "torch"), "pip install keras && pip install --no-deps keras-hub==0.32.0",
+           "keras-hub's Qwen3_5TransformerDecoder(layer_type='linear_attention') and its generation cache on Keras "
+           "3's torch backend, stage tensors read between its sub-layers (conformance/ports/kerashub.py)",
+           fallback="gdncheck.conformance.ports.kerashub:keras"),
+    Engine("onnxruntime", "onnxruntime", "stage_isolated", ("f32", "f16"), ("onnxruntime", "onnx"),
+           ("onnxruntime", "onnx"), "pip install onnxruntime==1.32.0 onnx (or pip install -e '.[onnxruntime]')",
+           "ONNX Runtime's com.microsoft GDN ops as onnxruntime-genai's builder wires them (CausalConvWithState, "
+           "LinearAttentionGate, LinearAttention; --option op=gated_delta_net for GatedDeltaNet), one-node graphs "
+           "on the CPU EP fed golden stage inputs: stages conv1d, gates, delta_rule (conformance/ports/onnxruntime.py)",
+           fallback="gdncheck.conformance.ports.onnxruntime:onnxruntime",
+           option_values={"op": ("linear_attention", "gated_delta_net")}),
     Engine("doppler", "doppler", "fused", ("f32",), (), (), DOPPLER_INSTALL,
            "doppler's WebGPU kernel (doppler-gpu's linear-attention-core WGSL, unchanged) on the CPU through Dawn "
            "or doe-gpu on Mesa's lavapipe, fed each case's golden stage inputs; one fused kernel (conv, q/k norm, "
@@ -263,6 +275,26 @@ _SGLANG_SOFTPLUS = ("SGLang's gating computes softplus as log(1 + exp(x)) in flo
                     "(relative 7.4e-4 at x = -11), and exactly 0 below x ~ -16.6, so g = 0 there and that head never "
                     "decays; verify's float64 diagnosis matches the formula with residual 0")
 
+_ORT_SOFTPLUS = ("ONNX Runtime's LinearAttentionGate (com.microsoft, 1.32.0, CPU EP) takes softplus as log(1 + exp(x))"
+                 ' in float32: its g equals -exp(A_log) * log(1 + exp(a + dt_bias)) in float32 to 4e-7, relative error'
+                 ' 7e-6 on [-5, 0), 1.2e-3 on [-10, -5), 0.75 on [-16.5, -10), and g = 0 (no decay) below x = -16.64 '
+                 "(llama.cpp's defect); log1p(exp(x)) in float32 stays within 2e-7")
+_ORT_SIGMOID = ("ONNX Runtime's LinearAttentionGate takes beta = sigmoid(b) with absolute, not relative, accuracy: "
+                'under 1.2e-7 absolute everywhere, but 1e-5 relative on [-5, 5), 2e-3 on [-10, -5), 0.57 on [-16, '
+                '-10), 3.9 on [-18, -16) and beta = 0 below -18, so a head whose b is very negative writes its state '
+                'with a beta wrong in every digit')
+_ORT_BOTH = ("ONNX Runtime's LinearAttentionGate computes g and beta in float32 with two defects, either of "
+             "which shows first at these bounds: " + _ORT_SOFTPLUS.split(": ", 1)[1] + "; and "
+             + _ORT_SIGMOID.split("takes ", 1)[1])
+_KERAS_AUTOCAST = ("Keras 3's Layer.__call__ casts every floating tensor argument to the compute dtype (autocast): "
+                   "under a bfloat16 policy keras-hub's Qwen3_5GatedDeltaNet receives its float32 cached state as "
+                   "bf16 on every call, so over a long decode the state is rounded to bf16 each step (with autocast"
+                   " off on the decoder and its gated delta net the case passes)")
+_KERAS_L2NORM = ("keras-hub normalises q and k with _l2norm on the bf16 tensors and casts to float32 after "
+                 "(transformers casts first): one element past its bound on the sigmoid edges; with _l2norm "
+                 "casting first the case passes (over 2048 decode steps of its rule: NMSE 3.6e-5 as shipped, "
+                 "3.0e-14 with that change)")
+
 FINDINGS: dict[tuple[str, str, str], Finding] = {
     ("mlx", "error-input-dtype", "*"): Finding(
         "deviation", "MLX computes the layer on an int32 x (its ops promote it) instead of refusing it; the "
@@ -381,6 +413,56 @@ FINDINGS: dict[tuple[str, str, str], Finding] = {
                                          "nan": False, "ratio": (1.0, 5.0)})
        for prefix, numbers in (("dk-gt-dv", "NMSE 7.2e-12 against SGLang's 6.7e-12, call 0"),
                                ("restore-mismatch", "NMSE 2.9e-12 against SGLang's 3.1e-12, call 1"))},
+    # onnxruntime (conformance/ports/onnxruntime.py, docs/engines/onnxruntime.md), measured 2026-12-04 (stage-isolated):
+    # f32 fails 36 of 37 cases in gates, g 1.02-9.1x its bound or beta 4.9-28x, never NaN; the edges far past it
+    ("onnxruntime", "softplus-edges", "f32"): Finding(
+        "deviation", _ORT_SOFTPLUS, f"{REPROS}/onnxruntime_gates.py",
+        {"kind": "tensor", "stage": "gates", "tensor": "g", "nan": False, "ratio": (1e8, 1e11)}),
+    ("onnxruntime", "d128-softplus-edges", "f32"): Finding(
+        "deviation", _ORT_SOFTPLUS, f"{REPROS}/onnxruntime_gates.py",
+        {"kind": "tensor", "stage": "gates", "tensor": "g", "nan": False, "ratio": (1e8, 1e11)}),
+    ("onnxruntime", "softplus-edges", "f16"): Finding(
+        "deviation", _ORT_SOFTPLUS, f"{REPROS}/onnxruntime_gates.py",
+        {"kind": "tensor", "stage": "gates", "tensor": "g", "nan": False, "ratio": (30.0, 3000.0)}),
+    ("onnxruntime", "d128-softplus-edges", "f16"): Finding(
+        "deviation", _ORT_SOFTPLUS, f"{REPROS}/onnxruntime_gates.py",
+        {"kind": "tensor", "stage": "gates", "tensor": "g", "nan": False, "ratio": (100.0, 1e4)}),
+    ("onnxruntime", "d128-sigmoid-edges", "f32"): Finding(
+        "deviation", _ORT_SIGMOID, f"{REPROS}/onnxruntime_gates.py",
+        {"kind": "tensor", "stage": "gates", "tensor": "beta", "nan": False, "ratio": (1e9, 1e12)}),
+    ("onnxruntime", "d128-state-norms", "f32"): Finding(
+        "deviation", _ORT_SIGMOID, f"{REPROS}/onnxruntime_gates.py",
+        {"kind": "tensor", "stage": "gates", "tensor": "beta", "nan": False, "ratio": (1e5, 1e8)}),
+    ("onnxruntime", "f16-state", "f32"): Finding(
+        "deviation", _ORT_SIGMOID, f"{REPROS}/onnxruntime_gates.py",
+        {"kind": "tensor", "stage": "gates", "tensor": "beta", "nan": False, "ratio": (1e6, 1e8)}),
+    # one element of 1800 at 1.02x its f16 bound: another CPU's exp may meet it
+    ("onnxruntime", "f16-state", "f16"): Finding(
+        "deviation", _ORT_SIGMOID, f"{REPROS}/onnxruntime_gates.py",
+        {"kind": "tensor", "stage": "gates", "tensor": "beta", "nan": False, "ratio": (1.0, 5.0)}, may_not_occur=True),
+    # the ordinary cases: g (or beta, where g happens to meet its bound) a few times its f32 bound; at 1.02x on
+    # some, another CPU's float32 exp and log may meet it
+    **{("onnxruntime", prefix, "f32"): Finding(
+        "deviation", _ORT_BOTH, f"{REPROS}/onnxruntime_gates.py",
+        {"kind": "tensor", "stage": "gates", "nan": False, "ratio": (1.0, 100.0)}, may_not_occur=True)
+       for prefix in ("prefill-decode", "chunked", "decode_", "segments", "one-key-head", "per-head-norm",
+                      "snapshot-replay", "restore-mismatch", "mismatch-midstream", "batch-positions", "dk-gt-dv",
+                      "dk-lt-dv", "long-decode", "real-heads", "wide-d1024", "rmsnorm-eps", "qk-eps", "gated-eps",
+                      "sigmoid-edges", "state-norms", "prefill_", "mha-batch", "gva4-batch", "t1-heads", "moe-",
+                      "d128-prefill-decode", "d128-long-decode", "d128-qk-eps")},
+    # keras (conformance/ports/kerashub.py, docs/engines/keras.md), measured 2026-12-04
+    ("keras", "error-input-dtype", "*"): Finding(
+        "deviation", "Keras converts an int32 x to the compute dtype and keras-hub's layer returns an output where "
+        "FORMAT.md §6 expects input_dtype: the caller's bug goes unnoticed", f"{REPROS}/keras_int_input.py",
+        {"kind": "error_check", "expected": "input_dtype", "actual": None}),
+    ("keras", "long-decode", "bf16"): Finding(
+        "deviation", _KERAS_AUTOCAST, f"{REPROS}/keras_bf16.py",
+        {"kind": "tensor", "stage": "delta_rule", "tensor": "core", "nan": False, "ratio": (1.5, 15.0)}),
+    # one element at 1.13x its bound: another CPU's bf16 rounding order may meet it
+    ("keras", "sigmoid-edges", "bf16"): Finding(
+        "deviation", _KERAS_L2NORM, f"{REPROS}/keras_bf16.py",
+        {"kind": "tensor", "stage": "out_proj", "tensor": "attn_out", "nan": False, "ratio": (1.0, 5.0)},
+        may_not_occur=True),
 }
 
 

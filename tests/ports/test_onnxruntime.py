@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 from gdncheck.conformance.judge.verify import verify
+from gdncheck.conformance.ports import engines as registry
 from gdncheck.conformance.ports import onnxruntime as ort_port
 from gdncheck.conformance.ports.run import run_impl
 from gdncheck.errors import GDNError
@@ -165,6 +166,7 @@ def test_what_it_cannot_express_and_bad_options():
     with pytest.raises(NotApplicable, match="only stage-isolated mode applies"):
         impl.forward(None, None, None)
     assert impl.run_stage("in_proj", {}) == {}
+    assert registry.engine("onnxruntime").option_values["op"] == ort_port.OPS
 
 
 def test_the_repro_runs_the_op_and_says_it_reproduces():
