@@ -32,7 +32,7 @@ MAX_TABLE_BYTES = 64 * 1024 * 1024
 PROPERTY_ROWS = "properties"
 #: sha256 of the packaged tolerances.json this release ships (re-derived tables update it: it is the
 #: one line a review sees change when a bound moves)
-SHIPPED_SHA256 = "eddc0e5444225a54f2358f545b5a9d0979160e091ca2f2c4a75910b5c8071fa9"
+SHIPPED_SHA256 = "99c8e2bc12f33e60bcd368314aeb6b7b215b83f17422a2bcdb203ad480b76d3a"
 #: how many loosened bounds an error message lists
 LISTED_LOOSER = 3
 

@@ -352,7 +352,7 @@ FINDINGS: dict[tuple[str, str, str], Finding] = {
        for prefix in ("prefill-decode", "chunked", "decode_", "segments", "one-key-head", "per-head-norm",
                       "snapshot-replay", "restore-mismatch", "mismatch-midstream", "batch-positions", "dk-lt-dv",
                       "wide-d1024", "rmsnorm-eps", "qk-eps", "gated-eps", "softplus-edges", "sigmoid-edges",
-                      "state-norms", "prefill_")},
+                      "state-norms", "prefill_", "mha-batch", "gva4-batch", "t1-heads")},
     ("doppler", "dk-gt-dv", "f32"): Finding(
         "deviation", _DOPPLER_SOFTPLUS + "; dv = 8 here, so a head's lanes fit one of lavapipe's 8-lane subgroups and "
         "the race does not show: with the softplus alone swapped into the float64 reference the state is 2.1x the "
@@ -405,7 +405,8 @@ FINDINGS: dict[tuple[str, str, str], Finding] = {
         {"kind": "tensor", "stage": "gates", "tensor": "g", "nan": False, "ratio": (1.0, 20.0)})
        for prefix in ("prefill-decode", "chunked", "segments", "snapshot-replay", "mismatch-midstream",
                       "batch-positions", "long-decode", "real-heads", "qk-eps", "gated-eps", "state-norms", "prefill_",
-                      "moe-e512-k10", "moe-e256-k8", "moe-exact-tie", "moe-no-renorm")},
+                      "moe-e512-k10", "moe-e256-k8", "moe-exact-tie", "moe-no-renorm", "mha-batch", "gva4-batch",
+                      "t1-heads")},
     **{("sglang", prefix, "f32"): Finding(
         "deviation", _SGLANG_SOFTPLUS + "; on this case the packed-decode kernel's own g error accumulates into the "
         f"state (the float64 reference with that softplus alone swapped in gives the same state error: {numbers})",

@@ -20,7 +20,7 @@ PROFILES = ("f32", "bf16", "f16")
 DOC = Path(__file__).resolve().parents[2] / "docs" / "meta.md"
 #: A bf16 recurrent state shows in a realistic regime only over a long memory (the long decode); an f16
 #: state's own edge case (f16-state) is a light one.
-LONG = ("bf16_recurrent_state",)
+LONG = ("bf16_recurrent_state", "state_bf16_write_back")
 REALISTIC_MARGIN = re.compile(r"; realistic ×(?P<margin>[0-9.e+-]+)")
 CELL = re.compile(r"^(?P<stage>\w+) ×(?P<margin>[0-9.e+-]+|∞) \((?P<failed>\d+)/(?P<cases>\d+)\)")
 

@@ -24,7 +24,7 @@ def factory(cfg, weights, *, profile, strict=False, bug=False):
     make = mutants.gated_norm_weight_one_plus if bug else reference
     return make(cfg, weights, profile=profile, strict=strict)
 """
-DECODE, PREFILL = "decode_T12", "prefill_T1_"
+DECODE, PREFILL = "decode_T12_Hk2", "prefill_T1_"  # -k matches substrings: not d128-spec-decode_T12
 LATE = "gated_norm,out_proj,residual,post_norm,mlp,output"  # where the bug shows, and nowhere before
 
 

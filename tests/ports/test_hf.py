@@ -40,6 +40,11 @@ NOT_APPLICABLE = {
     "packed-mismatch": (0, "packed cu_seqlens stream"),
     "spec-decode": (0, "packed cu_seqlens stream"),
     "prefix-cache": (0, "packed cu_seqlens stream"),
+    "mixed-batch": (0, "packed cu_seqlens stream"),
+    "spec-prefix-cache": (0, "packed cu_seqlens stream"),
+    "d128-packed": (0, "packed cu_seqlens stream"),
+    "d128-spec-decode": (0, "packed cu_seqlens stream"),
+    "d128-prefix": (0, "packed cu_seqlens stream"),
     # the serving error cases: refused by a serving call transformers has no entry point for
     "error-free-padding": (0, "packed cu_seqlens stream"),
     "error-free-out-of-range": (0, "packed cu_seqlens stream"),

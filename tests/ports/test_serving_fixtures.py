@@ -64,7 +64,7 @@ def test_serving_cases_cover_the_misreadings_of_issue_24(suite_dir):
         program, seq_len, resets, snapped = case["program"], [0] * case["batch"], {}, {}
         for i, step in enumerate(program):
             op = step["op"]
-            if op == "verify_spec":
+            if op in ("verify_spec", "forward_mixed"):  # a mixed call's commit commits its verify rows
                 resets[step["call"]] = [s != PAD_SLOT_ID and seq_len[s] != p
                                         for s, p in zip(step["slots"], step["seq_pos"])]
             if op == "commit":
@@ -73,7 +73,7 @@ def test_serving_cases_cover_the_misreadings_of_issue_24(suite_dir):
                 for j, o, d in zip(step["snap_seq"], step["snap_offset"], step["snap_slot"]):
                     if step["seq_pos"][j] > 0:
                         snapshot_later, snapped[d] = True, step["seq_pos"][j] + o
-            if op in ("forward_packed", "prefix_snapshots", "verify_spec"):
+            if op in ("forward_packed", "prefix_snapshots", "verify_spec", "forward_mixed"):
                 continued |= any(snapped.get(s) == p for s, p in zip(step["slots"], step["seq_pos"]))
             if op == "free":
                 after = next(s for s in program[i + 1:] if "seq_len_after" in s)

@@ -26,7 +26,6 @@ if importlib.util.find_spec("sglang") is None:  # not imported: its __init__ pul
                 allow_module_level=True)
 
 from gdncheck.conformance.judge.verify import verify  # noqa: E402
-from gdncheck.conformance.meta.catalogue import mutant_diagnoser  # noqa: E402
 from gdncheck.conformance.ports import sglang as sglang_port  # noqa: E402
 from gdncheck.conformance.ports.plugin import check_options  # noqa: E402
 from gdncheck.errors import GDNError  # noqa: E402
@@ -146,15 +145,25 @@ def test_each_kernel_of_sglang_conforms_but_its_softplus(fixtures_dir, runs, lab
     assert _failing(case) == (KNOWN if label.endswith("f32") else set()), case.message
 
 
-def test_sglang_s_softplus_is_what_fails_and_verify_names_it(fixtures_dir, runs):
+def test_sglang_s_softplus_is_what_fails_and_verify_names_it(fixtures_dir, runs, tmp_path):
     """Against the stage bounds (kernel=recurrent, stage-isolated) too, only g fails, and verify's float64
-    diagnosis names the cause: the softplus formula, residual 0."""
-    s = verify(fixtures_dir, runs / "recurrent-f32", "f32", cases=[CASE], stage_isolated=True,
-               diagnose=mutant_diagnoser(fixtures_dir))
-    (case,) = s.cases
-    assert {(r.stage, r.tensor) for r in case.records if r.verdict != "missing"} == JUDGED
-    assert _failing(case) == KNOWN
-    assert "softplus as log(1 + exp(x)) in f32" in case.diagnosis["text"] and case.diagnosis["verdict"] == "matches"
+    diagnosis (the command's default: the mutant catalogue sits above this floor) names the cause: the
+    softplus formula, residual 0."""
+    import json
+    import subprocess
+    import sys
+
+    summary = tmp_path / "summary.json"
+    done = subprocess.run([sys.executable, "-m", "gdncheck", "verify", "--fixtures", str(fixtures_dir), "--outputs",
+                           str(runs / "recurrent-f32"), "--profile", "f32", "--stage-isolated", "--case", CASE,
+                           "--summary", str(summary)], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 1, done.stdout + done.stderr
+    (case,) = json.loads(summary.read_text())["cases"]
+    failing = {(r["stage"], r["tensor"]) for r in case["records"] if r["verdict"] == "fail"}
+    assert {(r["stage"], r["tensor"]) for r in case["records"] if r["verdict"] != "missing"} == JUDGED
+    assert failing == KNOWN
+    assert "softplus as log(1 + exp(x)) in f32" in case["diagnosis"]["text"]
+    assert case["diagnosis"]["verdict"] == "matches"
 
 
 @pytest.mark.parametrize("label,stage,failing", [

@@ -22,6 +22,8 @@ from gdncheck.reports import write_report
 #: call recipe are added
 LIGHT = ["decode_T12", "prefill-decode", "snapshot-replay", "mismatch-midstream", "per-head-norm", "dk-gt-dv",
          "f16-state"]
+#: bug classes that show in bf16 only over a long memory (docs/meta.md: caught by the long decode alone)
+LONG_ONLY = ("state_bf16_write_back",)
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "meta.md"
 BANNER = {0: 'class="banner pass"', 1: 'class="banner fail"', 2: 'class="banner error"'}
 
@@ -39,6 +41,8 @@ def _cases(mutant) -> list[str]:
     if tagged is not None:  # the sparse block's and the serving patterns' mutants: their tagged cases
         return tagged
     extra = [mutant.call[0]] if mutant.call else []
+    if mutant.name in LONG_ONLY:
+        extra.append("long-decode")
     if mutant.edge:
         extra.append(next(s.name for s in FORWARD_CASES if s.regime == EDGES[mutant.edge]))
     return list(dict.fromkeys(LIGHT + extra))
