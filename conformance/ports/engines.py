@@ -382,17 +382,18 @@ FINDINGS: dict[tuple[str, str, str], Finding] = {
         "missing_feature", _VLLM_HEAD_DIM, None, {"kind": "required_not_applicable"})
        for prefix in ("prefill-decode", "chunked", "decode_", "segments", "one-key-head", "long-decode", "wide-d1024",
                       "rmsnorm-eps", "qk-eps", "gated-eps", "softplus-edges", "sigmoid-edges", "state-norms",
-                      "f16-state", "prefill_")},
+                      "f16-state", "prefill_", "mha-batch", "gva4-batch", "t1-heads")},
     # sglang (conformance/ports/sglang.py, docs/engines/sglang.md), measured 2026-12-04 (kernel=packed_decode,
-    # interpreted, --fused): g off by 1.15-9.1x its bound in f32, 4.1e9x on softplus-edges (1.8e8x on
-    # d128-softplus-edges; 10.2-10.6x in bf16); the state by 1.2-2.0x where g's error accumulates; never NaN
+    # interpreted, --fused): g off by 1.1-11x its bound in f32 (the real-size cases' own rows: 1.6-11x), 4.1e9x
+    # on softplus-edges (2.2e10x on d128-softplus-edges; 10.2-10.6x in bf16); the state by 1.2-2.0x where g's
+    # error accumulates; never NaN
     ("sglang", "softplus-edges", "f32"): Finding(
         "deviation", _SGLANG_SOFTPLUS, f"{REPROS}/sglang_softplus.py",
         {"kind": "tensor", "stage": "gates", "tensor": "g", "nan": False, "ratio": (1e8, 1e11)}),
     ("sglang", "d128-softplus-edges", "f32"): Finding(
         "deviation", _SGLANG_SOFTPLUS + "; here at dk = dv = 128, value head 1 (a + dt_bias ~ -20): g = 0 where it "
         "should be -0.19", f"{REPROS}/sglang_softplus.py",
-        {"kind": "tensor", "stage": "gates", "tensor": "g", "nan": False, "ratio": (1e7, 1e10)}),
+        {"kind": "tensor", "stage": "gates", "tensor": "g", "nan": False, "ratio": (1e7, 1e11)}),
     ("sglang", "d128-softplus-edges", "bf16"): Finding(
         "deviation", _SGLANG_SOFTPLUS + "; here at dk = dv = 128, value head 1 (a + dt_bias ~ -20): g = 0 where it "
         "should be -0.19", f"{REPROS}/sglang_softplus.py",
@@ -406,7 +407,7 @@ FINDINGS: dict[tuple[str, str, str], Finding] = {
        for prefix in ("prefill-decode", "chunked", "segments", "snapshot-replay", "mismatch-midstream",
                       "batch-positions", "long-decode", "real-heads", "qk-eps", "gated-eps", "state-norms", "prefill_",
                       "moe-e512-k10", "moe-e256-k8", "moe-exact-tie", "moe-no-renorm", "mha-batch", "gva4-batch",
-                      "t1-heads")},
+                      "t1-heads", "d128-prefill-decode", "d128-state-norms", "d128-qk-eps", "d128-long-decode")},
     **{("sglang", prefix, "f32"): Finding(
         "deviation", _SGLANG_SOFTPLUS + "; on this case the packed-decode kernel's own g error accumulates into the "
         f"state (the float64 reference with that softplus alone swapped in gives the same state error: {numbers})",
@@ -428,12 +429,12 @@ FINDINGS: dict[tuple[str, str, str], Finding] = {
     ("onnxruntime", "d128-softplus-edges", "f16"): Finding(
         "deviation", _ORT_SOFTPLUS, f"{REPROS}/onnxruntime_gates.py",
         {"kind": "tensor", "stage": "gates", "tensor": "g", "nan": False, "ratio": (100.0, 1e4)}),
-    ("onnxruntime", "d128-sigmoid-edges", "f32"): Finding(
-        "deviation", _ORT_SIGMOID, f"{REPROS}/onnxruntime_gates.py",
-        {"kind": "tensor", "stage": "gates", "tensor": "beta", "nan": False, "ratio": (1e9, 1e12)}),
-    ("onnxruntime", "d128-state-norms", "f32"): Finding(
-        "deviation", _ORT_SIGMOID, f"{REPROS}/onnxruntime_gates.py",
-        {"kind": "tensor", "stage": "gates", "tensor": "beta", "nan": False, "ratio": (1e5, 1e8)}),
+    # g first (1.8x, 2.6x its bound) where beta is off by 7.7e10x and 2.5e6x: where another CPU's float32 exp
+    # meets g's bound, beta is the first failing tensor
+    **{("onnxruntime", prefix, "f32"): Finding(
+        "deviation", _ORT_BOTH, f"{REPROS}/onnxruntime_gates.py",
+        {"kind": "tensor", "stage": "gates", "nan": False, "ratio": (1.0, 1e12)})
+       for prefix in ("d128-sigmoid-edges", "d128-state-norms")},
     ("onnxruntime", "f16-state", "f32"): Finding(
         "deviation", _ORT_SIGMOID, f"{REPROS}/onnxruntime_gates.py",
         {"kind": "tensor", "stage": "gates", "tensor": "beta", "nan": False, "ratio": (1e6, 1e8)}),
