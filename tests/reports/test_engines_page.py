@@ -28,6 +28,10 @@ def test_the_committed_page_holds_what_the_command_writes(tmp_path):
     # vllm its own environment (.venv-vllm, the vllm job)
     if [n for n in missing if n not in ("llamacpp", "ggml", "doppler", "vllm")]:
         pytest.skip(f"docs/engines.md is the matrix of every registered engine; not installed here: {missing}")
+    # SGLang's row is ~7 minutes of Triton's interpreter on 2 cores: the engines job of the conformance
+    # workflow compares it (GDN_ENGINES_PAGE_ALL=1); .ci/run judges SGLang's adapter in tests/ports/test_sglang.py
+    heavy = [] if os.environ.get("GDN_ENGINES_PAGE_ALL") == "1" else ["sglang"]
+    selection = [a for n in registry.ENGINES if n not in missing and n not in heavy for a in ("--engine", n)]
     page = tmp_path / "docs" / "engines.md"
     page.parent.mkdir()
     shutil.copy(ROOT / "docs" / "engines.md", page)
@@ -38,7 +42,7 @@ def test_the_committed_page_holds_what_the_command_writes(tmp_path):
     out = tmp_path / "full"
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     done = subprocess.run([sys.executable, "-m", "gdncheck", "engines", "--out", str(out), "--diagnose", "8", "-q",
-                           "--markdown", str(page)], cwd=tmp_path, env=env, capture_output=True, text=True,
+                           *selection, "--markdown", str(page)], cwd=tmp_path, env=env, capture_output=True, text=True,
                           timeout=3600)
     rc, m = done.returncode, json.loads((out / "matrix.json").read_text())
     unexplained = [f for r in m["engines"] for p in r["results"].values() for f in p.get("findings", [])
@@ -48,7 +52,7 @@ def test_the_committed_page_holds_what_the_command_writes(tmp_path):
     assert committed is not None
     # doppler's verdicts hang on the WebGPU device (its race on the subgroup width, its softplus on the
     # device's exp/log accuracy), not on gdncheck: its rows are the page's, as measured, and not compared
-    unstable = [*missing, "doppler"]
+    unstable = [*missing, *heavy, "doppler"]
     assert _links(_without(stable_part(written), unstable)) == _links(_without(committed, unstable)), \
         "docs/engines.md is stale: rerun gdncheck engines --markdown docs/engines.md"
     head = (ROOT / "docs" / "engines.md").read_text().split(STABLE_BEGIN)[0]
