@@ -24,6 +24,8 @@ LIGHT = ["decode_T12", "prefill-decode", "snapshot-replay", "mismatch-midstream"
          "f16-state"]
 #: bug classes that show in bf16 only over a long memory (docs/meta.md: caught by the long decode alone)
 LONG_ONLY = ("state_bf16_write_back",)
+#: bug classes a shape shows and LIGHT lacks (docs/meta.md, "shapes that hide a wrong read"): the case that has it
+SHAPE_ONLY = {"gates_head_major_when_mha": "mha-batch"}
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "meta.md"
 BANNER = {0: 'class="banner pass"', 1: 'class="banner fail"', 2: 'class="banner error"'}
 
@@ -43,6 +45,8 @@ def _cases(mutant) -> list[str]:
     extra = [mutant.call[0]] if mutant.call else []
     if mutant.name in LONG_ONLY:
         extra.append("long-decode")
+    if mutant.name in SHAPE_ONLY:
+        extra.append(SHAPE_ONLY[mutant.name])
     if mutant.edge:
         extra.append(next(s.name for s in FORWARD_CASES if s.regime == EDGES[mutant.edge]))
     return list(dict.fromkeys(LIGHT + extra))
