@@ -18,8 +18,8 @@ ones; run the implementation over the cases in every profile; verify; search the
 suite against the same implementation; write OUT/gate-summary.json, JUnit XML and the report; print
 a table and the first divergences.
 
-On Triton's interpreter the cases tagged `long` (the 2048-token decode) are skipped, and listed as
-skipped with the reason (--all-cases runs them); on a GPU everything runs.
+On Triton's interpreter the cases tagged `long` with over 1000 layer calls (the 2048-token decode)
+are skipped, listed as skipped with the reason (--all-cases runs them); on a GPU everything runs.
 
 --merge DIR [DIR ...] runs nothing: it merges the gate folders (--out) of the shards of a CI matrix
 (--shard I/N) into one verdict, one OUT/gate-summary.json, one verify summary per profile, one JUnit
