@@ -202,7 +202,7 @@ def test_every_findings_entry_is_of_a_registered_engine_with_an_existing_repro()
 
 def test_repros_import_only_the_engine_numpy_and_the_stdlib():
     allowed = {"mlx", "mlx_lm", "numpy", "transformers", "torch", "fla", "llama_cpp", "onnxruntime", "onnx", "vllm",
-               "sglang", "keras", "keras_hub"} | set(sys.stdlib_module_names)
+               "sglang", "keras", "keras_hub", "triton"} | set(sys.stdlib_module_names)
     scripts = sorted(REPROS.glob("*.py"))
     assert {p.name for p in scripts} >= {"mlx_int32_input.py", "mlx_missing_moe_size.py"}
     for path in scripts:

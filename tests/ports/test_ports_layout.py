@@ -17,7 +17,7 @@ INDEX = FLOOR / "README.md"
 def _engine_rows() -> dict[str, list[str]]:
     rows = {}
     for line in INDEX.read_text(encoding="utf-8").splitlines():
-        m = re.match(r"\| `([a-z0-9_]+)` \| (.*) \|$", line)
+        m = re.match(r"\| `([a-z0-9_-]+)` \| (.*) \|$", line)
         if m and m.group(1) in registry.ENGINES:
             rows[m.group(1)] = [c.strip() for c in m.group(2).split(" | ")]
     return rows
