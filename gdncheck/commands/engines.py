@@ -356,7 +356,7 @@ def _run_one(eng, opts, profile, fixtures, folder, args, con) -> dict:
     spec = eng.spec()
     try:
         if eng.command is not None:
-            command = _run_program(eng, fixtures, folder, args)
+            command = _run_program(eng, fixtures, folder, args, profile)
         else:
             command = default_command(spec, fixtures, folder, profile, opts, eng.stage_isolated)
             with _alarm(args.timeout, f"{eng.name} {profile}"):
@@ -425,7 +425,7 @@ class _alarm:
         return False
 
 
-def _run_program(eng, fixtures, folder, args) -> str:
+def _run_program(eng, fixtures, folder, args, profile: str) -> str:
     """Run an engine that has a program of its own (``eng.command``) into ``folder``; its command line.
     Its exit 0, or 2 (a case it could not read or run: no outputs file, which verify reports), lets the
     matrix judge what it wrote; any other exit (3: no WebGPU adapter), a run past --timeout (the program is
@@ -440,7 +440,8 @@ def _run_program(eng, fixtures, folder, args) -> str:
     from gdncheck.untrusted import one_line
 
     glue = eng.glue_folder()
-    fill = {"{folder}": str(glue), "{fixtures}": str(Path(fixtures).resolve()), "{out}": str(Path(folder).resolve())}
+    fill = {"{folder}": str(glue), "{fixtures}": str(Path(fixtures).resolve()), "{out}": str(Path(folder).resolve()),
+            "{profile}": profile}
     argv = []
     for word in eng.command:
         for key, value in fill.items():

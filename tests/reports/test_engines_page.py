@@ -25,12 +25,13 @@ def test_the_committed_page_holds_what_the_command_writes(tmp_path):
 
     missing = [n for n, e in registry.ENGINES.items() if not registry.probe(e).installed]
     # llama-cpp-python builds for ~20 min: CI goes without; doppler needs Node, npm packages and lavapipe;
-    # vllm its own environment (.venv-vllm, the vllm job)
-    if [n for n in missing if n not in ("llamacpp", "ggml", "doppler", "vllm")]:
+    # vllm and vllm-triton their own environment (.venv-vllm, the vllm job)
+    if [n for n in missing if n not in ("llamacpp", "ggml", "doppler", "vllm", "vllm-triton")]:
         pytest.skip(f"docs/engines.md is the matrix of every registered engine; not installed here: {missing}")
-    # SGLang's row is ~7 minutes of Triton's interpreter on 2 cores: the engines job of the conformance
-    # workflow compares it (GDN_ENGINES_PAGE_ALL=1); .ci/run judges SGLang's adapter in tests/ports/test_sglang.py
-    heavy = [] if os.environ.get("GDN_ENGINES_PAGE_ALL") == "1" else ["sglang"]
+    # SGLang's row is ~7 minutes of Triton's interpreter on 2 cores, vLLM's Triton row ~5: the engines and vllm
+    # jobs of the conformance workflow compare them (GDN_ENGINES_PAGE_ALL=1); .ci/run judges SGLang's adapter in
+    # tests/ports/test_sglang.py, the vllm job vLLM's in tests/ports/test_vllm_triton.py
+    heavy = [] if os.environ.get("GDN_ENGINES_PAGE_ALL") == "1" else ["sglang", "vllm-triton"]
     selection = [a for n in registry.ENGINES if n not in missing and n not in heavy for a in ("--engine", n)]
     page = tmp_path / "docs" / "engines.md"
     page.parent.mkdir()
