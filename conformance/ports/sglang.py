@@ -200,6 +200,9 @@ class SGLangStages(StageOnly):
 
     no_layer = NO_LAYER
 
+    #: the engine's name in errors and in ``name``
+    label = "sglang"
+
     def __init__(self, cfg: GDNConfig, weights, *, profile: str, kernel: str, device: str):
         import torch
 
@@ -207,18 +210,23 @@ class SGLangStages(StageOnly):
         if device == "auto":
             device = "cuda" if torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1" else "cpu"
         if device not in ("cpu", "cuda"):
-            raise GDNError(f"sglang: expected --option device=auto|cpu|cuda, found {device!r}")
+            raise GDNError(f"{self.label}: expected --option device=auto|cpu|cuda, found {device!r}")
         self.device = torch.device(device)
-        self.k = kernels(self.device.type == "cpu")
+        self.k = self.load_kernels(self.device.type == "cpu")
         self.dtype = {"f32": torch.float32, "bf16": torch.bfloat16}[profile]
         w = weights
         K = cfg.conv_kernel
         self.conv_weight = self._t(np.asarray(w["linear_attn.conv1d.weight"]).reshape(cfg.conv_dim, K), self.dtype)
-        self.A_log = self._t(w["linear_attn.A_log"], torch.float32)  # SGLang's A_log is float32, dt_bias the model's
+        # A_log float32, dt_bias in the model's dtype (SGLang's; vLLM's too: qwen_gdn_linear_attn.py:552-559)
+        self.A_log = self._t(w["linear_attn.A_log"], torch.float32)
         self.dt_bias = self._t(w["linear_attn.dt_bias"], self.dtype)
         self.kept: dict[str, np.ndarray] = {}  # the fused kernels' inputs, from earlier stages of the same call
         where = "interpreted" if self.k.interpreted else device
-        self.name = f"sglang {self.k.version} {kernel} ({profile}, {where})"
+        self.name = f"{self.label} {self.k.version} {kernel} ({profile}, {where})"
+
+    def load_kernels(self, interpreted: bool) -> Kernels:
+        """The engine's kernel modules (a subclass for another engine loads its own)."""
+        return kernels(interpreted)
 
     def _t(self, a, dtype):
         a = np.asarray(a, dtype=np.float64)

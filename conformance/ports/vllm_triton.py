@@ -212,7 +212,9 @@ def _version() -> str:
 class VllmTritonStages(SGLangStages):
     """vLLM's Triton kernels behind ``run_stage``; every layer method not applicable.
 
-    Shared with :class:`SGLangStages` (the same fla-derived conventions): the packed stream of a call's rows
+    Shared with :class:`SGLangStages` (the same fla-derived conventions): the construction (A_log float32,
+    dt_bias in the model's dtype: qwen_gdn_linear_attn.py:552-559), with vLLM's kernels (:meth:`load_kernels`);
+    the packed stream of a call's rows
     (:meth:`packed`, :meth:`cu_seqlens`, :meth:`unpack`), the ``[Hv, dv, dk]`` state rows
     (:meth:`recurrent_in` / :meth:`recurrent_out`), :meth:`gate_inputs`, the dispatch under the interpreter's
     casts. vLLM's own: slot 0 is the null block, the padding sequence points at it (not at -1); the conv pool
@@ -221,26 +223,11 @@ class VllmTritonStages(SGLangStages):
 
     no_layer = NO_LAYER
 
-    def __init__(self, cfg: GDNConfig, weights, *, profile: str, kernel: str, device: str):
-        import torch
+    label = "vllm triton"
 
-        self.torch, self.cfg, self.profile, self.kernel = torch, cfg, profile, kernel
-        if device == "auto":
-            device = "cuda" if torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1" else "cpu"
-        if device not in ("cpu", "cuda"):
-            raise GDNError(f"vllm_triton: expected --option device=auto|cpu|cuda, found {device!r}")
-        self.device = torch.device(device)
-        self.k = kernels(self.device.type == "cpu")
-        self.dtype = {"f32": torch.float32, "bf16": torch.bfloat16}[profile]
-        K = cfg.conv_kernel
-        self.conv_weight = self._t(np.asarray(weights["linear_attn.conv1d.weight"]).reshape(cfg.conv_dim, K),
-                                   self.dtype)
-        # qwen_gdn_linear_attn.py:552-559: dt_bias in the model's dtype, A_log float32
-        self.A_log = self._t(weights["linear_attn.A_log"], torch.float32)
-        self.dt_bias = self._t(weights["linear_attn.dt_bias"], self.dtype)
-        self.kept: dict[str, np.ndarray] = {}
-        where = "interpreted" if self.k.interpreted else device
-        self.name = f"vllm {self.k.version} triton {kernel} ({profile}, {where})"
+    def load_kernels(self, interpreted: bool) -> Kernels:
+        """vLLM's kernel modules (:class:`Kernels` of this module), not SGLang's."""
+        return kernels(interpreted)
 
     # --- glue: vLLM's serving convention -------------------------------------------------------------
     def slots(self, batch: int) -> list[int]:
