@@ -141,6 +141,53 @@ def tp_plan(cfg: GDNConfig, world: int, v_heads_per_rank=None) -> TPPlan:
     return TPPlan(world, tuple(shares))
 
 
+#: the GDN weights a rank holds a part of (the rest, the norms and the MLP, are replicated)
+QKV, Z, A, B = ("linear_attn.in_proj_qkv.weight", "linear_attn.in_proj_z.weight", "linear_attn.in_proj_a.weight",
+                "linear_attn.in_proj_b.weight")
+CONV, A_LOG, DT_BIAS = "linear_attn.conv1d.weight", "linear_attn.A_log", "linear_attn.dt_bias"
+NORM, OUT = "linear_attn.norm.weight", "linear_attn.out_proj.weight"
+
+
+def rank_weights(cfg: GDNConfig, weights, share: RankShare) -> dict[str, np.ndarray]:
+    """The weights rank ``share.rank`` holds, as float64 arrays: its rows of the projections and of the conv
+    weight, its entries of A_log and dt_bias, ``norm.weight`` (whole when shared by the heads, its heads'
+    part when per head), its columns of ``out_proj``; every other weight (the norms, the MLP) whole."""
+    ch, vc, heads = share.conv_channels(cfg), share.value_channels(cfg), np.arange(share.v_start, share.v_stop)
+    w = {name: np.asarray(arr, dtype=np.float64) for name, arr in weights.items()}
+    norm = w[NORM]
+    w.update({QKV: w[QKV][ch], Z: w[Z][vc], A: w[A][heads], B: w[B][heads], CONV: w[CONV][ch],
+              A_LOG: w[A_LOG][heads], DT_BIAS: w[DT_BIAS][heads],
+              NORM: norm if norm.size == cfg.head_v_dim else norm.reshape(-1)[vc], OUT: w[OUT][:, vc]})
+    return w
+
+
+def state_shards(cfg: GDNConfig, share: RankShare, conv_state, recurrent_state) -> tuple[np.ndarray, np.ndarray]:
+    """A rank's shards of a state: ``conv_state[:, its channels, :]``, ``recurrent_state[:, its value heads]``."""
+    return (np.asarray(conv_state, dtype=np.float64)[:, share.conv_channels(cfg), :].copy(),
+            np.asarray(recurrent_state, dtype=np.float64)[:, share.v_start:share.v_stop].copy())
+
+
+def standalone(cfg: GDNConfig, share: RankShare, weights) -> tuple[GDNConfig, dict[str, np.ndarray], np.ndarray]:
+    """Rank ``share.rank`` as a plain (unsharded) GDN layer, for a port whose layer takes a config and
+    weights: ``(cfg_r, weights_r, conv_index)``.
+
+    Where the rank's value heads read its key heads as ``repeat_interleave`` does (every even split, and
+    uneven ones on group edges) ``cfg_r`` has its key and value heads; elsewhere (a range cutting a key
+    group unevenly) each value head gets its own copy of its key head (``Hk_r = Hv_r``). ``conv_index``
+    maps the layer's conv channels to the share's (:meth:`RankShare.conv_channels`): the layer's conv state
+    is ``shard[:, conv_index]``, and the share's is read back from the first layer channel of each."""
+    kv = share.key_of_value(cfg)
+    nk, nv = share.k_stop - share.k_start, share.v_stop - share.v_start
+    aligned = nv % nk == 0 and np.array_equal(kv, np.repeat(np.arange(nk), nv // nk))
+    heads = np.arange(nk) if aligned else kv  # the layer's key heads, among the rank's
+    dk, dv = cfg.head_k_dim, cfg.head_v_dim
+    within = (heads[:, None] * dk + np.arange(dk)).reshape(-1)  # q (and k) channels, within the share's q segment
+    conv_index = np.concatenate([within, nk * dk + within, 2 * nk * dk + np.arange(nv * dv)])
+    w = rank_weights(cfg, weights, share)
+    w[QKV], w[CONV] = w[QKV][conv_index], w[CONV][conv_index]
+    return cfg.replace(num_k_heads=len(heads), num_v_heads=nv), w, conv_index
+
+
 @dataclass(frozen=True)
 class CPPlan:
     """A context-parallel plan of one call of ``T`` tokens: segments ``(rank, start, stop)`` in token order."""

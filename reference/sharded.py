@@ -2,7 +2,7 @@
 computes, so that a port can be judged rank by rank (docs/sharding.md; the plans: :mod:`gdncheck.sharding`).
 
 Tensor parallelism: rank r runs every stage on its share of the heads with its slice of the weights
-(:func:`rank_weights`) and its state shards, and stops at its ``out_proj`` *partial* (``core_gated`` of its
+(:func:`gdncheck.sharding.rank_weights`) and its state shards, and stops at its ``out_proj`` *partial* (``core_gated`` of its
 value heads times its columns of ``out_proj``); the layer's ``attn_out`` is the sum of the partials.
 The stage functions are the unsharded ones: a rank is the same math on fewer heads.
 
@@ -25,7 +25,8 @@ from collections.abc import Mapping
 import numpy as np
 
 from gdncheck.config import GDNConfig
-from gdncheck.sharding import CPPlan, RankShare, TPPlan
+from gdncheck.sharding import (A, A_LOG, B, CONV, DT_BIAS, NORM, OUT, QKV, Z, CPPlan, RankShare, TPPlan, rank_weights,
+                               state_shards)
 
 from . import arith
 from .conv1d import conv1d
@@ -38,34 +39,6 @@ from .input_norm import input_norm
 from .layer import Params, layer_forward, layer_tail
 from .out_proj import out_proj
 from .qk_norm import qk_norm
-
-QKV, Z, A, B = ("linear_attn.in_proj_qkv.weight", "linear_attn.in_proj_z.weight", "linear_attn.in_proj_a.weight",
-                "linear_attn.in_proj_b.weight")
-CONV, A_LOG, DT_BIAS = "linear_attn.conv1d.weight", "linear_attn.A_log", "linear_attn.dt_bias"
-NORM, OUT = "linear_attn.norm.weight", "linear_attn.out_proj.weight"
-
-
-def rank_weights(cfg: GDNConfig, weights: Mapping[str, np.ndarray], share: RankShare) -> dict[str, np.ndarray]:
-    """The GDN weights rank ``share.rank`` holds: rows of the projections and the conv weight, entries of
-    A_log and dt_bias, ``norm.weight`` (whole when shared by the heads, its heads' part when per head), and
-    its columns of ``out_proj``. The input norm is replicated."""
-    ch, vc, heads = share.conv_channels(cfg), share.value_channels(cfg), np.arange(share.v_start, share.v_stop)
-    norm = f64(weights[NORM])
-    if norm.size != cfg.head_v_dim:  # per head: [Hv·dv]
-        norm = norm.reshape(-1)[vc]
-    return {
-        "input_layernorm.weight": f64(weights["input_layernorm.weight"]),
-        QKV: f64(weights[QKV])[ch], Z: f64(weights[Z])[vc], A: f64(weights[A])[heads], B: f64(weights[B])[heads],
-        CONV: f64(weights[CONV])[ch], A_LOG: f64(weights[A_LOG])[heads], DT_BIAS: f64(weights[DT_BIAS])[heads],
-        NORM: norm, OUT: f64(weights[OUT])[:, vc],
-    }
-
-
-def state_shards(cfg: GDNConfig, share: RankShare, conv_state: np.ndarray, recurrent_state: np.ndarray):
-    """A rank's shards of the layer's state: ``conv_state[:, channels, :]``, ``recurrent_state[:, v_heads]``."""
-    return (f64(conv_state)[:, share.conv_channels(cfg), :].copy(),
-            f64(recurrent_state)[:, share.v_start:share.v_stop].copy())
-
 
 def expand_to_values(x: np.ndarray, key_of_value: np.ndarray) -> np.ndarray:
     """[..., T, Hk_r, d] -> [..., T, Hv_r, d]: the rank's value head i reads its key head ``key_of_value[i]``."""
