@@ -50,6 +50,9 @@ class RankLayer:
 
     def forward(self, x, state, seq_pos) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """One call on the rank: ``(partial, trace)``; ``partial`` is the rank's ``attn_out`` (before the
-        all-reduce); the trace's stage tensors are the rank layer's (its heads)."""
+        all-reduce); the trace's stage tensors are the rank layer's (its heads), ``qkv`` and ``qkv_conv`` in the
+        share's channel order (:meth:`gdncheck.sharding.RankShare.conv_channels`)."""
         _, trace = self.layer.forward(x, state, seq_pos, capture=True)
+        for name in ("qkv", "qkv_conv"):  # the rank layer's channels -> the share's (q | k | v of its heads)
+            trace[name] = trace[name][..., torch.as_tensor(self._back, device=trace[name].device)]
         return trace["attn_out"], trace
