@@ -142,24 +142,26 @@ def _tp_fact(cfg, plan, share, stage, got, gold, partials, k, weights) -> str:
     return ""
 
 
-def judge_cp(cfg: GDNConfig, plan: CPPlan, ranks: list[dict], out: np.ndarray, states: list, *,
-             bound: float) -> tuple[list[ShardFailure], int]:
-    """Judge a context-parallel run of one call: ``ranks[r]`` what rank r wrote (``segments.{i}.{halo, M, U,
-    entry_state, out}``), ``out`` the unsharded output [B, T, D], ``states[t]`` the unsharded ``(conv_state,
-    recurrent_state)`` after the call's first t tokens (``states[0]``: the entering state). A rank that wrote
-    a segment it does not own, or tokens outside its range, fails."""
+def judge_cp(cfg: GDNConfig, plan: CPPlan, ranks: list[dict], trace: dict, states: list | None, *,
+             bound: float, stages=CP_STAGES) -> tuple[list[ShardFailure], int]:
+    """Judge a context-parallel run of one call: ``ranks[r]`` what rank r wrote (``segments.{i}.{stage}``;
+    the summary as ``M`` and ``U``), ``trace`` the unsharded call's stage tensors by name ([B, T, ...]),
+    ``states[t]`` the unsharded ``(conv_state, recurrent_state)`` after the call's first t tokens
+    (``states[0]``: the entering state; needed for ``halo``, ``summary``, ``entry_state``). ``stages``: what
+    every segment must hold, in the order a rank computes it (a port that exposes only some stage tensors,
+    as fla does, names them). A rank that wrote a segment it does not own, or tokens outside its range, fails."""
     failures, judged = [], 0
     owned = {i: r for i, (r, _, _) in enumerate(plan.segments)}
     for r, written in enumerate(ranks):
         extra = sorted({int(n.split(".")[1]) for n in written if n.startswith("segments.")} - {
             i for i, o in owned.items() if o == r})
         if extra:
-            failures.append(ShardFailure(r, extra[0], "out", float("inf"), f"rank {r} wrote segments {extra} it does "
+            failures.append(ShardFailure(r, extra[0], stages[-1], float("inf"), f"rank {r} wrote segments {extra} it does "
                                          f"not own (its segments: {[i for i, o in owned.items() if o == r]})"))
     for i, (r, a, b) in enumerate(plan.segments):
         seg = {n.split(".", 2)[2]: t for n, t in ranks[r].items() if n.startswith(f"segments.{i}.")}
         where = f"segment {i} (tokens {_range(a, b)})"
-        for stage in CP_STAGES:
+        for stage in stages:
             judged += 1
             if stage == "summary":
                 if "M" not in seg or "U" not in seg:
@@ -168,21 +170,23 @@ def judge_cp(cfg: GDNConfig, plan: CPPlan, ranks: list[dict], out: np.ndarray, s
                     got = np.asarray(seg["M"]) @ states[a][1] + np.asarray(seg["U"])
                     want = states[b][1]
                 whole = states[b][1]
-            else:
-                got = seg.get(stage)
-                want = {"halo": states[a][0], "entry_state": states[a][1], "out": out[:, a:b]}[stage]
-                whole = {"halo": states[a][0], "entry_state": states[a][1], "out": out}[stage]
+            elif stage in ("halo", "entry_state"):
+                got, want = seg.get(stage), states[a][0 if stage == "halo" else 1]
+                whole = want
+            else:  # a stage tensor of the call: its tokens
+                got, want, whole = seg.get(stage), trace[stage][:, a:b], trace[stage]
             if got is None:
                 failures.append(ShardFailure(r, i, stage, float("inf"), f"rank {r}, {where}, {stage}: missing"))
                 continue
             e = _err(got, want, _scale(whole))
             if e > bound:
                 fact = _cp_fact(plan, i, stage, np.asarray(got), states, ranks, a)
-                if np.shape(got) != np.shape(want) and stage == "out":
+                if np.shape(got) != np.shape(want) and stage not in ("halo", "entry_state", "summary"):
                     fact = f"holds {np.shape(got)[1]} tokens where its share is {b - a}: the call was not split"
                 failures.append(ShardFailure(r, i, stage, e / bound, _message(r, where, stage, "its tokens", got, want, e,
                                                                               bound, fact)))
-    failures.sort(key=lambda f: (f.where, CP_STAGES.index(f.stage) if f.stage in CP_STAGES else 0, f.rank))
+    order = list(stages)
+    failures.sort(key=lambda f: (f.where, order.index(f.stage) if f.stage in order else -1, f.rank))
     return failures, judged
 
 

@@ -60,7 +60,7 @@ def _rank_main(rank: int, world: int, folder: str, backend: str, program: str, s
     try:
         dist = _init(rank, world, str(out / "store"), backend)
         try:
-            tensors = PROGRAMS[program](rank, world, dist, spec)
+            tensors = (PROGRAMS[program] if isinstance(program, str) else program)(rank, world, dist, spec)
             write_safetensors(out / f"rank{rank}.safetensors", tensors, {"rank": str(rank), "world": str(world)})
         finally:
             dist.destroy_process_group()
@@ -74,12 +74,14 @@ def launch(program: str, world: int, spec: dict, folder, *, backend: str = "gloo
            timeout_s: float = DEFAULT_TIMEOUT_S) -> list[dict[str, np.ndarray]]:
     """Run rank program ``program`` on ``world`` spawned ranks; return what each rank wrote, by rank.
 
+    ``program``: a name of :data:`PROGRAMS`, or a module-level function ``f(rank, world, dist, spec)`` returning
+    the rank's tensors (an engine's adapter: ``conformance/ports/fla_cp.py``).
     ``folder``: where the ranks write (``rank{r}.safetensors``, ``rank{r}.error``) and rendezvous; it must
     exist and be empty of rank files. Raises :class:`DistributedRunError` on a rank's failure or the deadline.
     """
     import torch.multiprocessing as mp
 
-    if program not in PROGRAMS:
+    if not callable(program) and program not in PROGRAMS:
         raise DistributedRunError(f"expected a rank program among {', '.join(PROGRAMS)}, found {program!r}")
     folder = Path(folder)
     ctx = mp.start_processes(_rank_main, args=(world, str(folder), backend, program, spec), nprocs=world,

@@ -90,7 +90,7 @@ CP_OUT, CP_STATES = _cp_goldens(X, CONV0, REC0)
 def test_reference_cp_conforms_segment_by_segment(world, layout, bounds):
     plan = cp_plan(X.shape[1], world, layout, bounds)
     ranks = run_cp(CFG, W, plan, X, CONV0, REC0)
-    failures, judged = judge_cp(CFG, plan, ranks, CP_OUT, CP_STATES, bound=1e-12)
+    failures, judged = judge_cp(CFG, plan, ranks, {"out": CP_OUT}, CP_STATES, bound=1e-12)
     assert failures == [] and judged == 4 * len(plan.segments)
 
 
@@ -102,7 +102,7 @@ def test_reference_cp_conforms_segment_by_segment(world, layout, bounds):
 def test_cp_faults_caught_at_rank_and_stage(fault, stage, fact):
     plan = cp_plan(X.shape[1], 2, "zigzag")
     ranks = run_cp(CFG, W, plan, X, CONV0, REC0, fault=fault)
-    failures, _ = judge_cp(CFG, plan, ranks, CP_OUT, CP_STATES, bound=1e-12)
+    failures, _ = judge_cp(CFG, plan, ranks, {"out": CP_OUT}, CP_STATES, bound=1e-12)
     assert failures, fault
     first = failures[0]
     assert first.stage == stage and first.ratio >= 10 and fact in first.message
