@@ -220,6 +220,12 @@ class SpecCommitError(GDNError):
 
     code = "spec_commit"
 
+class ShardPlanError(ConfigError):
+    """A partition plan (tensor or context parallel, docs/sharding.md) that cannot split this layer or call."""
+
+    code = "shard_plan"
+
+
 # --- mixture of experts (Qwen3.5-MoE, Qwen3-Next; docs/moe.md) -------------------------------
 
 

@@ -109,13 +109,24 @@ def layer_forward(
         core, recurrent_state = delta_rule_chunked(q, k, v, g, beta, recurrent_state, cfg.scale, chunk_size)
     core_gated = gated_norm(core, z, params["linear_attn.norm.weight"], eps)
     attn_out = out_proj(core_gated, params["linear_attn.out_proj.weight"])
-    h = residual(x, attn_out)
-    h_norm = post_norm(h, params["post_attention_layernorm.weight"], eps)
     trace = {
         "x": x, "x_norm": x_norm, "qkv": qkv, "z": z, "a": a, "b": b, "qkv_conv": qkv_conv,
         "q": q, "k": k, "v": v, "g": g, "beta": beta, "core": core, "core_gated": core_gated,
-        "attn_out": attn_out, "h": h, "h_norm": h_norm,
     }
+    out, tail = layer_tail(cfg, params, x, attn_out, mlp_kind=mlp_kind)
+    trace.update(tail)
+    return out, conv_state, recurrent_state, trace
+
+
+def layer_tail(cfg: GDNConfig, params: Params, x: np.ndarray, attn_out: np.ndarray, *,
+               mlp_kind: str | None = None) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+    """The stages after ``out_proj`` (residual, post norm, the MLP or MoE block, output), from the layer's
+    input ``x`` and ``attn_out`` (a tensor-parallel layer's all-reduced partials). Returns ``out`` and those
+    stages' tensors by name (``attn_out`` among them)."""
+    eps = cfg.rms_norm_eps
+    h = residual(x, attn_out)
+    h_norm = post_norm(h, params["post_attention_layernorm.weight"], eps)
+    trace = {"attn_out": attn_out, "h": h, "h_norm": h_norm}
     if (mlp_kind or cfg.mlp_kind()) == "moe":
         w_gate, w_up = split_gate_up(params[EXPERTS_GATE_UP], cfg.moe_intermediate_size)
         block = mlp_moe(
@@ -131,7 +142,7 @@ def layer_forward(
         trace["mlp_out"] = mlp_out
     out = output(h, mlp_out)
     trace["out"] = out
-    return out, conv_state, recurrent_state, trace
+    return out, trace
 
 
 class Layer:

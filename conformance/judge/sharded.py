@@ -1,0 +1,228 @@
+"""Judging a sharded run rank by rank (docs/sharding.md): each rank's tensors against its share of the
+unsharded goldens, bounded by the scale of the **whole** tensor (a rank whose heads carry a tiny part of
+the output must not false-alarm on a slice-relative error), and the reduced output against the layer's.
+
+A failure names the rank, the call or token range, the heads or channels, and the stage, and, where the
+rank's tensor equals something else the run or the goldens hold, says what: its own ``out_proj`` partial
+(the all-reduce did not run), twice the reduced output, another rank's share, the zero state, the state
+at another token. Failures are ordered by call (or segment, in token order), then stage, then rank, so
+the first one printed is the earliest stage that went wrong.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from gdncheck.config import GDNConfig
+from gdncheck.sharding import OUT, CPPlan, TPPlan
+
+#: the stages of a tensor-parallel rank, in the order they run
+TP_STAGES = ("qkv", "qkv_conv", "g", "beta", "core", "core_gated", "attn_out_partial", "attn_out", "conv_state",
+             "recurrent_state")
+#: what a context-parallel segment is judged on, in the order a rank gets it
+CP_STAGES = ("halo", "summary", "entry_state", "out")
+#: how close "equals" must be, as a fraction of the tensor's scale (far below any bound a failure exceeds)
+EQUALS = 1e-6
+
+
+@dataclass(frozen=True)
+class ShardFailure:
+    rank: int
+    where: int  # the call (TP) or segment (CP)
+    stage: str
+    ratio: float  # the error over the bound (inf: NaN, a missing tensor or a wrong shape)
+    message: str
+
+
+def _err(got: np.ndarray, want: np.ndarray, scale: float) -> float:
+    if got.shape != want.shape:
+        return float("inf")
+    d = np.abs(np.asarray(got, dtype=np.float64) - want)
+    return float("inf") if not np.all(np.isfinite(d)) else float(d.max(initial=0.0)) / max(scale, 1e-300)
+
+
+def _scale(t: np.ndarray) -> float:
+    return float(np.max(np.abs(t), initial=0.0))
+
+
+def _range(a: int, b: int) -> str:
+    return f"{a}" if b - a == 1 else f"{a}–{b - 1}"
+
+
+def judge_tp(cfg: GDNConfig, plan: TPPlan, ranks: list[dict], goldens: list[dict], *, bound: float,
+             weights=None) -> tuple[list[ShardFailure], int]:
+    """Judge a tensor-parallel run: ``ranks[r]`` is what rank r wrote (``calls.{k}.{tensor}``), ``goldens[k]``
+    the unsharded trace of call k with its states after the call. ``weights`` (for the partials' goldens:
+    ``core_gated`` of the rank's heads times its columns of ``out_proj``) default to none: then a rank's
+    partial is judged by the sum of the partials against ``attn_out`` only. Returns the failures, in
+    order, and the number of tensors judged. A tensor a rank did not write is a failure."""
+    failures, judged = [], 0
+    for k, gold in enumerate(goldens):
+        partials = {r: ranks[r].get(f"calls.{k}.attn_out_partial") for r in range(plan.world)}
+        for stage in TP_STAGES:
+            for share in plan.shares:
+                r = share.rank
+                want, whole, what = _tp_share(cfg, share, stage, gold, weights)
+                got = ranks[r].get(f"calls.{k}.{stage}")
+                if want is None:
+                    if stage != "attn_out_partial" or got is None:
+                        continue
+                    want = _partial_from_sum(partials, gold["attn_out"], r)
+                    if want is None:
+                        continue
+                judged += 1
+                if got is None:
+                    failures.append(ShardFailure(r, k, stage, float("inf"), f"rank {r}, call {k}, {stage} ({what}): "
+                                                 f"missing, but every rank must write it"))
+                    continue
+                e = _err(got, want, _scale(whole))
+                if e > bound:
+                    fact = _tp_fact(cfg, plan, share, stage, got, gold, partials, k, weights)
+                    failures.append(ShardFailure(r, k, stage, e / bound, _message(r, f"call {k}", stage, what, got, want,
+                                                                                   e, bound, fact)))
+    return failures, judged
+
+
+def _tp_share(cfg, share, stage, gold, weights):
+    """(the golden share, the whole golden tensor, what the share is) of a stage on a rank."""
+    ch, v = share.conv_channels(cfg), slice(share.v_start, share.v_stop)
+    heads = f"value heads {_range(share.v_start, share.v_stop)}"
+    if stage in ("qkv", "qkv_conv"):
+        return gold[stage][..., ch], gold[stage], f"conv channels of key heads {_range(share.k_start, share.k_stop)}, {heads}"
+    if stage in ("g", "beta"):
+        return gold[stage][..., v], gold[stage], heads
+    if stage in ("core", "core_gated"):
+        return gold[stage][..., v, :], gold[stage], heads
+    if stage == "conv_state":
+        return gold[stage][:, ch], gold[stage], f"conv channels of key heads {_range(share.k_start, share.k_stop)}, {heads}"
+    if stage == "recurrent_state":
+        return gold[stage][:, v], gold[stage], heads
+    if stage == "attn_out":
+        return gold["attn_out"], gold["attn_out"], "the all-reduced output"
+    # the partial: core_gated of its heads times its columns of out_proj
+    if weights is None:
+        return None, gold["attn_out"], f"the out_proj partial of {heads}"
+    cg = gold["core_gated"][..., v, :]
+    cols = share.value_channels(cfg)
+    w = np.asarray(weights[OUT], dtype=np.float64)[:, cols]
+    return cg.reshape(*cg.shape[:-2], -1) @ w.T, gold["attn_out"], f"the out_proj partial of {heads}"
+
+
+def _partial_from_sum(partials, attn_out, r):
+    """Without weights: rank r's partial is judged as attn_out minus the other ranks' partials."""
+    if any(p is None for p in partials.values()):
+        return None
+    return attn_out - sum(np.asarray(p, dtype=np.float64) for j, p in partials.items() if j != r)
+
+
+def _tp_fact(cfg, plan, share, stage, got, gold, partials, k, weights) -> str:
+    scale = max(_scale(got), 1e-300)
+
+    def close(a, b) -> bool:
+        return a is not None and np.shape(a) == np.shape(b) and _err(np.asarray(b), np.asarray(a, np.float64),
+                                                                      scale) <= EQUALS
+
+    if stage == "attn_out":
+        own = partials.get(share.rank)
+        if close(own, got):
+            return "equals its own out_proj partial: the all-reduce did not run"
+        if close(2 * gold["attn_out"], got):
+            return "equals 2× the reduced output: reduced twice"
+        if close(plan.world * gold["attn_out"], got):
+            return f"equals {plan.world}× the reduced output: reduced once too often on every rank"
+    if not np.any(got):
+        return "is zero everywhere"
+    for other in plan.shares:
+        if other.rank != share.rank:
+            want, _, _ = _tp_share(cfg, other, stage, gold, weights)
+            if close(want, got):
+                return f"equals rank {other.rank}'s share (value heads {_range(other.v_start, other.v_stop)})"
+    return ""
+
+
+def judge_cp(cfg: GDNConfig, plan: CPPlan, ranks: list[dict], trace: dict, states: list | None, *,
+             bound: float, stages=CP_STAGES) -> tuple[list[ShardFailure], int]:
+    """Judge a context-parallel run of one call: ``ranks[r]`` what rank r wrote (``segments.{i}.{stage}``;
+    the summary as ``M`` and ``U``), ``trace`` the unsharded call's stage tensors by name ([B, T, ...]),
+    ``states[t]`` the unsharded ``(conv_state, recurrent_state)`` after the call's first t tokens
+    (``states[0]``: the entering state; needed for ``halo``, ``summary``, ``entry_state``). ``stages``: what
+    every segment must hold, in the order a rank computes it (a port that exposes only some stage tensors,
+    as fla does, names them). A rank that wrote a segment it does not own, or tokens outside its range, fails."""
+    failures, judged = [], 0
+    owned = {i: r for i, (r, _, _) in enumerate(plan.segments)}
+    for r, written in enumerate(ranks):
+        extra = sorted({int(n.split(".")[1]) for n in written if n.startswith("segments.")} - {
+            i for i, o in owned.items() if o == r})
+        if extra:
+            failures.append(ShardFailure(r, extra[0], stages[-1], float("inf"), f"rank {r} wrote segments {extra} it does "
+                                         f"not own (its segments: {[i for i, o in owned.items() if o == r]})"))
+    for i, (r, a, b) in enumerate(plan.segments):
+        seg = {n.split(".", 2)[2]: t for n, t in ranks[r].items() if n.startswith(f"segments.{i}.")}
+        where = f"segment {i} (tokens {_range(a, b)})"
+        for stage in stages:
+            judged += 1
+            if stage == "summary":
+                if "M" not in seg or "U" not in seg:
+                    want = got = None
+                else:
+                    got = np.asarray(seg["M"]) @ states[a][1] + np.asarray(seg["U"])
+                    want = states[b][1]
+                whole = states[b][1]
+            elif stage in ("halo", "entry_state"):
+                got, want = seg.get(stage), states[a][0 if stage == "halo" else 1]
+                whole = want
+            else:  # a stage tensor of the call: its tokens
+                got, want, whole = seg.get(stage), trace[stage][:, a:b], trace[stage]
+            if got is None:
+                failures.append(ShardFailure(r, i, stage, float("inf"), f"rank {r}, {where}, {stage}: missing"))
+                continue
+            e = _err(got, want, _scale(whole))
+            if e > bound:
+                fact = _cp_fact(plan, i, stage, np.asarray(got), states, ranks, a)
+                if np.shape(got) != np.shape(want) and stage not in ("halo", "entry_state", "summary"):
+                    fact = f"holds {np.shape(got)[1]} tokens where its share is {b - a}: the call was not split"
+                failures.append(ShardFailure(r, i, stage, e / bound, _message(r, where, stage, "its tokens", got, want, e,
+                                                                              bound, fact)))
+    order = list(stages)
+    failures.sort(key=lambda f: (f.where, order.index(f.stage) if f.stage in order else -1, f.rank))
+    return failures, judged
+
+
+def _cp_fact(plan, i, stage, got, states, ranks, a) -> str:
+    scale = max(_scale(got), 1e-300)
+    if not np.any(got):
+        return {"halo": "equals the zero state: no halo was received",
+                "entry_state": "equals the zero state: the predecessors' summaries were not applied"}.get(
+                    stage, "is zero everywhere")
+    if stage in ("halo", "entry_state"):
+        part = 0 if stage == "halo" else 1
+        for t, st in enumerate(states):
+            if t != a and st[part].shape == got.shape and _err(got, st[part], scale) <= EQUALS:
+                return f"equals the unsharded state after token {t - 1}, not after token {a - 1}" if t else \
+                    "equals the call's entering state: no predecessor's summary was applied"
+    if stage == "entry_state" and i > 1:
+        summ = {}
+        for r, w in enumerate(ranks):
+            for n in w:
+                if n.startswith("segments.") and n.endswith(".M"):
+                    j = int(n.split(".")[1])
+                    summ[j] = (np.asarray(w[n]), np.asarray(w[f"segments.{j}.U"]))
+        if all(j in summ for j in range(i)):
+            s = states[0][1]
+            for j in reversed(range(i)):
+                s = summ[j][0] @ s + summ[j][1]
+            if _err(got, s, scale) <= EQUALS:
+                return "equals its predecessors' summaries composed in reverse token order"
+    return ""
+
+
+def _message(rank, where, stage, what, got, want, e, bound, fact) -> str:
+    if np.shape(got) != np.shape(want):
+        size = f"shape {list(np.shape(got))}, but its share's is {list(np.shape(want))}"
+    elif not np.isfinite(e):
+        size = "NaN or infinity"
+    else:
+        size = f"max error {e:.2e} of the whole tensor's scale, {e / bound:.3g}× the bound {bound:g}"
+    return f"rank {rank}, {where}, {stage} ({what}): {size}" + (f"; {fact}" if fact else "")
