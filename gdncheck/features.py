@@ -119,8 +119,10 @@ def parse_version(value: Any, what: str = "format_version") -> tuple[int, int]:
     before minor versions existed (``"1"`` in an outputs file's string metadata), read as ``(1, 0)``: the
     format as the 57-case suite stated it.
     Anything else is a :class:`FormatVersionError` naming what was found."""
-    if (value == 1 and isinstance(value, int) and not isinstance(value, bool)) or value == "1":
-        return (1, 0)
+    if isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 10_000:
+        return (value, 0)  # a major alone: the integer 1 of manifests before minors (2: another major)
+    if isinstance(value, str) and re.fullmatch(r"[0-9]{1,4}", value):
+        return (int(value), 0)
     m = _VERSION.fullmatch(value) if isinstance(value, str) else None
     if m is None:
         raise FormatVersionError(f"expected {what} a version \"MAJOR.MINOR\" (this gdncheck writes "
