@@ -153,3 +153,22 @@ def test_node_port_refuses_a_feature_set_it_cannot_be(fixtures_dir, tmp_path, fe
                           capture_output=True, text=True, timeout=60, env=env)
     assert proc.returncode != 0 and "GDN_NODE_FEATURES: expected a" in proc.stderr
     assert not list(tmp_path.glob("o/*.safetensors"))  # no case ran
+
+
+@pytest.mark.skipif(NODE is None, reason="node (>= 20) is not on PATH; the Node.js port cannot run here")
+@pytest.mark.parametrize("dest, code", [(3, "duplicate_slot"), (0, "duplicate_slot"), (6, "slot_index")])
+def test_node_port_refuses_a_commit_snapshot_into_a_slot_of_the_committed_call(fixture_copy, tmp_path, dest, code):
+    """FORMAT.md §4.1, docs/serving.md §3-4 (issue 42 item 6): a commit's snapshot destination is never a slot
+    of the call it commits, a plain row's (slot 3: the decode row of mixed-batch's first mixed call) as much
+    as a verify row's (slot 0), and lies in the pool (6 slots), as the reference refuses it."""
+    path = fixture_copy / "manifest.json"
+    doc = json.loads(path.read_text())
+    case = next(c for c in doc["cases"] if c["id"].startswith("mixed-batch_T"))
+    commit = case["program"][3]
+    assert commit["op"] == "commit" and commit["slots"][0] == 3 and commit["verify"][0] == 0
+    commit["snap_slot"] = [dest]
+    path.write_text(json.dumps(doc))
+    proc = subprocess.run([NODE, str(RUN_JS), "--fixtures", str(fixture_copy), "--out", str(tmp_path / "o"),
+                           "--case", "mixed-batch"], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert f"{code} at step 3: request 0: destination slot {dest}" in proc.stdout, proc.stdout
