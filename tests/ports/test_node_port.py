@@ -116,7 +116,8 @@ def test_node_port_names_every_feature_it_lacks(fixtures_dir, tmp_path, features
     out = tmp_path / "node"
     env = {**os.environ, "GDN_NODE_FEATURES": features}
     proc = subprocess.run([NODE, str(RUN_JS), "--fixtures", str(fixtures_dir), "--out", str(out), "--case",
-                           "mixed-batch", "--case", "packed-mixed"], capture_output=True, text=True, timeout=300, env=env)
+                           "mixed-batch", "--case", "packed-mixed"], capture_output=True, text=True, timeout=300,
+                          env=env)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     s = verify(fixtures_dir, out, "f32")
     by = {c.id.split("_T")[0]: c for c in s.cases}
