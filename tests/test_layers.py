@@ -44,7 +44,7 @@ FLOORS: tuple[tuple[int, str, tuple[str, ...]], ...] = (
                  "gdncheck.profiles", "gdncheck.dtypes", "gdncheck.safetensors_io", "gdncheck.weights",
                  "gdncheck.checkpoint", "gdncheck.snapshot", "gdncheck.calls", "gdncheck.env", "gdncheck.synthetic",
                  "gdncheck.portable", "gdncheck.experts", "gdncheck.installed", "gdncheck.untrusted",
-                 "gdncheck.writes", "gdncheck.sharding")),
+                 "gdncheck.writes", "gdncheck.sharding", "gdncheck.features")),
     (1, "reference", ("gdncheck.reference",)),
     (1, "gpu_impl", ("gdncheck.gpu_impl",)),
     (1, "harness", ("gdncheck.harness",)),

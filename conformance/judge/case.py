@@ -14,6 +14,7 @@ import numpy as np
 
 from gdncheck.config import GDNConfig
 from gdncheck.errors import GDNError
+from gdncheck.features import requires_of, since_note
 from gdncheck.fixtures.coverage import coverage_of
 from gdncheck.fixtures.manifest import case_file, safe_file
 from gdncheck.harness import CALL_OPS, END_TO_END, call_key, call_steps, mode_name
@@ -177,6 +178,13 @@ class CaseJudge:
             first = min(failed, key=lambda r: (r.step, r.stage_index, tensor_rank(r.tensor)))
             rep.first_divergence = FirstDivergence.of_record(first)
             rep.message = messages.with_regime(first.message, rep.regime)
+        # a port written for an older format (outputs metadata fixture_format_version, FORMAT.md §7): the
+        # features the case requires that were added since, said where it fails or is not applicable
+        said = na["reason"] if na is not None and rep.status == "not_applicable" else ""  # named there already
+        note = since_note((getattr(self, "meta", None) or {}).get("fixture_format_version"),
+                          [f for f in requires_of(self.entry) if f not in said])
+        if note and rep.status in ("fail", "not_applicable") and rep.message:
+            rep.message = f"{rep.message}; {note}"
         return rep
 
     # --- an error case -------------------------------------------------------------------------------

@@ -9,6 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 from gdncheck.config import GDNConfig
+from gdncheck.features import FormatVersionError, parse_version
 from gdncheck.fixtures.manifest import FixtureError
 from gdncheck.harness import (
     END_TO_END,
@@ -82,6 +83,11 @@ def check_outputs_meta(entry: dict, meta: dict, stage_isolated: bool) -> None:
         raise FixtureError(f"expected metadata format_version={OUTPUTS_FORMAT_VERSION!r} in the outputs file, found "
                            f"{meta.get('format_version')!r} (FORMAT.md §7: required; §10: a reader refuses versions "
                            f"it does not know)")
+    if "fixture_format_version" in meta:  # optional: the fixture format the port was written for
+        try:
+            parse_version(meta["fixture_format_version"], "metadata fixture_format_version")
+        except FormatVersionError as exc:
+            raise FixtureError(f"{exc} (FORMAT.md §7)") from None
     if meta.get("case") != entry["id"]:
         raise FixtureError(f"the outputs file is for case {meta.get('case')!r}, expected {entry['id']!r}")
     sha = meta.get("fixture_sha256")

@@ -13,7 +13,9 @@ folder holding anything is refused, exit 2).
           Node.js (>= 20) float32 port written from fixtures/FORMAT.md alone. run.js reads the
           manifest and its checksums, runs each case's program (the serving steps too) and writes
           the outputs and snapshot files; safetensors.js reads and writes the files; layer.js is
-          the layer: swap it for calls into your engine. Its README walks through each part.
+          the layer: swap it for calls into your engine; features.js lists the format features it
+          implements (a case requiring another is written not applicable, FORMAT.md §2; try
+          GDN_NODE_FEATURES=1.1). Its README walks through each part.
 
 Then:  node DIR/run.js --fixtures "$(gdncheck fixtures path)" --out out
        gdncheck verify --outputs out --profile f32"""

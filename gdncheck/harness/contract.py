@@ -10,6 +10,14 @@ string `code`: fixtures/FORMAT.md §6); what the implementation cannot express r
 `check_case(config, program)`). The object returned implements `Implementation`; `LayerAdapter`
 turns a layer shaped like `gdncheck.reference.Layer` into one in one line.
 
+Which parts of the fixture format it implements, the factory (or the object it returns) may say in an
+optional `features` attribute, names of `gdncheck.features.FEATURES` (`{"packed_calls",
+"spec_decode", ...}`; `gdncheck.features.features_up_to("1.1")` for a port written against format 1.1).
+A case that requires another (its manifest `requires`, fixtures/FORMAT.md §2) is not applicable from
+the first step that needs it, with the reason `requires commit_snapshots (format 1.2)`, instead of
+running a step whose fields the port would ignore. Without `features`, every feature is taken as
+implemented (a missing method still raises `NotApplicable`).
+
 The arguments, the methods and what each must do: docs/plugins.md.
 """
 
@@ -35,7 +43,9 @@ class NotApplicable(Exception):  # noqa: N818 - a verdict, not an error
 @runtime_checkable
 class Implementation(Protocol):
     """What the runner needs from an implementation. Arrays may be NumPy arrays or anything
-    :func:`to_numpy` converts (torch tensors included)."""
+    :func:`to_numpy` converts (torch tensors included). Optional, beside the methods: ``features``, the
+    format features it implements (module docstring; absent: all), and the serving methods of
+    :class:`LayerAdapter`."""
 
     name: str
 

@@ -27,6 +27,7 @@ import numpy as np
 
 from gdncheck.config import GDNConfig
 from gdncheck.errors import GDNError
+from gdncheck.features import case_requires, check_declared, not_applicable_reason
 from gdncheck.stages import KNOWN_TENSORS, STATE_NAMES, stage_inputs
 from gdncheck.untrusted import UnsafePathError, safe_path
 from gdncheck.weights import LayerWeights
@@ -104,7 +105,10 @@ def execute(factory: Callable[..., Implementation], case: CaseInput, *, profile:
             snapshot_dir: str | os.PathLike | None = None, capture_state_in: bool = False) -> RunResult:
     """Run ``case.program``; an exception at step i ends the program and is recorded (code, message, i),
     :class:`~.contract.NotApplicable` as ``not_applicable`` (reason, i). The factory's optional
-    ``check_case(config, program)`` runs first, before the config is parsed.
+    ``check_case(config, program)`` runs first, before the config is parsed. A factory (or the
+    implementation it returns) that declares ``features`` (names of :data:`gdncheck.features.FEATURES`)
+    gets the case not applicable from the first step that needs a feature it does not declare, with the
+    reason ``requires commit_snapshots (format 1.2)`` (FORMAT.md §2 ``requires``; the steps before it run).
 
     Snapshot files of ``save``/``load`` steps live in ``snapshot_dir`` (a temporary folder if None).
     """
@@ -122,6 +126,19 @@ def execute(factory: Callable[..., Implementation], case: CaseInput, *, profile:
         logger.setLevel(level)
 
 
+def _unimplemented(declared: Any, who: str, case: CaseInput) -> tuple[int, str] | None:
+    """Where the case needs a feature the implementation does not declare (its ``features``, FORMAT.md §2
+    ``requires``): the first step needing one, and the reason (``requires commit_snapshots (format 1.2)``,
+    every such feature of the case named); None when it declares none (every feature) or all needed."""
+    if declared is None:
+        return None
+    have = check_declared(declared, who)
+    missing = {f: i for f, i in case_requires(case.config, case.program).items() if f not in have}
+    if not missing:
+        return None
+    return min(missing.values()), not_applicable_reason(sorted(missing, key=missing.get))
+
+
 def _execute(factory, case: CaseInput, profile: str, options, snapshot_dir, capture_state_in: bool) -> RunResult:
     res = RunResult()
     impl = state = None
@@ -129,9 +146,13 @@ def _execute(factory, case: CaseInput, profile: str, options, snapshot_dir, capt
     specs: dict[int, Any] = {}  # verify_spec call -> what its implementation returned for the commit
     step_index = 0
     parsing = False  # gdncheck's own config parser is running: an error there is gdncheck's, not the port's
+    stop = None  # (step, reason): the first step needing a feature the implementation does not declare
     try:
+        stop = _unimplemented(getattr(factory, "features", None), "the factory", case)
         for step_index, step in enumerate(case.program):  # noqa: B007 - read by the handler below
             op = step["op"]
+            if stop is not None and step_index == stop[0]:
+                raise NotApplicable(stop[1])
             if op == "construct":
                 check_case = getattr(factory, "check_case", None)
                 if check_case is not None:
@@ -143,6 +164,11 @@ def _execute(factory, case: CaseInput, profile: str, options, snapshot_dir, capt
                 impl = factory(cfg, weights, profile=profile, strict=bool(step.get("strict", False)),
                                **dict(options or {}))
                 res.implementation = getattr(impl, "name", None)
+                if stop is None:  # features declared by the implementation rather than its factory
+                    stop = _unimplemented(getattr(impl, "features", None), res.implementation or "the implementation",
+                                          case)
+                    if stop is not None and stop[0] <= step_index:
+                        raise NotApplicable(stop[1])
                 state = impl.new_state(case.batch)
             elif op == "reset":
                 state = impl.new_state(case.batch)

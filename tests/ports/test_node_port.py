@@ -5,6 +5,7 @@ a naive kernel loop: the summation order the f32 tolerances were derived to admi
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -79,3 +80,96 @@ def test_node_port_runs_the_serving_cases(tmp_path):
                        "error-empty-sequence", "error-accept-count", "error-snapshot-request"}
     assert {r.op for c in s.cases for r in c.records} >= {"forward_packed", "prefix_snapshots", "verify_spec", "commit",
                                                          "forward_mixed"}
+
+
+@pytest.mark.skipif(NODE is None, reason="node (>= 20) is not on PATH; the Node.js port cannot run here")
+def test_node_port_written_for_an_older_format_declares_what_it_lacks(fixtures_dir, manifest, tmp_path):
+    """GDN_NODE_FEATURES=1.1: the runner as written for fixture format 1.1 (no commit snapshots). The two
+    cases whose commit keeps snapshots are not applicable from that commit, with the feature and its
+    version named (FORMAT.md §2 requires, §7); every other case conforms, and the run conforms."""
+    out = tmp_path / "node11"
+    env = {**os.environ, "GDN_NODE_FEATURES": "1.1"}
+    proc = subprocess.run([NODE, str(RUN_JS), "--fixtures", str(fixtures_dir), "--out", str(out)],
+                          capture_output=True, text=True, timeout=600, env=env)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    s = verify(fixtures_dir, out, "f32")
+    validate_summary(s.to_json())
+    na = {c.id.split("_T")[0]: c for c in s.cases if c.status == "not_applicable"}
+    newer = {c["id"].split("_T")[0] for c in manifest["cases"] if "commit_snapshots" in c["requires"]}
+    assert set(na) == newer == {"mixed-batch", "spec-prefix-cache"}
+    for case in na.values():
+        assert case.not_applicable["reason"] == "requires commit_snapshots (format 1.2)"
+        assert case.not_applicable["step"] == 3 and case.not_applicable["op"] == "commit"
+        assert case.message.startswith("not applicable from step 3 (commit): requires commit_snapshots (format 1.2)")
+        assert any(r.verdict == "pass" for r in case.records)  # the calls before the commit are judged
+    bad = [f"{c.id}: {c.message or c.problem}" for c in s.cases if c.status not in ("pass", "not_applicable")]
+    assert s.exit_code == 0 and not bad, "\n".join(bad)
+    assert s.totals()["passed"] == len(manifest["cases"]) - 2
+
+
+@pytest.mark.skipif(NODE is None, reason="node (>= 20) is not on PATH; the Node.js port cannot run here")
+@pytest.mark.parametrize("features, reason, step", [
+    ("1.0", "requires mixed_batches (format 1.1), commit_snapshots (format 1.2)", 2),
+    ("packed_calls,spec_decode,mixed_batches", "requires commit_snapshots (format 1.2)", 3),
+])
+def test_node_port_names_every_feature_it_lacks(fixtures_dir, tmp_path, features, reason, step):
+    out = tmp_path / "node"
+    env = {**os.environ, "GDN_NODE_FEATURES": features}
+    proc = subprocess.run([NODE, str(RUN_JS), "--fixtures", str(fixtures_dir), "--out", str(out), "--case",
+                           "mixed-batch", "--case", "packed-mixed"], capture_output=True, text=True, timeout=300,
+                          env=env)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    s = verify(fixtures_dir, out, "f32")
+    by = {c.id.split("_T")[0]: c for c in s.cases}
+    assert by["mixed-batch"].status == "not_applicable" and by["packed-mixed"].status == "pass"
+    assert by["mixed-batch"].not_applicable["reason"] == reason and by["mixed-batch"].not_applicable["step"] == step
+
+
+@pytest.mark.skipif(NODE is None, reason="node (>= 20) is not on PATH; the Node.js port cannot run here")
+def test_node_port_reads_an_older_manifest_by_the_fields_it_knows(fixture_copy, tmp_path):
+    """A manifest of version 1 has no requires: the runner goes by the fields it reads, and a commit
+    carrying snap_* is still not applicable for a runner written for 1.1, never run with them ignored."""
+    path = fixture_copy / "manifest.json"
+    doc = json.loads(path.read_text())
+    doc["format_version"] = 1
+    del doc["features"]
+    for c in doc["cases"]:
+        del c["requires"]
+    path.write_text(json.dumps(doc))
+    out = tmp_path / "node"
+    env = {**os.environ, "GDN_NODE_FEATURES": "1.1"}
+    proc = subprocess.run([NODE, str(RUN_JS), "--fixtures", str(fixture_copy), "--out", str(out), "--case",
+                           "spec-prefix-cache"], capture_output=True, text=True, timeout=300, env=env)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "not applicable from step 3: requires commit_snapshots (format 1.2)" in proc.stdout
+    (case,) = verify(fixture_copy, out, "f32", cases=["spec-prefix-cache"]).cases
+    assert case.status == "not_applicable"
+
+
+@pytest.mark.skipif(NODE is None, reason="node (>= 20) is not on PATH; the Node.js port cannot run here")
+@pytest.mark.parametrize("features", ["0.9", "1.3", "commit_snapshot", "moe,2"])
+def test_node_port_refuses_a_feature_set_it_cannot_be(fixtures_dir, tmp_path, features):
+    env = {**os.environ, "GDN_NODE_FEATURES": features}
+    proc = subprocess.run([NODE, str(RUN_JS), "--fixtures", str(fixtures_dir), "--out", str(tmp_path / "o")],
+                          capture_output=True, text=True, timeout=60, env=env)
+    assert proc.returncode != 0 and "GDN_NODE_FEATURES: expected a" in proc.stderr
+    assert not list(tmp_path.glob("o/*.safetensors"))  # no case ran
+
+
+@pytest.mark.skipif(NODE is None, reason="node (>= 20) is not on PATH; the Node.js port cannot run here")
+@pytest.mark.parametrize("dest, code", [(3, "duplicate_slot"), (0, "duplicate_slot"), (6, "slot_index")])
+def test_node_port_refuses_a_commit_snapshot_into_a_slot_of_the_committed_call(fixture_copy, tmp_path, dest, code):
+    """FORMAT.md §4.1, docs/serving.md §3-4 (issue 42 item 6): a commit's snapshot destination is never a slot
+    of the call it commits, a plain row's (slot 3: the decode row of mixed-batch's first mixed call) as much
+    as a verify row's (slot 0), and lies in the pool (6 slots), as the reference refuses it."""
+    path = fixture_copy / "manifest.json"
+    doc = json.loads(path.read_text())
+    case = next(c for c in doc["cases"] if c["id"].startswith("mixed-batch_T"))
+    commit = case["program"][3]
+    assert commit["op"] == "commit" and commit["slots"][0] == 3 and commit["verify"][0] == 0
+    commit["snap_slot"] = [dest]
+    path.write_text(json.dumps(doc))
+    proc = subprocess.run([NODE, str(RUN_JS), "--fixtures", str(fixture_copy), "--out", str(tmp_path / "o"),
+                           "--case", "mixed-batch"], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert f"{code} at step 3: request 0: destination slot {dest}" in proc.stdout, proc.stdout

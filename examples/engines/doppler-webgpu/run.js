@@ -184,7 +184,9 @@ async function main() {
   }
   const dir = resolve(args.fixtures);
   const manifest = JSON.parse(readFileSync(join(dir, 'manifest.json'), 'utf8'));
-  if (manifest.format !== 'gdncheck-fixtures' || manifest.format_version !== 1) throw new Error(`${dir}/manifest.json: not gdncheck-fixtures v1`);
+  // format 1 (before minor versions) or 1.N (FORMAT.md §10): this stage-isolated runner reads no program step
+  const v = manifest.format_version;
+  if (manifest.format !== 'gdncheck-fixtures' || !(v === 1 || (typeof v === 'string' && /^1\.[0-9]+$/.test(v)))) throw new Error(`${dir}/manifest.json: not gdncheck-fixtures 1 or 1.N`);
   const provider = await setupWebGPU(args.provider);
   if (!provider.name) { console.log(`no WebGPU adapter: ${provider.note}`); return 3; }
   if (provider.note) console.log(provider.note);

@@ -4,15 +4,19 @@
 //
 //   node run.js --fixtures ../../../fixtures/default --out out [--case ID_OR_PREFIX ...]
 //
+// A case that requires a format feature this runner does not implement (features.js; GDN_NODE_FEATURES
+// picks an older set) is written not applicable from the step that needs it (FORMAT.md §7).
+//
 // Exit status: 0 every case ran (its outputs written, an expected or unexpected error included),
 // 2 some case could not be read (missing or damaged file, checksum mismatch, a path outside the folder).
 
 import { lstatSync, mkdirSync, readFileSync, realpathSync } from 'node:fs';
 import { isAbsolute, join, relative, resolve } from 'node:path';
 import { GDNError, GDNLayer, PAD_SLOT_ID } from './layer.js';
+import { featuresFromEnv, notApplicable, readableVersion } from './features.js';
 import { CASE_ID, outFile, parseSafetensors, readSafetensors, sha256, writeSafetensors } from './safetensors.js';
 
-const FORMAT_VERSION = 1;
+const OUTPUTS_FORMAT_VERSION = '1';
 
 function parseArgs(argv) {
   const args = { fixtures: 'fixtures/default', out: null, cases: [] };
@@ -107,7 +111,7 @@ function keep(outputs, step, trace, layer, state) {
   for (const [name, t] of Object.entries(stateTensors(layer, state))) outputs[`calls.${k}.${name}`] = t;
 }
 
-function runCase(st, entry, outDir) {
+function runCase(st, entry, outDir, stopAt = Infinity) {
   const weights = {};
   for (const [name, t] of Object.entries(st.tensors)) if (name.startsWith('weights.')) weights[name.slice(8)] = t;
   const outputs = {};
@@ -117,7 +121,7 @@ function runCase(st, entry, outDir) {
   let state = null;
   let i = 0;
   try {
-    for (i = 0; i < entry.program.length; i++) {
+    for (i = 0; i < entry.program.length && i < stopAt; i++) {
       const step = entry.program[i];
       switch (step.op) {
         case 'construct':
@@ -196,6 +200,12 @@ function runCase(st, entry, outDir) {
             const o = step.snap_offset[m];
             if (!(o >= 1 && o <= step.accepted[i])) throw new GDNError('snapshot_request', `request ${m}: offset ${o}, expected 1..${step.accepted[i]} (sequence ${i}'s accepted tokens)`);
           });
+          // destinations: real slots, distinct, never a slot of the call committed (a verify row's or a plain row's)
+          (step.snap_slot || []).forEach((dest, m) => {
+            if (!Number.isInteger(dest) || dest < 0 || dest >= state.batch) throw new GDNError('slot_index', `request ${m}: destination slot ${dest} is not in [0, ${state.batch})`);
+            const row = v.slots.indexOf(dest);
+            if (row >= 0 || step.snap_slot.indexOf(dest) < m) throw new GDNError('duplicate_slot', `request ${m}: destination slot ${dest} is also ${row >= 0 ? `sequence ${row}'s slot` : 'an earlier request\'s destination'}`);
+          });
           v.slots.forEach((slot, i) => {
             const n = step.accepted[i];
             if (slot !== PAD_SLOT_ID && n > 0) layer.putRow(state, slot, v.steps[i][n]);
@@ -226,9 +236,10 @@ function main() {
     return args.help ? 0 : 2;
   }
   const dir = resolve(args.fixtures);
+  const { have, writtenFor } = featuresFromEnv(process.env.GDN_NODE_FEATURES);
   const manifest = JSON.parse(readFileSync(join(dir, 'manifest.json'), 'utf8'));
-  if (manifest.format !== 'gdncheck-fixtures' || manifest.format_version !== FORMAT_VERSION) {
-    throw new Error(`${dir}/manifest.json: format ${manifest.format} v${manifest.format_version}, this runner reads gdncheck-fixtures v${FORMAT_VERSION}`);
+  if (manifest.format !== 'gdncheck-fixtures' || !readableVersion(manifest.format_version)) {
+    throw new Error(`${dir}/manifest.json: format ${manifest.format} v${manifest.format_version}, this runner reads gdncheck-fixtures 1 and 1.N`);
   }
   mkdirSync(args.out, { recursive: true });
   // the command that made the outputs (data: verify repeats only a `gdncheck run` command in repro lines)
@@ -250,16 +261,20 @@ function main() {
       console.log(`skipped  ${entry.id}: ${err.message}`);
       continue;
     }
-    const { outputs, error } = runCase(st, entry, args.out);
+    const na = notApplicable(entry, have, manifest.features);
+    const { outputs, error } = runCase(st, entry, args.out, na ? na.step : Infinity);
     const meta = {
-      format: 'gdncheck-outputs', format_version: String(FORMAT_VERSION), case: entry.id, fixture_sha256: entry.sha256,
+      format: 'gdncheck-outputs', format_version: OUTPUTS_FORMAT_VERSION, case: entry.id, fixture_sha256: entry.sha256,
       implementation: 'node-f32 (examples/ports/node)', profile: 'f32', device: `cpu, Node.js ${process.version}`,
       command,
     };
+    if (writtenFor) meta.fixture_format_version = writtenFor; // FORMAT.md §7: the format this runner was written for
     if (error) Object.assign(meta, { error_code: error.code, error_message: error.message, error_step: String(error.step) });
+    else if (na) Object.assign(meta, { not_applicable: na.reason, not_applicable_step: String(na.step) });
     writeSafetensors(outPath, outputs, meta);
     const ms = (performance.now() - t0).toFixed(0);
-    console.log(`${error ? 'raised' : 'ran   '}   ${entry.id} (${ms} ms)${error ? `: ${error.code} at step ${error.step}: ${error.message}` : ''}`);
+    const said = error ? `: ${error.code} at step ${error.step}: ${error.message}` : na ? `: not applicable from step ${na.step}: ${na.reason}` : '';
+    console.log(`${error ? 'raised' : na ? 'n/a   ' : 'ran   '}   ${entry.id} (${ms} ms)${said}`);
   }
   return unusable ? 2 : 0;
 }
