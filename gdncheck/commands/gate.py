@@ -166,7 +166,8 @@ def _merge(args: argparse.Namespace) -> int:
     from gdncheck.gate.report import format_result, verdict_line
 
     con = Console(args)
-    doc = merge_gates(args.merge, args.out, junit=args.junit, report=args.report)
+    doc = merge_gates(args.merge, args.out, junit=args.junit, report=args.report, fixtures=args.fixtures,
+                      fixtures_sha256=args.fixtures_sha256, xfails=args.xfails)
     con.progress(f"gdncheck gate: merged {len(doc['merged'])} shard(s): "
                  + ", ".join(f"{m['shard']} {m['verdict']}" for m in doc["merged"]))
     text = format_result(doc, verbose=True)
