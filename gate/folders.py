@@ -39,6 +39,9 @@ class FolderError(GDNError):
 
 def check_owned(folder: Path, marker: str, what: str) -> None:
     """Refuse ``folder`` unless it is absent, empty, or marked as the gate's own."""
+    if folder.is_symlink():  # never followed: replacing it whole would empty whatever it points at
+        raise FolderError(f"{what} {folder} is a symbolic link; expected a folder the gate can make (a link is not "
+                          f"followed)")
     if not folder.exists():
         return
     if not folder.is_dir():
@@ -101,14 +104,23 @@ def refuse_gate_writes(out: str | Path, *, fixtures: str | Path | None, junit: s
         refuse_write(junit, "--junit", JUNIT_MARKS, kind="a JUnit file gdncheck wrote", fixtures=fixtures)
         _refuse_around_inputs(Path(junit), "--junit", inputs)
     if report:
-        refuse_gate_report(report, fixtures, inputs)
+        refuse_gate_report(report, fixtures, inputs, out=out, profiles=profiles)
     for p in profiles:
         check_owned(out / p, OUTPUTS_MARKER, f"the outputs folder of profile {p}")
 
 
-def refuse_gate_report(report: str | Path, fixtures: str | Path | None, inputs=()) -> None:
+def refuse_gate_report(report: str | Path, fixtures: str | Path | None, inputs=(), *, out: str | Path | None = None,
+                       profiles=()) -> None:
     """The ``--report`` folder: no fixture suite, inside none, around none (``fixtures``), none of
-    ``inputs``, and absent, empty or the gate's own (its marker)."""
+    ``inputs``, not ``out`` nor around it nor in one of its ``OUT/PROFILE`` folders (each replaced
+    whole: one would remove the other), and absent, empty or the gate's own (its marker)."""
     refuse_write_into_suite(report, "--report", fixtures=fixtures)
     _refuse_around_inputs(Path(report), "--report", inputs)
+    if out is not None:
+        r, o = Path(report).resolve(), Path(out).resolve()
+        if r == o or r in o.parents or any(r == (o / p).resolve() or (o / p).resolve() in r.parents
+                                           for p in profiles):
+            raise WriteRefused(f"--report {report} is, contains or lies in a folder of --out {out}; the gate replaces "
+                               f"its report folder whole, so it would remove its own results: choose a folder of "
+                               f"its own (OUT/report is one)")
     check_owned(Path(report), REPORT_MARKER, "--report")

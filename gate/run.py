@@ -248,7 +248,7 @@ def plan(opts: GateOptions, result: GateResult) -> Setup:
         check_owned(out / p, OUTPUTS_MARKER, f"the outputs folder of profile {p}")
     if opts.report:
         try:
-            refuse_gate_report(opts.report, fixtures)
+            refuse_gate_report(opts.report, fixtures, out=out, profiles=opts.profiles)
         except WriteRefused as exc:
             raise CouldNotRun(str(exc)) from None
     device, interpreter = resolve_device(opts)

@@ -83,6 +83,9 @@ def _attack(name: str, root: Path, shards: list[Path]) -> tuple[list, tuple[str,
     (root / "user" / "f32" / "mine.txt").write_text("someone's\n")
     (root / "mine").mkdir()
     (root / "mine" / "gate-summary.json").write_text('{"mine": true}\n')
+    (root / "linked" / "elsewhere").mkdir(parents=True)
+    (root / "linked" / "out").mkdir()
+    (root / "linked" / "out" / "f32").symlink_to(root / "linked" / "elsewhere")
     s0, s1 = shards
     return {
         "junit over a suite's manifest": (["--out", root / "m", "--junit", suite / "manifest.json"],
@@ -99,12 +102,17 @@ def _attack(name: str, root: Path, shards: list[Path]) -> tuple[list, tuple[str,
         "junit into a shard": (["--out", root / "m", "--junit", s1 / "gate-junit.xml"],
                                ("--junit", "lies inside the shard folder")),
         "report a shard": (["--out", root / "m", "--report", s1], ("--report", "is the shard folder")),
+        "report the out folder": (["--out", root / "m", "--report", root / "m"], ("--report", "a folder of --out")),
+        "report a profile folder of out": (["--out", root / "m", "--report", root / "m" / "bf16"],
+                                           ("--report", "a folder of --out")),
+        "out's profile folder a link": (["--out", root / "linked" / "out"], ("is a symbolic link",)),
     }[name]
 
 
 ATTACKS = ["junit over a suite's manifest", "out inside a suite", "report inside a suite", "junit over a user's notes",
            "out a user's profile folder", "out over a user's gate-summary.json", "out a shard", "out inside a shard",
-           "out around the shards", "junit into a shard", "report a shard"]
+           "out around the shards", "junit into a shard", "report a shard", "report the out folder",
+           "report a profile folder of out", "out's profile folder a link"]
 
 
 @pytest.mark.parametrize("name", ATTACKS)
