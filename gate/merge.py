@@ -379,10 +379,17 @@ def merge_gates(folders: list[str | Path], out: str | Path, *, junit: str | Path
         raise MergeError(f"--xfails: {exc}") from None
     xfails_file = "none" if no_xfails else str(xfails or DEFAULT_XFAILS)
     parts_of: dict[str, list[Summary]] = {p: [] for p in profiles}
+    shard_codes = []  # each shard's exit code as its own cases, judged again, give it (never its word)
     for folder, d in shards:  # every shard's cases judged again from its outputs files: read only
+        codes = [] if d.get("profiles") else [2]  # a shard that could not run at all
         for p in profiles:
             if p in (d.get("profiles") or {}) and d["profiles"][p].get("totals"):
                 parts_of[p].append(rejudge(folder, d, p, suite, entries))
+                codes.append(parts_of[p][-1].exit_code)
+            elif d.get("profiles"):
+                codes.append(2)  # nothing judged in this profile
+        props = (d.get("properties") or {}).get("results", [])
+        shard_codes.append(max(codes + [int(any(r.get("status") == "fail" for r in props))]))
     summaries: dict[str, Summary] = {}
     doc = gs.head(first["implementation"]["spec"], first["implementation"].get("options", {}), out)
     doc["implementation"] = first["implementation"]
@@ -429,15 +436,21 @@ def merge_gates(folders: list[str | Path], out: str | Path, *, junit: str | Path
         doc["environment"] = first.get("environment", {})
         doc["timing"] = {"total_s": max(d["timing"]["total_s"] for _, d in shards),
                          "work_s": round(sum(d["timing"].get("work_s", d["timing"]["total_s"]) for _, d in shards), 2)}
-        doc["merged"] = [{"dir": str(folder), "shard": f"{i}/{n}", "exit_code": d["exit_code"],
-                          "verdict": d["verdict"], "reason": d.get("reason")}
-                         for i, (folder, d) in enumerate(shards)]
+        doc["merged"] = [{"dir": str(folder), "shard": f"{i}/{n}", "exit_code": c, "verdict": gs.VERDICTS[c],
+                          "reason": safe_text(d.get("reason")) if not d.get("profiles") else None}
+                         for i, ((folder, d), c) in enumerate(zip(shards, shard_codes, strict=True))]
         # the verdict as the gate reaches it (gate/run.py's summarise), over the merged profiles and
         # properties; a shard that could not run at all (no profiles) makes the whole result so
         code = max([v["exit_code"] for v in doc["profiles"].values()] + [int(doc["properties"]["totals"]["fail"] > 0)]
-                   + [d["exit_code"] for _, d in shards if not d.get("profiles")])
+                   + [2 for _, d in shards if not d.get("profiles")])
         doc["exit_code"], doc["verdict"] = code, gs.VERDICTS[code]
-        doc["reason"] = "; ".join(f"shard {m['shard']}: {m['reason']}" for m in doc["merged"] if m["reason"]) or None
+        doc["reason"] = None
+        if code == 2:
+            ran = [f"shard {m['shard']} could not run: {m['reason'] or 'no reason given'}" for m in doc["merged"]
+                   if m["exit_code"] == 2 and not shards[int(m["shard"].split("/")[0])][1].get("profiles")]
+            judged = [gs.could_not_judge_reason(doc)] if any(v["exit_code"] == 2 for v in doc["profiles"].values()) \
+                else []
+            doc["reason"] = "; ".join([*ran, *judged]) or "a profile could not be judged"
         junit_paths = [out / JUNIT_NAME] + ([Path(junit)] if junit else [])
         doc["outputs"].update(summary=str(out / SUMMARY_NAME), junit=[str(p) for p in junit_paths],
                               report=str(report) if report else None)

@@ -382,14 +382,7 @@ def summarise(opts: GateOptions, setup: Setup, outcome: Outcome, result: GateRes
     doc["environment"] = gs.environment(setup.device)
     worst = max([v["exit_code"] for v in doc["profiles"].values()] + [int(doc["properties"]["totals"]["fail"] > 0)])
     if worst == 2:  # counted per profile, as the rows of the table are
-        unusable = sorted({f["case"] for v in doc["profiles"].values() for f in v["failures"]
-                           if f["status"] == "error"})
-        nothing = [p for p, v in doc["profiles"].items() if v["verdict"] == "nothing judged"]
-        reasons = ([f"inputs unusable for {len(unusable)} case(s): {', '.join(unusable)}"] if unusable else []) + \
-                  ([f"nothing judged in profile(s) {', '.join(nothing)}: "
-                    + "; ".join(doc["profiles"][nothing[0]].get("coverage", {}).get("problems", [])
-                                or ["every selected case was skipped (listed above)"])] if nothing else [])
-        result.reason = doc["reason"] = safe_text("; ".join(reasons) or "a profile could not be judged")
+        result.reason = doc["reason"] = gs.could_not_judge_reason(doc)
     result.exit_code = worst
 
 

@@ -243,3 +243,20 @@ def test_the_suite_the_shards_name_is_the_one_judged_against(good, tmp_path, cap
     _refused(*_merge(capsys, good, "--out", tmp_path / "m", "--fixtures-sha256", "0" * 64),
              "--fixtures-sha256 pins the manifest")
     assert not (tmp_path / "m").exists()
+
+
+def test_a_shards_own_verdict_is_not_its_word(broken, tmp_path, capsys):
+    """The merged list of shards showed each shard's gate-summary verdict as written: one edited to
+    "conforms" was printed so beside a merged "does not conform"."""
+    shards = _copy(broken, tmp_path / "shards")
+    doc = json.loads((shards[0] / "gate-summary.json").read_text())
+    doc.update(verdict="conforms", exit_code=0, reason=None)
+    (shards[0] / "gate-summary.json").write_text(json.dumps(doc))
+    capsys.readouterr()
+    code = main(["gate", "--merge", *map(str, shards), "--out", str(tmp_path / "m"), "--json"])
+    out = capsys.readouterr()
+    assert code == 1, out.err
+    merged = json.loads(out.out)["merged"]
+    assert [(m["shard"], m["verdict"], m["exit_code"]) for m in merged] == [("0/2", "does not conform", 1),
+                                                                            ("1/2", "does not conform", 1)]
+    assert "merged 2 shard(s): 0/2 does not conform, 1/2 does not conform" in out.err
