@@ -260,3 +260,13 @@ def test_a_shards_own_verdict_is_not_its_word(broken, tmp_path, capsys):
     assert [(m["shard"], m["verdict"], m["exit_code"]) for m in merged] == [("0/2", "does not conform", 1),
                                                                             ("1/2", "does not conform", 1)]
     assert "merged 2 shard(s): 0/2 does not conform, 1/2 does not conform" in out.err
+
+
+def test_a_merge_into_a_folder_another_gate_writes_is_refused(good, tmp_path, capsys):
+    from gdncheck.untrusted import folder_lock
+
+    out = tmp_path / "m"
+    with folder_lock(out, command="the other gate"):
+        before = _tree(tmp_path)
+        _refused(*_merge(capsys, good, "--out", out), "the other gate", str(out))
+        assert _tree(tmp_path) == before
