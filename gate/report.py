@@ -42,7 +42,8 @@ def format_table(doc: dict) -> str:
             pcell += f" ({sum(r['status'] == 'fail' for r in pr)} fail)"
         verdict = v["verdict"] if not any(r["status"] == "fail" for r in pr) else "does not conform"
         if v.get("known_failures"):
-            verdict += f" ({len(v['known_failures'])} known failure)"
+            n = len(v["known_failures"])
+            verdict += f" ({n} known failure{'s' if n != 1 else ''})"
         rows.append([p, str(t.get("cases", 0)), str(t.get("passed", 0)), str(t.get("failed", 0)),
                      str(t.get("errors", 0)), str(t.get("not_applicable", 0)), str(t.get("records", 0)),
                      str(t.get("records_failed", 0)), pcell,

@@ -41,10 +41,18 @@ from gdncheck.fixtures.manifest import (
 )
 from gdncheck.profiles import VERIFY_PROFILES
 from gdncheck.untrusted import folder_lock, safe_text
-from gdncheck.writes import JUNIT_MARKS, refuse_write
+from gdncheck.writes import WriteRefused
 
 from . import summary as gs
-from .folders import OUTPUTS_MARKER, REPORT_MARKER, FolderError, check_owned, fresh, remove_stale
+from .folders import (
+    OUTPUTS_MARKER,
+    FolderError,
+    check_owned,
+    fresh,
+    refuse_gate_report,
+    refuse_gate_writes,
+    remove_stale,
+)
 from .plan import Plan, plan_cases, plan_properties
 from .report import gate_junit, write_report
 from .summary import SCHEMA_PATH, VERDICTS, validate_gate_summary
@@ -203,11 +211,8 @@ def run_gate(opts: GateOptions, progress: Callable[[float, float, dict], None] |
     # before anything is written: OUT is no fixture suite, inside none and around none (this one raises:
     # not even the gate's summary may be written there), and no earlier verdict survives this run
     refuse_output_in_suite(out, fixtures_path(opts))
-    if opts.junit:
-        if Path(opts.junit).is_dir():
-            raise CouldNotRun(f"--junit {opts.junit} is a folder; expected the name of a file to write")
-        refuse_output_in_suite(Path(opts.junit).parent, None, "--junit")
-        refuse_write(opts.junit, "--junit", JUNIT_MARKS, kind="a JUnit file gdncheck wrote")  # never a user's file
+    # OUT's own files and --junit: absent or the gate's (never a user's file); the same check as a merge's
+    refuse_gate_writes(out, fixtures=fixtures_path(opts), junit=opts.junit)
     with folder_lock(out, "gate --out"):  # one writer per folder: a second gate into OUT is refused
         return _run_gate(opts, out, result, start, progress)
 
@@ -243,10 +248,9 @@ def plan(opts: GateOptions, result: GateResult) -> Setup:
         check_owned(out / p, OUTPUTS_MARKER, f"the outputs folder of profile {p}")
     if opts.report:
         try:
-            refuse_output_in_suite(opts.report, fixtures, "--report")
-        except FixtureError as exc:
+            refuse_gate_report(opts.report, fixtures, out=out, profiles=opts.profiles)
+        except WriteRefused as exc:
             raise CouldNotRun(str(exc)) from None
-        check_owned(Path(opts.report), REPORT_MARKER, "--report")
     device, interpreter = resolve_device(opts)
     doc["implementation"].update(device=device, interpreter=interpreter)
     try:
@@ -378,14 +382,7 @@ def summarise(opts: GateOptions, setup: Setup, outcome: Outcome, result: GateRes
     doc["environment"] = gs.environment(setup.device)
     worst = max([v["exit_code"] for v in doc["profiles"].values()] + [int(doc["properties"]["totals"]["fail"] > 0)])
     if worst == 2:  # counted per profile, as the rows of the table are
-        unusable = sorted({f["case"] for v in doc["profiles"].values() for f in v["failures"]
-                           if f["status"] == "error"})
-        nothing = [p for p, v in doc["profiles"].items() if v["verdict"] == "nothing judged"]
-        reasons = ([f"inputs unusable for {len(unusable)} case(s): {', '.join(unusable)}"] if unusable else []) + \
-                  ([f"nothing judged in profile(s) {', '.join(nothing)}: "
-                    + "; ".join(doc["profiles"][nothing[0]].get("coverage", {}).get("problems", [])
-                                or ["every selected case was skipped (listed above)"])] if nothing else [])
-        result.reason = doc["reason"] = safe_text("; ".join(reasons) or "a profile could not be judged")
+        result.reason = doc["reason"] = gs.could_not_judge_reason(doc)
     result.exit_code = worst
 
 

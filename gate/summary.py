@@ -77,6 +77,19 @@ def nothing_to_verify() -> dict:
     return {"verdict": "nothing judged", "exit_code": 2, "totals": {}, "failures": [], "known_failures": []}
 
 
+def could_not_judge_reason(doc: dict) -> str:
+    """Why a gate (or a merge) whose profiles reached exit 2 could not judge: the unusable cases and the
+    profiles in which nothing was judged, counted per profile as the table's rows are."""
+    profiles = doc.get("profiles") or {}
+    unusable = sorted({f["case"] for v in profiles.values() for f in v.get("failures", []) if f["status"] == "error"})
+    nothing = [p for p, v in profiles.items() if v["verdict"] == "nothing judged"]
+    reasons = ([f"inputs unusable for {len(unusable)} case(s): {', '.join(unusable)}"] if unusable else []) + \
+              ([f"nothing judged in profile(s) {', '.join(nothing)}: "
+                + "; ".join(profiles[nothing[0]].get("coverage", {}).get("problems", [])
+                            or ["every selected case was skipped (listed above)"])] if nothing else [])
+    return safe_text("; ".join(reasons) or "a profile could not be judged")
+
+
 def property_totals(results: list[dict]) -> dict:
     return {s: sum(r["status"] == s for r in results) for s in PROPERTY_STATUSES}
 

@@ -25,11 +25,18 @@ are skipped, listed as skipped with the reason (--all-cases runs them); on a GPU
 (--shard I/N) into one verdict, one OUT/gate-summary.json, one verify summary per profile, one JUnit
 file and, with --report, one report; a set that is not one complete matrix is refused (exit 2, one
 line): another implementation, suite, selection or settings, a shard missing or twice, a case in
-two shards (a relabelled copy), a shard whose cases are not those its label selects.
+two shards (a relabelled copy), a shard whose cases are not those its label selects. It takes no
+shard's verdict on trust: each case is judged again from the shard's outputs files (DIR/PROFILE/)
+against the suite the shards name (--fixtures DIR, else found by its manifest's sha256;
+--fixtures-sha256 pins it; --xfails as the gate's); a missing outputs file, a link out of a shard, or
+outputs that judge otherwise than the shard's summary says are refused (exit 2, naming shard and
+case). Its --out, --junit and --report are checked as a gate's, and may not be, lie in or contain a
+shard folder.
 
 The outputs go to OUT/PROFILE/, folders the gate owns and replaces whole on each run (a folder there
 that holds anything else is refused, as is an OUT that is, lies in or contains a fixture suite);
-an earlier gate-summary.json is removed first. A suite other than the committed one is pinned with
+an earlier gate-summary.json is removed first (a file of that name, or gate-junit.xml, that gdncheck
+did not write is refused, never removed). A suite other than the committed one is pinned with
 --fixtures-sha256 (its manifest's sha256; the summary prints it).
 
 Coverage: a run that judged nothing (every case skipped or not applicable), a case every port must
@@ -51,7 +58,8 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--suite", default="default", choices=("default", "full"),
                    help="default: the committed fixtures; full: adds real Qwen3.5 sizes (built with "
                         "gdncheck fixtures build --suite full; looked for in ./fixtures-full)")
-    p.add_argument("--fixtures", help="fixture folder (overrides --suite's)")
+    p.add_argument("--fixtures", help="fixture folder (overrides --suite's; with --merge: the suite the shards "
+                                      "were judged against, default found by its manifest's sha256)")
     p.add_argument("--fixtures-sha256", metavar="SHA256",
                    help="the sha256 of the suite's manifest.json: refuse any other (pin a suite other than the "
                         "committed one, whose integrity the gate cannot otherwise know)")
@@ -82,7 +90,8 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("-q", "--quiet", action="store_true", help="no progress, no per-case lines: the table, "
                                                               "failures and the verdict (for CI logs)")
     p.add_argument("--merge", nargs="+", metavar="DIR",
-                   help="merge the gate folders of a matrix's shards (each one's --out) into --out; runs nothing")
+                   help="merge the gate folders of a matrix's shards (each one's --out, outputs files included: "
+                        "every case is judged again from them) into --out; runs nothing")
     p.add_argument("--json", action="store_true",
                    help="write gate-summary.json's document to stdout too (human lines go to stderr)")
 
@@ -166,7 +175,8 @@ def _merge(args: argparse.Namespace) -> int:
     from gdncheck.gate.report import format_result, verdict_line
 
     con = Console(args)
-    doc = merge_gates(args.merge, args.out, junit=args.junit, report=args.report)
+    doc = merge_gates(args.merge, args.out, junit=args.junit, report=args.report, fixtures=args.fixtures,
+                      fixtures_sha256=args.fixtures_sha256, xfails=args.xfails)
     con.progress(f"gdncheck gate: merged {len(doc['merged'])} shard(s): "
                  + ", ".join(f"{m['shard']} {m['verdict']}" for m in doc["merged"]))
     text = format_result(doc, verbose=True)

@@ -37,7 +37,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                 help="run each stage alone from golden inputs (the implementation's run_stage; FORMAT.md §8)")
     g.addoption("--gdncheck-properties", action="store_true",
                 help="also collect the Hypothesis property suite, one test per property")
-    g.addoption("--gdncheck-max-examples", type=int, metavar="N", help="examples per property (default: the profile's)")
+    g.addoption("--gdncheck-max-examples", metavar="N",
+                help=f"examples per property, {MIN_EXAMPLES}..{MAX_EXAMPLES} (default: the Hypothesis profile's)")
     g.addoption("--gdncheck-hypothesis-profile", default="ci", choices=("dev", "ci", "nightly"),
                 help="Hypothesis profile of the property tests (default ci: derandomized)")
     g.addoption("--gdncheck-out", metavar="DIR",
@@ -67,6 +68,28 @@ def _count(text: str) -> int:
     return n
 
 
+def _examples(text: str | None) -> int | None:
+    """``--gdncheck-max-examples``: None (the profile's), or an integer in
+    :data:`MIN_EXAMPLES`..:data:`MAX_EXAMPLES`; else a one-line usage error (checked when the plugin
+    is active, not by argparse, whose error is pytest's usage block)."""
+    if text is None:
+        return None
+    try:
+        n = int(str(text).strip())
+    except ValueError:
+        n = None
+    if n is None or not MIN_EXAMPLES <= n <= MAX_EXAMPLES:
+        from gdncheck.untrusted import one_line
+
+        shown = one_line(repr(str(text)))
+        raise pytest.UsageError(f"gdncheck: --gdncheck-max-examples: expected a number of examples per property "
+                                f"from {MIN_EXAMPLES} to {MAX_EXAMPLES}, found {shown[:60]}"
+                                + ("..." if len(shown) > 60 else ""))
+    return n
+
+
+#: the range of --gdncheck-max-examples (a Hypothesis search of 100000 examples is hours already)
+MIN_EXAMPLES, MAX_EXAMPLES = 1, 100_000
 #: the default outputs folder, under pytest's rootdir
 DEFAULT_OUT = ".gdncheck-out"
 #: the marker of an outputs folder the plugin made (and so may replace)
@@ -105,6 +128,7 @@ class _Run:
         except GDNError as exc:
             raise pytest.UsageError(f"gdncheck: --gdncheck-xfails: {one_line(exc)}") from None
         self.diagnose = opt.gdncheck_diagnose
+        self.max_examples = _examples(opt.gdncheck_max_examples)
         self._diagnoser = None
         try:
             self.fixtures = Path(opt.gdncheck_fixtures) if opt.gdncheck_fixtures else default_suite()
@@ -117,13 +141,12 @@ class _Run:
             refuse_output_in_suite(self.out, self.fixtures, "--gdncheck-out")
         except GDNError as exc:
             raise pytest.UsageError(f"gdncheck: {one_line(exc)}") from None
-        try:
-            if given:
-                self.out.mkdir(parents=True, exist_ok=True)
-            elif hasattr(config, "workerinput"):  # a pytest-xdist worker: the controller made it
+        flag = "--gdncheck-out" if given else "the default outputs folder"
+        try:  # given or not, the folder is the plugin's: marked, replaced whole; someone's is refused
+            if hasattr(config, "workerinput"):  # a pytest-xdist worker: the controller made it
                 self.out.mkdir(parents=True, exist_ok=True)
             else:
-                _fresh_folder(self.out)
+                _fresh_folder(self.out, flag)
         except OSError as exc:
             raise pytest.UsageError(f"gdncheck: --gdncheck-out {one_line(self.out)}: expected a folder to "
                                     f"write into, found {one_line(exc.strerror or exc)}") from None
@@ -143,18 +166,22 @@ class _Run:
         return next((x for x in self.xfails or () if x.applies(self.spec, self.profile, case)), None)
 
 
-def _fresh_folder(out: Path) -> None:
-    """Make the default outputs folder anew: one the plugin made before (its marker) is replaced
-    whole, so no outputs file of an earlier run is judged or mixed into this run's; any other folder
-    holding anything is refused (it is someone's), never emptied."""
+def _fresh_folder(out: Path, flag: str = "the default outputs folder") -> None:
+    """Make the outputs folder (``--gdncheck-out`` or the default) anew: one the plugin made before
+    (its marker) is replaced whole, so no outputs file of an earlier run is judged or mixed into this
+    run's; any other folder holding anything is refused (it is someone's), never emptied or written
+    into; a link is never followed."""
+    if out.is_symlink():
+        raise pytest.UsageError(f"gdncheck: {flag} {out}: expected the plugin's outputs folder, found a symbolic "
+                                "link (not followed: the plugin replaces its folder whole)")
     if out.exists() and not out.is_dir():
-        raise pytest.UsageError(f"gdncheck: {out}: expected the plugin's outputs folder, found a file "
+        raise pytest.UsageError(f"gdncheck: {flag} {out}: expected the plugin's outputs folder, found a file "
                                 "(remove it, or give --gdncheck-out DIR)")
     if out.is_dir() and any(out.iterdir()):
-        if not (out / MARKER).is_file():
-            raise pytest.UsageError(f"gdncheck: {out}: expected the plugin's own outputs folder (with its {MARKER} "
-                                    "marker) or none, found a folder holding other files; it is left as it is "
-                                    "(remove it, or give --gdncheck-out DIR)")
+        if not (out / MARKER).is_file() or (out / MARKER).is_symlink():
+            raise pytest.UsageError(f"gdncheck: {flag} {out}: expected the plugin's own outputs folder (with its "
+                                    f"{MARKER} marker) or none, found a folder holding other files; it is left as "
+                                    "it is (remove it, or give --gdncheck-out a new folder)")
         shutil.rmtree(out)
     out.mkdir(parents=True, exist_ok=True)
     (out / MARKER).write_text("the outputs of gdncheck's pytest plugin: replaced whole at each run\n")
@@ -304,6 +331,8 @@ class CaseItem(_Item):
         from gdncheck.conformance.judge.records import own_check
         from gdncheck.conformance.judge.verify import verify
         from gdncheck.conformance.ports.run import run_impl
+        from gdncheck.errors import GDNError
+        from gdncheck.untrusted import one_line
 
         from . import case_text
 
@@ -311,10 +340,13 @@ class CaseItem(_Item):
         case = self.entry["id"]
         if run.stage_isolated and self.entry["kind"] == "error":
             pytest.skip("stage-isolated mode: an expected-error case is judged end to end only")
-        run_impl(run.spec, run.fixtures, run.out, run.profile, cases=[case], options=run.options,
-                 stage_isolated=run.stage_isolated)
-        summary = verify(run.fixtures, run.out, run.profile, cases=[case], stage_isolated=run.stage_isolated,
-                         diagnose=run.diagnoser(), xfails=run.xfails)
+        try:  # a refusal (a file there the plugin did not make, a folder taken by another run): one line
+            run_impl(run.spec, run.fixtures, run.out, run.profile, cases=[case], options=run.options,
+                     stage_isolated=run.stage_isolated)
+            summary = verify(run.fixtures, run.out, run.profile, cases=[case], stage_isolated=run.stage_isolated,
+                             diagnose=run.diagnoser(), xfails=run.xfails)
+        except GDNError as exc:
+            pytest.fail(f"gdncheck could not run this case: {one_line(exc)}", pytrace=False)
         report = next(c for c in summary.cases if c.id == case)
         known = summary.known_failures().get(case)
         # what judged this case (the coverage rule, counted at the session's end: pytest_sessionfinish)
@@ -354,7 +386,7 @@ class PropertyItem(_Item):
         factory = functools.partial(run.factory, **run.options) if run.options else run.factory
         r = run_property(self.name, Subject(run.spec, run.profile, factory),
                          hypothesis_profile=self.config.getoption("gdncheck_hypothesis_profile"),
-                         max_examples=self.config.getoption("gdncheck_max_examples"))
+                         max_examples=run.max_examples)
         if r.status == "skip":
             pytest.skip(r.message)
         if r.status != "pass":

@@ -68,4 +68,9 @@ def test_every_gdncheck_command_parses(workflows):
     merge = next(a for n, a in gates if n == "merge")
     expected = [f"shards/gate-gpu-{a.shard.split('/')[0]}/{a.out}" for a in sorted(gpu, key=lambda a: a.shard)]
     assert merge.merge == expected
+    # ... the whole folder: the merge judges each case again from its outputs files (issue 43)
+    uploads = [s for s in workflows["gpu.yml"]["jobs"]["gpu"]["steps"] if s.get("uses", "").startswith(
+        "actions/upload-artifact") and "junit/" in str(s.get("with", {}).get("path"))]
+    assert [p.strip() for s in uploads for p in s["with"]["path"].splitlines() if p.startswith(gpu[0].out)] \
+        == [f"{gpu[0].out}/"]
     assert all(a.device == "cuda" and a.junit and a.report for a in gpu)
