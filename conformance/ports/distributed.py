@@ -35,8 +35,9 @@ from gdncheck.safetensors_io import read_safetensors, write_safetensors
 from gdncheck.sharding import cp_plan, plan_from_json, rank_weights, state_shards, tp_plan
 
 #: the faults a rank program can be asked to commit (the field's sharding bugs, docs/sharding.md)
-TP_FAULTS = ("none", "partial_not_reduced", "partial_reduced_twice", "ranks_swapped")
-CP_FAULTS = ("none", "no_halo", "entry_from_zeros", "summaries_reversed")
+TP_FAULTS = ("none", "partial_not_reduced", "partial_reduced_twice", "ranks_swapped", "a_sliced_by_key_heads",
+             "conv_weight_one_block")
+CP_FAULTS = ("none", "no_halo", "entry_from_zeros", "summaries_reversed", "decay_on_both")
 DEFAULT_TIMEOUT_S = 300.0
 
 
@@ -118,6 +119,7 @@ def run_tp(cfg: GDNConfig, weights, plan, calls, *, impl: str = "reference", pro
     """Tensor-parallel run of ``calls`` (``[(x [B, T, D], seq_pos), ...]`` from a zero state) on
     ``plan.world`` ranks: per rank, per call ``k``, ``calls.{k}.attn_out_partial``, ``calls.{k}.attn_out``
     (after the all-reduce), its share's stage tensors, and its state shards."""
+    _check_fault(fault, TP_FAULTS)
     spec = {"cfg": cfg.to_hf(), "weights": {n: np.asarray(w) for n, w in weights.items()},
             "plan": plan.to_json(), "calls": [(np.asarray(x), int(p)) for x, p in calls], "impl": impl,
             "profile": profile, "fault": fault}
@@ -128,10 +130,16 @@ def run_cp(cfg: GDNConfig, weights, plan, x, conv_state, recurrent_state, *, fau
            timeout_s: float = DEFAULT_TIMEOUT_S, folder=None):
     """Context-parallel run of one call ``x`` [B, T, D] entered with the given states, on ``plan.world``
     ranks: per rank, per segment ``i`` it owns, ``segments.{i}.{halo,M,U,entry_state,out}`` (float64)."""
+    _check_fault(fault, CP_FAULTS)
     spec = {"cfg": cfg.to_hf(), "weights": {n: np.asarray(w) for n, w in weights.items()}, "plan": plan.to_json(),
             "conv_state": np.asarray(conv_state), "recurrent_state": np.asarray(recurrent_state), "fault": fault,
             "x": {i: np.asarray(x)[:, a:b] for i, (r, a, b) in enumerate(plan.segments)}}
     return _run("cp", plan.world, spec, timeout_s, folder)
+
+
+def _check_fault(fault, known) -> None:
+    if fault not in known:
+        raise DistributedRunError(f"expected a fault among {', '.join(known)}, found {fault!r}")
 
 
 def _run(program, world, spec, timeout_s, folder):
@@ -163,6 +171,14 @@ def tp_rank(rank: int, world: int, dist, spec: dict) -> dict[str, np.ndarray]:
         from gdncheck.reference.sharded import rank_forward
 
         w_r = rank_weights(cfg, spec["weights"], share)
+        if fault == "a_sliced_by_key_heads":  # ROLL PR 497: one gate tensor not sliced like the heads
+            n = share.v_stop - share.v_start
+            w_r["linear_attn.in_proj_a.weight"] = np.asarray(spec["weights"]["linear_attn.in_proj_a.weight"])[
+                share.k_start:share.k_start + n]
+        if fault == "conv_weight_one_block":  # the conv weight split as one block, not per q/k/v segment
+            n = len(share.conv_channels(cfg))
+            conv = np.asarray(spec["weights"]["linear_attn.conv1d.weight"], dtype=np.float64)
+            w_r["linear_attn.conv1d.weight"] = conv[share.rank * n:(share.rank + 1) * n]
     out: dict[str, np.ndarray] = {}
     for k, (x, pos) in enumerate(spec["calls"]):
         if spec["impl"] == "triton":
@@ -219,6 +235,9 @@ def cp_rank(rank: int, world: int, dist, spec: dict) -> dict[str, np.ndarray]:
     for i in mine:
         _, _, _, trace = layer_forward(cfg, params, xs[i], halos[i], np.zeros_like(rec0), delta_rule="recurrent")
         summaries[i] = summary(expand_to_values(trace["k"], kv), trace["v"], trace["g"], trace["beta"])
+        if fault == "decay_on_both":  # the segment's decay applied to the bias too (shainet PR 170's class)
+            M, U = summaries[i]
+            summaries[i] = (M, U * np.exp(trace["g"].sum(axis=1))[..., None, None])
     summaries = _gathered(dist, world, summaries)
     # 3. my entry states: the call's state through my predecessors' summaries, in token order
     out: dict[str, np.ndarray] = {}

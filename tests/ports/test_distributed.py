@@ -54,6 +54,8 @@ def test_triton_tp_conforms_rank_by_rank():
     ("partial_not_reduced", 0, "attn_out", "equals its own out_proj partial: the all-reduce did not run"),
     ("partial_reduced_twice", 0, "attn_out", "equals 2× the reduced output: reduced twice"),
     ("ranks_swapped", 0, "qkv", "equals rank 1's share"),
+    ("a_sliced_by_key_heads", 1, "g", ""),
+    ("conv_weight_one_block", 0, "qkv_conv", ""),
 ])
 def test_tp_faults_caught_at_rank_and_stage(fault, rank, stage, fact):
     plan = tp_plan(CFG, 2)
@@ -97,7 +99,8 @@ def test_reference_cp_conforms_segment_by_segment(world, layout, bounds):
 @pytest.mark.parametrize("fault,stage,fact", [
     ("no_halo", "halo", "equals the zero state"),
     ("entry_from_zeros", "entry_state", "equals the zero state: the predecessors' summaries were not applied"),
-    ("summaries_reversed", "entry_state", ""),
+    ("summaries_reversed", "entry_state", "composed in reverse token order"),
+    ("decay_on_both", "summary", ""),
 ])
 def test_cp_faults_caught_at_rank_and_stage(fault, stage, fact):
     plan = cp_plan(X.shape[1], 2, "zigzag")
@@ -115,6 +118,11 @@ def test_a_crashing_rank_stops_the_run_in_one_line(tmp_path):
     bad["linear_attn.A_log"] = bad["linear_attn.A_log"][:1]  # a weight of the wrong shape: every rank raises
     with pytest.raises(DistributedRunError, match=r"^rank \d failed: .*; the other ranks were stopped$"):
         run_tp(CFG, bad, plan, CALLS[:1], folder=tmp_path, timeout_s=120)
+
+
+def test_unknown_fault_refused():
+    with pytest.raises(DistributedRunError, match="fault among none, partial_not_reduced"):
+        run_tp(CFG, W, tp_plan(CFG, 2), CALLS[:1], fault="nope")
 
 
 def test_unknown_program_refused(tmp_path):

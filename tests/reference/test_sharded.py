@@ -88,3 +88,28 @@ def test_cp_composition_equals_unsharded_final_state(T, world, layout, bounds):
     K = cfg.conv_kernel
     cols = np.concatenate([conv0, np.swapaxes(trace["qkv"][:, :a], 1, 2)], axis=-1)[..., -K:]
     assert np.max(np.abs(later["halo"] - cols)) <= 1e-15
+
+
+@pytest.mark.parametrize("tp_world,counts,cp_world,layout", [(2, None, 2, "zigzag"), (3, [2, 3, 1], 2, "contiguous")])
+def test_tp_times_cp_each_tp_rank_split_over_tokens(tp_world, counts, cp_world, layout):
+    """TP x CP: every TP rank, as a standalone layer of its heads, runs its tokens context-parallel; the
+    stitched partials summed over the TP ranks equal the unsharded attn_out, and each TP rank's composed
+    summaries its share of the unsharded final state."""
+    from gdncheck.sharding import standalone
+
+    cfg = tiny_config(Hk=2, Hv=6, dk=4, dv=3, D=8, I=12, K=4)
+    w = make_weights(cfg, seed=6)
+    T = 21
+    x = make_inputs(cfg, 1, T, seed=7)
+    conv0, rec0, out, trace, state = _unsharded(cfg, w, x)
+    plan_tp = tp_plan(cfg, tp_world, counts)
+    plan_cp = cp_plan(T, cp_world, layout)
+    attn = np.zeros_like(trace["attn_out"])
+    for share in plan_tp.shares:
+        cfg_r, w_r, conv_index = standalone(cfg, share, w)
+        conv_r = conv0[:, share.conv_channels(cfg)][:, conv_index]
+        rec_r = rec0[:, share.v_start:share.v_stop]
+        segs, (_, rec_end) = cp_forward(cfg_r, w_r, plan_cp, x, conv_r, rec_r)
+        attn += np.concatenate([s["trace"]["attn_out"] for s in segs], axis=1)
+        assert np.max(np.abs(rec_end - state.recurrent_state[:, share.v_start:share.v_stop])) <= 1e-12
+    assert np.max(np.abs(attn - trace["attn_out"])) <= 1e-12 * max(1.0, np.max(np.abs(trace["attn_out"])))
