@@ -84,6 +84,8 @@ def test_steps_that_expect_nothing_are_bad_entries_not_a_pass(fixture_copy, tmp_
     # the case file holds calls.0.core, the entry no longer judges it (required tensors left in place)
     (lambda e: e["program"][1].update(expected=[t for t in e["program"][1]["expected"] if t != "core"]),
      "holds calls.0.core, but step 1 (forward) does not expect 'core'"),
+    # its only call removed: nothing of the case judged, the case file still holds the call's goldens
+    (lambda e: e["program"].pop(), "holds calls.0.a, but the program has no call 0"),
     # required emptied with the steps: the case's kind says what it requires
     (lambda e: (e["program"][1].update(expected=[]), e["coverage"].update(required=[])),
      "coverage.required [] is not what a forward case requires"),
