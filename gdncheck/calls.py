@@ -48,15 +48,31 @@ def check_state(state_cfg: GDNConfig, cfg: GDNConfig, layer: int | None) -> None
                          f"{dims(state_cfg)}", layer=layer)
 
 
+#: The largest position (``seq_pos``, a state's ``seq_len``) a call takes: far beyond any context a model
+#: holds (Qwen3.5's is 2^18 tokens), and small enough that ``seq_pos + T`` stays an exact int64 (a position
+#: of 2^63 overflowed NumPy's int64 inside the reference: an ``OverflowError``, not a refusal).
+MAX_POSITION = 1 << 48
+
+
 def check_seq_pos(seq_pos, pos: np.ndarray, batch: int, layer: int | None) -> np.ndarray:
-    """``seq_pos`` (as given, for messages) and its NumPy form -> int64 positions [B]."""
+    """``seq_pos`` (as given, for messages) and its NumPy form -> int64 positions [B], each in
+    ``0 … MAX_POSITION``."""
     if pos.dtype.kind not in "iu" or (pos.ndim == 1 and pos.shape[0] != batch) or pos.ndim > 1:
         raise InputShapeError(
-            f"expected seq_pos as an int or {batch} ints (one per sequence), found {seq_pos!r}", layer=layer
+            f"expected seq_pos as an int or {batch} ints (one per sequence), found {_cut(seq_pos)}", layer=layer
         )
     if (pos < 0).any():
-        raise InputError(f"expected seq_pos >= 0, found {seq_pos!r}", layer=layer)
+        raise InputError(f"expected seq_pos >= 0, found {_cut(seq_pos)}", layer=layer)
+    if (pos > MAX_POSITION).any():
+        raise InputError(f"expected seq_pos <= {MAX_POSITION} (gdncheck's bound on a position), found "
+                         f"{_cut(seq_pos)}", layer=layer)
     return np.broadcast_to(pos.astype(np.int64), (batch,)).copy()
+
+
+def _cut(values) -> str:
+    """``repr(values)`` cut to one short line (a message quotes what it found, never megabytes)."""
+    text = repr(values)
+    return text if len(text) <= 200 else text[:200] + f"... ({len(text)} characters)"
 
 
 def rows_to_reset(pos: np.ndarray, seq_len: np.ndarray, *, strict: bool, warned: bool, layer: int | None,

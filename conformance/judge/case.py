@@ -117,6 +117,34 @@ class CaseJudge:
             files.check_golden(self.entry, self.gold)
         except GDNError as exc:
             return safe_text(f"fixture unusable: {exc}")
+        return self._entry_against_golden()
+
+    def _entry_against_golden(self) -> str | None:
+        """The manifest entry judges every tensor its case file holds (the file is checksummed, the manifest
+        itself is not): a case file of this case id, no tensor of a call the program lacks, and none that its
+        call's ``expected`` list leaves out. An edited entry that judges less (an ``expected`` list emptied or
+        trimmed, a call removed, an id changed for another recipe's bounds) is a bad manifest entry (exit 2),
+        never a pass (docs/bad-inputs.md)."""
+        e = self.entry
+        said = self.gold.metadata.get("case")
+        if said is not None and said != e["id"]:
+            return safe_text(f"manifest entry is inconsistent with its case file: {e['file']} holds case {said!r}, "
+                             f"but the entry's id is {e['id']!r}")
+        calls = {s["call"]: (i, s) for i, s in enumerate(e["program"]) if s["op"] in CALL_OPS}
+        for key in self.gold:
+            parts = key.split(".", 2)
+            if parts[0] != "calls" or len(parts) != 3 or parts[2] == "x" or parts[2].endswith("_in"):
+                continue
+            at = calls.get(int(parts[1])) if parts[1].isdecimal() and len(parts[1]) <= 9 else None
+            if at is None:
+                return safe_text(f"manifest entry is inconsistent with its case file: {e['file']} holds {key}, but "
+                                 f"the program has no call {parts[1][:20]} (a call removed from the manifest is "
+                                 f"never judged)")
+            i, step = at
+            if e["kind"] == "error" or parts[2] not in step["expected"]:
+                return safe_text(f"manifest entry is inconsistent with its case file: {e['file']} holds {key}, but "
+                                 f"step {i} ({step['op']}) does not expect {parts[2]!r} (an expected list that "
+                                 f"leaves out a golden tensor judges less than the case holds)")
         return None
 
     def _open_outputs(self) -> str | None:

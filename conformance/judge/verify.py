@@ -202,6 +202,14 @@ def _xfails_section(tally: Tally, file: str | None, summary: Summary, suite_ids:
     for case, (x, why) in tally.refused.items():
         summary.notes.append(f"known failure {x.where()} does not excuse case {case}: {why}, which the coverage rule "
                              "fails whatever a known-failures file says (fixtures/FORMAT.md §2)")
+    failing = [c.id for c in summary.cases if c.status == "fail"]
+    wild = sorted({x.line for case, x in tally.known.items() if x.tensors == ("*",)})
+    if failing and len(tally.known) == len(failing) and wild:  # said, never silent (the verdict is the rule's)
+        summary.notes.append(f"the known failures excuse every one of the {len(failing)} failing case(s), "
+                             f"{sum(x.tensors == ('*',) for x in tally.known.values())} of them by entries whose WHAT "
+                             f"is '*' (any tensor; line(s) {', '.join(map(str, wild[:10]))}"
+                             f"{', ...' if len(wild) > 10 else ''}): such entries let any failure of their cases "
+                             "through; name the tensors or stages that fail")
     lost = unmatched(tally.xfails, tally.applied, profiles=[summary.profile], impl_names=tally.impl_names,
                      suite_ids=suite_ids)
     if lost:

@@ -15,7 +15,8 @@ Golden fixtures for ports of the GDN layer (fixtures/FORMAT.md).
           folder holding anything but a suite is refused;
           --from-checkpoint DIR --layer N builds cases from a real checkpoint's weights instead
   check   rebuild in memory and compare every checksum with the manifest and the files (drift
-          detection; exit 1 when something changed)
+          detection; exit 1 when something changed; exit 2 when a manifest entry is unusable: each
+          such entry one line, every other case still checked, as verify judges them)
   list    print the cases of a fixture folder
   path    print the folder of the committed default suite that verify and gate use by default (it
           ships inside the package), after checking every file against its sha256
@@ -95,17 +96,21 @@ def _check(args) -> int:
     from gdncheck.untrusted import safe_text
 
     report = check_suite(args.fixtures, jobs=args.jobs, checkpoint=args.checkpoint)
+    unusable = [r for r in report if r["status"] == "unusable"]  # a bad manifest entry: exit 2, the rest checked
     bad = [r for r in report if r["status"] in ("changed", "missing")]
     for r in report:
-        if not args.quiet or r in bad:
+        if not args.quiet or r in bad or r in unusable:
             print(safe_text(f"{r['status']:<17} {r['id']}: {r['detail']}"))
     near = sum(r["status"] == "numerically-equal" for r in report)
-    print(f"{len(report) - len(bad)}/{len(report)} cases reproduce"
+    checked = len(report) - len(unusable)
+    print(f"{checked - len(bad)}/{checked} cases reproduce"
           + (f" ({near} numerically equal but not bit-identical: this platform broke the fixture guarantee, "
              "FORMAT.md §10)" if near else "")
-          + ("" if not bad else f"; {len(bad)} changed: rebuild with gdncheck fixtures build and review the diff"),
+          + ("" if not bad else f"; {len(bad)} changed: rebuild with gdncheck fixtures build and review the diff")
+          + ("" if not unusable else f"; {len(unusable)} manifest entr{'y' if len(unusable) == 1 else 'ies'} "
+                                     f"unusable (not checked; verify reports the same entries)"),
           file=sys.stdout)
-    return 1 if bad else 0
+    return 2 if unusable else 1 if bad else 0
 
 
 def _list(args) -> int:

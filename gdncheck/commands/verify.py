@@ -39,8 +39,13 @@ Known failures (--xfails FILE, the format of the gate's gate/xfails.txt: IMPL PR
 is printed "xfail" with the entry's reason and does not make the exit status 1; an entry whose
 case passes now is stale, and one that matches no case of the run is listed: warnings (notes)
 naming their lines, the exit status unchanged. A known failure never excuses a case the coverage
-rule fails (a case every port must run declared not applicable), and a run whose every judged case
-is a known failure, or that judged no tensor (only expected errors: --tag error), never exits 0."""
+rule fails (a case every port must run declared not applicable), and a run passes only if a case
+that judged tensors passed: one whose judged cases are known failures and expected errors (which
+judge no tensor), or that judged no tensor at all (--tag error), never exits 0.
+
+A bad manifest entry (one that breaks the schema, contradicts itself, or judges less than its case
+file holds: fixtures/FORMAT.md §2, §4.1) is that case's error, one line naming it; every other case
+is judged, and the exit status is 2 (as `gdncheck fixtures check` reports it)."""
 
 
 def configure(p: argparse.ArgumentParser) -> None:

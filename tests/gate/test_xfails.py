@@ -6,6 +6,7 @@ malformed file is exit 2 and one line."""
 from __future__ import annotations
 
 import json
+import shutil
 from types import SimpleNamespace
 
 import pytest
@@ -15,6 +16,7 @@ from gdncheck.conformance.judge.records import validate_summary
 from gdncheck.conformance.judge.xfails import classify, load_xfails
 from gdncheck.errors import GDNError
 from gdncheck.gate.xfails import load_xfails as gate_load_xfails
+from tests.fixtures.outputs import perfect_outputs
 
 # the gated RMSNorm weight as 1 + w: fails core_gated and everything after it, nothing before
 MUTANT = "gdncheck.conformance.meta.mutants:gated_norm_weight_one_plus"
@@ -29,6 +31,13 @@ def outs(tmp_path_factory):
     for impl, name in ((MUTANT, "mutant"), ("reference", "ref")):
         assert main(["run", impl, "--profile", "f32", "--out", str(root / name), "--case", DECODE,
                      "--case", PREFILL, "--case", REFUSED, "-q"]) == 0
+    # the mutant's decode and error cases beside a case that computes and passes (a golden copy's): a run
+    # passes only if a case that judged tensors passed (issue 43), so a known failure needs one beside it
+    (root / "mixed").mkdir()
+    for f in (root / "mutant").glob("*.safetensors"):
+        if not f.name.startswith(PREFILL):
+            shutil.copy(f, root / "mixed" / f.name)
+    perfect_outputs("fixtures/default", PREFILL, root / "mixed")
     return root
 
 
@@ -45,8 +54,8 @@ def _verify(outs, capsys, folder, entries: str, *cases: str):
 
 
 def test_a_known_failure_by_stage_does_not_fail_the_run(outs, capsys):
-    code, text, doc = _verify(outs, capsys, "mutant", f"# known\n{MUTANT}  f32  {DECODE}  {LATE}  # issue 7\n",
-                              DECODE, REFUSED)
+    code, text, doc = _verify(outs, capsys, "mixed", f"# known\n{MUTANT}  f32  {DECODE}  {LATE}  # issue 7\n",
+                              DECODE, PREFILL, REFUSED)
     assert code == 0 and doc["exit_code"] == 0 and doc["verdict"] == "conforms"
     (k,) = doc["xfails"]["known_failures"]
     assert k == {"case": doc["cases"][0]["id"], "tensors": FAILING, "reason": "issue 7", "line": 2}
@@ -66,8 +75,8 @@ def test_known_failures_alone_are_no_pass(outs, capsys):
 
 
 def test_tensor_names_and_another_implementation(outs, capsys):
-    code, _, doc = _verify(outs, capsys, "mutant", f"* * {DECODE} {','.join(FAILING)}  # tensors\n", DECODE,
-                           REFUSED)
+    code, _, doc = _verify(outs, capsys, "mixed", f"* * {DECODE} {','.join(FAILING)}  # tensors\n", DECODE,
+                           PREFILL, REFUSED)
     assert code == 0 and len(doc["xfails"]["known_failures"]) == 1
     code, _, doc = _verify(outs, capsys, "mutant", f"otherport:factory * {DECODE} *  # not this one\n", DECODE)
     assert code == 1 and not doc["xfails"]["known_failures"]  # the entry names another implementation
