@@ -59,7 +59,8 @@ def test_the_report_on_it_takes_seconds_not_minutes(tiled, tmp_path):
 
 
 def test_a_long_profile_that_is_not_numbers_is_one_line():
-    doc = {"cases": [{"id": "c", "records": [{"token_profile": {"token": list(range(5000)), "max_err": [1.0] * 4999}}]}]}
+    profile = {"token": list(range(5000)), "max_err": [1.0] * 4999}
+    doc = {"cases": [{"id": "c", "records": [{"token_profile": profile}]}]}
     from gdncheck.reports.model import bound_profiles
 
     with pytest.raises(ReportInputError, match="5000 tokens and 4999 values"):
