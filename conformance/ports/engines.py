@@ -252,6 +252,30 @@ class Finding:
     expect: Mapping[str, Any] = field(default_factory=dict)
     #: the finding may not occur on every machine (a tie order left to a C++ library or SIMD path): never stale
     may_not_occur: bool = False
+    #: the other failing tensors it accounts for (what its error causes downstream, measured): every failing
+    #: record of a case must be the first failing tensor's (``expect``: its stage and tensor, its ratio at most
+    #: ``expect``'s high end, NaN only where ``expect`` allows it) or one of these, else the case is unexplained
+    also: tuple[Allow, ...] = ()
+
+
+@dataclass(frozen=True)
+class Allow:
+    """Failing records a finding accounts for beside its first failing tensor: ``stage`` and ``tensor``
+    (``'*'``: any), error / bound at most ``ratio``, NaN elements only where ``nan``."""
+
+    stage: str
+    tensor: str = "*"
+    ratio: float = float("inf")
+    nan: bool = False
+
+    def allows(self, group: Mapping[str, Any]) -> bool:
+        return (self.stage in ("*", group.get("stage")) and self.tensor in ("*", group.get("tensor"))
+                and (self.nan or not group.get("nan"))
+                and (group.get("ratio") is None or group["ratio"] <= self.ratio)
+                and not group.get("no_values"))
+
+    def text(self) -> str:
+        return (f"{self.stage}/{self.tensor} up to {self.ratio:.3g}x" + (" or NaN" if self.nan else ""))
 
 
 REPROS = "examples/engines/repros"
@@ -315,6 +339,25 @@ _KERAS_L2NORM = ("keras-hub normalises q and k with _l2norm on the bf16 tensors 
                  "casting first the case passes (over 2048 decode steps of its rule: NMSE 3.6e-5 as shipped, "
                  "3.0e-14 with that change)")
 
+# What a softplus that is 0 (no decay) on one head does downstream, in a fused kernel fed golden inputs:
+# the state and core of that head drift from the reference by the decay lost every token. Measured with
+# SGLang's kernels (2026-12-07, f32, interpreted, kernel=packed_decode): softplus-edges core 1.0e10x,
+# recurrent_state 5.2e10x their bounds; d128-softplus-edges core 2.2e7x, recurrent_state 1.3e7x; on every
+# other case of the softplus finding nothing but g fails. vLLM's Triton kernels are the same code (g equal
+# to SGLang's on these cases: docs/engines/vllm.md), given the same allowance. A glue error on top (a state
+# transposed, a and b swapped) fails the state or core by more, or another tensor: then unexplained.
+_SOFTPLUS_EDGES_STATE = (Allow("delta_rule", "core", 5e10), Allow("delta_rule", "recurrent_state", 2e11))
+_D128_SOFTPLUS_EDGES_STATE = (Allow("delta_rule", "core", 1e8), Allow("delta_rule", "recurrent_state", 1e8))
+# llama.cpp's whole layer on softplus-edges (end-to-end): the head that never decays carries its error on to
+# the state, core, the gated norm and the output. Not re-measured where llama-cpp-python is not built: the
+# allowance is SGLang's measured state and core error on the same case (its softplus is the same formula),
+# for every stage after the delta rule, and no NaN
+_LLAMACPP_DOWNSTREAM_F32 = tuple(Allow(stage, "*", 2e11) for stage in ("delta_rule", "gated_norm", "out_proj"))
+_LLAMACPP_DOWNSTREAM_BF16 = tuple(Allow(stage, "*", 40.0) for stage in ("delta_rule", "gated_norm", "out_proj"))
+#: doppler's race: whatever the kernel computes after the first wrong reduction, NaN or any magnitude
+_DOPPLER_RACE_DOWNSTREAM = (Allow("delta_rule", "*", float("inf"), nan=True),
+                            Allow("gated_norm", "*", float("inf"), nan=True))
+
 FINDINGS: dict[tuple[str, str, str], Finding] = {
     ("mlx", "error-input-dtype", "*"): Finding(
         "deviation", "MLX computes the layer on an int32 x (its ops promote it) instead of refusing it; the "
@@ -342,10 +385,12 @@ FINDINGS: dict[tuple[str, str, str], Finding] = {
     # bf16), never NaN
     ("llamacpp", "softplus-edges", "f32"): Finding(
         "deviation", _LLAMACPP_SOFTPLUS, f"{REPROS}/llamacpp_softplus.py",
-        {"kind": "tensor", "stage": "gates", "tensor": "g", "nan": False, "ratio": (1e8, 1e11)}),
+        {"kind": "tensor", "stage": "gates", "tensor": "g", "nan": False, "ratio": (1e8, 1e11)},
+        also=_LLAMACPP_DOWNSTREAM_F32),
     ("llamacpp", "softplus-edges", "bf16"): Finding(
         "deviation", _LLAMACPP_SOFTPLUS, f"{REPROS}/llamacpp_softplus.py",
-        {"kind": "tensor", "stage": "gates", "tensor": "g", "nan": False, "ratio": (3.0, 40.0)}),
+        {"kind": "tensor", "stage": "gates", "tensor": "g", "nan": False, "ratio": (3.0, 40.0)},
+        also=_LLAMACPP_DOWNSTREAM_BF16),
     **{("llamacpp", prefix, profile): Finding(
         "deviation", _LLAMACPP_SOFTPLUS, f"{REPROS}/llamacpp_softplus.py",
         {"kind": "tensor", "stage": "gates", "tensor": "g", "nan": False, "ratio": (1.0, 20.0)})
@@ -368,7 +413,7 @@ FINDINGS: dict[tuple[str, str, str], Finding] = {
         "deviation", _DOPPLER_RACE + (_DOPPLER_THEN_SOFTPLUS if prefix in _DOPPLER_SOFTPLUS_TOO else ""),
         f"{REPROS}/doppler_webgpu.py", {"kind": "tensor", "stage": "delta_rule", "tensor": "recurrent_state",
                                         "ratio": (1e8, float("inf"))},
-        may_not_occur=True)
+        may_not_occur=True, also=_DOPPLER_RACE_DOWNSTREAM)
        for prefix in ("prefill-decode", "chunked", "decode_", "segments", "one-key-head", "per-head-norm",
                       "snapshot-replay", "restore-mismatch", "mismatch-midstream", "batch-positions", "dk-lt-dv",
                       "wide-d1024", "rmsnorm-eps", "qk-eps", "gated-eps", "softplus-edges", "sigmoid-edges",
@@ -379,12 +424,13 @@ FINDINGS: dict[tuple[str, str, str], Finding] = {
         "end-to-end bound, the rest is WebGPU's own exp/log accuracy (3 + 2|x| ulp for exp), lower than libm's",
         f"{REPROS}/doppler_webgpu.py", {"kind": "tensor", "stage": "delta_rule", "tensor": "recurrent_state",
                                         "nan": False, "ratio": (2.0, 4.5)},
-        may_not_occur=True),
+        may_not_occur=True, also=(Allow("delta_rule", "*", 4.5), Allow("gated_norm", "core_gated", 4.5))),
     # the real-size cases keep no state after their first call: the race shows first in core_gated, NaN (dv = 128:
     # lanes 8-127 of lavapipe's 8-lane subgroups; measured 2026-12-04, 128 to 15104 NaN elements a case)
     ("doppler", "d128-", "f32"): Finding(
         "deviation", _DOPPLER_RACE, f"{REPROS}/doppler_webgpu.py",
-        {"kind": "tensor", "stage": "gated_norm", "tensor": "core_gated", "nan": True}, may_not_occur=True),
+        {"kind": "tensor", "stage": "gated_norm", "tensor": "core_gated", "nan": True}, may_not_occur=True,
+        also=_DOPPLER_RACE_DOWNSTREAM),
     ("doppler", "real-heads", "*"): Finding(
         "missing_feature", "the kernel is fed each call's golden stage inputs (qkv, z, a, b and the states entering "
         "the call); a real-heads case keeps no *_in state, so nothing runs and no tensor is judged: a limit of a "
@@ -395,9 +441,11 @@ FINDINGS: dict[tuple[str, str, str], Finding] = {
     ("ggml", "real-heads", "*"): Finding(
         "missing_feature", _GGML_NOTHING_JUDGED.format(what="a real-heads case keeps no *_in state"),
         None, {"kind": "nothing_judged"}),
+    # the eps shifts q and k, so core and the state it writes (not re-measured where vLLM is not installed)
     ("vllm", "d128-qk-eps", "*"): Finding(
         "deviation", _VLLM_EPS, f"{REPROS}/vllm_l2norm_eps.py",
-        {"kind": "tensor", "stage": "delta_rule", "tensor": "core"}),
+        {"kind": "tensor", "stage": "delta_rule", "tensor": "core"},
+        also=(Allow("delta_rule", "recurrent_state", 100.0), Allow("gated_norm", "core_gated", 100.0))),
     **{("vllm", prefix, "*"): Finding(
         "missing_feature", _VLLM_HEAD_DIM, None, {"kind": "required_not_applicable"})
        for prefix in ("prefill-decode", "chunked", "decode_", "segments", "one-key-head", "long-decode", "wide-d1024",
@@ -409,11 +457,13 @@ FINDINGS: dict[tuple[str, str, str], Finding] = {
     # error accumulates; never NaN
     ("sglang", "softplus-edges", "f32"): Finding(
         "deviation", _SGLANG_SOFTPLUS, f"{REPROS}/sglang_softplus.py",
-        {"kind": "tensor", "stage": "gates", "tensor": "g", "nan": False, "ratio": (1e8, 1e11)}),
+        {"kind": "tensor", "stage": "gates", "tensor": "g", "nan": False, "ratio": (1e8, 1e11)},
+        also=_SOFTPLUS_EDGES_STATE),
     ("sglang", "d128-softplus-edges", "f32"): Finding(
         "deviation", _SGLANG_SOFTPLUS + "; here at dk = dv = 128, value head 1 (a + dt_bias ~ -20): g = 0 where it "
         "should be -0.19", f"{REPROS}/sglang_softplus.py",
-        {"kind": "tensor", "stage": "gates", "tensor": "g", "nan": False, "ratio": (1e7, 1e11)}),
+        {"kind": "tensor", "stage": "gates", "tensor": "g", "nan": False, "ratio": (1e7, 1e11)},
+        also=_D128_SOFTPLUS_EDGES_STATE),
     ("sglang", "d128-softplus-edges", "bf16"): Finding(
         "deviation", _SGLANG_SOFTPLUS + "; here at dk = dv = 128, value head 1 (a + dt_bias ~ -20): g = 0 where it "
         "should be -0.19", f"{REPROS}/sglang_softplus.py",
@@ -440,11 +490,11 @@ FINDINGS: dict[tuple[str, str, str], Finding] = {
     # d128-softplus-edges (10.6x and 20.8x in bf16); the state by 1.2-2.0x on two cases where g's error accumulates
     **{("vllm-triton", prefix, profile): Finding(
         "deviation", _VLLM_TRITON_SOFTPLUS, f"{REPROS}/vllm_triton_softplus.py",
-        {"kind": "tensor", "stage": "gates", "tensor": "g", "nan": False, "ratio": ratio})
-       for prefix, profile, ratio in (("softplus-edges", "f32", (1e8, 1e11)),
-                                      ("d128-softplus-edges", "f32", (1e8, 1e12)),
-                                      ("softplus-edges", "bf16", (1.0, 40.0)),
-                                      ("d128-softplus-edges", "bf16", (1.0, 40.0)))},
+        {"kind": "tensor", "stage": "gates", "tensor": "g", "nan": False, "ratio": ratio}, also=also)
+       for prefix, profile, ratio, also in (("softplus-edges", "f32", (1e8, 1e11), _SOFTPLUS_EDGES_STATE),
+                                            ("d128-softplus-edges", "f32", (1e8, 1e12), _D128_SOFTPLUS_EDGES_STATE),
+                                            ("softplus-edges", "bf16", (1.0, 40.0), ()),
+                                            ("d128-softplus-edges", "bf16", (1.0, 40.0), ()))},
     **{("vllm-triton", prefix, "f32"): Finding(
         "deviation", _VLLM_TRITON_SOFTPLUS, f"{REPROS}/vllm_triton_softplus.py",
         {"kind": "tensor", "stage": "gates", "tensor": "g", "nan": False, "ratio": (1.0, 30.0)})
@@ -577,13 +627,46 @@ def _first_failing(case: Mapping[str, Any]) -> Mapping[str, Any] | None:
     return fails[0] if fails else None
 
 
+def failing_tensors(case: Mapping[str, Any]) -> list[dict]:
+    """Every failing record of a case, by stage and tensor in the order they first fail: ``{stage, tensor,
+    records, ratio, nan, no_values, call, step}`` -- how many records fail, the largest error / bound of those
+    without NaN (None: none has a ratio), NaN elements in all, how many fail with no values to measure (a
+    missing tensor, a wrong shape or dtype, a wrong seq_len), and where the worst one is."""
+    groups: dict[tuple, dict] = {}
+    for r in case.get("records", []):
+        if r.get("verdict") != "fail":
+            continue
+        key = (r.get("stage"), r.get("tensor"))
+        g = groups.setdefault(key, {"stage": key[0], "tensor": key[1], "records": 0, "ratio": None, "nan": 0,
+                                    "no_values": 0, "call": r.get("call"), "step": r.get("step")})
+        g["records"] += 1
+        nan = (r.get("metrics") or {}).get("nan")
+        nan = int(nan) if isinstance(nan, int | float) and nan == nan and nan > 0 else 0
+        ratio = _ratio(r)
+        if nan:
+            g["nan"] += nan
+        elif ratio is None:
+            g["no_values"] += 1
+        elif g["ratio"] is None or ratio["ratio"] > g["ratio"]:
+            g.update(ratio=ratio["ratio"], call=r.get("call"), step=r.get("step"))
+    return list(groups.values())
+
+
 def conventions_of(case: Mapping[str, Any]) -> list[dict]:
     return [r["convention"] for r in case.get("records", []) if r.get("convention")]
 
 
 def classify(case: Mapping[str, Any]) -> dict | None:
-    """What one case of a verify summary shows about the engine: ``{class, adjudication, detail}``, or
-    None for a clean pass."""
+    """What one case of a verify summary shows about the engine: ``{class, adjudication, detail, failing}``
+    (``failing``: :func:`failing_tensors`, every failing record a finding must account for), or None for a
+    clean pass."""
+    found = _classify(case)
+    if found is not None:
+        found["failing"] = failing_tensors(case)
+    return found
+
+
+def _classify(case: Mapping[str, Any]) -> dict | None:
     status, fd = case.get("status"), case.get("first_divergence") or {}
     ec, na = case.get("error_check") or {}, case.get("not_applicable")
     if status == "error":
@@ -661,6 +744,8 @@ def explain(found: dict, engine_name: str, case_id: str, profile: str, status: s
         wrong = _unmatched(entry.expect, found["adjudication"])
         if entry.cls != found["class"]:
             wrong.insert(0, f"class {found['class']} (FINDINGS: {entry.cls})")
+        elif not wrong:
+            wrong = _unaccounted(entry, found.get("failing") or [])
         if wrong:
             out["mismatch"] = (f"FINDINGS entry {list(key)} does not explain this case: the summary shows "
                                + "; ".join(wrong))
@@ -690,6 +775,38 @@ def _unmatched(expect: Mapping[str, Any], adj: Mapping[str, Any]) -> list[str]:
                 wrong.append(f"NaN {'found' if adj.get('nan') else 'none'} (FINDINGS: {'NaN' if v else 'no NaN'})")
         elif got != v:
             wrong.append(f"{k} {got!r} (FINDINGS: {v!r})")
+    return wrong
+
+
+def _first_allow(expect: Mapping[str, Any]) -> Allow | None:
+    """What ``expect`` allows of the first failing tensor's records: its stage and tensor (``'*'`` where it
+    names none), error / bound up to its ratio's high end, NaN unless it says ``nan: False``; None for an
+    expectation of no tensor (an error check, a crash, a convention, not applicable)."""
+    if expect.get("kind") not in ("tensor", "routing") and "stage" not in expect and "tensor" not in expect \
+            and "ratio" not in expect:
+        return None
+    hi = expect["ratio"][1] if "ratio" in expect else float("inf")
+    return Allow(expect.get("stage", "*"), expect.get("tensor", "*"), hi, expect.get("nan", True) is not False)
+
+
+def _unaccounted(entry: Finding, failing: list[dict]) -> list[str]:
+    """Each failing tensor of a case that ``entry`` does not account for (its first failing tensor's
+    :func:`_first_allow`, or one of its ``also``), said with where and how far it fails."""
+    allows = [a for a in (_first_allow(entry.expect), *entry.also) if a is not None]
+    wrong = []
+    for g in failing:
+        if any(a.allows(g) for a in allows):
+            continue
+        if g["no_values"]:
+            how = f"{g['no_values']} record(s) failing with no values to measure"
+        elif g["nan"] and g["ratio"] is None:
+            how = f"NaN in {g['nan']} element(s)"
+        else:
+            how = (f"{g['ratio']:.3g}x its bound" if g["ratio"] is not None else "no ratio") \
+                + (f", NaN in {g['nan']} element(s)" if g["nan"] else "")
+        wrong.append(f"{g['stage']}/{g['tensor']} failing (call {g['call']}, step {g['step']}: {how}; "
+                     f"{g['records']} record(s)), which it does not account for (it allows "
+                     + (", ".join(a.text() for a in allows) or "no failing tensor") + ")")
     return wrong
 
 

@@ -23,7 +23,8 @@ bound), convention (declared, e.g. a routing tie), missing_feature (not applicab
 engine_crash (the engine raised something that is no FORMAT.md §6 code: a failure, even where the
 adapter maps it to an accepted code), unusable. Known findings add an explanation and a standalone
 repro script where they match what was measured for them (class, stage, tensor, NaN or not, the
-ratio's range); a failing case no known finding explains is marked unexplained. An engine that is
+ratio's range) and account for every failing record of the case; a failing case no known finding
+explains is marked unexplained, naming the record it does not account for. An engine that is
 not installed is a row saying how to install it. Each engine run is bounded by --timeout.
 
 Exit status: 0 the matrix was written and every engine run judged its cases (findings are its
