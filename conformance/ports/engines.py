@@ -10,8 +10,9 @@ packages whose versions the matrix reports (:func:`probe`).
 ``convention``, ``missing_feature``, ``engine_crash``, ``unusable`` (docs/engines.md, The classes) — always
 from the summary. :data:`FINDINGS`, keyed by (engine, case id prefix, profile or ``'*'``), only adds the
 explanation and the repro script; an entry explains a case only when its class and ``expect`` are what
-the summary shows, so the matrix never hides a new failure behind an old explanation (``unexplained``,
-``mismatch``, ``stale``).
+the summary shows and every failing record of the case is one it accounts for (its first failing tensor's,
+or one of its measured consequences, ``also``), so the matrix never hides a new failure behind an old
+explanation (``unexplained``, ``mismatch``, ``stale``).
 """
 
 from __future__ import annotations
