@@ -331,6 +331,11 @@ _ORT_SIGMOID = ("ONNX Runtime's LinearAttentionGate takes beta = sigmoid(b) with
 _ORT_BOTH = ("ONNX Runtime's LinearAttentionGate computes g and beta in float32 with two defects, either of "
              "which shows first at these bounds: " + _ORT_SOFTPLUS.split(": ", 1)[1] + "; and "
              + _ORT_SIGMOID.split("takes ", 1)[1])
+# ONNX Runtime's LinearAttentionGate (stage-isolated: the gates stage alone fails): its sigmoid's absolute
+# accuracy fails beta beside g on most cases, by up to 1.2e11x where b is very negative (measured 2026-12-07,
+# f32: beta fails on 32 of 37 cases, 1.6x to 1.23e11x, over 100x on 22), and g beside beta where beta fails first
+_ORT_BETA = (Allow("gates", "beta", 1e12),)
+_ORT_G = (Allow("gates", "g", 100.0),)
 _KERAS_AUTOCAST = ("Keras 3's Layer.__call__ casts every floating tensor argument to the compute dtype (autocast): "
                    "under a bfloat16 policy keras-hub's Qwen3_5GatedDeltaNet receives its float32 cached state as "
                    "bf16 on every call, so over a long decode the state is rounded to bf16 each step (with autocast"
@@ -349,12 +354,14 @@ _KERAS_L2NORM = ("keras-hub normalises q and k with _l2norm on the bf16 tensors 
 # transposed, a and b swapped) fails the state or core by more, or another tensor: then unexplained.
 _SOFTPLUS_EDGES_STATE = (Allow("delta_rule", "core", 5e10), Allow("delta_rule", "recurrent_state", 2e11))
 _D128_SOFTPLUS_EDGES_STATE = (Allow("delta_rule", "core", 1e8), Allow("delta_rule", "recurrent_state", 1e8))
+# in bf16 (SGLang, softplus-edges, measured 2026-12-07): core 27.5x, recurrent_state 189x (d128: g alone)
+_SOFTPLUS_EDGES_STATE_BF16 = (Allow("delta_rule", "core", 100.0), Allow("delta_rule", "recurrent_state", 750.0))
 # llama.cpp's whole layer on softplus-edges (end-to-end): the head that never decays carries its error on to
 # the state, core, the gated norm and the output. Not re-measured where llama-cpp-python is not built: the
 # allowance is SGLang's measured state and core error on the same case (its softplus is the same formula),
 # for every stage after the delta rule, and no NaN
 _LLAMACPP_DOWNSTREAM_F32 = tuple(Allow(stage, "*", 2e11) for stage in ("delta_rule", "gated_norm", "out_proj"))
-_LLAMACPP_DOWNSTREAM_BF16 = tuple(Allow(stage, "*", 40.0) for stage in ("delta_rule", "gated_norm", "out_proj"))
+_LLAMACPP_DOWNSTREAM_BF16 = tuple(Allow(stage, "*", 750.0) for stage in ("delta_rule", "gated_norm", "out_proj"))
 #: doppler's race: whatever the kernel computes after the first wrong reduction, NaN or any magnitude
 _DOPPLER_RACE_DOWNSTREAM = (Allow("delta_rule", "*", float("inf"), nan=True),
                             Allow("gated_norm", "*", float("inf"), nan=True))
@@ -471,7 +478,8 @@ FINDINGS: dict[tuple[str, str, str], Finding] = {
         {"kind": "tensor", "stage": "gates", "tensor": "g", "nan": False, "ratio": (1.0, 40.0)}),
     ("sglang", "softplus-edges", "bf16"): Finding(
         "deviation", _SGLANG_SOFTPLUS, f"{REPROS}/sglang_softplus.py",
-        {"kind": "tensor", "stage": "gates", "tensor": "g", "nan": False, "ratio": (1.0, 40.0)}),
+        {"kind": "tensor", "stage": "gates", "tensor": "g", "nan": False, "ratio": (1.0, 40.0)},
+        also=_SOFTPLUS_EDGES_STATE_BF16),
     **{("sglang", prefix, "f32"): Finding(
         "deviation", _SGLANG_SOFTPLUS, f"{REPROS}/sglang_softplus.py",
         {"kind": "tensor", "stage": "gates", "tensor": "g", "nan": False, "ratio": (1.0, 20.0)})
@@ -494,7 +502,7 @@ FINDINGS: dict[tuple[str, str, str], Finding] = {
         {"kind": "tensor", "stage": "gates", "tensor": "g", "nan": False, "ratio": ratio}, also=also)
        for prefix, profile, ratio, also in (("softplus-edges", "f32", (1e8, 1e11), _SOFTPLUS_EDGES_STATE),
                                             ("d128-softplus-edges", "f32", (1e8, 1e12), _D128_SOFTPLUS_EDGES_STATE),
-                                            ("softplus-edges", "bf16", (1.0, 40.0), ()),
+                                            ("softplus-edges", "bf16", (1.0, 40.0), _SOFTPLUS_EDGES_STATE_BF16),
                                             ("d128-softplus-edges", "bf16", (1.0, 40.0), ()))},
     **{("vllm-triton", prefix, "f32"): Finding(
         "deviation", _VLLM_TRITON_SOFTPLUS, f"{REPROS}/vllm_triton_softplus.py",
@@ -513,11 +521,11 @@ FINDINGS: dict[tuple[str, str, str], Finding] = {
     # onnxruntime (conformance/ports/onnxruntime.py, docs/engines/onnxruntime.md), measured 2026-12-04 (stage-isolated):
     # f32 fails 36 of 37 cases in gates, g 1.02-9.1x its bound or beta 4.9-28x, never NaN; the edges far past it
     ("onnxruntime", "softplus-edges", "f32"): Finding(
-        "deviation", _ORT_SOFTPLUS, f"{REPROS}/onnxruntime_gates.py",
-        {"kind": "tensor", "stage": "gates", "tensor": "g", "nan": False, "ratio": (1e8, 1e11)}),
+        "deviation", _ORT_BOTH, f"{REPROS}/onnxruntime_gates.py",
+        {"kind": "tensor", "stage": "gates", "tensor": "g", "nan": False, "ratio": (1e8, 1e11)}, also=_ORT_BETA),
     ("onnxruntime", "d128-softplus-edges", "f32"): Finding(
-        "deviation", _ORT_SOFTPLUS, f"{REPROS}/onnxruntime_gates.py",
-        {"kind": "tensor", "stage": "gates", "tensor": "g", "nan": False, "ratio": (1e8, 1e11)}),
+        "deviation", _ORT_BOTH, f"{REPROS}/onnxruntime_gates.py",
+        {"kind": "tensor", "stage": "gates", "tensor": "g", "nan": False, "ratio": (1e8, 1e11)}, also=_ORT_BETA),
     ("onnxruntime", "softplus-edges", "f16"): Finding(
         "deviation", _ORT_SOFTPLUS, f"{REPROS}/onnxruntime_gates.py",
         {"kind": "tensor", "stage": "gates", "tensor": "g", "nan": False, "ratio": (30.0, 3000.0)}),
@@ -528,11 +536,11 @@ FINDINGS: dict[tuple[str, str, str], Finding] = {
     # meets g's bound, beta is the first failing tensor
     **{("onnxruntime", prefix, "f32"): Finding(
         "deviation", _ORT_BOTH, f"{REPROS}/onnxruntime_gates.py",
-        {"kind": "tensor", "stage": "gates", "nan": False, "ratio": (1.0, 1e12)})
+        {"kind": "tensor", "stage": "gates", "nan": False, "ratio": (1.0, 1e12)}, also=_ORT_BETA)
        for prefix in ("d128-sigmoid-edges", "d128-state-norms")},
     ("onnxruntime", "f16-state", "f32"): Finding(
         "deviation", _ORT_SIGMOID, f"{REPROS}/onnxruntime_gates.py",
-        {"kind": "tensor", "stage": "gates", "tensor": "beta", "nan": False, "ratio": (1e6, 1e8)}),
+        {"kind": "tensor", "stage": "gates", "tensor": "beta", "nan": False, "ratio": (1e6, 1e8)}, also=_ORT_G),
     # one element of 1800 at 1.02x its f16 bound: another CPU's exp may meet it
     ("onnxruntime", "f16-state", "f16"): Finding(
         "deviation", _ORT_SIGMOID, f"{REPROS}/onnxruntime_gates.py",
@@ -541,7 +549,8 @@ FINDINGS: dict[tuple[str, str, str], Finding] = {
     # some, another CPU's float32 exp and log may meet it
     **{("onnxruntime", prefix, "f32"): Finding(
         "deviation", _ORT_BOTH, f"{REPROS}/onnxruntime_gates.py",
-        {"kind": "tensor", "stage": "gates", "nan": False, "ratio": (1.0, 100.0)}, may_not_occur=True)
+        {"kind": "tensor", "stage": "gates", "nan": False, "ratio": (1.0, 100.0)}, may_not_occur=True,
+        also=_ORT_BETA)
        for prefix in ("prefill-decode", "chunked", "decode_", "segments", "one-key-head", "per-head-norm",
                       "snapshot-replay", "restore-mismatch", "mismatch-midstream", "batch-positions", "dk-gt-dv",
                       "dk-lt-dv", "long-decode", "real-heads", "wide-d1024", "rmsnorm-eps", "qk-eps", "gated-eps",
@@ -552,9 +561,13 @@ FINDINGS: dict[tuple[str, str, str], Finding] = {
         "deviation", "Keras converts an int32 x to the compute dtype and keras-hub's layer returns an output where "
         "FORMAT.md §6 expects input_dtype: the caller's bug goes unnoticed", f"{REPROS}/keras_int_input.py",
         {"kind": "error_check", "expected": "input_dtype", "actual": None}),
+    # the state rounded to bf16 every step: core and the state drift further over the decode's later calls, and
+    # the gated norm after them (measured 2026-12-07: core 44x, recurrent_state 62x, core_gated 3.6x at call 2)
     ("keras", "long-decode", "bf16"): Finding(
         "deviation", _KERAS_AUTOCAST, f"{REPROS}/keras_bf16.py",
-        {"kind": "tensor", "stage": "delta_rule", "tensor": "core", "nan": False, "ratio": (1.5, 15.0)}),
+        {"kind": "tensor", "stage": "delta_rule", "tensor": "core", "nan": False, "ratio": (1.5, 15.0)},
+        also=(Allow("delta_rule", "core", 150.0), Allow("delta_rule", "recurrent_state", 250.0),
+              Allow("gated_norm", "core_gated", 15.0))),
     # one element at 1.13x its bound: another CPU's bf16 rounding order may meet it
     ("keras", "sigmoid-edges", "bf16"): Finding(
         "deviation", _KERAS_L2NORM, f"{REPROS}/keras_bf16.py",
