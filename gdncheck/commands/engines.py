@@ -508,15 +508,26 @@ class _BoundedOutput:
         self.thread.start()
 
     def _drain(self) -> None:
+        try:
+            self._read_all()
+        except (OSError, ValueError):  # the pipe or file closed under it: what was read is kept
+            pass
+
+    def _read_all(self) -> None:
         import os
         import select
+        import time
 
-        fd = self.pipe.fileno()
+        fd, stopped = self.pipe.fileno(), None
         while True:
             ready, _, _ = select.select([fd], [], [], 0.2)
+            if self.stop.is_set():
+                stopped = stopped or time.monotonic()
+                # the group is killed: what is left in the pipe is read, a writer that escaped the group (a
+                # session of its own) and keeps writing is not waited for past 2 s
+                if not ready or time.monotonic() - stopped > 2.0:
+                    return
             if not ready:
-                if self.stop.is_set():
-                    return  # the group is killed and nothing more came: a writer that escaped it is not waited for
                 continue
             chunk = os.read(fd, 1 << 16)
             if not chunk:

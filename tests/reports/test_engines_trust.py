@@ -233,6 +233,31 @@ def test_a_background_child_of_an_engine_program_does_not_outlive_the_run(tmp_pa
     assert not _alive(pid), f"the program's child {pid} outlived the run"
 
 
+def test_a_writer_that_escaped_the_programs_group_does_not_hold_the_run(tmp_path, monkeypatch):
+    """A child that leaves the program's session (setsid) and keeps writing into the output pipe is not
+    waited for: the matrix is written within seconds of the program's end."""
+    import os
+    import signal
+
+    pid_file = tmp_path / "child.pid"
+    child = "import os, sys, time; os.setsid(); [(sys.stdout.write('x' * 100 + '\\n'), sys.stdout.flush(), " \
+            "time.sleep(0.01)) for _ in range(6000)]"
+    code = ("import subprocess, sys\n"
+            f"p = subprocess.Popen([sys.executable, '-c', {child!r}])\n"
+            f"open({str(pid_file)!r}, 'w').write(str(p.pid)); sys.exit(5)")
+    _program_engine(monkeypatch, code)
+    t0 = time.monotonic()
+    try:
+        rc = cli(["engines", "--out", str(tmp_path / "out"), "--engine", "prog", "-q", "--diagnose", "0"])
+        assert rc == 1 and time.monotonic() - t0 < 20
+    finally:
+        if pid_file.exists():
+            try:
+                os.kill(int(pid_file.read_text()), signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
 def test_a_program_that_exits_0_having_written_nothing_is_no_run(tmp_path, monkeypatch):
     """Issue 43, item 6: an engine program that exits 0 (or 2) writing no outputs file is a run that could
     not be made, and the matrix exits 1 even where another engine judged cases; before, its row 'ran' (every
