@@ -18,8 +18,6 @@ from typing import Any
 
 from jinja2 import Environment, FileSystemLoader, StrictUndefined
 
-from gdncheck.installed import source_checkout
-
 STABLE_BEGIN = "<!-- BEGIN gdncheck engines: matrix (generated; counts and classes, compared by tests) -->"
 STABLE_END = "<!-- END gdncheck engines: matrix -->"
 RUN_BEGIN = "<!-- BEGIN gdncheck engines: this run (generated; versions, ratios, timings) -->"
@@ -30,14 +28,18 @@ CLASS_TEXT = {"deviation": "deviation", "convention": "convention", "missing_fea
 
 
 def repro_href(repro: str | None, link_dir: str | Path | None) -> str | None:
-    """A repro script's link from a page in ``link_dir``: relative to it in a source checkout, else the
-    path from the repository root."""
+    """A repro script's link from a page in ``link_dir``: relative to it where the page lies in a checkout
+    holding the script (the page's own: never one that climbs into another checkout, such as the one gdncheck
+    runs from, which exists only on the machine that wrote the page), else the path from the repository root."""
     if not repro:
         return None
-    root = source_checkout()
-    if root is None or link_dir is None:
+    if link_dir is None:
         return repro
-    return Path(os.path.relpath(root / repro, Path(link_dir).resolve())).as_posix()
+    here = Path(link_dir).resolve()
+    for root in (here, *here.parents):
+        if (root / repro).is_file():
+            return Path(os.path.relpath(root / repro, here)).as_posix()
+    return repro
 
 
 def _cell(text: Any) -> str:

@@ -52,6 +52,48 @@ NO_VALUES = ("missing_required", "dtype", "shape")
 MAX_SUMMARY_BYTES = 64 << 20
 
 
+#: the most points of a record's per-token profile the report reads (verify writes 64): a longer one, which
+#: no verify wrote, is max-pooled to this many before anything else reads it (2 million points took the
+#: report 202 s and 300 MB)
+MAX_PROFILE_POINTS = 1024
+
+
+def bound_profiles(doc: dict) -> int:
+    """Max-pool each record's ``token_profile`` longer than :data:`MAX_PROFILE_POINTS` (each bucket's first
+    token and largest error: no peak, inf or NaN lost); how many were. A long profile that is no two lists of
+    one length, of integers and numbers, is a :class:`ReportInputError` (one line) before the schema check,
+    which would take minutes over it."""
+    import numpy as np
+
+    from .plots import max_pooled
+
+    pooled = 0
+    cases = doc.get("cases") if isinstance(doc.get("cases"), list) else []
+    for c in cases:
+        records = c.get("records") if isinstance(c, dict) and isinstance(c.get("records"), list) else []
+        for i, r in enumerate(records):
+            tp = r.get("token_profile") if isinstance(r, dict) else None
+            if not isinstance(tp, dict):
+                continue
+            tok, val = tp.get("token"), tp.get("max_err")
+            if not (isinstance(tok, list) and isinstance(val, list)) or max(len(tok), len(val)) <= MAX_PROFILE_POINTS:
+                continue
+            where = f"case {safe_text(str(c.get('id')))[:80]!r}, record {i}"
+            if len(tok) != len(val):
+                raise ReportInputError(f"expected a token_profile of one token per value ({where}), found "
+                                       f"{len(tok)} tokens and {len(val)} values")
+            if not all(type(t) is int for t in tok) or not all(
+                    type(v) in (int, float) or v in ("inf", "-inf", "nan") for v in val):
+                raise ReportInputError(f"expected a token_profile of integer tokens and numbers ({where}), found "
+                                       "other values")
+            t, v = max_pooled(np.asarray(tok, dtype=np.int64), np.asarray([float(x) for x in val]),
+                              MAX_PROFILE_POINTS)
+            r["token_profile"] = {"token": [int(x) for x in t],
+                                  "max_err": [float(x) if np.isfinite(x) else str(x) for x in v]}
+            pooled += 1
+    return pooled
+
+
 class CheckedSummary(dict):
     """A summary :func:`load_summary` has checked; passing it back in skips the check."""
 
@@ -78,6 +120,7 @@ def load_summary(summary: str | Path | dict) -> CheckedSummary:
     from .checks import checked_repros, refuse_contradictions, refuse_duplicate_ids
 
     refuse_duplicate_ids(doc, ReportInputError)  # before the schema check, minutes on a large file
+    bound_profiles(doc)  # so is a profile of millions of points
     try:
         validate_summary(doc)
     except jsonschema.ValidationError as exc:

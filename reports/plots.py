@@ -221,12 +221,30 @@ def histogram(err: np.ndarray, bound: float, label: str = "histogram") -> Markup
                 _axes(x, y, x0, x1, y0, y1, xlabel, "elements") + body)
 
 
+#: the most points a curve draws: a longer one is max-pooled (:func:`max_pooled`) to this many
+MAX_PLOT_POINTS = 1024
+
+
+def max_pooled(tokens: np.ndarray, values: np.ndarray, most: int) -> tuple[np.ndarray, np.ndarray]:
+    """``tokens`` and ``values`` in at most ``most`` buckets of consecutive points: each bucket's first token
+    and its largest value (NaN where it holds one), so no peak and no NaN is lost; as they are when short."""
+    n = len(tokens)
+    if n <= most:
+        return tokens, values
+    k = -(-n // most)
+    pad = (-n) % k
+    v = np.concatenate([values, np.full(pad, -np.inf)]).reshape(-1, k)
+    has_nan = np.isnan(v).any(axis=1)
+    pooled = np.where(has_nan, np.nan, np.max(np.where(np.isnan(v), -np.inf, v), axis=1))
+    return tokens[::k], pooled
+
+
 def drift(tokens: np.ndarray, values: np.ndarray, bound: float, *, first_token: int | None = None,
           first_position: int | None = None, xlabel: str = "token (index in the call)",
           label: str = "drift") -> Markup:
     """Largest scaled error per token (log), the bound, and the first token over it (two tokens at least:
     a single token is a number, which the page's tables give)."""
-    tokens = np.asarray(tokens)
+    tokens, values = max_pooled(np.asarray(tokens), np.asarray(values, dtype=float), MAX_PLOT_POINTS)
     if len(tokens) < 2:
         raise ValueError("a drift plot needs two tokens at least")
     shown, floor, top = _clipped(values, [bound])

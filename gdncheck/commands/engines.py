@@ -23,7 +23,8 @@ bound), convention (declared, e.g. a routing tie), missing_feature (not applicab
 engine_crash (the engine raised something that is no FORMAT.md §6 code: a failure, even where the
 adapter maps it to an accepted code), unusable. Known findings add an explanation and a standalone
 repro script where they match what was measured for them (class, stage, tensor, NaN or not, the
-ratio's range); a failing case no known finding explains is marked unexplained. An engine that is
+ratio's range) and account for every failing record of the case; a failing case no known finding
+explains is marked unexplained, naming the record it does not account for. An engine that is
 not installed is a row saying how to install it. Each engine run is bounded by --timeout.
 
 Exit status: 0 the matrix was written and every engine run judged its cases (findings are its
@@ -47,6 +48,13 @@ MARKER = ".gdncheck-engines"
 DEFAULT_TIMEOUT = 900.0
 #: the most of an engine program's output kept (its last bytes: where it says why it stopped)
 OUTPUT_TAIL = 64 * 1024
+#: the longest --timeout (a day): past it no run is bounded any more (setitimer's range ends far before 1e308)
+MAX_TIMEOUT = 86400.0
+#: the shortest --timeout: below it the interval timer rounds to 0, which is no timer at all
+MIN_TIMEOUT = 0.1
+#: an engine program's output file: its first and last bytes, whatever it prints (program-output.txt)
+PROGRAM_OUTPUT_HEAD = 256 * 1024
+PROGRAM_OUTPUT_TAIL = 768 * 1024
 
 
 def configure(p: argparse.ArgumentParser) -> None:
@@ -71,8 +79,9 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--option", action="append", metavar="ENGINE:KEY=VALUE",
                    help="an --option for one engine's factory, over the registry's (e.g. fla:kernel=chunk)")
     p.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT, metavar="SECONDS",
-                   help=f"the longest one engine may run in one profile (default {DEFAULT_TIMEOUT:.0f}); past it the "
-                        "run is stopped and is a run that could not be made (exit 1)")
+                   help=f"the longest one engine may run in one profile, {MIN_TIMEOUT:g} to {MAX_TIMEOUT:.0f} (default "
+                        f"{DEFAULT_TIMEOUT:.0f}); past it the run is stopped (a program with everything it started) "
+                        "and is a run that could not be made (exit 1)")
     p.add_argument("--diagnose", type=int, default=8, metavar="N",
                    help="name the likely cause of the first N failing cases of each run, as verify does "
                         "(default 8; 0: none)")
@@ -245,8 +254,9 @@ def _checked_inputs(args):
     for p in args.profile or []:
         if p not in VERIFY_PROFILES:
             raise GDNError(f"expected --profile one of {', '.join(VERIFY_PROFILES)}, found {p!r}")
-    if not (math.isfinite(args.timeout) and args.timeout > 0):
-        raise GDNError(f"expected --timeout a positive number of seconds, found {args.timeout!r}")
+    if not (math.isfinite(args.timeout) and MIN_TIMEOUT <= args.timeout <= MAX_TIMEOUT):
+        raise GDNError(f"expected --timeout a number of seconds from {MIN_TIMEOUT:g} to {MAX_TIMEOUT:.0f}, found "
+                       f"{args.timeout!r}")
     if args.diagnose < 0:
         raise GDNError(f"expected --diagnose N a count of cases (0: none), found {args.diagnose}")
     options = _engine_options(args.option, registry)
@@ -428,9 +438,11 @@ class _alarm:
 def _run_program(eng, fixtures, folder, args, profile: str) -> str:
     """Run an engine that has a program of its own (``eng.command``) into ``folder``; its command line.
     Its exit 0, or 2 (a case it could not read or run: no outputs file, which verify reports), lets the
-    matrix judge what it wrote; any other exit (3: no WebGPU adapter), a run past --timeout (the program is
-    killed), is a run that could not be made. Its output goes to a file of its folder (``program-output.txt``),
-    never into memory, whatever its size or encoding; its last line is quoted."""
+    matrix judge what it wrote -- unless it wrote no outputs file at all; any other exit (3: no WebGPU
+    adapter), a run past --timeout, is a run that could not be made. It runs in a session of its own, and
+    whatever it started is killed with it when it ends (a background child never outlives the run). Its
+    output goes to a file of its folder (``program-output.txt``: its first and last bytes, the middle left out
+    and said so), never into memory, whatever its size or encoding; its last line is quoted."""
     import shlex
     import subprocess
     from pathlib import Path
@@ -454,34 +466,126 @@ def _run_program(eng, fixtures, folder, args, profile: str) -> str:
     Path(folder).mkdir(parents=True, exist_ok=True)
     log = Path(folder) / "program-output.txt"
     try:
-        with open(log, "wb") as fh:
-            proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=fh, stderr=subprocess.STDOUT,
-                                    start_new_session=True)
-            try:
-                code = proc.wait(timeout=args.timeout)
-            except subprocess.TimeoutExpired:
-                _kill_group(proc)
-                raise GDNError(f"{eng.name}: {shlex.join(argv[:2])} ran past --timeout {args.timeout:g} s and was "
-                               f"stopped (its output: {log})") from None
+        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                start_new_session=True)
     except OSError as exc:
         raise GDNError(f"{eng.name}: {shlex.join(argv[:2])} could not run: {one_line(exc)}") from None
+    keeper = _BoundedOutput(proc.stdout, log)
+    keeper.start()
+    try:
+        ended = _wait_unreaped(proc, args.timeout)
+    finally:
+        code = _kill_group(proc)  # whatever it started, on its timeout and when it ends alike
+        keeper.finish()
+    if not ended:
+        raise GDNError(f"{eng.name}: {shlex.join(argv[:2])} ran past --timeout {args.timeout:g} s and was "
+                       f"stopped (its output: {log})")
     if code not in (0, 2):
         said = _last_line(log)
         how = f"was killed by signal {-code}" if code < 0 else f"exited {code}"
         raise GDNError(f"{eng.name}: {shlex.join(argv[:2])} {how}" + (f": {one_line(said)}" if said else ""))
+    if not any(p.suffix == ".safetensors" for p in Path(folder).iterdir()):
+        said = _last_line(log)
+        raise GDNError(f"{eng.name}: {shlex.join(argv[:2])} exited {code} having written no outputs file into "
+                       f"{folder}" + (f": {one_line(said)}" if said else " (it printed nothing)"))
     return shlex.join(argv)
 
 
-def _kill_group(proc) -> None:
-    """Stop a program run past its time and whatever it started (its own session), and reap it."""
+class _BoundedOutput:
+    """Drains a program's output pipe into ``path`` as it comes (the program never blocks on a full pipe):
+    its first :data:`PROGRAM_OUTPUT_HEAD` bytes written at once, its last :data:`PROGRAM_OUTPUT_TAIL` bytes
+    kept in memory and written at the end after a line saying how many bytes were left out between."""
+
+    def __init__(self, pipe, path):
+        import threading
+
+        self.pipe, self.path, self.stop = pipe, path, threading.Event()
+        self.thread = threading.Thread(target=self._drain, daemon=True)
+        self.head_left, self.tail, self.dropped = PROGRAM_OUTPUT_HEAD, bytearray(), 0
+
+    def start(self) -> None:
+        self.fh = open(self.path, "wb")  # noqa: SIM115 - closed by finish
+        self.thread.start()
+
+    def _drain(self) -> None:
+        try:
+            self._read_all()
+        except (OSError, ValueError):  # the pipe or file closed under it: what was read is kept
+            pass
+
+    def _read_all(self) -> None:
+        import os
+        import select
+        import time
+
+        fd, stopped = self.pipe.fileno(), None
+        while True:
+            ready, _, _ = select.select([fd], [], [], 0.2)
+            if self.stop.is_set():
+                stopped = stopped or time.monotonic()
+                # the group is killed: what is left in the pipe is read, a writer that escaped the group (a
+                # session of its own) and keeps writing is not waited for past 2 s
+                if not ready or time.monotonic() - stopped > 2.0:
+                    return
+            if not ready:
+                continue
+            chunk = os.read(fd, 1 << 16)
+            if not chunk:
+                return
+            if self.head_left:
+                part, chunk = chunk[:self.head_left], chunk[self.head_left:]
+                self.fh.write(part)
+                self.head_left -= len(part)
+            self.tail += chunk
+            if len(self.tail) > PROGRAM_OUTPUT_TAIL:
+                cut = len(self.tail) - PROGRAM_OUTPUT_TAIL
+                self.dropped += cut
+                del self.tail[:cut]
+
+    def finish(self) -> None:
+        self.stop.set()
+        self.thread.join(timeout=10)
+        if self.dropped:
+            self.fh.write(f"\n[gdncheck: {self.dropped} bytes of the program's output left out here: the file keeps "
+                          f"its first {PROGRAM_OUTPUT_HEAD} and last {PROGRAM_OUTPUT_TAIL} bytes]\n".encode())
+        self.fh.write(bytes(self.tail))
+        self.fh.close()
+        self.pipe.close()
+
+
+def _wait_unreaped(proc, timeout: float) -> bool:
+    """Whether ``proc`` ended within ``timeout`` seconds, leaving it unreaped (its process id, which is its
+    group's, stays taken until :func:`_kill_group` has killed the group)."""
+    import os
+    import subprocess
+    import time
+
+    if not hasattr(os, "waitid"):
+        try:
+            proc.wait(timeout=timeout)
+            return True
+        except subprocess.TimeoutExpired:
+            return False
+    deadline = time.monotonic() + timeout
+    while os.waitid(os.P_PID, proc.pid, os.WEXITED | os.WNOWAIT | os.WNOHANG) is None:
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.02)
+    return True
+
+
+def _kill_group(proc) -> int:
+    """Stop whatever a program started (its own session, its process group) and the program, reap it; its
+    exit status."""
     import os
     import signal
 
     try:
         os.killpg(proc.pid, signal.SIGKILL)
     except (OSError, AttributeError):
-        proc.kill()
-    proc.wait()
+        if proc.poll() is None:
+            proc.kill()
+    return proc.wait()
 
 
 def _last_line(path) -> str:

@@ -377,7 +377,8 @@ def test_repro_words_are_those_of_gdncheck_run_and_verify():
     assert run_words(legit) == ["gdncheck", "run", "reference", "--fixtures", "/a b", "--out", "o", "--profile",
                                 "f32", "--option", "placement=hf"]
     line = repro("fx", "o d", "f32", "c1", run_command=legit)
-    assert line == ("gdncheck run reference --fixtures '/a b' --out o --profile f32 --option placement=hf --case c1 "
+    # issue 43: the run's suite, folder and profile are verify's own words, never the outputs' command's
+    assert line == ("gdncheck run reference --fixtures fx --out 'o d' --profile f32 --option placement=hf --case c1 "
                     "&& gdncheck verify --fixtures fx --outputs 'o d' --profile f32 --case c1")
     assert checked_repro(line) == line
     for hostile in (HOSTILE, "gdncheck run reference; curl x", "gdncheck run reference --out $(curl x)",

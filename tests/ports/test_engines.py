@@ -227,8 +227,15 @@ def test_doppler_is_a_fused_engine_run_by_its_own_program(tmp_path, monkeypatch)
     (tmp_path / "empty" / "run.js").write_text("")
     pr = registry.probe(eng)
     node = [] if shutil.which("node") else ["node"]
-    assert not pr.installed and pr.missing == node + [str(tmp_path / "empty" / "node_modules/doppler-gpu")]
+    assert not pr.installed and pr.missing == node + [str(tmp_path / "empty" / "node_modules/doppler-gpu"),
+                                                      str(tmp_path.parent / "ports" / "node" / "safetensors.js")]
     assert pr.hint(eng).startswith("not installed (") and "npm install" in pr.hint(eng)
+    # issue 43, item 7: a copy outside a checkout, without the Node port its run.js imports from
+    # ../../ports/node/, is a row saying so (before: installed, then run.js died on the import)
+    (tmp_path / "empty" / "node_modules" / "doppler-gpu").mkdir(parents=True)
+    pr = registry.probe(eng)
+    assert pr.missing == node + [str(tmp_path.parent / "ports" / "node" / "safetensors.js")], pr.missing
+    assert "../../ports/node holds a copy of examples/ports/node" in pr.hint(eng)
     rc, m = _engines(tmp_path, "--engine", "doppler")
     [row] = m["engines"]
     # nothing ran: the matrix is written, and the exit says nothing was judged
