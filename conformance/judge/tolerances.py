@@ -32,7 +32,7 @@ MAX_TABLE_BYTES = 64 * 1024 * 1024
 PROPERTY_ROWS = "properties"
 #: sha256 of the packaged tolerances.json this release ships (re-derived tables update it: it is the
 #: one line a review sees change when a bound moves)
-SHIPPED_SHA256 = "77220555ae094ca85ae812a34545c3bb5e125cbeab28ffb1637cf0f4424a2d6e"
+SHIPPED_SHA256 = "450cc2806a14930229bf57cc1ad734ec99bc9fe43a2b181a2cceaae7d36f376e"
 #: how many loosened bounds an error message lists
 LISTED_LOOSER = 3
 
