@@ -52,4 +52,4 @@ def test_in_bf16_the_port_rounds_them_as_from_pretrained_does(fixtures_dir, mani
 def test_transformers_conforms_on_the_checkpoint_dtype_cases(fixtures_dir, tmp_path, profile):
     run_impl("hf", fixtures_dir, tmp_path, profile, tags=["checkpoint-dtypes"])
     s = verify(fixtures_dir, tmp_path, profile, tags=["checkpoint-dtypes"])
-    assert s.exit_code == 0 and len(s.cases) == 2, [c.message for c in s.cases if c.status != "pass"]
+    assert s.exit_code == 0 and len(s.cases) == 3, [c.message for c in s.cases if c.status != "pass"]
