@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from .config import GDNConfig
-from .dtypes import round_to_common
+from .dtypes import round_to, round_to_common
 from .experts import (
     EXPERTS_DOWN,
     EXPERTS_GATE_UP,
@@ -142,9 +142,19 @@ def inverse_softplus(y) -> np.ndarray:
     return np.where(y > 30.0, y, portable_log(np.maximum(portable_exp(np.minimum(y, 30.0)) - 1.0, 1e-300)))
 
 
+#: The weights a released Qwen3.5 checkpoint stores in float32 (the rest is bf16): ``A_log`` and the gated
+#: norm's weight of every linear-attention layer (fixtures/FORMAT.md §3 says where that comes from).
+CHECKPOINT_F32 = ("linear_attn.A_log", "linear_attn.norm.weight")
+
+
 def realistic_weights(cfg: GDNConfig, seed: int = 0, *, norm_mode: str | None = None,
-                      layer: int | None = None) -> LayerWeights:
+                      layer: int | None = None, f32: tuple[str, ...] = ()) -> LayerWeights:
     """Weights in the regime of a trained Qwen3.5 layer, exactly representable in bf16 and f16.
+
+    ``f32`` names weights kept as float32 values instead (:data:`CHECKPOINT_F32`: as a released
+    checkpoint stores them): the float32 nearest to the draw, never a value bf16 or f16 represents
+    (:func:`not_half_exact`), so a port that rounds them at load differs. The draws are the same
+    either way: the other weights are bit-identical to those drawn without ``f32``.
 
     transformers' initialisation is the floor (`A = U(0.01, 16)`; a share `FAST_HEAD_SHARE` of the
     value heads forgets within a few tokens); the other heads remember `M` tokens, log-uniform over
@@ -206,9 +216,22 @@ def realistic_weights(cfg: GDNConfig, seed: int = 0, *, norm_mode: str | None = 
     qk_mean = np.zeros(cfg.conv_dim)
     qk_mean[qk_rows] = QK_MEAN * np.where(taps < 0, -1.0, 1.0)
     add_bias(arrays, "linear_attn.in_proj_qkv.weight", qk_mean, D)
-    arrays = {k: round_to_common(v).astype(np.float32) for k, v in arrays.items()}
-    return LayerWeights(arrays, stored_dtypes={k: "BF16" for k in arrays}, source=f"realistic(seed={seed})",
-                        layer=layer, config=cfg)
+    unknown = sorted(set(f32) - set(arrays))
+    if unknown:
+        raise ValueError(f"f32: expected names of the layer's weights, found {', '.join(unknown)}")
+    arrays = {k: not_half_exact(v) if k in f32 else round_to_common(v).astype(np.float32) for k, v in arrays.items()}
+    stored = {k: "F32" if k in f32 else "BF16" for k in arrays}
+    return LayerWeights(arrays, stored_dtypes=stored, source=f"realistic(seed={seed})", layer=layer, config=cfg)
+
+
+def not_half_exact(x) -> np.ndarray:
+    """float32 values nearest to ``x``, each moved one float32 ulp away from zero where bf16 or f16
+    would represent it exactly (a draw lands there with odds 2^-13 per element): every value then
+    changes when a port rounds it to bf16 or to f16. Elementwise IEEE operations only (the same bits
+    on every CPU)."""
+    v = np.asarray(x, dtype=np.float64).astype(np.float32)
+    exact = (round_to(v, "bf16") == v) | (round_to(v, "f16") == v)
+    return np.where(exact, np.nextafter(v, np.copysign(np.float32(np.inf), v)), v).astype(np.float32)
 
 
 def add_bias(arrays: dict, name: str, bias: np.ndarray, hidden_size: int) -> None:
@@ -363,5 +386,6 @@ def _fuse_qwen3_next(cfg: GDNConfig, w: dict[str, np.ndarray]) -> dict[str, np.n
     return w
 
 
-__all__ = ["DEMO_CONFIG", "WEIGHT_NAMES", "add_bias", "inverse_softplus", "make_inputs", "make_weights",
-           "massive_channels", "massive_x_norm", "realistic_inputs", "realistic_weights", "write_hf_checkpoint"]
+__all__ = ["CHECKPOINT_F32", "DEMO_CONFIG", "WEIGHT_NAMES", "add_bias", "inverse_softplus", "make_inputs",
+           "make_weights", "massive_channels", "massive_x_norm", "not_half_exact", "realistic_inputs",
+           "realistic_weights", "write_hf_checkpoint"]

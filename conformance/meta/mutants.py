@@ -20,7 +20,7 @@ import numpy as np
 from gdncheck.conformance.earn import lowp
 from gdncheck.conformance.earn.emulate import EmulatedLayer, EmulatedState, emulated_adapter
 from gdncheck.conformance.earn.lowp import F32, f32
-from gdncheck.fixtures.cases import EDGES, REALISTIC
+from gdncheck.fixtures.cases import CHECKPOINT_DTYPES, EDGES, REALISTIC
 from gdncheck.snapshot import Snapshot
 
 
@@ -486,6 +486,43 @@ class GatesHeadMajorWhenMha(EmulatedLayer):
         return super().delta_rule(q, k, v, g, beta, recurrent_state)
 
 
+class RoundedAtLoad(EmulatedLayer):
+    """A float32 checkpoint weight held in a half dtype: rounded once at load (the model dtype given to
+    every parameter), then used as the layer uses it. Subclasses name the weight and the dtype."""
+
+    rounded: tuple[str, str] = ("", "")  # (weight, "bf16" | "f16")
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        name, dtype = self.rounded
+        self.w[name] = lowp.store(self.w[name], dtype)
+
+
+class ALogBf16AtLoad(RoundedAtLoad):
+    """A_log rounded to bf16 at load (SGLang PR 20741: A_log inherited --dtype bfloat16; transformers
+    5.24's from_pretrained(dtype=bfloat16), whose Qwen3.5 classes keep nothing in float32)."""
+
+    rounded = ("linear_attn.A_log", "bf16")
+
+
+class ALogF16AtLoad(RoundedAtLoad):
+    """A_log rounded to f16 at load (a model loaded in float16)."""
+
+    rounded = ("linear_attn.A_log", "f16")
+
+
+class GatedNormWeightBf16AtLoad(RoundedAtLoad):
+    """The gated norm's weight rounded to bf16 at load (SGLang's RMSNormGated takes the default dtype)."""
+
+    rounded = ("linear_attn.norm.weight", "bf16")
+
+
+class GatedNormWeightF16AtLoad(RoundedAtLoad):
+    """The gated norm's weight rounded to f16 at load."""
+
+    rounded = ("linear_attn.norm.weight", "f16")
+
+
 @dataclass(frozen=True)
 class Mutant:
     name: str
@@ -578,7 +615,30 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant("gates_head_major_when_mha", GatesHeadMajorWhenMha, "delta_rule",
            bug_class="g, beta read head-major on the Hv = Hk path"),
 )
-MUTANT_BY_NAME = {m.name: m for m in MUTANTS}
+@dataclass(frozen=True)
+class TaggedMutant(Mutant):
+    """A :class:`Mutant` shown only by the cases with ``case_tags`` (the kill matrix and the diagnosis
+    run it on those alone)."""
+
+    case_tags: tuple[str, ...] = ()
+
+
+#: The float32 checkpoint weights rounded at load (issue 44): shown only by the cases whose A_log and
+#: gated-norm weight are float32 values a half dtype does not hold (tag ``checkpoint-dtypes``); every other
+#: case stores them bf16/f16-exact, so the rounding changes nothing there. Their kill cells, by profile, are
+#: docs/meta.md's "Weights as the checkpoints hold them".
+CHECKPOINT_DTYPE_MUTANTS: tuple[TaggedMutant, ...] = tuple(
+    TaggedMutant(name, cls, stage, ("f32-weights", 0), bug_class=bug_class, case_tags=(CHECKPOINT_DTYPES,))
+    for name, cls, stage, bug_class in (
+        ("a_log_bf16_at_load", ALogBf16AtLoad, "gates", "A_log rounded to bf16 at load"),
+        ("a_log_f16_at_load", ALogF16AtLoad, "gates", "A_log rounded to f16 at load"),
+        ("gated_norm_weight_bf16_at_load", GatedNormWeightBf16AtLoad, "gated_norm",
+         "gated-norm weight rounded to bf16 at load"),
+        ("gated_norm_weight_f16_at_load", GatedNormWeightF16AtLoad, "gated_norm",
+         "gated-norm weight rounded to f16 at load"),
+    )
+)
+MUTANT_BY_NAME = {m.name: m for m in MUTANTS + CHECKPOINT_DTYPE_MUTANTS}
 
 # module-level factories, so that `gdncheck run gdncheck.conformance.meta.mutants:NAME` works
-globals().update({m.name: m.factory for m in MUTANTS})
+globals().update({m.name: m.factory for m in MUTANTS + CHECKPOINT_DTYPE_MUTANTS})

@@ -5,7 +5,9 @@ A factory of the port contract (`gdncheck.harness.contract`) around transformers
 through its own `forward` and a `DynamicCache`, so transformers picks its own code paths. The stage
 tensors are what transformers computes (`.hf_trace`), only reshaped. What it cannot express (a
 per-head norm, the seq-len rule, strict mode, snapshot files, ...) is `NotApplicable` with the
-reason; on an exact top-k tie its CPU router is a known deviation.
+reason; on an exact top-k tie its CPU router is a known deviation. Its parameters are all held in the
+profile's dtype, as ``from_pretrained(dtype=...)`` holds them: in bf16 the checkpoint's float32 ``A_log``
+and gated-norm weight are rounded to bf16, as transformers does (no ``_keep_in_fp32_modules`` on Qwen3.5).
 
 Design and the full list: docs/ports.md §2.
 """
@@ -168,6 +170,12 @@ class HFLayer:
         except RuntimeError as exc:
             msg = str(exc)
             raise TransformersRefused(refusal_code(msg), f"transformers refused the weights: {msg}") from None
+        # every parameter in the profile's dtype, A_log and the gated norm's weight too, as transformers loads a
+        # checkpoint: its Qwen3.5 classes set no _keep_in_fp32_modules, so from_pretrained(dtype=torch.bfloat16) (or
+        # dtype="auto", the config's bfloat16) rounds the checkpoint's float32 A_log and linear_attn.norm.weight to
+        # bf16 (transformers/core_model_loading.py, the requested dtype unless a keep-in-fp32 pattern matches;
+        # measured on 5.24: A_log -2.3456789 loads as -2.34375). In f32 they stay the case file's float32 values.
+        # That rounding is below what the bf16 profile resolves (fixtures/FORMAT.md §3, docs/meta.md)
         self.layer = layer.to(self.dtype).eval()
         self.tracer = Tracer(self.layer, modeling, cfg, sparse=self.sparse)
         kernels = [m for m in ("causal_conv1d", "kernels") if importlib.util.find_spec(m) is not None]
