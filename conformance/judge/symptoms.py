@@ -147,8 +147,7 @@ def tokens_fact(bad_tokens: np.ndarray, err_by_token: np.ndarray, elem: float, K
             return Fact("where", "tokens:all", f"on every token (all {T})")
         quiet = float(np.max(err_by_token[:t0]))
         if quiet <= 0.5 * elem:
-            return Fact("where", "tokens:from", f"within rounding before token {t0}, wrong from token {t0} on "
-                                                "(what is carried from token to token)")
+            return Fact("where", "tokens:from", f"within rounding before token {t0}, wrong from token {t0} on")
         return Fact("where", "tokens:from", f"from token {t0} on")
     if len(bad) <= 8:
         return Fact("where", "tokens:some", f"only tokens {_list(bad)} of {T}")
@@ -355,7 +354,10 @@ def relations(a, e, d, tensor: str, dims: dict | None, head_axis: int | None, to
             s = _fit(a, e, (head_axis,))
             r = explained(a, e, s * e, d)
             vals = s.ravel()
-            if r <= EXPLAINED and np.ptp(vals) > SCALE_OFF and np.max(np.abs(vals - 1)) > SCALE_OFF:
+            # one number per head fitted: stated at half the residual of a uniform scale, and only with every
+            # scale positive and not near zero (a head near zero is no scale of the golden but its loss)
+            if r <= EXPLAINED / 2 and np.ptp(vals) > SCALE_OFF and np.max(np.abs(vals - 1)) > SCALE_OFF \
+                    and np.min(vals) > 0.05:
                 shown = ", ".join(f"{v:.3g}" for v in vals[:8]) + (", ..." if len(vals) > 8 else "")
                 out.append(Fact("relation", "relation:per_head_scale",
                                 f"the golden times a scale per head [{shown}] (residual {r:.2g})"))
@@ -440,9 +442,10 @@ def rounding_fact(a, e, bad, profile: str) -> Fact | None:
         ulp = 2.0 ** (np.floor(np.log2(np.abs(e[fin]))) - (bits - 1))
         u = np.abs(a[fin] - e[fin]) / ulp
         if float(np.max(u)) <= 2.0 and float(np.median(u)) >= 0.1:
-            return Fact("relation", f"relation:ulp_{name}",
-                        f"the error is at most {np.max(u):.2g} {name} ulp of each failing element (median "
-                        f"{np.median(u):.2g}): the size of a value stored in {name}")
+            return Fact("relation", "relation:rounding",
+                        f"the error is rounding-sized: at most {np.max(u):.2g} {name} ulp of each failing element "
+                        f"(median {np.median(u):.2g}), as a value stored or computed in less precision than "
+                        f"{profile} leaves")
     return None
 
 

@@ -26,6 +26,7 @@ from gdncheck.safetensors_io import SafetensorsFile
 from gdncheck.stages import stage_of
 from gdncheck.weights import LayerWeights
 
+from .heldout_mutants import HELDOUT_BY_NAME
 from .moe_mutants import MOE_MUTANTS
 from .mutants import MUTANTS, Mutant
 from .serving_mutants import SERVING_MISREADINGS, SERVING_MUTANTS
@@ -33,7 +34,8 @@ from .serving_mutants import SERVING_MISREADINGS, SERVING_MUTANTS
 #: Every known bug class: the dense layer's mutants, the sparse block's and the serving patterns'
 #: (those two only on a case carrying their ``case_tags``): the kill matrix's catalogue, and the
 #: serving contract's misreadings (run on their tagged cases too).
-ALL_MUTANTS: tuple[Mutant, ...] = MUTANTS + MOE_MUTANTS + SERVING_MUTANTS + SERVING_MISREADINGS
+ALL_MUTANTS: tuple[Mutant, ...] = (MUTANTS + MOE_MUTANTS + SERVING_MUTANTS + SERVING_MISREADINGS
+                                   + (HELDOUT_BY_NAME["l2norm_eps_dk_times"],))  # issue 42: once named "a scale per head"
 
 #: How many failing cases one verify run diagnoses by default (each runs every mutant once).
 DEFAULT_LIMIT = 8

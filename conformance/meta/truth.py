@@ -1,0 +1,111 @@
+"""What each mutant's failure truly is: its ground-truth symptoms, declared by hand from the bug's
+definition (never from what ``conformance/judge/symptoms.py`` says), so that the leave-one-class-out
+matrix (``kill_matrix.leave_one_out``) can judge the symptoms independently.
+
+``TRUTH[name]`` maps a kind of fact (the part of a symptom's code before ``:``: ``heads``, ``tokens``,
+``rows``, ``slots``, ``channels``, ``equals``, ``relation``) to the codes that are true of the bug at
+its first divergence. A stated fact of a declared kind whose code is not listed is **wrong**; a fact
+of a kind the mutant does not declare is **unverified** (counted apart, never as true). Where a kind
+depends on the case (which heads a decay bug reaches), it is left undeclared.
+"""
+
+from __future__ import annotations
+
+ANY_HEADS = frozenset({"all", "some", "one", "group", "stride"})
+EVERY = frozenset({"all"})
+#: codes that say something specific (the rest, every head or every token, are true of most bugs)
+GENERIC = frozenset({"heads:all", "tokens:all"})
+
+
+def _t(**kinds) -> dict[str, frozenset]:
+    return {k: frozenset(v) for k, v in kinds.items()}
+
+
+#: where every element of a tensor is off (a bug in a per-element map): every token and head
+_PER_ELEMENT = dict(tokens={"all", "seq_start"})
+#: a commit or a snapshot that keeps the wrong one of the verify's states: in the step's own slots (or
+#: its snapshot destinations), holding another state of the window (or the one before it)
+_COMMIT = dict(slots={"own", "snapshot", "mixed"}, equals={"draft_state", "before", "other_slot"})
+
+TRUTH: dict[str, dict[str, frozenset]] = {
+    "head_grouping_tiled": _t(heads={"some", "one", "stride", "group"}),
+    "norm_weight_plain": _t(relation={"per_channel_scale"}, **_PER_ELEMENT),
+    "missing_l2_norm": _t(relation={"vector_scale", "per_head_scale", "uniform_scale"}, **_PER_ELEMENT),
+    "scale_doubled": _t(relation={"uniform_scale"}, heads=EVERY),
+    "gate_before_norm": _t(**_PER_ELEMENT),
+    "decay_after_write": _t(tokens={"all", "from", "growing", "some", "seq_start"}),
+    "conv_state_shifted": _t(relation=set()),
+    "qkv_split_order": _t(**_PER_ELEMENT),
+    "state_transposed": _t(relation={"transpose"}),
+    "softplus_replaced": _t(),
+    "sigmoid_replaced": _t(**_PER_ELEMENT),
+    "bf16_recurrent_state": _t(relation={"rounding"}),
+    "initial_state_ignored": _t(equals=set(), relation=set()),
+    "snapshot_aliases_state": _t(),
+    "no_reset_on_mismatch": _t(),
+    "per_head_norm_read_as_shared": _t(heads={"all", "some", "one", "stride", "group"}),
+    "softplus_clamped_20": _t(),
+    "beta_clamped_15": _t(),
+    "l2norm_eps_max": _t(relation={"vector_scale", "per_head_scale"}),
+    "l2norm_eps_outside_sqrt": _t(relation={"vector_scale", "per_head_scale"}),
+    "rmsnorm_eps_outside_sqrt": _t(relation={"vector_scale", "uniform_scale", "per_channel_scale"}),
+    "gated_norm_eps_outside_sqrt": _t(relation={"vector_scale", "per_head_scale"}),
+    "gated_norm_weight_one_plus": _t(relation={"per_channel_scale"}, **_PER_ELEMENT),
+    "softplus_naive": _t(),
+    "gate_f16": _t(relation={"rounding"}),
+    "decay_clamped": _t(),
+    "f16_recurrent_state": _t(relation={"rounding"}),
+    "state_norm_clamp_1000": _t(relation={"per_head_scale", "uniform_scale"}),
+    "decay_quotient_of_exps": _t(),
+    "state_heads_tiled": _t(relation={"head_perm"}, heads={"some", "stride", "group", "one"}),
+    "conv_window_shifted": _t(relation={"shift_late"}),
+    "l2norm_eps_clamp_sum": _t(relation={"vector_scale", "per_head_scale"}),
+    "qk_norm_rms_form": _t(relation={"uniform_scale", "per_head_scale", "vector_scale"}, **_PER_ELEMENT),
+    "state_bf16_write_back": _t(relation={"rounding"}),
+    "state_read_transposed": _t(),
+    "stale_conv_state_on_reset": _t(),
+    "output_gate_sigmoid": _t(**_PER_ELEMENT),
+    "output_gate_missing_silu": _t(**_PER_ELEMENT),
+    "conv_missing_silu": _t(**_PER_ELEMENT),
+    "a_log_sign": _t(),
+    "a_log_converted_twice": _t(),
+    "chunk_masked_exp": _t(),
+    "converter_ab_heads_tiled": _t(heads={"some", "one", "stride", "group"}, relation={"head_perm"}),
+    "gates_head_major_when_mha": _t(),
+    # the sparse block's
+    "softmax_after_topk": _t(),
+    "routing_not_renormalised": _t(),
+    "shared_gate_without_sigmoid": _t(),
+    "shared_expert_dropped": _t(),
+    "expert_gate_up_swapped": _t(),
+    # the serving patterns'
+    "conv_window_leaks": _t(tokens={"conv_head", "seq_start"}, rows={"some", "verify", "plain"}),
+    "chunk_straddles": _t(),
+    "slot_read_i_written_j": _t(slots={"own", "mixed"}, equals={"other_slot"}),
+    "padding_slot_written": _t(),
+    "commit_off_by_one": _t(**_COMMIT),
+    "snapshot_chunk_late": _t(slots={"snapshot"}, equals={"other_slot", "draft_state"}),
+    "commit_one_late": _t(**_COMMIT),
+    "commit_capped_4": _t(**_COMMIT),
+    "mixed_plain_rows_from_zero": _t(rows={"plain"}),
+    "free_keeps_conv_state": _t(),
+    # held out (heldout_mutants.py)
+    "conv_weight_v_shifted": _t(channels={"v"}, **_PER_ELEMENT),
+    "state_one_call_late": _t(equals=set()),
+    "l2norm_eps_dk_times": _t(relation={"vector_scale", "per_head_scale"}),
+    "z_one_token_late": _t(tokens={"from"}, heads=EVERY),
+}
+
+
+def judge_fact(name: str, code: str) -> str:
+    """``true``, ``wrong`` or ``unverified``: a stated symptom's code (``kind:what``) against mutant
+    ``name``'s declared truth."""
+    kind, _, what = code.partition(":")
+    declared = TRUTH.get(name, {})
+    if kind not in declared:
+        return "unverified"
+    return "true" if what in declared[kind] else "wrong"
+
+
+def specific(code: str) -> bool:
+    return code not in GENERIC

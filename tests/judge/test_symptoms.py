@@ -1,0 +1,101 @@
+"""The symptoms of a failing tensor (conformance/judge/symptoms.py) on tensors built by hand: each
+fact stated where it holds, none where it does not."""
+
+import numpy as np
+
+from gdncheck.conformance.judge.symptoms import measure
+
+CFG = {"linear_num_key_heads": 2, "linear_num_value_heads": 6, "linear_key_head_dim": 4, "linear_value_head_dim": 4,
+       "linear_conv_kernel_dim": 4, "hidden_size": 8}
+
+
+def codes(facts):
+    return {f.code for f in facts}
+
+
+def core(seed=0, T=10):
+    return np.random.default_rng(seed).normal(size=(1, T, 6, 4))
+
+
+def test_uniform_scale_is_said_with_its_value():
+    e = core()
+    facts = measure(0.5 * e, e, "core", scale=1.0, elem=1e-3, profile="f32", config=CFG)
+    assert "relation:uniform_scale" in codes(facts)
+    assert "×0.5" in " ".join(f.text for f in facts)
+    assert "heads:all" in codes(facts) and "tokens:all" in codes(facts)
+
+
+def test_one_key_head_group_and_from_a_token():
+    e = core()
+    a = e.copy()
+    a[:, 3:, 3:6] += 1.0  # the value heads of key head 1, from token 3 on
+    facts = measure(a, e, "core", scale=1.0, elem=1e-3, profile="f32", config=CFG)
+    assert {"heads:group", "tokens:from"} <= codes(facts)
+    text = " ".join(f.text for f in facts)
+    assert "key head 1" in text and "token 3" in text
+    assert not any(c.startswith("relation:") for c in codes(facts))  # no scale explains an offset
+
+
+def test_heads_in_the_tiled_order_found_by_assignment():
+    e = core()
+    hk, r = 2, 3
+    tiled = np.array([(p % hk) * r + p // hk for p in range(6)])
+    facts = measure(e[:, :, tiled], e, "core", scale=1.0, elem=1e-3, profile="f32", config=CFG)
+    assert "relation:head_perm" in codes(facts)
+    assert "tiled order" in " ".join(f.text for f in facts)
+
+
+def test_tokens_shifted_one_late():
+    e = core(T=12)
+    a = e.copy()
+    a[:, 1:] = e[:, :-1]
+    assert "relation:shift_late" in codes(measure(a, e, "core", scale=1.0, elem=1e-3, profile="f32", config=CFG))
+
+
+def test_v_channels_only():
+    e = np.random.default_rng(1).normal(size=(1, 5, 2 * 2 * 4 + 6 * 4))
+    a = e.copy()
+    a[..., 16:] *= 1.3
+    assert "channels:v" in codes(measure(a, e, "qkv_conv", scale=1.0, elem=1e-3, profile="f32", config=CFG))
+
+
+def test_bf16_rounding_of_an_f32_tensor():
+    e = core(T=16)
+    mant, ex = np.frexp(e)
+    a = np.ldexp(np.round(mant * 256) / 256, ex)  # 8 significand bits: bf16
+    facts = measure(a, e, "core", scale=1e-6 * np.abs(e), elem=1.0, profile="f32", config=CFG)
+    assert "relation:rounding" in codes(facts) and "bf16 ulp" in " ".join(f.text for f in facts)
+
+
+def test_noise_states_no_relation():
+    e = core()
+    a = e + np.random.default_rng(9).normal(size=e.shape)
+    facts = measure(a, e, "core", scale=1.0, elem=1e-3, profile="f32", config=CFG)
+    assert not any(f.kind in ("relation", "equals") for f in facts), facts
+
+
+def test_commit_slot_holding_another_draft_state():
+    """slot 9 holds the state after 8 draft tokens of sequence 2; the commit asked for 4 (issue 42)."""
+    rng = np.random.default_rng(3)
+    step = {"op": "commit", "slots": [7, 4], "accepted": [2, 8], "snap_seq": [1], "snap_offset": [4],
+            "snap_slot": [9], "seq_pos": [0, 0]}
+    e = rng.normal(size=(10, 6, 4, 4))
+    a = e.copy()
+    a[9] = e[4]
+    facts = measure(a, e, "recurrent_state", scale=1.0, elem=1e-3, profile="f32", config=CFG, step=step,
+                    others={"after": e})
+    text = " ".join(f.text for f in facts)
+    assert "slots:snapshot" in codes(facts)
+    assert ("slot 9 holds the state after 8 draft token(s) of sequence 1 (the golden of slot 4); the step asked "
+            "for the state after 4 draft token(s) of sequence 1") in text
+
+
+def test_commit_slot_left_unchanged():
+    rng = np.random.default_rng(4)
+    step = {"op": "commit", "slots": [1], "accepted": [3], "seq_pos": [0]}
+    before, e = rng.normal(size=(2, 6, 4, 4)), rng.normal(size=(2, 6, 4, 4))
+    a = e.copy()
+    a[1] = before[1]
+    facts = measure(a, e, "recurrent_state", scale=1.0, elem=1e-3, profile="f32", config=CFG, step=step,
+                    others={"before": before, "after": e})
+    assert "left unchanged, but this step should write it" in " ".join(f.text for f in facts)
