@@ -353,6 +353,10 @@ class Diagnoser:
                 others["before"] = before
             others["after"] = expected
         else:
+            for name in step.get("expected", ()):  # another tensor of this call (q where k belongs)
+                key = call_key(rec.call, name)
+                if name != rec.tensor and key in judge.gold and tuple(judge.gold.shape_of(key)) == expected.shape:
+                    others[f"this call's golden {name}"] = np.asarray(judge.gold.read(key), np.float64)
             for i, st in enumerate(program):
                 if i != rec.step and st.get("op") in CALL_OPS and rec.tensor in st.get("expected", ()):
                     key = call_key(st["call"], rec.tensor)

@@ -307,8 +307,9 @@ def equals_tensor(actual, expected, d, elem, others) -> Fact | None:
         return Fact("equals", "equals:zero", "it is all zeros (the zero state)")
     for label, arr in others.items():
         if arr.shape == actual.shape and close(actual, arr, d, elem):
-            return Fact("equals", "equals:before" if label == "before" else "equals:other_call",
-                        f"it equals {'the state before the call' if label == 'before' else label}")
+            code = ("equals:before" if label == "before" else "equals:other_tensor" if label.startswith("this call")
+                    else "equals:other_call")
+            return Fact("equals", code, f"it equals {'the state before the call' if label == 'before' else label}")
     return None
 
 
@@ -362,19 +363,34 @@ def relations(a, e, d, tensor: str, dims: dict | None, head_axis: int | None, to
                 out.append(Fact("relation", "relation:per_head_scale",
                                 f"the golden times a scale per head [{shown}] (residual {r:.2g})"))
                 fitted = True
-        if not fitted and a.ndim >= 2 and a.shape[-1] > 1:
-            sc = _fit(a, e, (a.ndim - 1,))  # a scale per channel of the last axis
-            rc = explained(a, e, sc * e, d)
+        feature_last = head_axis != a.ndim - 1  # the last axis a vector's features, not the heads (g, beta)
+        if not fitted and feature_last and a.ndim >= 2 and a.shape[-1] > 1:
+            # many numbers fitted: stated at half the residual (a weight's channels may be of any sign)
+            last = a.ndim - 1
+            tries = [("relation:per_channel_scale", (last,), "the golden times a scale per channel of its last axis")]
+            if head_axis is not None and head_axis != last:
+                tries.append(("relation:head_channel_scale", (head_axis, last),
+                              "the golden times a scale per head and channel (one per weight of a [H, d] vector)"))
+            for code, keep, said in tries:
+                sc = _fit(a, e, keep)
+                rc = explained(a, e, sc * e, d)
+                if rc <= EXPLAINED / 2 and np.max(np.abs(sc - 1)) > SCALE_OFF:
+                    out.append(Fact("relation", code, f"{said} (residual {rc:.2g})"))
+                    fitted = True
+                    break
+        if not fitted and feature_last and a.ndim >= 2 and a.shape[-1] > 2:
             sv = _fit(a, e, tuple(range(a.ndim - 1)))  # a scale per vector: each last-axis vector as a whole
             rv = explained(a, e, sv * e, d)
-            if rc <= EXPLAINED and np.max(np.abs(sc - 1)) > SCALE_OFF:
-                out.append(Fact("relation", "relation:per_channel_scale",
-                                f"the golden times a scale per channel of its last axis (residual {rc:.2g})"))
-            elif rv <= EXPLAINED and np.max(np.abs(sv - 1)) > SCALE_OFF and a.shape[-1] > 2:
+            if rv <= EXPLAINED / 2 and np.max(np.abs(sv - 1)) > SCALE_OFF and np.min(sv) > 0.05:
                 lo, hi = float(np.min(sv)), float(np.max(sv))
                 out.append(Fact("relation", "relation:vector_scale",
                                 f"each {'head' if head_axis is not None else 'token'}'s vector of the golden scaled as "
-                                f"a whole, by {lo:.3g} to {hi:.3g} (a normalisation's size; residual {rv:.2g})"))
+                                f"a whole, by {lo:.3g} to {hi:.3g} (residual {rv:.2g})"))
+                fitted = True
+        if not fitted:
+            f = monotone_fact(a, e, head_axis)
+            if f:
+                out.append(f)
     if tensor == "recurrent_state" and a.shape[-1] == a.shape[-2] and a.shape[-1] > 1:
         r = explained(a, e, np.swapaxes(e, -1, -2), d)
         if r <= EXPLAINED:
@@ -401,6 +417,36 @@ def relations(a, e, d, tensor: str, dims: dict | None, head_axis: int | None, to
         if r <= EXPLAINED:
             out.append(Fact("relation", "relation:reversed", f"the golden's tokens in reverse order (residual {r:.2g})"))
     return out
+
+
+def monotone_fact(a, e, head_axis: int | None) -> Fact | None:
+    """Each head's values (or the whole tensor's) an increasing or a decreasing function of the golden's
+    (rank correlation at least 0.999 on every head, the same direction on all), far from the golden
+    itself (the error at least 5 % of its size): the same input through another map."""
+    from scipy.stats import spearmanr
+
+    groups = ([np.take(a, h, axis=head_axis).ravel() for h in range(a.shape[head_axis])], 
+              [np.take(e, h, axis=head_axis).ravel() for h in range(a.shape[head_axis])]) \
+        if head_axis is not None else ([a.ravel()], [e.ravel()])
+    signs = set()
+    for ga, ge in zip(*groups):
+        ok = np.isfinite(ga) & np.isfinite(ge)
+        ga, ge = ga[ok], ge[ok]
+        if len(ga) < 8 or np.ptp(ge) == 0 or np.ptp(ga) == 0:
+            return None
+        rho = float(spearmanr(ga, ge).statistic)
+        if not abs(rho) >= 0.999:
+            return None
+        signs.add(rho > 0)
+    if len(signs) != 1:
+        return None
+    ok = np.isfinite(a) & np.isfinite(e)
+    if np.linalg.norm(a[ok] - e[ok]) < 0.05 * np.linalg.norm(e[ok]):
+        return None
+    way = "an increasing" if signs.pop() else "a decreasing"
+    where = "each head's values are" if head_axis is not None else "its values are"
+    return Fact("relation", "relation:monotone_map", f"{where} {way} function of the golden's (rank correlation "
+                                                     "≥ 0.999), not a scale of them")
 
 
 def head_permutation(a, e, d, axis: int) -> np.ndarray | None:

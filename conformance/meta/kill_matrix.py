@@ -381,6 +381,7 @@ class LooResult:
     named_other: int = 0  # a class named alone (matches) with the mutant's own class removed
     wrong_facts: list[str] = field(default_factory=list)  # "case: code (text)"
     unverified: int = 0  # facts of kinds the mutant does not declare
+    said: dict[str, int] = field(default_factory=dict)  # code -> how many cases stated it
 
 
 def judge_symptoms(name: str, stage_right: bool, codes: list[str]) -> tuple[str, list[str]]:
@@ -456,6 +457,8 @@ def leave_one_out(profiles=("f32", "bf16"), fixtures_dir=DEFAULT_DIR, mutants=No
                     r.wrong_facts += [f"{c.id}: {f['code']} ({f['text']})" for f in facts if f["code"] in wrong]
                     from .truth import judge_fact
                     r.unverified += sum(judge_fact(m.name, f["code"]) == "unverified" for f in facts)
+                    for f in facts:
+                        r.said[f["code"]] = r.said.get(f["code"], 0) + 1
                     r.before[judge_symptoms(m.name, stage_right, _before_codes(d))[0]] += 1
                     r.named_other += d.get("verdict") == "matches" and d.get("source") == "mutant"
                 out.append(r)

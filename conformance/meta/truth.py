@@ -4,9 +4,10 @@ matrix (``kill_matrix.leave_one_out``) can judge the symptoms independently.
 
 ``TRUTH[name]`` maps a kind of fact (the part of a symptom's code before ``:``: ``heads``, ``tokens``,
 ``rows``, ``slots``, ``channels``, ``equals``, ``relation``) to the codes that are true of the bug at
-its first divergence. A stated fact of a declared kind whose code is not listed is **wrong**; a fact
-of a kind the mutant does not declare is **unverified** (counted apart, never as true). Where a kind
-depends on the case (which heads a decay bug reaches), it is left undeclared.
+its first divergence, on every case. A stated fact of a declared kind whose code is not listed is
+**wrong**; a fact of a kind the mutant does not declare is **unverified** (counted apart, never as
+true). Where a kind depends on the case it is left undeclared: which heads a scale bug shows on (on
+sigmoid-edges a fully forgetting head's core is zero, and zero times any scale is within the bound).
 """
 
 from __future__ import annotations
@@ -31,21 +32,21 @@ TRUTH: dict[str, dict[str, frozenset]] = {
     "head_grouping_tiled": _t(heads={"some", "one", "stride", "group"}),
     "norm_weight_plain": _t(relation={"per_channel_scale"}, **_PER_ELEMENT),
     "missing_l2_norm": _t(relation={"vector_scale", "per_head_scale", "uniform_scale"}, **_PER_ELEMENT),
-    "scale_doubled": _t(relation={"uniform_scale"}, heads=EVERY),
+    "scale_doubled": _t(relation={"uniform_scale"}),
     "gate_before_norm": _t(**_PER_ELEMENT),
     "decay_after_write": _t(tokens={"all", "from", "growing", "some", "seq_start"}),
     "conv_state_shifted": _t(relation=set()),
-    "qkv_split_order": _t(**_PER_ELEMENT),
+    "qkv_split_order": _t(equals={"other_tensor"}, **_PER_ELEMENT),
     "state_transposed": _t(relation={"transpose"}),
-    "softplus_replaced": _t(),
-    "sigmoid_replaced": _t(**_PER_ELEMENT),
+    "softplus_replaced": _t(relation={"monotone_map"}),
+    "sigmoid_replaced": _t(relation={"monotone_map"}, **_PER_ELEMENT),
     "bf16_recurrent_state": _t(relation={"rounding"}),
     "initial_state_ignored": _t(equals=set(), relation=set()),
-    "snapshot_aliases_state": _t(),
-    "no_reset_on_mismatch": _t(),
-    "per_head_norm_read_as_shared": _t(heads={"all", "some", "one", "stride", "group"}),
-    "softplus_clamped_20": _t(),
-    "beta_clamped_15": _t(),
+    "snapshot_aliases_state": _t(tokens={"conv_head", "only0"}),
+    "no_reset_on_mismatch": _t(tokens={"conv_head", "only0"}),
+    "per_head_norm_read_as_shared": _t(relation={"head_channel_scale"}),
+    "softplus_clamped_20": _t(relation={"monotone_map"}),
+    "beta_clamped_15": _t(relation={"monotone_map"}),
     "l2norm_eps_max": _t(relation={"vector_scale", "per_head_scale"}),
     "l2norm_eps_outside_sqrt": _t(relation={"vector_scale", "per_head_scale"}),
     "rmsnorm_eps_outside_sqrt": _t(relation={"vector_scale", "uniform_scale", "per_channel_scale"}),
@@ -63,12 +64,12 @@ TRUTH: dict[str, dict[str, frozenset]] = {
     "qk_norm_rms_form": _t(relation={"uniform_scale", "per_head_scale", "vector_scale"}, **_PER_ELEMENT),
     "state_bf16_write_back": _t(relation={"rounding"}),
     "state_read_transposed": _t(),
-    "stale_conv_state_on_reset": _t(),
+    "stale_conv_state_on_reset": _t(tokens={"conv_head", "only0"}),
     "output_gate_sigmoid": _t(**_PER_ELEMENT),
     "output_gate_missing_silu": _t(**_PER_ELEMENT),
-    "conv_missing_silu": _t(**_PER_ELEMENT),
-    "a_log_sign": _t(),
-    "a_log_converted_twice": _t(),
+    "conv_missing_silu": _t(relation={"monotone_map"}, **_PER_ELEMENT),
+    "a_log_sign": _t(relation={"sign", "monotone_map"}),
+    "a_log_converted_twice": _t(relation={"per_head_scale", "per_channel_scale", "monotone_map"}),
     "chunk_masked_exp": _t(),
     "converter_ab_heads_tiled": _t(heads={"some", "one", "stride", "group"}, relation={"head_perm"}),
     "gates_head_major_when_mha": _t(),
@@ -88,12 +89,12 @@ TRUTH: dict[str, dict[str, frozenset]] = {
     "commit_one_late": _t(**_COMMIT),
     "commit_capped_4": _t(**_COMMIT),
     "mixed_plain_rows_from_zero": _t(rows={"plain"}),
-    "free_keeps_conv_state": _t(),
+    "free_keeps_conv_state": _t(tokens={"conv_head", "only0"}),
     # held out (heldout_mutants.py)
     "conv_weight_v_shifted": _t(channels={"v"}, **_PER_ELEMENT),
     "state_one_call_late": _t(equals=set()),
     "l2norm_eps_dk_times": _t(relation={"vector_scale", "per_head_scale"}),
-    "z_one_token_late": _t(tokens={"from"}, heads=EVERY),
+    "z_one_token_late": _t(tokens={"from"}),
 }
 
 
