@@ -35,6 +35,10 @@ from gdncheck.stages import STATE_NAMES, STATE_TENSORS, TENSOR_BY_NAME
 
 #: A relation must leave at most this share of the error unexplained to be stated.
 EXPLAINED = 0.1
+#: A relation fitting one number per vector, per channel or per (head, channel) must explain this much:
+#: with that many numbers an error of another shape fits to a few per cent (measured: a gate applied
+#: before the norm fits a scale per vector to 0.03), an exact scale of the golden to its rounding.
+MANY_FITTED = 0.01
 #: A fitted scale is said only when it is this far from 1 (else it is no scale but the error itself).
 SCALE_OFF = 0.02
 #: The dtypes whose rounding units the error's size is said in, by significand bits (hidden included).
@@ -324,6 +328,13 @@ def _fit(a, e, keep_axes) -> np.ndarray:
     return np.where(den > 0, num / np.where(den > 0, den, 1.0), 1.0)
 
 
+def _enough(a: np.ndarray, keep: tuple[int, ...]) -> bool:
+    """A fit of one number per index of the axes ``keep`` has at least four elements per number (with
+    one token a scale per (head, channel) is one per element: it fits anything)."""
+    params = int(np.prod([a.shape[i] for i in keep])) if keep else 1
+    return a.size >= 4 * params
+
+
 def _scale_text(alpha: float, dims: dict | None) -> str:
     named = [("2", 2.0), ("1/2", 0.5)]
     if dims:
@@ -351,7 +362,7 @@ def relations(a, e, d, tensor: str, dims: dict | None, head_axis: int | None, to
                         f"the golden times one uniform scale {_scale_text(alpha, dims)} (residual {r:.2g})"))
     else:
         fitted = False
-        if head_axis is not None and a.shape[head_axis] > 1:
+        if head_axis is not None and a.shape[head_axis] > 1 and _enough(a, (head_axis,)):
             s = _fit(a, e, (head_axis,))
             r = explained(a, e, s * e, d)
             vals = s.ravel()
@@ -365,23 +376,25 @@ def relations(a, e, d, tensor: str, dims: dict | None, head_axis: int | None, to
                 fitted = True
         feature_last = head_axis != a.ndim - 1  # the last axis a vector's features, not the heads (g, beta)
         if not fitted and feature_last and a.ndim >= 2 and a.shape[-1] > 1:
-            # many numbers fitted: stated at half the residual (a weight's channels may be of any sign)
+            # many numbers fitted: stated at MANY_FITTED (a weight's channels may be of any sign)
             last = a.ndim - 1
             tries = [("relation:per_channel_scale", (last,), "the golden times a scale per channel of its last axis")]
             if head_axis is not None and head_axis != last:
                 tries.append(("relation:head_channel_scale", (head_axis, last),
                               "the golden times a scale per head and channel (one per weight of a [H, d] vector)"))
             for code, keep, said in tries:
+                if not _enough(a, keep):
+                    continue
                 sc = _fit(a, e, keep)
                 rc = explained(a, e, sc * e, d)
-                if rc <= EXPLAINED / 2 and np.max(np.abs(sc - 1)) > SCALE_OFF:
+                if rc <= MANY_FITTED and np.max(np.abs(sc - 1)) > SCALE_OFF:
                     out.append(Fact("relation", code, f"{said} (residual {rc:.2g})"))
                     fitted = True
                     break
-        if not fitted and feature_last and a.ndim >= 2 and a.shape[-1] > 2:
+        if not fitted and feature_last and a.ndim >= 2 and a.shape[-1] >= 4:
             sv = _fit(a, e, tuple(range(a.ndim - 1)))  # a scale per vector: each last-axis vector as a whole
             rv = explained(a, e, sv * e, d)
-            if rv <= EXPLAINED / 2 and np.max(np.abs(sv - 1)) > SCALE_OFF and np.min(sv) > 0.05:
+            if rv <= MANY_FITTED and np.max(np.abs(sv - 1)) > SCALE_OFF and np.min(sv) > 0.05:
                 lo, hi = float(np.min(sv)), float(np.max(sv))
                 out.append(Fact("relation", "relation:vector_scale",
                                 f"each {'head' if head_axis is not None else 'token'}'s vector of the golden scaled as "
