@@ -41,6 +41,8 @@ EXPLAINED = 0.1
 MANY_FITTED = 0.01
 #: A fitted scale is said only when it is this far from 1 (else it is no scale but the error itself).
 SCALE_OFF = 0.02
+#: The tensors a conv window makes: only there are "the first K−1 tokens" the conv's own
+CONV_TENSORS = ("qkv_conv",)
 #: The dtypes whose rounding units the error's size is said in, by significand bits (hidden included).
 ROUNDING_BITS = {"bf16": 8, "f16": 11}
 
@@ -135,8 +137,8 @@ def tokens_fact(bad_tokens: np.ndarray, err_by_token: np.ndarray, elem: float, K
         return None
     t0 = int(bad[0])
     if seq_starts is None and K and K > 1 and T > K - 1 and bad[-1] < K - 1:
-        return Fact("where", "tokens:conv_head", f"only tokens {_list(bad)}, within the first K−1 = {K - 1}: what "
-                                                 "the conv window carries in from the state")
+        return Fact("where", "tokens:conv_head", f"only tokens {_list(bad)}, within the first K−1 = {K - 1}, the "
+                                                 "tokens whose conv window reaches into the state")
     if len(bad) == 1 and t0 == 0:
         return Fact("where", "tokens:only0", f"only token 0 of {T}")
     if len(bad) == T - t0:  # every token from t0 on
@@ -150,9 +152,12 @@ def tokens_fact(bad_tokens: np.ndarray, err_by_token: np.ndarray, elem: float, K
         if t0 == 0:
             return Fact("where", "tokens:all", f"on every token (all {T})")
         quiet = float(np.max(err_by_token[:t0]))
-        if quiet <= 0.5 * elem:
-            return Fact("where", "tokens:from", f"within rounding before token {t0}, wrong from token {t0} on")
-        return Fact("where", "tokens:from", f"from token {t0} on")
+        # said only with a clear margin: the tokens before within a tenth of the bound (a bug of every
+        # token whose first token happens to fall just under the bound is no "from token t on")
+        if quiet <= 0.1 * elem:
+            return Fact("where", "tokens:from", f"within a tenth of the bound before token {t0}, over it on every "
+                                                f"token from {t0} on")
+        return None
     if len(bad) <= 8:
         return Fact("where", "tokens:some", f"only tokens {_list(bad)} of {T}")
     return None
@@ -400,7 +405,7 @@ def relations(a, e, d, tensor: str, dims: dict | None, head_axis: int | None, to
                                 f"each {'head' if head_axis is not None else 'token'}'s vector of the golden scaled as "
                                 f"a whole, by {lo:.3g} to {hi:.3g} (residual {rv:.2g})"))
                 fitted = True
-        if not fitted:
+        if not fitted and head_axis is not None and not feature_last:  # one value per head: g, beta, a, b
             f = monotone_fact(a, e, head_axis)
             if f:
                 out.append(f)
@@ -548,9 +553,9 @@ def measure(actual, expected, tensor: str, *, scale, elem: float, profile: str, 
             f = rows_fact(bt, step)
             if f:
                 facts.append(f)
-            facts += _packed_tokens(bt, step, dims)
+            facts += _packed_tokens(bt, step, dims if tensor in CONV_TENSORS else None)
         else:
-            f = tokens_fact(bt, per, elem, dims["K"] if dims else None)
+            f = tokens_fact(bt, per, elem, dims["K"] if dims and tensor in CONV_TENSORS else None)
             if f:
                 facts.append(f)
     if tensor in ("qkv", "qkv_conv", "conv_state"):
@@ -581,7 +586,7 @@ def _packed_tokens(bad_tokens: np.ndarray, step: dict, dims: dict | None) -> lis
     """Tokens of a packed call's failing sequences: only the first K−1 of each, or from a token on."""
     cu = [int(c) for c in step["cu_seqlens"]]
     K = dims["K"] if dims else None
-    firsts, heads_only = [], True
+    firsts, heads_only = [], K is not None
     for i in range(len(cu) - 1):
         seg = bad_tokens[cu[i]:cu[i + 1]]
         if seg.any():
@@ -592,7 +597,7 @@ def _packed_tokens(bad_tokens: np.ndarray, step: dict, dims: dict | None) -> lis
         return []
     if heads_only:
         return [Fact("where", "tokens:conv_head", f"only within the first K−1 = {K - 1} tokens of each failing "
-                                                  "sequence: what the conv window carries in from the slot")]
+                                                  "sequence, those whose conv window reaches into the slot")]
     if all(f == 0 for f in firsts):
         return [Fact("where", "tokens:seq_start", "from the first token of each failing sequence")]
     return []

@@ -15,7 +15,7 @@ from __future__ import annotations
 ANY_HEADS = frozenset({"all", "some", "one", "group", "stride"})
 EVERY = frozenset({"all"})
 #: codes that say something specific (the rest, every head or every token, are true of most bugs)
-GENERIC = frozenset({"heads:all", "tokens:all"})
+GENERIC = frozenset({"heads:all", "tokens:all", "tokens:seq_start"})
 
 
 def _t(**kinds) -> dict[str, frozenset]:
@@ -37,7 +37,8 @@ TRUTH: dict[str, dict[str, frozenset]] = {
     "norm_weight_plain": _t(relation={"per_channel_scale"}, **_PER_ELEMENT),
     "missing_l2_norm": _t(relation={"vector_scale", "per_head_scale", "uniform_scale"}, **_PER_ELEMENT),
     "scale_doubled": _t(relation={"uniform_scale"}),
-    "gate_before_norm": _t(**_PER_ELEMENT),
+    # rmsnorm(c·s)·w against rmsnorm(c)·w·s: the ratio rms(c) / rms(c·s), one number per vector
+    "gate_before_norm": _t(relation={"vector_scale"}, **_PER_ELEMENT),
     "decay_after_write": _t(tokens={"all", "from", "growing", "some", "seq_start"}),
     "conv_state_shifted": _t(relation=set()),
     "qkv_split_order": _t(equals={"other_tensor"}, **_PER_ELEMENT),
