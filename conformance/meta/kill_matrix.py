@@ -412,11 +412,12 @@ def _before_codes(d: dict) -> list[str]:
 
 
 def leave_one_out(profiles=("f32", "bf16"), fixtures_dir=DEFAULT_DIR, mutants=None, cases=None,
-                  placement: str = PORT_PLACEMENT, progress=None) -> list[LooResult]:
+                  placement: str = PORT_PLACEMENT, progress=None, hold_out: bool = True) -> list[LooResult]:
     """For each mutant (default: the matrix's catalogue and the held-out ones), run it as a port in
     ``placement`` and diagnose its failing cases with a catalogue from which its own bug class is
     removed; count the symptoms (:func:`judge_symptoms`) and, as today's diagnosis would have read,
-    the transform it named (``before``)."""
+    the transform it named (``before``). ``hold_out`` False: the whole catalogue, and ``named_other``
+    counts the confident wrong classes (a class named alone that is not the mutant's)."""
     from .catalogue import ALL_MUTANTS, MutantCatalogue  # the catalogue runs verify's diagnosis
     from .heldout_mutants import HELDOUT_MUTANTS
     from gdncheck.conformance.judge.diagnose import Diagnoser
@@ -442,7 +443,7 @@ def leave_one_out(profiles=("f32", "bf16"), fixtures_dir=DEFAULT_DIR, mutants=No
                 port = Path(tmp) / f"port-{m.name}"
                 run_impl(functools.partial(m.factory, placement=placement), fixtures_dir, port, p, cases=cs,
                          command=f"port {m.name}")
-                held = tuple(x for x in pool if x.bug_class != m.bug_class and x.name != m.name)
+                held = tuple(x for x in pool if not hold_out or (x.bug_class != m.bug_class and x.name != m.name))
                 summary = verify(fixtures_dir, port, p, cases=cs,
                                  diagnose=Diagnoser(MutantCatalogue(fixtures_dir, mutants=held, outputs=dirs)))
                 for c in summary.cases:
@@ -460,7 +461,8 @@ def leave_one_out(profiles=("f32", "bf16"), fixtures_dir=DEFAULT_DIR, mutants=No
                     for f in facts:
                         r.said[f["code"]] = r.said.get(f["code"], 0) + 1
                     r.before[judge_symptoms(m.name, stage_right, _before_codes(d))[0]] += 1
-                    r.named_other += d.get("verdict") == "matches" and d.get("source") == "mutant"
+                    r.named_other += d.get("verdict") == "matches" and (
+                        d.get("source") == "mutant" if hold_out else judged_as(d, m) == "wrong")
                 out.append(r)
                 if progress:
                     progress(r)
