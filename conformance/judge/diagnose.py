@@ -327,7 +327,7 @@ class Diagnoser:
         if d.verdict == "ambiguous":
             d = self._tell_apart(judge, report, rec, d)
         handling = state_handling(fd, report.records, judge.entry.get("program"))
-        d = replace(d, symptoms=tuple(self.symptoms(judge, rec)))
+        d = replace(d, symptoms=tuple(self.symptoms(judge, rec, report.records)))
         d = (replace(d, state_handling=handling) if handling else d).to_json()
         if d["verdict"] == "none" and rec.reason == "routing" and rec.routing:  # what the routing verdict knows
             tok = rec.routing["first"][0]
@@ -338,7 +338,7 @@ class Diagnoser:
         return d
 
 
-    def symptoms(self, judge, rec) -> list:
+    def symptoms(self, judge, rec, records=()) -> list:
         """The symptoms of one failing record (:mod:`.symptoms`), measured on the port's tensor, its golden
         and the case's other goldens as the judge saw them; [] where they cannot be read."""
         actual, expected = _read_pair(judge, rec)
@@ -366,9 +366,12 @@ class Diagnoser:
         others = {k: as_judged(v, step, rec.tensor) for k, v in others.items()}
         stats = (getattr(judge, "stats", None) or {}).get(rec.tensor) if rec.tensor not in STATE_NAMES else None
         scale = error_denominator(expected, rec.tensor, judge.profile, stats, rec.call)
+        earlier = [r for r in records if r.step is not None and r.step < rec.step]
+        earlier_pass = bool(earlier) and all(r.verdict == "pass" for r in earlier)
         return symptoms_mod.measure(actual, expected, rec.tensor, scale=scale, elem=float(rec.bound["elem"]),
                                     profile=judge.profile, config=judge.entry.get("config"),
-                                    step=step if "slots" in step else None, others=others)
+                                    step=step if "slots" in step else None, others=others, call_step=step,
+                                    call=rec.call, earlier_pass=earlier_pass)
 
     def _diagnose(self, judge, rec) -> Diagnosis | None:
         """The diagnosis of one failing record (None: its tensors cannot be read)."""

@@ -409,6 +409,16 @@ def relations(a, e, d, tensor: str, dims: dict | None, head_axis: int | None, to
             f = monotone_fact(a, e, head_axis)
             if f:
                 out.append(f)
+    if tensor == "conv_state" and a.shape[-1] > 1:  # [.., C, K]: the window's columns, oldest first
+        for code, sa, se, text in (("relation:window_shift", slice(0, -1), slice(1, None),
+                                    "each column of the conv window holds the golden's next one (the window one "
+                                    "token stale)"),
+                                   ("relation:window_shift", slice(1, None), slice(0, -1),
+                                    "each column of the conv window holds the golden's previous one")):
+            r = explained(a[..., sa], e[..., sa], e[..., se], d[..., sa])
+            if r <= EXPLAINED:
+                out.append(Fact("relation", code, f"{text} (residual {r:.2g})"))
+                break
     if tensor == "recurrent_state" and a.shape[-1] == a.shape[-2] and a.shape[-1] > 1:
         r = explained(a, e, np.swapaxes(e, -1, -2), d)
         if r <= EXPLAINED:
@@ -467,6 +477,48 @@ def monotone_fact(a, e, head_axis: int | None) -> Fact | None:
                                                      "≥ 0.999), not a scale of them")
 
 
+def ratio_fact(a, e, others: dict) -> Fact | None:
+    """The port's value over the golden's, element by element, a monotone function of another golden
+    tensor of the same call (rank correlation at least 0.999 where the golden is not near zero): the
+    error is in how that tensor enters (an output gate of z)."""
+    from scipy.stats import spearmanr
+
+    ok = np.isfinite(a) & np.isfinite(e) & (np.abs(e) > 1e-3 * max(float(np.max(np.abs(e[np.isfinite(e)]),
+                                                                                   initial=0.0)), 1e-30))
+    if ok.sum() < 16:
+        return None
+    ratio = a[ok] / e[ok]
+    if np.ptp(ratio) < SCALE_OFF:
+        return None
+    for label, other in others.items():
+        if not label.startswith("this call's golden") or other.shape != a.shape:
+            continue
+        x = other[ok]
+        if not np.all(np.isfinite(x)) or np.ptp(x) == 0:
+            continue
+        rho = float(spearmanr(ratio, x).statistic)
+        if abs(rho) >= 0.999:
+            name = label.removeprefix("this call's golden ")
+            way = "an increasing" if rho > 0 else "a decreasing"
+            return Fact("relation", "relation:ratio_map", f"its ratio to the golden is {way} function of this "
+                                                          f"call's {name}, element by element (rank correlation "
+                                                          f"{abs(rho):.4f})")
+    return None
+
+
+def calls_fact(step: dict | None, earlier_pass: bool, call: int | None) -> Fact | None:
+    """Every call before this one passes, and this one continues requests an earlier call left (every
+    sequence at a position past 0): what the state carries between calls is the first thing wrong."""
+    if step is None or not call or not earlier_pass:
+        return None
+    pos = step.get("seq_pos")
+    pos = [pos] if isinstance(pos, int) else list(pos or [])
+    if not pos or not all(int(p) > 0 for p in pos):
+        return None
+    return Fact("where", "calls:continuation", f"every call before call {call} passes; call {call} is the first "
+                                               "to fail, and every sequence in it continues from an earlier call")
+
+
 def head_permutation(a, e, d, axis: int) -> np.ndarray | None:
     """The order of the golden's heads that best matches the port's (assignment on the squared scaled
     distance between heads), or None when it is the identity."""
@@ -517,12 +569,15 @@ def rounding_fact(a, e, bad, profile: str) -> Fact | None:
 
 
 def measure(actual, expected, tensor: str, *, scale, elem: float, profile: str, config: dict | None = None,
-            step: dict | None = None, others: dict | None = None) -> list[Fact]:
+            step: dict | None = None, others: dict | None = None, call_step: dict | None = None,
+            call: int | None = None, earlier_pass: bool = False) -> list[Fact]:
     """The facts of one failing tensor (module docstring). ``actual``/``expected`` as the judge saw them
     (a packed stage tensor as one row ``[1, total_tokens, ...]``), ``scale`` the judge's denominator,
     ``elem`` its element bound, ``step`` the program step (a packed call's layout, a commit's request),
     ``others``: label -> another golden of the case to search (``before``: the state before the step;
-    ``after``: this step's golden, searched slot by slot; other labels: other calls' tensors)."""
+    ``after``: this step's golden, searched slot by slot; ``this call's golden X``: another tensor of the
+    call; other labels: other calls' tensors); ``call_step`` the step (for :func:`calls_fact`, with
+    ``call`` and ``earlier_pass``: whether every record of the earlier steps passes)."""
     a, e = np.asarray(actual, dtype=np.float64), np.asarray(expected, dtype=np.float64)
     others = {k: np.asarray(v, dtype=np.float64) for k, v in (others or {}).items()}
     dims = _dims(config)
@@ -536,6 +591,9 @@ def measure(actual, expected, tensor: str, *, scale, elem: float, profile: str, 
     if not bad.any():
         return []
     facts: list[Fact] = []
+    f = calls_fact(call_step, earlier_pass, call)
+    if f:
+        facts.append(f)
     spec = _spec(tensor)
     is_state = tensor in STATE_NAMES
     pool = is_state and step is not None and "slots" in step
@@ -575,7 +633,11 @@ def measure(actual, expected, tensor: str, *, scale, elem: float, profile: str, 
         if f:
             facts.append(f)
     if not pool:
-        facts += relations(a, e, d, tensor, dims, head_axis, token_axis)
+        rel = relations(a, e, d, tensor, dims, head_axis, token_axis)
+        if not rel:
+            f = ratio_fact(a, e, others)
+            rel = [f] if f else []
+        facts += rel
     f = rounding_fact(a, e, bad, profile)
     if f and not any(x.kind == "relation" for x in facts):
         facts.append(f)

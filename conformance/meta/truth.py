@@ -3,7 +3,7 @@ definition (never from what ``conformance/judge/symptoms.py`` says), so that the
 matrix (``kill_matrix.leave_one_out``) can judge the symptoms independently.
 
 ``TRUTH[name]`` maps a kind of fact (the part of a symptom's code before ``:``: ``heads``, ``tokens``,
-``rows``, ``slots``, ``channels``, ``equals``, ``relation``) to the codes that are true of the bug at
+``calls``, ``rows``, ``slots``, ``channels``, ``equals``, ``relation``) to the codes that are true of the bug at
 its first divergence, on every case. A stated fact of a declared kind whose code is not listed is
 **wrong**; a fact of a kind the mutant does not declare is **unverified** (counted apart, never as
 true). Where a kind depends on the case it is left undeclared: which heads a scale bug shows on (on
@@ -40,14 +40,14 @@ TRUTH: dict[str, dict[str, frozenset]] = {
     # rmsnorm(c·s)·w against rmsnorm(c)·w·s: the ratio rms(c) / rms(c·s), one number per vector
     "gate_before_norm": _t(relation={"vector_scale"}, **_PER_ELEMENT),
     "decay_after_write": _t(tokens={"all", "from", "growing", "some", "seq_start"}),
-    "conv_state_shifted": _t(relation=set()),
+    "conv_state_shifted": _t(relation={"window_shift"}),
     "qkv_split_order": _t(equals={"other_tensor"}, **_PER_ELEMENT),
     "state_transposed": _t(relation={"transpose"}),
     "softplus_replaced": _t(relation=_MAP),
     "sigmoid_replaced": _t(relation=_MAP, **_PER_ELEMENT),
     "bf16_recurrent_state": _t(relation={"rounding"}),
-    "initial_state_ignored": _t(equals=set(), relation=set()),
-    "snapshot_aliases_state": _t(tokens={"conv_head", "only0"}),
+    "initial_state_ignored": _t(equals=set(), relation=set(), calls={"continuation"}),
+    "snapshot_aliases_state": _t(tokens={"conv_head", "only0"}, calls={"continuation"}),
     "no_reset_on_mismatch": _t(tokens={"conv_head", "only0"}),
     "per_head_norm_read_as_shared": _t(relation={"head_channel_scale"}),
     "softplus_clamped_20": _t(relation=_MAP),
@@ -69,10 +69,10 @@ TRUTH: dict[str, dict[str, frozenset]] = {
     "l2norm_eps_clamp_sum": _t(relation={"vector_scale", "per_head_scale"}),
     "qk_norm_rms_form": _t(relation={"uniform_scale", "per_head_scale", "vector_scale"}, **_PER_ELEMENT),
     "state_bf16_write_back": _t(relation={"rounding"}),
-    "state_read_transposed": _t(),
+    "state_read_transposed": _t(calls={"continuation"}),
     "stale_conv_state_on_reset": _t(tokens={"conv_head", "only0"}),
-    "output_gate_sigmoid": _t(**_PER_ELEMENT),
-    "output_gate_missing_silu": _t(**_PER_ELEMENT),
+    "output_gate_sigmoid": _t(relation={"ratio_map"}, **_PER_ELEMENT),
+    "output_gate_missing_silu": _t(relation={"ratio_map"}, **_PER_ELEMENT),
     "conv_missing_silu": _t(relation={"monotone_map"}, **_PER_ELEMENT),
     "a_log_sign": _t(relation={"sign", "monotone_map"}),
     "a_log_converted_twice": _t(relation={"per_head_scale", "per_channel_scale", "monotone_map"}),
@@ -98,7 +98,7 @@ TRUTH: dict[str, dict[str, frozenset]] = {
     "free_keeps_conv_state": _t(tokens={"conv_head", "only0"}),
     # held out (heldout_mutants.py)
     "conv_weight_v_shifted": _t(channels={"v"}, **_PER_ELEMENT),
-    "state_one_call_late": _t(equals=set()),
+    "state_one_call_late": _t(equals=set(), calls={"continuation"}),
     "l2norm_eps_dk_times": _t(relation={"vector_scale", "per_head_scale"}),
     "z_one_token_late": _t(tokens={"from"}),
 }

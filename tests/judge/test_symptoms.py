@@ -99,3 +99,34 @@ def test_commit_slot_left_unchanged():
     facts = measure(a, e, "recurrent_state", scale=1.0, elem=1e-3, profile="f32", config=CFG, step=step,
                     others={"before": before, "after": e})
     assert "left unchanged, but this step should write it" in " ".join(f.text for f in facts)
+
+
+def test_a_gate_of_z_changed_is_a_ratio_that_is_a_function_of_z():
+    rng = np.random.default_rng(5)
+    core, z = rng.normal(size=(1, 12, 6, 4)), rng.normal(size=(1, 12, 6, 4))
+    silu = z / (1 + np.exp(-z))
+    e, a = core * silu, core * z  # the output gate z instead of silu(z): a / e = 1 / sigmoid(z)
+    facts = measure(a, e, "core_gated", scale=1.0, elem=1e-3, profile="f32", config=CFG,
+                    others={"this call's golden z": z})
+    assert "relation:ratio_map" in codes(facts) and "function of this call's z" in " ".join(f.text for f in facts)
+    assert "relation:ratio_map" not in codes(measure(a, e, "core_gated", scale=1.0, elem=1e-3, profile="f32",
+                                                     config=CFG, others={"this call's golden z": core}))
+
+
+def test_a_stale_conv_window_is_a_column_shift():
+    e = np.random.default_rng(6).normal(size=(1, 40, 3))
+    a = np.concatenate([np.random.default_rng(7).normal(size=(1, 40, 1)), e[..., :-1]], axis=-1)
+    assert "relation:window_shift" in codes(measure(a, e, "conv_state", scale=1.0, elem=1e-3, profile="f32",
+                                                    config=CFG))
+
+
+def test_the_first_failing_continuation():
+    e = core(T=1)
+    step = {"op": "decode", "seq_pos": [7]}
+    facts = measure(e + 1, e, "core", scale=1.0, elem=1e-3, profile="f32", config=CFG, call_step=step, call=2,
+                    earlier_pass=True)
+    assert "calls:continuation" in codes(facts)
+    for kw in ({"earlier_pass": False}, {"call_step": {"op": "forward", "seq_pos": [0]}}):
+        args = {"call_step": step, "call": 2, "earlier_pass": True, **kw}
+        assert "calls:continuation" not in codes(measure(e + 1, e, "core", scale=1.0, elem=1e-3, profile="f32",
+                                                         config=CFG, **args))
