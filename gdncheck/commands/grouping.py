@@ -47,17 +47,19 @@ class Groups:
         width = len(str(len(self.failed)))
         out = [f"{len(self.failed)} of {self.cases} case(s) fail:"]
         causes = [] if [g.label for g in self.causes] == [NO_DIAGNOSIS] else self.causes  # --diagnose 0
-        lead = self.lead()
+        lone = [c for c in self.failed if self.aside(c)]
         for kind, groups, say in (("stage", self.stages, "first diverge at "), ("cause", causes, "likely cause: ")):
             for g in groups[:limit]:
-                aside = (f" (only this case: apparently unrelated to the {lead.count} above)"
-                         if kind == "stage" and lead is not None and g is not lead and g.count == 1 else "")
-                out.append(safe_text(f"  {g.count:>{width}} {say}{g.label}{aside}"))
+                out.append(safe_text(f"  {g.count:>{width}} {say}{g.label}"))
             rest = groups[limit:]
             if rest:
                 what = "first diverge elsewhere" if kind == "stage" else "have other likely causes"
                 out.append(f"  {sum(g.count for g in rest):>{width}} {what} ({len(rest)} more group(s): "
                            f"see the summary)")
+            if kind == "stage" and lone:  # after the stage groups, apart from their counts
+                lead = self.lead()
+                out.append(safe_text(f"  ({len(lone)} case(s) fail alone, apparently unrelated to the {lead.count} "
+                                     f"that first diverge at {lead.label}: {', '.join(lone)}, printed after them)"))
         return out
 
 
@@ -86,6 +88,11 @@ class Groups:
             return None
         g = next((g for g in self.stages if case in g.cases), None)
         if g is None or g.count != 1:
+            return None
+        # a case named the same bug class as the group's is related, whatever its first stage
+        mine = next((c.label for c in self.causes if case in c.cases), None)
+        if mine and mine.startswith("matches: ") and any(lead_case in c.cases for c in self.causes
+                                                          if c.label == mine for lead_case in lead.cases):
             return None
         return (f"only this case first diverges at {g.label}: apparently unrelated to the {lead.count} case(s) "
                 f"that first diverge at {lead.label}, printed after them")

@@ -31,8 +31,19 @@ def test_the_shared_failure_leads_and_the_lone_one_is_said_apart():
         g.aside("spec-prefix-cache")
     assert g.aside("case-1") is None
     lines = g.lines()
-    lone = next(x for x in lines if "state handling at commit" in x)
-    assert lone.endswith("(only this case: apparently unrelated to the 4 above)"), lines
+    assert "  (1 case(s) fail alone, apparently unrelated to the 4 that first diverge at gated_norm/core_gated: " \
+           "spec-prefix-cache, printed after them)" in lines, lines
+    assert "  1 first diverge at state handling at commit/conv_state" in lines  # its count line unchanged
+
+
+def test_a_lone_case_named_the_same_class_is_related():
+    d = {"verdict": "matches", "bug_class": "w instead of 1 + w", "text": "matches: w instead of 1 + w"}
+    same = doc()
+    for c in same["cases"]:
+        c["diagnosis"] = d
+    g = failure_groups(same)
+    assert g.lead() is not None and g.aside("spec-prefix-cache") is None
+    assert not any("fail alone" in x for x in g.lines())
 
 
 def test_without_a_shared_failure_the_earliest_stage_leads():
