@@ -52,3 +52,23 @@ def test_l2_eps_dk_times_is_no_scale_per_head(fixtures_dir, tmp_path):
     assert all(judge_fact(m.name, c) != "wrong" for c in codes), codes
     d = _diagnosis(fixtures_dir, tmp_path / "full", m, "qk-eps", ALL_MUTANTS)  # in the catalogue: named
     assert d["bug_class"] == m.bug_class and d["verdict"] in ("matches", "ambiguous"), d["text"]
+
+
+def test_an_unknown_bug_prints_its_stage_and_a_true_fact(fixtures_dir, tmp_path, capsys):
+    """Done-when of issue 42: a port with a bug of a class gdncheck does not know (the v segment's conv
+    weights one tap late) prints, for its first case, the stage and a true fact (only the v channels),
+    and names no class."""
+    from gdncheck.cli import main
+
+    out = tmp_path / "out"
+    impl = "gdncheck.conformance.meta.heldout_mutants:conv_weight_v_shifted"
+    assert main(["run", impl, "--fixtures", str(fixtures_dir), "--profile", "f32", "--case", "prefill-decode_T65",
+                 "--out", str(out), "-q"]) == 0
+    capsys.readouterr()
+    code = main(["verify", "--fixtures", str(fixtures_dir), "--outputs", str(out), "--profile", "f32",
+                 "--case", "prefill-decode_T65"])
+    text = capsys.readouterr().out
+    assert code == 1 and "stage conv1d, tensor qkv_conv" in text, text
+    cause = next(line for line in text.splitlines() if line.startswith("      likely cause: "))
+    assert "symptoms of qkv_conv: " in cause and "only in the v channels of the conv" in cause, cause
+    assert cause.endswith("no known bug class matches"), cause
