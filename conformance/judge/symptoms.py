@@ -86,11 +86,15 @@ def explained(a: np.ndarray, e: np.ndarray, c: np.ndarray, d: np.ndarray) -> flo
 
 def within(a, e, c, d, elem: float) -> float:
     """The share of the failing elements (over the element bound against the golden) that ``c`` puts
-    within the bound: a fit seen through the port's rounding (bf16) rather than by its norm."""
+    within the bound: a fit seen through the port's rounding (bf16) rather than by its norm. 0 unless
+    the failing elements are, in the median, ten times past the bound: near the bound, a fit of many
+    numbers puts elements within it whatever the error's shape (measured: an f16 state in bf16 on
+    sigmoid-edges, one head a few times past, fitted a scale per (head, channel) to 99 %)."""
     ok = np.isfinite(a) & np.isfinite(e) & np.isfinite(c) & (d > 0)
     with np.errstate(all="ignore"):
-        failing = ok & (np.abs(a - e) / d > elem)
-        if not failing.any():
+        err = np.abs(a - e) / d
+        failing = ok & (err > elem)
+        if not failing.any() or float(np.median(err[failing])) < 10 * elem:
             return 0.0
         return float(np.mean(np.abs(a[failing] - c[failing]) / d[failing] <= elem))
 

@@ -138,12 +138,15 @@ def test_a_scale_per_vector_seen_through_bf16_rounding():
     bound of the fitted scale: said; an error of another shape is not, rounded alike."""
     rng = np.random.default_rng(8)
     e = rng.normal(size=(1, 16, 6, 16))
-    s = rng.uniform(1.04, 1.06, size=(1, 16, 6, 1))  # an error of about 5 %, bf16 rounding about 0.2 %
+    s = rng.uniform(1.08, 1.12, size=(1, 16, 6, 1))  # an error of about 10 %, bf16 rounding about 0.2 %
     mant, ex = np.frexp(s * e)
     a = np.ldexp(np.round(mant * 256) / 256, ex)
-    d = np.abs(e) + 1.0
-    facts = measure(a, e, "core", scale=d, elem=0.02, profile="bf16", config=CFG)
+    d = np.abs(e) + 0.1
+    facts = measure(a, e, "core", scale=d, elem=0.005, profile="bf16", config=CFG)
     assert "relation:vector_scale" in codes(facts), facts
     other = e + 0.25 * rng.normal(size=e.shape)
-    assert "relation:vector_scale" not in codes(measure(other, e, "core", scale=d, elem=0.02, profile="bf16",
+    assert "relation:vector_scale" not in codes(measure(other, e, "core", scale=d, elem=0.005, profile="bf16",
+                                                        config=CFG))
+    # near the bound (the failing elements a few times past it) the many-number fit is not trusted
+    assert "relation:vector_scale" not in codes(measure(a, e, "core", scale=d, elem=0.02, profile="bf16",
                                                         config=CFG))
