@@ -25,8 +25,7 @@ from gdncheck.calls import PAD_SLOT_ID
 from gdncheck.harness import is_packed
 from gdncheck.stages import STATE_NAMES
 
-from . import messages
-from . import symptoms
+from . import messages, symptoms
 from .metrics import CaseStats, error_denominator, scaled_error
 from .records import Record
 from .tolerances import Bound
@@ -169,7 +168,8 @@ def slot_note(rec: Record, step: dict, actual: np.ndarray | None, expected: np.n
     a = np.asarray(actual, dtype=np.float64)
     e = np.asarray(expected, dtype=np.float64)
     d = np.broadcast_to(error_denominator(e, rec.tensor, bound.profile, stats), e.shape)
-    facts = [f for f in symptoms.equals_pool(a, e, d, bound.elem, bad, step, {"after": e}) if "left unchanged" not in f.text]
+    facts = [f for f in symptoms.equals_pool(a, e, d, bound.elem, bad, step, {"after": e})
+             if "left unchanged" not in f.text]
     if facts:
         note += "; " + "; ".join(f.text for f in facts)
     note += "]"

@@ -145,7 +145,8 @@ def heads_fact(bad_heads: np.ndarray, n: int, dims: dict | None, kind: str = "va
             return Fact("where", "heads:group", f"only the value heads of key head {kh} (heads {_list(bad)} of {n})")
     steps = {b - a for a, b in itertools.pairwise(bad)}
     if len(steps) == 1 and (s := steps.pop()) > 1:
-        return Fact("where", "heads:stride", f"every {_ordinal(s)} {kind} head from head {bad[0]} (heads {_list(bad)} of {n})")
+        return Fact("where", "heads:stride",
+                    f"every {_ordinal(s)} {kind} head from head {bad[0]} (heads {_list(bad)} of {n})")
     return Fact("where", "heads:some", f"only {kind} heads {_list(bad)} of {n}")
 
 
@@ -466,7 +467,8 @@ def relations(a, e, d, tensor: str, dims: dict | None, head_axis: int | None, to
                 out.append(Fact("relation", code, f"{text}: the tokens shifted by one (residual {r:.2g})"))
         r = explained(a, e, np.flip(e, axis=token_axis), d)
         if r <= EXPLAINED:
-            out.append(Fact("relation", "relation:reversed", f"the golden's tokens in reverse order (residual {r:.2g})"))
+            out.append(Fact("relation", "relation:reversed",
+                            f"the golden's tokens in reverse order (residual {r:.2g})"))
     return out
 
 
@@ -476,7 +478,7 @@ def monotone_fact(a, e, head_axis: int | None) -> Fact | None:
     itself (the error at least 5 % of its size): the same input through another map."""
     from scipy.stats import spearmanr
 
-    groups = ([np.take(a, h, axis=head_axis).ravel() for h in range(a.shape[head_axis])], 
+    groups = ([np.take(a, h, axis=head_axis).ravel() for h in range(a.shape[head_axis])],
               [np.take(e, h, axis=head_axis).ravel() for h in range(a.shape[head_axis])]) \
         if head_axis is not None else ([a.ravel()], [e.ravel()])
     signs = set()

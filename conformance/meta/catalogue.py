@@ -33,9 +33,10 @@ from .serving_mutants import SERVING_MISREADINGS, SERVING_MUTANTS
 
 #: Every known bug class: the dense layer's mutants, the sparse block's and the serving patterns'
 #: (those two only on a case carrying their ``case_tags``): the kill matrix's catalogue, and the
-#: serving contract's misreadings (run on their tagged cases too).
+#: serving contract's misreadings (run on their tagged cases too); and the L2-norm eps dk× too large,
+#: once named "a scale per head" (issue 42).
 ALL_MUTANTS: tuple[Mutant, ...] = (MUTANTS + MOE_MUTANTS + SERVING_MUTANTS + SERVING_MISREADINGS
-                                   + (HELDOUT_BY_NAME["l2norm_eps_dk_times"],))  # issue 42: once named "a scale per head"
+                                   + (HELDOUT_BY_NAME["l2norm_eps_dk_times"],))
 
 #: How many failing cases one verify run diagnoses by default (each runs every mutant once).
 DEFAULT_LIMIT = 8

@@ -10,13 +10,13 @@ failure was named "a scale per head" (issue 42).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
 from gdncheck.conformance.earn import lowp
 from gdncheck.conformance.earn.emulate import EmulatedLayer
 from gdncheck.conformance.earn.lowp import F32, f32
-
-from dataclasses import dataclass
 
 from .mutants import Mutant
 
@@ -79,7 +79,8 @@ class ZStateNotGated(EmulatedLayer):
 
 
 HELDOUT_MUTANTS: tuple[Mutant, ...] = (
-    HeldoutMutant("conv_weight_v_shifted", ConvWeightVShifted, "conv1d", bug_class="conv weights of the v segment one tap late"),
+    HeldoutMutant("conv_weight_v_shifted", ConvWeightVShifted, "conv1d",
+                  bug_class="conv weights of the v segment one tap late"),
     HeldoutMutant("state_one_call_late", StateOneCallLate, "delta_rule",
                   bug_class="recurrent state one call late"),
     HeldoutMutant("l2norm_eps_dk_times", L2NormEpsDkTimes, "qk_norm", ("qk-eps", 0),

@@ -418,9 +418,10 @@ def leave_one_out(profiles=("f32", "bf16"), fixtures_dir=DEFAULT_DIR, mutants=No
     removed; count the symptoms (:func:`judge_symptoms`) and, as today's diagnosis would have read,
     the transform it named (``before``). ``hold_out`` False: the whole catalogue, and ``named_other``
     counts the confident wrong classes (a class named alone that is not the mutant's)."""
+    from gdncheck.conformance.judge.diagnose import Diagnoser
+
     from .catalogue import ALL_MUTANTS, MutantCatalogue  # the catalogue runs verify's diagnosis
     from .heldout_mutants import HELDOUT_MUTANTS
-    from gdncheck.conformance.judge.diagnose import Diagnoser
 
     pool = tuple(dict.fromkeys((*ALL_MUTANTS, *HELDOUT_MUTANTS)))
     todo = list(mutants or (*CATALOGUE, *HELDOUT_MUTANTS))
@@ -481,7 +482,9 @@ def format_loo(results: list[LooResult], profiles=("f32", "bf16")) -> str:
             continue
         b = {k: sum(r.before[k] for r in row) for k in LOO_OUTCOMES}
         a = {k: sum(r.after[k] for r in row) for k in LOO_OUTCOMES}
-        pct = lambda x: f"{x} ({100 * x / n:.0f}%)"  # noqa: E731
+        def pct(x, n=n):
+            return f"{x} ({100 * x / n:.0f}%)"
+
         lines.append(f"| {p} | {len(row)} | {n} | {pct(b['true'])} -> {pct(a['true'])} | {pct(b['silent'])} -> "
                      f"{pct(a['silent'])} | {b['wrong']} -> {a['wrong']} | {sum(r.named_other for r in row)} |")
     return "\n".join(lines)
