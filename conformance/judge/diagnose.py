@@ -92,11 +92,16 @@ class Diagnosis:
             said = "no known bug class matches"
         return said
 
-    def text(self) -> str:
-        """The symptoms first, then the class part (and where the state's handling is at fault)."""
+    def cause_text(self) -> str:
+        """The class part, and where the state's handling is at fault: the text without the symptoms."""
         said = self.class_text()
         if self.state_handling:
             said = f"state handling ({self.state_handling['op']}): {said}; {self.state_handling['why']}"
+        return said
+
+    def text(self) -> str:
+        """The symptoms first, then :meth:`cause_text`."""
+        said = self.cause_text()
         if self.symptoms:
             said = f"symptoms of {self.tensor}: {symptoms_mod.text(list(self.symptoms))}; {said}"
         return said
@@ -109,6 +114,7 @@ class Diagnosis:
             if doc.get("residual") is not None and not math.isfinite(doc["residual"]):
                 doc["residual"] = None
         d["text"] = self.text()
+        d["cause"] = self.cause_text()
         return d
 
 
@@ -331,10 +337,12 @@ class Diagnoser:
         d = (replace(d, state_handling=handling) if handling else d).to_json()
         if d["verdict"] == "none" and rec.reason == "routing" and rec.routing:  # what the routing verdict knows
             tok = rec.routing["first"][0]
-            d["text"] += ("; the first token routed otherwise sits at an exact tie on the k boundary, but the port "
-                          "took an expert outside the tied ones" if tok["exact_tie"] else
-                          f"; the first token routed otherwise has a probability margin of {tok['prob_margin']:.3g}, "
-                          "beyond any rounding")
+            known = ("; the first token routed otherwise sits at an exact tie on the k boundary, but the port "
+                     "took an expert outside the tied ones" if tok["exact_tie"] else
+                     f"; the first token routed otherwise has a probability margin of {tok['prob_margin']:.3g}, "
+                     "beyond any rounding")
+            d["text"] += known
+            d["cause"] += known
         return d
 
 
