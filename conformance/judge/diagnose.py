@@ -71,11 +71,12 @@ class Diagnosis:
     #: the symptoms measured on the failing tensor (:mod:`.symptoms`), said before any class name
     symptoms: tuple = ()
 
-    def class_text(self) -> str:
-        """The class part alone: ``matches: X (residual r; runner-up Y, ×m worse)``, ambiguous, none."""
+    def class_text(self, runner_up: bool = True) -> str:
+        """The class part alone: ``matches: X (residual r; runner-up Y, ×m worse)``, ambiguous, none
+        (``runner_up`` False: without the runner-up)."""
         if self.verdict == "matches":
             said = f"matches: {self.bug_class} (residual {self.residual:.2g}"
-            ru = self.runner_up
+            ru = self.runner_up if runner_up else None
             if ru and ru.get("residual") is not None and math.isfinite(ru["residual"]):
                 if ru["residual"] >= 0.5:
                     said += f"; no other class comes near: the nearest, {ru['bug_class']}, leaves {ru['residual']:.2g}"
@@ -92,9 +93,10 @@ class Diagnosis:
             said = "no known bug class matches"
         return said
 
-    def cause_text(self) -> str:
-        """The class part, and where the state's handling is at fault: the text without the symptoms."""
-        said = self.class_text()
+    def cause_text(self, runner_up: bool = True) -> str:
+        """The class part, and where the state's handling is at fault: the text without the symptoms
+        (``runner_up`` False: the class without its runner-up, as ``cause`` carries it)."""
+        said = self.class_text(runner_up)
         if self.state_handling:
             said = f"state handling ({self.state_handling['op']}): {said}; {self.state_handling['why']}"
         return said
@@ -114,7 +116,7 @@ class Diagnosis:
             if doc.get("residual") is not None and not math.isfinite(doc["residual"]):
                 doc["residual"] = None
         d["text"] = self.text()
-        d["cause"] = self.cause_text()
+        d["cause"] = self.cause_text(runner_up=False)
         return d
 
 
