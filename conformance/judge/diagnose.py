@@ -21,8 +21,10 @@ from dataclasses import asdict, dataclass, replace
 import numpy as np
 
 from gdncheck.config import GDNConfig
+from gdncheck.harness import CALL_OPS, call_key
 from gdncheck.stages import STATE_NAMES, STATE_TENSORS, TENSOR_BY_NAME
 
+from . import symptoms as symptoms_mod
 from .metrics import LOG_DECAY_FLOOR, error_denominator, rule_of
 from .packed import as_judged
 
@@ -33,6 +35,12 @@ EQUALLY_WELL = 0.01
 #: The transforms in order of preference (fewest fitted numbers first).
 TRANSFORM_PREFERENCE = ("sign_flip", "state_transposed", "heads_tiled", "heads_interleaved", "token_late",
                         "token_early", "uniform_scale", "per_head_scale")
+
+#: The transforms that are a bug themselves (heads in the other order, the state transposed): matching
+#: one names it. The others (a scale, a sign, a shift) describe the error's shape and are said as
+#: symptoms (:mod:`.symptoms`), never as a likely cause: an L2-norm eps dk× too large fits "a scale per
+#: head" on the one case that shows it, and was named so (issue 42).
+BUG_TRANSFORMS = ("state_transposed", "heads_tiled", "heads_interleaved")
 
 #: A catalogue: (case entry, profile, mode, failing record) -> {name: (bug class, tensor)}.
 Catalogue = Callable[[dict, str, str, object], dict]
@@ -57,10 +65,25 @@ class Diagnosis:
     state_handling: dict | None = None
     #: ambiguous at the first divergence, told apart by this later failing tensor of the same step
     told_apart_by: str | None = None
+    #: matches: the best candidate of another bug class {bug_class, candidate, residual} (None: no other
+    #: class explains any of the error), and how many times worse it is than the best
+    runner_up: dict | None = None
+    #: the symptoms measured on the failing tensor (:mod:`.symptoms`), said before any class name
+    symptoms: tuple = ()
 
-    def text(self) -> str:
+    def class_text(self, runner_up: bool = True) -> str:
+        """The class part alone: ``matches: X (residual r; runner-up Y, ×m worse)``, ambiguous, none
+        (``runner_up`` False: without the runner-up)."""
         if self.verdict == "matches":
-            said = f"matches: {self.bug_class} (residual {self.residual:.2g})"
+            said = f"matches: {self.bug_class} (residual {self.residual:.2g}"
+            ru = self.runner_up if runner_up else None
+            if ru and ru.get("residual") is not None and math.isfinite(ru["residual"]):
+                if ru["residual"] >= 0.5:
+                    said += f"; no other class comes near: the nearest, {ru['bug_class']}, leaves {ru['residual']:.2g}"
+                else:
+                    said += (f"; runner-up {ru['bug_class']} at {ru['residual']:.2g}, "
+                             f"×{ru['residual'] / max(self.residual, 1e-12):.2g} worse")
+            said += ")"
             if self.told_apart_by:
                 said += f"; told apart from the bug classes giving the same {self.tensor} by {self.told_apart_by}"
         elif self.verdict == "ambiguous":
@@ -68,17 +91,32 @@ class Diagnosis:
                     "this case cannot tell them apart)")
         else:
             said = "no known bug class matches"
+        return said
+
+    def cause_text(self, runner_up: bool = True) -> str:
+        """The class part, and where the state's handling is at fault: the text without the symptoms
+        (``runner_up`` False: the class without its runner-up, as ``cause`` carries it)."""
+        said = self.class_text(runner_up)
         if self.state_handling:
             said = f"state handling ({self.state_handling['op']}): {said}; {self.state_handling['why']}"
+        return said
+
+    def text(self) -> str:
+        """The symptoms first, then :meth:`cause_text`."""
+        said = self.cause_text()
+        if self.symptoms:
+            said = f"symptoms of {self.tensor}: {symptoms_mod.text(list(self.symptoms))}; {said}"
         return said
 
     def to_json(self) -> dict:
         d = asdict(self)
         d["alternatives"] = list(self.alternatives)
-        for doc in (d, d["closest"] or {}):
+        d["symptoms"] = [f.to_json() for f in self.symptoms]
+        for doc in (d, d["closest"] or {}, d["runner_up"] or {}):
             if doc.get("residual") is not None and not math.isfinite(doc["residual"]):
                 doc["residual"] = None
         d["text"] = self.text()
+        d["cause"] = self.cause_text(runner_up=False)
         return d
 
 
@@ -246,6 +284,9 @@ def diagnose_tensor(actual, expected, tensor: str, *, call: int | None = None, c
     best = min(s[0] for s in finite)
     near = [s for s in finite if s[0] <= max(2.0 * best, best + EQUALLY_WELL)]
     r, name, cls, source = near[0]
+    if source == "transform" and name not in BUG_TRANSFORMS:  # the error's shape, said as a symptom: no class
+        return Diagnosis("none", tensor, call, None, None, None, None, len(cands),
+                         closest={"bug_class": cls, "candidate": name, "residual": r})
     if r > MATCH:
         return Diagnosis("none", tensor, call, None, None, None, None, len(cands),
                          closest={"bug_class": cls, "candidate": name, "residual": r})
@@ -255,7 +296,11 @@ def diagnose_tensor(actual, expected, tensor: str, *, call: int | None = None, c
     # (every one about as good, even past MATCH: 0.19 against 0.21 is the port's rounding, not a bug told apart)
     others = () if source != "mutant" else tuple(dict.fromkeys(
         c for _x, _n, c, src in near if c != cls and src == "mutant"))
-    return Diagnosis("ambiguous" if others else "matches", tensor, call, cls, name, source, r, len(cands), others)
+    rest = sorted((s for s in finite if s[2] != cls and (s[3] == "mutant" or source == "transform")),
+                  key=lambda s: s[0])
+    runner = {"bug_class": rest[0][2], "candidate": rest[0][1], "residual": rest[0][0]} if rest else None
+    return Diagnosis("ambiguous" if others else "matches", tensor, call, cls, name, source, r, len(cands), others,
+                     runner_up=None if others else runner)
 
 
 class Diagnoser:
@@ -290,15 +335,53 @@ class Diagnoser:
         if d.verdict == "ambiguous":
             d = self._tell_apart(judge, report, rec, d)
         handling = state_handling(fd, report.records, judge.entry.get("program"))
+        d = replace(d, symptoms=tuple(self.symptoms(judge, rec, report.records)))
         d = (replace(d, state_handling=handling) if handling else d).to_json()
         if d["verdict"] == "none" and rec.reason == "routing" and rec.routing:  # what the routing verdict knows
             tok = rec.routing["first"][0]
-            d["text"] += ("; the first token routed otherwise sits at an exact tie on the k boundary, but the port "
-                          "took an expert outside the tied ones" if tok["exact_tie"] else
-                          f"; the first token routed otherwise has a probability margin of {tok['prob_margin']:.3g}, "
-                          "beyond any rounding")
+            known = ("; the first token routed otherwise sits at an exact tie on the k boundary, but the port "
+                     "took an expert outside the tied ones" if tok["exact_tie"] else
+                     f"; the first token routed otherwise has a probability margin of {tok['prob_margin']:.3g}, "
+                     "beyond any rounding")
+            d["text"] += known
+            d["cause"] += known
         return d
 
+
+    def symptoms(self, judge, rec, records=()) -> list:
+        """The symptoms of one failing record (:mod:`.symptoms`), measured on the port's tensor, its golden
+        and the case's other goldens as the judge saw them; [] where they cannot be read."""
+        actual, expected = _read_pair(judge, rec)
+        if actual is None or not rec.bound:
+            return []
+        program = judge.entry["program"]
+        step = program[rec.step]
+        others = {}
+        if rec.tensor in STATE_NAMES:
+            before = _golden_before(judge, rec)
+            if before is not None:
+                others["before"] = before
+            others["after"] = expected
+        else:
+            for name in step.get("expected", ()):  # another tensor of this call (q where k belongs)
+                key = call_key(rec.call, name)
+                if name != rec.tensor and key in judge.gold and tuple(judge.gold.shape_of(key)) == expected.shape:
+                    others[f"this call's golden {name}"] = np.asarray(judge.gold.read(key), np.float64)
+            for i, st in enumerate(program):
+                if i != rec.step and st.get("op") in CALL_OPS and rec.tensor in st.get("expected", ()):
+                    key = call_key(st["call"], rec.tensor)
+                    if key in judge.gold and tuple(judge.gold.shape_of(key)) == expected.shape and len(others) < 8:
+                        others[f"call {st['call']}'s {rec.tensor}"] = np.asarray(judge.gold.read(key), np.float64)
+        actual, expected = as_judged(actual, step, rec.tensor), as_judged(expected, step, rec.tensor)
+        others = {k: as_judged(v, step, rec.tensor) for k, v in others.items()}
+        stats = (getattr(judge, "stats", None) or {}).get(rec.tensor) if rec.tensor not in STATE_NAMES else None
+        scale = error_denominator(expected, rec.tensor, judge.profile, stats, rec.call)
+        earlier = [r for r in records if r.step is not None and r.step < rec.step]
+        earlier_pass = bool(earlier) and all(r.verdict == "pass" for r in earlier)
+        return symptoms_mod.measure(actual, expected, rec.tensor, scale=scale, elem=float(rec.bound["elem"]),
+                                    profile=judge.profile, config=judge.entry.get("config"),
+                                    step=step if "slots" in step else None, others=others, call_step=step,
+                                    call=rec.call, earlier_pass=earlier_pass)
 
     def _diagnose(self, judge, rec) -> Diagnosis | None:
         """The diagnosis of one failing record (None: its tensors cannot be read)."""
@@ -382,6 +465,25 @@ def _read_pair(judge, rec) -> tuple[np.ndarray | None, np.ndarray | None]:
         return None, None
     return (np.asarray(judge.outs.read(key, judge.gold.shape_of(key)), dtype=np.float64),
             np.asarray(judge.gold.read(key), dtype=np.float64))
+
+
+def _golden_before(judge, rec) -> np.ndarray | None:
+    """The golden state ``rec.tensor`` before ``rec``'s step: the previous step's, when that is a call
+    that keeps it (a step between, a ``free`` or a ``restore``, changes the state unrecorded); the zero
+    state before the first call."""
+    program = judge.entry["program"]
+    prev = program[rec.step - 1] if rec.step > 0 else None
+    key = (rec.expected_ref or {}).get("key")
+    if prev is None or key is None:
+        return None
+    if prev.get("op") == "construct":
+        return np.zeros(tuple(judge.gold.shape_of(key)))
+    if prev.get("op") not in CALL_OPS or rec.tensor not in prev.get("expected", ()):
+        return None
+    k = call_key(prev["call"], rec.tensor)
+    if k not in judge.gold or tuple(judge.gold.shape_of(k)) != tuple(judge.gold.shape_of(key)):
+        return None
+    return np.asarray(judge.gold.read(k), dtype=np.float64)
 
 
 def advise(diagnose: Callable, judge, report) -> dict | None:

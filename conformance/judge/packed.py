@@ -25,8 +25,8 @@ from gdncheck.calls import PAD_SLOT_ID
 from gdncheck.harness import is_packed
 from gdncheck.stages import STATE_NAMES
 
-from . import messages
-from .metrics import CaseStats, scaled_error
+from . import messages, symptoms
+from .metrics import CaseStats, error_denominator, scaled_error
 from .records import Record
 from .tolerances import Bound
 
@@ -151,6 +151,9 @@ def slot_note(rec: Record, step: dict, actual: np.ndarray | None, expected: np.n
     unchanged = set()
     if before is not None and tuple(before.shape) == tuple(np.shape(actual)):
         unchanged = {s for s in bad if np.array_equal(before[s], actual[s], equal_nan=True)}
+    roles = symptoms.slot_roles(step)
+    role = {"own": f"this {step['op']}'s own", "snapshot": "a snapshot destination",
+            "kept": "kept as it was by this step", "verify": "a verify row's, not written by the call"}
     wrong = [s for s in bad if s not in allowed and s not in unchanged]
     carried = [s for s in bad if s not in allowed and s in unchanged]
     note = f"[pool slots over the bound: {bad}"
@@ -158,9 +161,16 @@ def slot_note(rec: Record, step: dict, actual: np.ndarray | None, expected: np.n
         note += f"; slot(s) {wrong} are not written by this {step['op']}: it touched a slot it must not"
     if carried:
         note += f"; slot(s) {carried} are left as they were: wrong since an earlier step"
-    if not wrong and not carried:
-        note += "; each is one this step writes: its state is wrong"
-    elif len(wrong) + len(carried) < len(bad):
-        note += "; the others are slots this step writes: their state is wrong"
+    for s in bad:  # a slot this step writes: its role, and whether it was written at all
+        if s in allowed:
+            what = "left unchanged, but this step should write it" if s in unchanged else "written wrong"
+            note += f"; slot {s} ({role.get(roles.get(s, ''), 'written by this step')}): {what}"
+    a = np.asarray(actual, dtype=np.float64)
+    e = np.asarray(expected, dtype=np.float64)
+    d = np.broadcast_to(error_denominator(e, rec.tensor, bound.profile, stats), e.shape)
+    facts = [f for f in symptoms.equals_pool(a, e, d, bound.elem, bad, step, {"after": e})
+             if "left unchanged" not in f.text]
+    if facts:
+        note += "; " + "; ".join(f.text for f in facts)
     note += "]"
     messages.add_note(rec, note)

@@ -30,9 +30,22 @@ def main(argv=None) -> int:
                    help="a placement the mutants run in as diagnosed ports (repeatable; default all of "
                         f"{', '.join(PORT_PLACEMENTS)}; the first gives the per-mutant table)")
     p.add_argument("--verbose", action="store_true", help="print the first failure message of each cell")
+    p.add_argument("--leave-one-out", action="store_true",
+                   help="instead: diagnose each mutant (the catalogue's and the held-out ones) with its own bug "
+                        "class removed, and count the symptoms that state a true specific fact, nothing, or a "
+                        "wrong one (docs/meta.md, 'Symptoms, held out')")
     args = p.parse_args(argv)
     limit_blas_threads()
     profiles = tuple(args.profiles.split(","))
+    if args.leave_one_out:
+        from .heldout_mutants import HELDOUT_MUTANTS
+        from .kill_matrix import format_loo, leave_one_out
+
+        chosen = [m for m in (*CATALOGUE, *HELDOUT_MUTANTS) if not args.mutant or m.name in args.mutant]
+        res = leave_one_out(profiles, args.fixtures, chosen, cases=args.case,
+                            progress=lambda r: print(f"{r.mutant} [{r.profile}]: {r.after}", file=sys.stderr))
+        print(format_loo(res, profiles))
+        return 0
     mutants = [m for m in CATALOGUE if not args.mutant or m.name in args.mutant]
     def progress(r):
         print(f"{r.mutant} [{r.profile}]: {r.cell()}; likely cause {r.diagnosis_cell()}"

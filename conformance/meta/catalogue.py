@@ -26,16 +26,18 @@ from gdncheck.safetensors_io import SafetensorsFile
 from gdncheck.stages import stage_of
 from gdncheck.weights import LayerWeights
 
+from .heldout_mutants import HELDOUT_BY_NAME
 from .moe_mutants import MOE_MUTANTS
 from .mutants import CHECKPOINT_DTYPE_MUTANTS, MUTANTS, Mutant
 from .serving_mutants import SERVING_MISREADINGS, SERVING_MUTANTS
 
 #: Every known bug class: the dense layer's mutants, the sparse block's and the serving patterns'
 #: (those two only on a case carrying their ``case_tags``): the kill matrix's catalogue, and the
-#: serving contract's misreadings (run on their tagged cases too); then the float32 checkpoint weights
-#: rounded at load (on the cases that hold such weights, tag ``checkpoint-dtypes``).
+#: serving contract's misreadings (run on their tagged cases too); the float32 checkpoint weights rounded
+#: at load (on the cases that hold such weights, tag ``checkpoint-dtypes``); and the L2-norm eps dk× too
+#: large, once named "a scale per head" (issue 42).
 ALL_MUTANTS: tuple[Mutant, ...] = (MUTANTS + MOE_MUTANTS + SERVING_MUTANTS + SERVING_MISREADINGS
-                                   + CHECKPOINT_DTYPE_MUTANTS)
+                                   + CHECKPOINT_DTYPE_MUTANTS + (HELDOUT_BY_NAME["l2norm_eps_dk_times"],))
 
 #: How many failing cases one verify run diagnoses by default (each runs every mutant once).
 DEFAULT_LIMIT = 8

@@ -361,3 +361,130 @@ def documented_block(path: str | Path) -> str:
     """The generated block of ``path`` (what :func:`write_docs` wrote)."""
     text = Path(path).read_text()
     return text.split(BEGIN, 1)[1].split(END, 1)[0].strip()
+
+
+# --- leave one class out (issue 42 item 2) ----------------------------------------------------------
+
+#: How a held-out failing case's symptoms are counted (:func:`judge_symptoms`).
+LOO_OUTCOMES = ("true", "silent", "wrong")
+
+
+@dataclass
+class LooResult:
+    """One mutant's failing cases diagnosed with its own bug class removed from the catalogue."""
+
+    mutant: str
+    profile: str
+    cases: int = 0  # failing cases diagnosed
+    before: dict[str, int] = field(default_factory=lambda: dict.fromkeys(LOO_OUTCOMES, 0))
+    after: dict[str, int] = field(default_factory=lambda: dict.fromkeys(LOO_OUTCOMES, 0))
+    named_other: int = 0  # a class named alone (matches) with the mutant's own class removed
+    wrong_facts: list[str] = field(default_factory=list)  # "case: code (text)"
+    unverified: int = 0  # facts of kinds the mutant does not declare
+    said: dict[str, int] = field(default_factory=dict)  # code -> how many cases stated it
+
+
+def judge_symptoms(name: str, stage_right: bool, codes: list[str]) -> tuple[str, list[str]]:
+    """``true``: the right stage and at least one true specific fact (truth.py); ``wrong``: any stated
+    fact of a declared kind that is not true of the bug; else ``silent``. Also the wrong codes."""
+    from .truth import judge_fact, specific
+
+    verdicts = [(c, judge_fact(name, c)) for c in codes]
+    wrong = [c for c, v in verdicts if v == "wrong"]
+    if wrong:
+        return "wrong", wrong
+    if stage_right and any(v == "true" and specific(c) for c, v in verdicts):
+        return "true", []
+    return "silent", []
+
+
+def _before_codes(d: dict) -> list[str]:
+    """What today's diagnosis (before issue 42) stated as a fact: a transform it matched, read as the
+    relation it is (a scale, a sign, a shift, a permutation, a transpose)."""
+    to_code = {"uniform_scale": "relation:uniform_scale", "per_head_scale": "relation:per_head_scale",
+               "sign_flip": "relation:sign", "state_transposed": "relation:transpose",
+               "heads_tiled": "relation:head_perm", "heads_interleaved": "relation:head_perm",
+               "token_late": "relation:shift_late", "token_early": "relation:shift_early"}
+    closest = d.get("closest") or {}
+    name = d.get("candidate") if d.get("source") == "transform" else closest.get("candidate") \
+        if d.get("verdict") == "none" and closest.get("residual") is not None and closest["residual"] <= 0.2 else None
+    return [to_code[name]] if name in to_code else []
+
+
+def leave_one_out(profiles=("f32", "bf16"), fixtures_dir=DEFAULT_DIR, mutants=None, cases=None,
+                  placement: str = PORT_PLACEMENT, progress=None, hold_out: bool = True) -> list[LooResult]:
+    """For each mutant (default: the matrix's catalogue and the held-out ones), run it as a port in
+    ``placement`` and diagnose its failing cases with a catalogue from which its own bug class is
+    removed; count the symptoms (:func:`judge_symptoms`) and, as today's diagnosis would have read,
+    the transform it named (``before``). ``hold_out`` False: the whole catalogue, and ``named_other``
+    counts the confident wrong classes (a class named alone that is not the mutant's)."""
+    from gdncheck.conformance.judge.diagnose import Diagnoser
+
+    from .catalogue import ALL_MUTANTS, MutantCatalogue  # the catalogue runs verify's diagnosis
+    from .heldout_mutants import HELDOUT_MUTANTS
+
+    pool = tuple(dict.fromkeys((*ALL_MUTANTS, *HELDOUT_MUTANTS)))
+    todo = list(mutants or (*CATALOGUE, *HELDOUT_MUTANTS))
+    out = []
+    for p in profiles:
+        with tempfile.TemporaryDirectory(prefix="gdncheck-loo-") as tmp:
+            dirs = {}
+            for m in pool:
+                cs = cases_of(m, fixtures_dir, cases)
+                if cs == []:
+                    continue
+                dirs[m.name] = Path(tmp) / m.name
+                run_impl(m.factory, fixtures_dir, dirs[m.name], p, cases=cs, command=f"catalogue {m.name}")
+            for m in todo:
+                cs = cases_of(m, fixtures_dir, cases)
+                r = LooResult(m.name, p)
+                if cs == []:
+                    out.append(r)
+                    continue
+                port = Path(tmp) / f"port-{m.name}"
+                run_impl(functools.partial(m.factory, placement=placement), fixtures_dir, port, p, cases=cs,
+                         command=f"port {m.name}")
+                held = tuple(x for x in pool if not hold_out or (x.bug_class != m.bug_class and x.name != m.name))
+                summary = verify(fixtures_dir, port, p, cases=cs,
+                                 diagnose=Diagnoser(MutantCatalogue(fixtures_dir, mutants=held, outputs=dirs)))
+                for c in summary.cases:
+                    d = c.diagnosis
+                    if c.status != "fail" or not d or d.get("verdict") not in ("matches", "ambiguous", "none"):
+                        continue
+                    r.cases += 1
+                    stage_right = bool(c.first_divergence and c.first_divergence.stage == m.stage)
+                    facts = d.get("symptoms") or []
+                    outcome, wrong = judge_symptoms(m.name, stage_right, [f["code"] for f in facts])
+                    r.after[outcome] += 1
+                    r.wrong_facts += [f"{c.id}: {f['code']} ({f['text']})" for f in facts if f["code"] in wrong]
+                    from .truth import judge_fact
+                    r.unverified += sum(judge_fact(m.name, f["code"]) == "unverified" for f in facts)
+                    for f in facts:
+                        r.said[f["code"]] = r.said.get(f["code"], 0) + 1
+                    r.before[judge_symptoms(m.name, stage_right, _before_codes(d))[0]] += 1
+                    r.named_other += d.get("verdict") == "matches" and (
+                        d.get("source") == "mutant" if hold_out else judged_as(d, m) == "wrong")
+                out.append(r)
+                if progress:
+                    progress(r)
+    return out
+
+
+def format_loo(results: list[LooResult], profiles=("f32", "bf16")) -> str:
+    """The leave-one-class-out table: per profile, the held-out failing cases whose symptoms state a
+    true specific fact, say nothing specific, or say something wrong, before -> after."""
+    lines = ["| profile | mutants | failing cases | true specific fact (before -> after) | silent | wrong facts "
+             "| a class named with its own removed |", "|---|---|---|---|---|---|---|"]
+    for p in profiles:
+        row = [r for r in results if r.profile == p and r.cases]
+        n = sum(r.cases for r in row)
+        if not n:
+            continue
+        b = {k: sum(r.before[k] for r in row) for k in LOO_OUTCOMES}
+        a = {k: sum(r.after[k] for r in row) for k in LOO_OUTCOMES}
+        def pct(x, n=n):
+            return f"{x} ({100 * x / n:.0f}%)"
+
+        lines.append(f"| {p} | {len(row)} | {n} | {pct(b['true'])} -> {pct(a['true'])} | {pct(b['silent'])} -> "
+                     f"{pct(a['silent'])} | {b['wrong']} -> {a['wrong']} | {sum(r.named_other for r in row)} |")
+    return "\n".join(lines)

@@ -751,7 +751,9 @@ def _classify(case: Mapping[str, Any]) -> dict | None:
            "nan": int(nan) if isinstance(nan, int | float) and nan == nan else 0,
            "numel": (rec.get("metrics") or {}).get("numel"),
            "ratio": ratio.get("ratio"), "measure": ratio.get("measure"),
-           "likely_cause": diagnosis.get("text") if diagnosis.get("verdict") == "matches" else None}
+           # the class named, without the symptoms before it (the page lists findings by class)
+           "likely_cause": diagnosis.get("cause", diagnosis.get("text")) if diagnosis.get("verdict") == "matches"
+           else None}
     if reason == "routing":
         adj["tokens_routed_otherwise"] = (rec.get("routing") or {}).get("tokens_routed_otherwise")
     return {"class": "deviation", "detail": case.get("message"), "adjudication": adj}

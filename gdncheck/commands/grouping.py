@@ -47,6 +47,7 @@ class Groups:
         width = len(str(len(self.failed)))
         out = [f"{len(self.failed)} of {self.cases} case(s) fail:"]
         causes = [] if [g.label for g in self.causes] == [NO_DIAGNOSIS] else self.causes  # --diagnose 0
+        lone = [c for c in self.failed if self.aside(c)]
         for kind, groups, say in (("stage", self.stages, "first diverge at "), ("cause", causes, "likely cause: ")):
             for g in groups[:limit]:
                 out.append(safe_text(f"  {g.count:>{width}} {say}{g.label}"))
@@ -55,7 +56,46 @@ class Groups:
                 what = "first diverge elsewhere" if kind == "stage" else "have other likely causes"
                 out.append(f"  {sum(g.count for g in rest):>{width}} {what} ({len(rest)} more group(s): "
                            f"see the summary)")
+            if kind == "stage" and lone:  # after the stage groups, apart from their counts
+                lead = self.lead()
+                out.append(safe_text(f"  ({len(lone)} case(s) fail alone, apparently unrelated to the {lead.count} "
+                                     f"that first diverge at {lead.label}: {', '.join(lone)}, printed after them)"))
         return out
+
+
+    def lead(self) -> Group | None:
+        """The failure most cases share: the largest first-divergence group, when it holds at least two
+        cases and more than any other group (None: no group leads; the earliest stage does)."""
+        if not self.stages or self.stages[0].count < 2:
+            return None
+        if len(self.stages) > 1 and self.stages[1].count >= self.stages[0].count:
+            return None
+        return self.stages[0]
+
+    def lead_case(self, earliest: str | None) -> str | None:
+        """The case printed in full first: of the leading group (:meth:`lead`), its case earliest in the
+        layer if ``earliest`` is one of them, else its first; without a leading group, ``earliest``."""
+        lead = self.lead()
+        if lead is None:
+            return earliest
+        return earliest if earliest in lead.cases else lead.cases[0]
+
+    def aside(self, case: str) -> str | None:
+        """What is said under a case that alone fails the way it does while most fail otherwise: a
+        failure only it shows, apparently unrelated to the leading group's, printed after that group."""
+        lead = self.lead()
+        if lead is None or case in lead.cases:
+            return None
+        g = next((g for g in self.stages if case in g.cases), None)
+        if g is None or g.count != 1:
+            return None
+        # a case named the same bug class as the group's is related, whatever its first stage
+        mine = next((c.label for c in self.causes if case in c.cases), None)
+        if mine and mine.startswith("matches: ") and any(lead_case in c.cases for c in self.causes
+                                                          if c.label == mine for lead_case in lead.cases):
+            return None
+        return (f"only this case first diverges at {g.label}: apparently unrelated to the {lead.count} case(s) "
+                f"that first diverge at {lead.label}, printed after them")
 
 
 def cause_label(diagnosis: dict | None) -> str:

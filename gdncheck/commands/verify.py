@@ -338,7 +338,9 @@ def failure_lines(failures: list, doc: dict, args: argparse.Namespace, con: Cons
         problem = safe_text(f"(the failing cases could not be grouped: {type(exc).__name__}: {exc}; a gdncheck bug)")
     given = getattr(args, "details", None)  # None: not given (--verbose then means all)
     limit = None if given == "all" or (given is None and args.verbose) else DETAILS if given is None else given
-    shown = pick_details([c.id for c in failures], groups, limit, earliest=earliest_in_layer(failures))
+    earliest = earliest_in_layer(failures)  # the failure most cases share leads (grouping.Groups.lead_case)
+    shown = pick_details([c.id for c in failures], groups, limit,
+                         earliest=groups.lead_case(earliest) if groups is not None else earliest)
     repro = Repro(args)
     lines = groups.lines() if groups is not None else [problem]
     # the cases printed in full first, in the order they were picked (the earliest in the layer first),
@@ -353,6 +355,8 @@ def failure_lines(failures: list, doc: dict, args: argparse.Namespace, con: Cons
         lines.append(f"      repro: {safe_text(repro(c))}")
         if c.diagnosis:
             lines.append(f"      likely cause: {safe_text(c.diagnosis.get('text'))}")
+        if groups is not None and groups.aside(c.id):
+            lines.append(f"      note: {safe_text(groups.aside(c.id))}")
         if args.verbose:
             lines += [f"      also: {safe_text(r.message)}" for r in c.records
                       if r.verdict == "fail" and r.message != c.message]

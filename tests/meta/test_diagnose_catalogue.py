@@ -37,7 +37,9 @@ def test_through_verify_the_catalogue_names_the_bug_of_another_engine(fixtures_d
     assert plain.cases[0].diagnosis is None
     assert (d["verdict"], d["candidate"], d["source"]) == ("matches", "gated_norm_weight_one_plus", "mutant"), d
     assert d["tensor"] == told.cases[0].first_divergence.tensor and d["residual"] < MATCH
-    assert d["text"].startswith("matches: gated-norm weight applied as (1 + w) (residual ")
+    # the symptoms first (issue 42), then the class with its runner-up
+    assert d["text"].startswith(f"symptoms of {d['tensor']}: ") and d["symptoms"], d["text"]
+    assert "; matches: gated-norm weight applied as (1 + w) (residual " in d["text"]
     doc = told.to_json()
     assert doc["cases"][0]["diagnosis"]["text"] == d["text"]  # the summary JSON carries it
 
@@ -85,7 +87,8 @@ def test_the_catalogue_prints_no_numpy_warnings(fixtures_dir, tmp_path):
     p = subprocess.run([sys.executable, "-m", "gdncheck", "verify", "--fixtures", str(fixtures_dir), "--outputs",
                         str(tmp_path), "--profile", "bf16", "--case", "sigmoid-edges"],
                        capture_output=True, text=True, timeout=300)
-    assert p.returncode == 1 and "likely cause: matches: b clamped to ±15 before the sigmoid" in p.stdout
+    assert p.returncode == 1 and "likely cause: symptoms of " in p.stdout
+    assert "matches: b clamped to ±15 before the sigmoid" in p.stdout
     assert "Warning" not in p.stderr and "Warning" not in p.stdout, p.stderr
 
 

@@ -75,7 +75,8 @@ def test_verify_names_a_serving_bug_as_the_likely_cause(fixtures_dir, tmp_path, 
                  "--case", "packed-mixed"])
     text = capsys.readouterr().out
     assert code == 1 and "FAIL  packed-mixed_" in text, text
-    assert "likely cause: matches: conv window leaks across a packed boundary (residual " in text, text
+    assert "likely cause: symptoms of " in text and "matches: conv window leaks across a packed boundary (residual " \
+        in text, text
 
 
 def test_a_commit_bug_is_named_a_state_handling_bug_not_a_conv_one(fixtures_dir, tmp_path, capsys):

@@ -1,0 +1,699 @@
+"""Symptoms of a failing tensor: facts measured on the port's tensor, its golden and the case's other
+goldens, that hold for any bug, named or not (issue 42; docs/verify.md, "The likely cause").
+
+Three kinds of fact, each stated only where the measurement supports it by a clear margin (saying
+nothing beats a wrong fact):
+
+- **where** the error sits: which heads (every head; the value heads of one key head; every s-th; one),
+  which tokens (from token t on; only token 0; growing with the token; only the first K−1 of each
+  sequence), which sequences of a packed call (its verify rows, its plain rows), which slots of a pool
+  (the step's own, its snapshot destinations, slots it must not touch), which channels (q, k or v);
+- what the tensor **equals** instead: another golden of the case (the state before the step, the zero
+  state, another call's tensor, another slot, the state after j draft tokens of a verify window),
+  within the judge's own element bound everywhere;
+- a **relation** to the golden: a uniform scale (a sign), a scale per head, per channel or per vector,
+  the state transposed, the heads permuted (found by assignment), the tokens shifted by one or reversed
+  in time; the error's size in a coarser dtype's rounding units.
+
+A relation is stated when it leaves at most :data:`EXPLAINED` of the error unexplained (the error's
+norm in the judge's units, ``‖(a − r(e)) / d‖ / ‖(a − e) / d‖``). Pure NumPy (and SciPy's assignment);
+every fact is a :class:`Fact` with a machine code (``kind:what``) that the kill matrix checks against
+each mutant's declared ground truth (``conformance/meta/truth.py``).
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import asdict, dataclass
+
+import numpy as np
+from scipy.optimize import linear_sum_assignment
+
+from gdncheck.calls import PAD_SLOT_ID
+from gdncheck.stages import STATE_NAMES, STATE_TENSORS, TENSOR_BY_NAME
+
+#: A relation must leave at most this share of the error unexplained to be stated.
+EXPLAINED = 0.1
+#: A relation fitting one number per vector, per channel or per (head, channel) must explain this much:
+#: with that many numbers an error of another shape fits to a few per cent (measured: a gate applied
+#: before the norm fits a scale per vector to 0.03), an exact scale of the golden to its rounding.
+MANY_FITTED = 0.01
+#: A fitted scale is said only when it is this far from 1 (else it is no scale but the error itself).
+SCALE_OFF = 0.02
+#: The tensors a conv window makes: only there are "the first K−1 tokens" the conv's own
+CONV_TENSORS = ("qkv_conv",)
+#: The dtypes whose rounding units the error's size is said in, by significand bits (hidden included).
+ROUNDING_BITS = {"bf16": 8, "f16": 11}
+
+
+@dataclass(frozen=True)
+class Fact:
+    """One measured fact: ``kind`` where / equals / relation, ``code`` what it says (machine-readable,
+    ``heads:group``, ``tokens:from``, ``equals:before``, ``relation:uniform_scale``...), ``text`` said."""
+
+    kind: str
+    code: str
+    text: str
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+def _spec(tensor: str):
+    return TENSOR_BY_NAME.get(tensor) or next((t for t in STATE_TENSORS if t.name == tensor), None)
+
+
+def _dims(config: dict | None) -> dict | None:
+    if not config:
+        return None
+    g = lambda k, d=None: config.get(k, d)  # noqa: E731 - Hugging Face keys, read once
+    return {"Hk": int(g("linear_num_key_heads", 1)), "Hv": int(g("linear_num_value_heads", 1)),
+            "dk": int(g("linear_key_head_dim", 1)), "dv": int(g("linear_value_head_dim", 1)),
+            "K": int(g("linear_conv_kernel_dim", 4))}
+
+
+def explained(a: np.ndarray, e: np.ndarray, c: np.ndarray, d: np.ndarray) -> float:
+    """``‖(a − c) / d‖ / ‖(a − e) / d‖`` over the elements the three hold finite (inf: nothing to compare)."""
+    ok = np.isfinite(a) & np.isfinite(e) & np.isfinite(c) & (d > 0)
+    if not ok.any():
+        return math.inf
+    den = float(np.sqrt(np.sum(((a[ok] - e[ok]) / d[ok]) ** 2)))
+    if den == 0.0:
+        return math.inf
+    return float(np.sqrt(np.sum(((a[ok] - c[ok]) / d[ok]) ** 2))) / den
+
+
+def within(a, e, c, d, elem: float) -> float:
+    """The share of the failing elements (over the element bound against the golden) that ``c`` puts
+    within the bound: a fit seen through the port's rounding (bf16) rather than by its norm. 0 unless
+    the failing elements are, in the median, ten times past the bound: near the bound, a fit of many
+    numbers puts elements within it whatever the error's shape (measured: an f16 state in bf16 on
+    sigmoid-edges, one head a few times past, fitted a scale per (head, channel) to 99 %)."""
+    ok = np.isfinite(a) & np.isfinite(e) & np.isfinite(c) & (d > 0)
+    with np.errstate(all="ignore"):
+        err = np.abs(a - e) / d
+        failing = ok & (err > elem)
+        if not failing.any() or float(np.median(err[failing])) < 10 * elem:
+            return 0.0
+        return float(np.mean(np.abs(a[failing] - c[failing]) / d[failing] <= elem))
+
+
+def _many_fit(r: float, a, e, c, d, elem: float | None) -> bool:
+    """One number per channel, per (head, channel) or per vector explains the error: at most
+    :data:`MANY_FITTED` of it left, or (the port's own rounding left above that) at most a twentieth
+    left and 99 % of the failing elements put within the judge's bound."""
+    return r <= MANY_FITTED or (elem is not None and r <= EXPLAINED / 2 and within(a, e, c, d, elem) >= 0.99)
+
+
+def close(a: np.ndarray, c: np.ndarray, d: np.ndarray, elem: float) -> bool:
+    """``a`` equals ``c`` within the judge's element bound everywhere (the same non-finite values too)."""
+    if a.shape != c.shape:
+        return False
+    fa, fc = np.isfinite(a), np.isfinite(c)
+    if not np.array_equal(fa, fc) or not np.array_equal(np.where(fa, 0, a), np.where(fc, 0, c), equal_nan=True):
+        return False
+    with np.errstate(all="ignore"):
+        err = np.abs(np.where(fa, a - c, 0.0)) / d
+    return bool(np.all(err[fa] <= elem))
+
+
+def _list(xs) -> str:
+    xs = [int(x) for x in xs]
+    if len(xs) > 2 and xs == list(range(xs[0], xs[-1] + 1)):
+        return f"{xs[0]}-{xs[-1]}"
+    return ", ".join(str(x) for x in xs) if len(xs) <= 8 else ", ".join(str(x) for x in xs[:8]) + ", ..."
+
+
+# --- where ---------------------------------------------------------------------------------------
+
+
+def heads_fact(bad_heads: np.ndarray, n: int, dims: dict | None, kind: str = "value") -> Fact | None:
+    """Which heads hold the elements over the bound (``bad_heads``: a boolean per head)."""
+    bad = [int(h) for h in np.flatnonzero(bad_heads)]
+    if not bad or n < 2:
+        return None
+    if len(bad) == n:
+        return Fact("where", "heads:all", f"every {kind} head")
+    if len(bad) == 1:
+        return Fact("where", "heads:one", f"only {kind} head {bad[0]} of {n}")
+    if dims and kind == "value" and dims["Hv"] == n and n > dims["Hk"] > 1:
+        r = n // dims["Hk"]
+        groups = {h // r for h in bad}
+        if len(groups) == 1 and len(bad) == r:
+            kh = groups.pop()
+            return Fact("where", "heads:group", f"only the value heads of key head {kh} (heads {_list(bad)} of {n})")
+    steps = {b - a for a, b in itertools.pairwise(bad)}
+    if len(steps) == 1 and (s := steps.pop()) > 1:
+        return Fact("where", "heads:stride",
+                    f"every {_ordinal(s)} {kind} head from head {bad[0]} (heads {_list(bad)} of {n})")
+    return Fact("where", "heads:some", f"only {kind} heads {_list(bad)} of {n}")
+
+
+def tokens_fact(bad_tokens: np.ndarray, err_by_token: np.ndarray, elem: float, K: int | None,
+                seq_starts: list[int] | None = None) -> Fact | None:
+    """Which tokens hold the elements over the bound (``bad_tokens``: per token of a row; ``err_by_token``:
+    the worst scaled error of each token)."""
+    T = len(bad_tokens)
+    bad = np.flatnonzero(bad_tokens)
+    if not len(bad) or T < 2:
+        return None
+    t0 = int(bad[0])
+    if seq_starts is None and K and K > 1 and T > K - 1 and bad[-1] < K - 1:
+        return Fact("where", "tokens:conv_head", f"only tokens {_list(bad)}, within the first K−1 = {K - 1}, the "
+                                                 "tokens whose conv window reaches into the state")
+    if len(bad) == 1 and t0 == 0:
+        return Fact("where", "tokens:only0", f"only token 0 of {T}")
+    if len(bad) == T - t0:  # every token from t0 on
+        fin = err_by_token[t0:]
+        if T - t0 >= 4 and np.all(np.isfinite(fin)):
+            q = max(1, (T - t0) // 4)
+            early, late = float(np.median(fin[:q])), float(np.median(fin[-q:]))
+            if early > 0 and late > 10.0 * early and np.mean(np.diff(fin) >= 0) > 0.6:
+                return Fact("where", "tokens:growing", f"on every token from token {t0} on, growing with the token "
+                                                       f"(×{late / early:.2g} from the first quarter to the last)")
+        if t0 == 0:
+            return Fact("where", "tokens:all", f"on every token (all {T})")
+        quiet = float(np.max(err_by_token[:t0]))
+        # said only with a clear margin: the tokens before within a tenth of the bound (a bug of every
+        # token whose first token happens to fall just under the bound is no "from token t on")
+        if quiet <= 0.1 * elem:
+            return Fact("where", "tokens:from", f"within a tenth of the bound before token {t0}, over it on every "
+                                                f"token from {t0} on")
+        return None
+    if len(bad) <= 8:
+        return Fact("where", "tokens:some", f"only tokens {_list(bad)} of {T}")
+    return None
+
+
+def channels_fact(bad_channels: np.ndarray, dims: dict | None) -> Fact | None:
+    """Which q/k/v segment of the conv channels holds the elements over the bound."""
+    if dims is None:
+        return None
+    nq = dims["Hk"] * dims["dk"]
+    nv = dims["Hv"] * dims["dv"]
+    if len(bad_channels) != 2 * nq + nv:
+        return None
+    seg = {"q": bad_channels[:nq].any(), "k": bad_channels[nq:2 * nq].any(), "v": bad_channels[2 * nq:].any()}
+    on = [s for s, b in seg.items() if b]
+    if len(on) in (1, 2):
+        return Fact("where", "channels:" + "+".join(on), f"only in the {' and '.join(on)} channels of the conv")
+    return None
+
+
+def rows_fact(bad_tokens: np.ndarray, step: dict) -> Fact | None:
+    """Which sequences of a packed call hold the elements over the bound."""
+    cu = [int(c) for c in step.get("cu_seqlens", [])]
+    if len(cu) < 3:
+        return None
+    n = len(cu) - 1
+    bad = [i for i in range(n) if bad_tokens[cu[i]:cu[i + 1]].any()]
+    if not bad or len(bad) == n:
+        return None
+    flags = step.get("verify")
+    if step["op"] == "forward_mixed" and flags:
+        verify = {i for i in range(n) if flags[i]}
+        if set(bad) <= verify and len(verify) < n:
+            return Fact("where", "rows:verify", f"only sequences {_list(bad)} of {n}: verify rows")
+        if not set(bad) & verify:
+            return Fact("where", "rows:plain", f"only sequences {_list(bad)} of {n}: plain rows")
+    if all(step["slots"][i] == PAD_SLOT_ID for i in bad):
+        return Fact("where", "rows:padding", f"only the padding sequence(s) {_list(bad)}")
+    return Fact("where", "rows:some", f"only sequences {_list(bad)} of {n}")
+
+
+def slot_roles(step: dict) -> dict[int, str]:
+    """Each pool slot a serving step names: ``own`` (a sequence's slot the step writes), ``verify``
+    (a verify row's, not written by the call), ``snapshot`` (a snapshot destination)."""
+    roles: dict[int, str] = {}
+    flags = step.get("verify")
+    for i, s in enumerate(step.get("slots", [])):
+        if s == PAD_SLOT_ID:
+            continue
+        if step["op"] == "commit":
+            roles[s] = "own" if step["accepted"][i] > 0 else "kept"
+        elif step["op"] == "verify_spec" or (flags and flags[i]):
+            roles[s] = "verify"
+        else:
+            roles[s] = "own"
+    for s in step.get("snap_slot", []):
+        roles[int(s)] = "snapshot"
+    return roles
+
+
+def slots_fact(bad_slots: list[int], step: dict) -> Fact | None:
+    """Which slots of a pool hold the elements over the bound, by their role in the step."""
+    roles = slot_roles(step)
+    kinds = {roles.get(s, "untouched") for s in bad_slots}
+    said = {"own": "the step's own slots", "snapshot": "its snapshot destinations", "verify": "verify rows' slots",
+            "kept": "slots the step keeps as they were", "untouched": "slots the step must not touch"}
+    if len(kinds) == 1:
+        k = kinds.pop()
+        word = "slot" if len(bad_slots) == 1 else "slots"
+        return Fact("where", f"slots:{k}", f"only {word} {_list(bad_slots)}: {said[k]}")
+    parts = []
+    for k in ("own", "snapshot", "verify", "kept", "untouched"):
+        ss = [s for s in bad_slots if roles.get(s, "untouched") == k]
+        if ss:
+            parts.append(f"{_list(ss)} ({said[k]})")
+    return Fact("where", "slots:mixed", "slots " + "; ".join(parts))
+
+
+# --- equals ----------------------------------------------------------------------------------------
+
+
+def slot_meaning(step: dict | None, which: str, slot: int) -> str | None:
+    """What golden pool slot ``slot`` holds, in a commit's terms: ``which`` "before" (the pool before the
+    step) or "after" (the golden after it)."""
+    if step is None or step.get("op") != "commit":
+        return None
+    for i, s in enumerate(step["slots"]):
+        if s != slot or s == PAD_SLOT_ID:
+            continue
+        n = int(step["accepted"][i])
+        if which == "before":
+            return f"the state before sequence {i}'s draft window (0 draft tokens)"
+        if n > 0:
+            return f"the state after {n} draft token(s) of sequence {i}"
+    for m, d in enumerate(step.get("snap_slot", [])):
+        if d == slot and which == "after":
+            return f"the state after {step['snap_offset'][m]} draft token(s) of sequence {step['snap_seq'][m]}"
+    return None
+
+
+def asked(step: dict | None, slot: int) -> str | None:
+    """What a commit asks slot ``slot`` to hold, said as :func:`slot_meaning` says what it holds."""
+    return slot_meaning(step, "after", slot) if step is not None else None
+
+
+def equals_pool(actual, expected, d, elem, bad_slots, step, others) -> list[Fact]:
+    """For each slot over the bound, the golden slot it holds instead: the same or another slot of
+    another golden pool of the case (``others``: label -> pool), the zero state, or the slot as it was."""
+    facts = []
+    for s in bad_slots[:6]:
+        a = actual[s]
+        if close(a, np.zeros_like(a), d[s], elem):
+            facts.append(Fact("equals", "equals:zero", f"slot {s} holds the zero state"))
+            continue
+        hit = None
+        for label, pool in others.items():
+            if pool.shape != actual.shape:
+                continue
+            order = [s] + [t for t in range(pool.shape[0]) if t != s]
+            for t in order:
+                if close(a, pool[t], d[s], elem):
+                    hit = (label, t, pool)
+                    break
+            if hit:
+                break
+        if hit is None:
+            continue
+        label, t, _ = hit
+        which = "before" if label == "before" else "after" if label == "after" else None
+        meaning = slot_meaning(step, which, t) if which else None
+        want = asked(step, s)
+        if meaning:
+            text = f"slot {s} holds {meaning}" + (f" (the golden of slot {t})" if t != s else "")
+            code = "equals:draft_state" if "draft" in meaning and "0 draft" not in meaning else "equals:before"
+        elif label == "before":
+            text = (f"slot {s} holds what it held before the step (left unchanged)" if t == s
+                    else f"slot {s} holds what slot {t} held before the step")
+            code = "equals:before" if t == s else "equals:other_slot"
+        elif label == "after":
+            text, code = f"slot {s} holds the state the step should leave in slot {t}", "equals:other_slot"
+        else:
+            text = f"slot {s} holds {label}'s slot {t}" if t != s else f"slot {s} holds its state {label}"
+            code = "equals:other_call"
+        if label == "before" and t == s and s in slot_roles(step) and slot_roles(step)[s] in ("own", "snapshot"):
+            text += " (left unchanged, but this step should write it)"
+        if want and want != meaning:
+            text += f"; the step asked for {want}"
+        facts.append(Fact("equals", code, text))
+    return facts
+
+
+def equals_tensor(actual, expected, d, elem, others) -> Fact | None:
+    """The golden the whole tensor equals instead: another call's same tensor, the state before the call,
+    the zero state."""
+    if close(actual, np.zeros_like(actual), d, elem) and not close(expected, np.zeros_like(expected), d, elem):
+        return Fact("equals", "equals:zero", "it is all zeros (the zero state)")
+    for label, arr in others.items():
+        if arr.shape == actual.shape and close(actual, arr, d, elem):
+            code = ("equals:before" if label == "before" else "equals:other_tensor" if label.startswith("this call")
+                    else "equals:other_call")
+            return Fact("equals", code, f"it equals {'the state before the call' if label == 'before' else label}")
+    return None
+
+
+# --- relations -------------------------------------------------------------------------------------
+
+
+def _fit(a, e, keep_axes) -> np.ndarray:
+    ok = np.isfinite(a) & np.isfinite(e)
+    aa, ee = np.where(ok, a, 0.0), np.where(ok, e, 0.0)
+    axes = tuple(i for i in range(a.ndim) if i not in keep_axes)
+    num, den = np.sum(aa * ee, axis=axes, keepdims=True), np.sum(ee * ee, axis=axes, keepdims=True)
+    return np.where(den > 0, num / np.where(den > 0, den, 1.0), 1.0)
+
+
+def _enough(a: np.ndarray, keep: tuple[int, ...]) -> bool:
+    """A fit of one number per index of the axes ``keep`` has at least four elements per number (with
+    one token a scale per (head, channel) is one per element: it fits anything)."""
+    params = int(np.prod([a.shape[i] for i in keep])) if keep else 1
+    return a.size >= 4 * params
+
+
+def _scale_text(alpha: float, dims: dict | None) -> str:
+    named = [("2", 2.0), ("1/2", 0.5)]
+    if dims:
+        named += [("√dk", math.sqrt(dims["dk"])), ("1/√dk", 1 / math.sqrt(dims["dk"]))]
+    for name, v in named:
+        if abs(alpha / v - 1) < 0.01:
+            return f"×{alpha:.4g} (≈ {name})"
+    return f"×{alpha:.4g}"
+
+
+def relations(a, e, d, tensor: str, dims: dict | None, head_axis: int | None, token_axis: int | None,
+              elem: float | None = None) -> list[Fact]:
+    """The relations of :mod:`this module <symptoms>` that explain the error (at most one of the scales)."""
+    out: list[Fact] = []
+    if a.shape != e.shape:
+        if a.ndim >= 2 and a.shape == e.shape[:-2] + e.shape[-1:] + e.shape[-2:-1]:
+            return [Fact("relation", "relation:transpose", "its shape is the golden's last two axes swapped "
+                                                            "(the state transposed)")]
+        return out
+    alpha = float(_fit(a, e, ()).ravel()[0])
+    r = explained(a, e, alpha * e, d)
+    if r <= EXPLAINED and abs(alpha + 1) < SCALE_OFF:
+        out.append(Fact("relation", "relation:sign", f"the golden with its sign flipped (residual {r:.2g})"))
+    elif r <= EXPLAINED and abs(alpha - 1) > SCALE_OFF:
+        out.append(Fact("relation", "relation:uniform_scale",
+                        f"the golden times one uniform scale {_scale_text(alpha, dims)} (residual {r:.2g})"))
+    else:
+        fitted = False
+        if head_axis is not None and a.shape[head_axis] > 1 and _enough(a, (head_axis,)):
+            s = _fit(a, e, (head_axis,))
+            r = explained(a, e, s * e, d)
+            vals = s.ravel()
+            # one number per head fitted: stated at half the residual of a uniform scale, and only with every
+            # scale positive and not near zero (a head near zero is no scale of the golden but its loss)
+            if r <= EXPLAINED / 2 and np.ptp(vals) > SCALE_OFF and np.max(np.abs(vals - 1)) > SCALE_OFF \
+                    and np.min(vals) > 0.05:
+                shown = ", ".join(f"{v:.3g}" for v in vals[:8]) + (", ..." if len(vals) > 8 else "")
+                out.append(Fact("relation", "relation:per_head_scale",
+                                f"the golden times a scale per head [{shown}] (residual {r:.2g})"))
+                fitted = True
+        feature_last = head_axis != a.ndim - 1  # the last axis a vector's features, not the heads (g, beta)
+        if not fitted and feature_last and a.ndim >= 2 and a.shape[-1] > 1:
+            # many numbers fitted: stated at MANY_FITTED (a weight's channels may be of any sign)
+            last = a.ndim - 1
+            tries = [("relation:per_channel_scale", (last,), "the golden times a scale per channel of its last axis")]
+            if head_axis is not None and head_axis != last:
+                tries.append(("relation:head_channel_scale", (head_axis, last),
+                              "the golden times a scale per head and channel (one per weight of a [H, d] vector)"))
+            for code, keep, said in tries:
+                if not _enough(a, keep):
+                    continue
+                sc = _fit(a, e, keep)
+                rc = explained(a, e, sc * e, d)
+                if _many_fit(rc, a, e, sc * e, d, elem) and np.max(np.abs(sc - 1)) > SCALE_OFF:
+                    out.append(Fact("relation", code, f"{said} (residual {rc:.2g})"))
+                    fitted = True
+                    break
+        if not fitted and feature_last and a.ndim >= 2 and a.shape[-1] >= 4:
+            sv = _fit(a, e, tuple(range(a.ndim - 1)))  # a scale per vector: each last-axis vector as a whole
+            rv = explained(a, e, sv * e, d)
+            if _many_fit(rv, a, e, sv * e, d, elem) and np.max(np.abs(sv - 1)) > SCALE_OFF and np.min(sv) > 0.05:
+                lo, hi = float(np.min(sv)), float(np.max(sv))
+                out.append(Fact("relation", "relation:vector_scale",
+                                f"each {'head' if head_axis is not None else 'token'}'s vector of the golden scaled as "
+                                f"a whole, by {lo:.3g} to {hi:.3g} (residual {rv:.2g})"))
+                fitted = True
+        if not fitted and head_axis is not None and not feature_last:  # one value per head: g, beta, a, b
+            f = monotone_fact(a, e, head_axis)
+            if f:
+                out.append(f)
+    if tensor == "conv_state" and a.shape[-1] > 1:  # [.., C, K]: the window's columns, oldest first
+        for code, sa, se, text in (("relation:window_shift", slice(0, -1), slice(1, None),
+                                    "each column of the conv window holds the golden's next one (the window one "
+                                    "token stale)"),
+                                   ("relation:window_shift", slice(1, None), slice(0, -1),
+                                    "each column of the conv window holds the golden's previous one")):
+            r = explained(a[..., sa], e[..., sa], e[..., se], d[..., sa])
+            if r <= EXPLAINED:
+                out.append(Fact("relation", code, f"{text} (residual {r:.2g})"))
+                break
+    if tensor == "recurrent_state" and a.shape[-1] == a.shape[-2] and a.shape[-1] > 1:
+        r = explained(a, e, np.swapaxes(e, -1, -2), d)
+        if r <= EXPLAINED:
+            out.append(Fact("relation", "relation:transpose", f"the golden with each head's state transposed "
+                                                              f"(residual {r:.2g})"))
+    if head_axis is not None and a.shape[head_axis] > 2:
+        perm = head_permutation(a, e, d, head_axis)
+        if perm is not None:
+            r = explained(a, e, np.take(e, perm, axis=head_axis), d)
+            if r <= EXPLAINED:
+                out.append(Fact("relation", "relation:head_perm", _perm_text(perm, dims) + f" (residual {r:.2g})"))
+    if token_axis is not None and a.shape[token_axis] > 2:
+        T = a.shape[token_axis]
+        for code, src, text in (("relation:shift_late", slice(0, T - 1), "each token holds its predecessor's golden"),
+                                ("relation:shift_early", slice(1, T), "each token holds its successor's golden")):
+            sl_a = [slice(None)] * a.ndim
+            sl_a[token_axis] = slice(1, T) if code.endswith("late") else slice(0, T - 1)
+            sl_e = [slice(None)] * a.ndim
+            sl_e[token_axis] = src
+            r = explained(a[tuple(sl_a)], e[tuple(sl_a)], e[tuple(sl_e)], d[tuple(sl_a)])
+            if r <= EXPLAINED:
+                out.append(Fact("relation", code, f"{text}: the tokens shifted by one (residual {r:.2g})"))
+        r = explained(a, e, np.flip(e, axis=token_axis), d)
+        if r <= EXPLAINED:
+            out.append(Fact("relation", "relation:reversed",
+                            f"the golden's tokens in reverse order (residual {r:.2g})"))
+    return out
+
+
+def monotone_fact(a, e, head_axis: int | None) -> Fact | None:
+    """Each head's values (or the whole tensor's) an increasing or a decreasing function of the golden's
+    (rank correlation at least 0.999 on every head, the same direction on all), far from the golden
+    itself (the error at least 5 % of its size): the same input through another map."""
+    from scipy.stats import spearmanr
+
+    groups = ([np.take(a, h, axis=head_axis).ravel() for h in range(a.shape[head_axis])],
+              [np.take(e, h, axis=head_axis).ravel() for h in range(a.shape[head_axis])]) \
+        if head_axis is not None else ([a.ravel()], [e.ravel()])
+    signs = set()
+    for ga, ge in zip(*groups):
+        ok = np.isfinite(ga) & np.isfinite(ge)
+        ga, ge = ga[ok], ge[ok]
+        if len(ga) < 8 or np.ptp(ge) == 0 or np.ptp(ga) == 0:
+            return None
+        rho = float(spearmanr(ga, ge).statistic)
+        if not abs(rho) >= 0.999:
+            return None
+        signs.add(rho > 0)
+    if len(signs) != 1:
+        return None
+    ok = np.isfinite(a) & np.isfinite(e)
+    if np.linalg.norm(a[ok] - e[ok]) < 0.05 * np.linalg.norm(e[ok]):
+        return None
+    way = "an increasing" if signs.pop() else "a decreasing"
+    where = "each head's values are" if head_axis is not None else "its values are"
+    return Fact("relation", "relation:monotone_map", f"{where} {way} function of the golden's (rank correlation "
+                                                     "≥ 0.999), not a scale of them")
+
+
+def ratio_fact(a, e, others: dict) -> Fact | None:
+    """The port's value over the golden's, element by element, a monotone function of another golden
+    tensor of the same call (rank correlation at least 0.999 where the golden is not near zero): the
+    error is in how that tensor enters (an output gate of z)."""
+    from scipy.stats import spearmanr
+
+    ok = np.isfinite(a) & np.isfinite(e) & (np.abs(e) > 1e-3 * max(float(np.max(np.abs(e[np.isfinite(e)]),
+                                                                                   initial=0.0)), 1e-30))
+    if ok.sum() < 16:
+        return None
+    ratio = a[ok] / e[ok]
+    if np.ptp(ratio) < SCALE_OFF:
+        return None
+    for label, other in others.items():
+        if not label.startswith("this call's golden") or other.shape != a.shape:
+            continue
+        x = other[ok]
+        if not np.all(np.isfinite(x)) or np.ptp(x) == 0:
+            continue
+        rho = float(spearmanr(ratio, x).statistic)
+        if abs(rho) >= 0.999:
+            name = label.removeprefix("this call's golden ")
+            way = "an increasing" if rho > 0 else "a decreasing"
+            return Fact("relation", "relation:ratio_map", f"its ratio to the golden is {way} function of this "
+                                                          f"call's {name}, element by element (rank correlation "
+                                                          f"{abs(rho):.4f})")
+    return None
+
+
+def calls_fact(step: dict | None, earlier_pass: bool, call: int | None) -> Fact | None:
+    """Every call before this one passes, and this one continues requests an earlier call left (every
+    sequence at a position past 0): what the state carries between calls is the first thing wrong."""
+    if step is None or not call or not earlier_pass:
+        return None
+    pos = step.get("seq_pos")
+    pos = [pos] if isinstance(pos, int) else list(pos or [])
+    if not pos or not all(int(p) > 0 for p in pos):
+        return None
+    return Fact("where", "calls:continuation", f"every call before call {call} passes; call {call} is the first "
+                                               "to fail, and every sequence in it continues from an earlier call")
+
+
+def head_permutation(a, e, d, axis: int) -> np.ndarray | None:
+    """The order of the golden's heads that best matches the port's (assignment on the squared scaled
+    distance between heads), or None when it is the identity."""
+    n = a.shape[axis]
+    A, E, D = (np.moveaxis(x, axis, 0).reshape(n, -1) for x in (a, e, np.broadcast_to(d, a.shape)))
+    ok = np.isfinite(A).all(0) & np.isfinite(E).all(0) & (D > 0).all(0)
+    if not ok.any():
+        return None
+    A, E, D = A[:, ok], E[:, ok], D[:, ok]
+    cost = np.array([[np.sum(((A[i] - E[j]) / D[i]) ** 2) for j in range(n)] for i in range(n)])
+    _, cols = linear_sum_assignment(cost)
+    return None if np.array_equal(cols, np.arange(n)) else cols
+
+
+def _perm_text(perm, dims: dict | None) -> str:
+    n = len(perm)
+    if dims and dims["Hk"] > 1 and n % dims["Hk"] == 0 and n > dims["Hk"]:
+        hk, r = dims["Hk"], n // dims["Hk"]
+        tiled = np.array([(p % hk) * r + p // hk for p in range(n)])
+        if np.array_equal(perm, tiled):
+            return "the golden's heads in the tiled order (position p holds interleaved head (p % Hk)·r + p // Hk)"
+        if np.array_equal(perm, np.argsort(tiled)):
+            return "the golden's heads in the interleaved order read as tiled"
+    return f"the golden's heads permuted: position p holds head [{_list(perm)}][p]"
+
+
+def rounding_fact(a, e, bad, profile: str) -> Fact | None:
+    """The error's size in a coarser dtype's rounding units, where every failing element is within a
+    few of them and most of them are past a tenth of one: an intermediate stored in that dtype."""
+    mine = {"f32": 24, "bf16": 8, "f16": 11, "f64": 53}.get(profile, 24)
+    fin = bad & np.isfinite(a) & np.isfinite(e) & (e != 0)
+    if fin.sum() < 8:
+        return None
+    for name, bits in ROUNDING_BITS.items():
+        if bits >= mine:
+            continue
+        ulp = 2.0 ** (np.floor(np.log2(np.abs(e[fin]))) - (bits - 1))
+        u = np.abs(a[fin] - e[fin]) / ulp
+        if float(np.max(u)) <= 2.0 and float(np.median(u)) >= 0.1:
+            return Fact("relation", "relation:rounding",
+                        f"the error is rounding-sized: at most {np.max(u):.2g} {name} ulp of each failing element "
+                        f"(median {np.median(u):.2g}), as a value stored or computed in less precision than "
+                        f"{profile} leaves")
+    return None
+
+
+# --- all together ----------------------------------------------------------------------------------
+
+
+def measure(actual, expected, tensor: str, *, scale, elem: float, profile: str, config: dict | None = None,
+            step: dict | None = None, others: dict | None = None, call_step: dict | None = None,
+            call: int | None = None, earlier_pass: bool = False) -> list[Fact]:
+    """The facts of one failing tensor (module docstring). ``actual``/``expected`` as the judge saw them
+    (a packed stage tensor as one row ``[1, total_tokens, ...]``), ``scale`` the judge's denominator,
+    ``elem`` its element bound, ``step`` the program step (a packed call's layout, a commit's request),
+    ``others``: label -> another golden of the case to search (``before``: the state before the step;
+    ``after``: this step's golden, searched slot by slot; ``this call's golden X``: another tensor of the
+    call; other labels: other calls' tensors); ``call_step`` the step (for :func:`calls_fact`, with
+    ``call`` and ``earlier_pass``: whether every record of the earlier steps passes)."""
+    a, e = np.asarray(actual, dtype=np.float64), np.asarray(expected, dtype=np.float64)
+    others = {k: np.asarray(v, dtype=np.float64) for k, v in (others or {}).items()}
+    dims = _dims(config)
+    if a.shape != e.shape:
+        return relations(a, e, None, tensor, dims, None, None)
+    d = np.broadcast_to(np.asarray(1.0 if scale is None else scale, dtype=np.float64), a.shape)
+    with np.errstate(all="ignore"):
+        err = np.where(np.isfinite(a) & np.isfinite(e), np.abs(a - e) / d, np.where(np.isnan(a) | np.isnan(e)
+                       | (a != e), np.inf, 0.0))
+    bad = err > elem
+    if not bad.any():
+        return []
+    facts: list[Fact] = []
+    f = calls_fact(call_step, earlier_pass, call)
+    if f:
+        facts.append(f)
+    spec = _spec(tensor)
+    is_state = tensor in STATE_NAMES
+    pool = is_state and step is not None and "slots" in step
+    head_axis = spec.head_axis + 1 if spec is not None and spec.head_axis is not None else None
+    token_axis = None if is_state or a.ndim < 2 else 1
+    if head_axis is not None and a.ndim > head_axis:
+        kind = "key" if spec.shape[spec.head_axis] == "Hk" else "value"
+        f = heads_fact(bad.any(axis=tuple(i for i in range(a.ndim) if i != head_axis)), a.shape[head_axis], dims, kind)
+        if f:
+            facts.append(f)
+    if token_axis is not None and a.shape[1] > 1:
+        per = err.max(axis=tuple(i for i in range(a.ndim) if i != 1))
+        bt = bad.any(axis=tuple(i for i in range(a.ndim) if i != 1))
+        if step is not None and "cu_seqlens" in step:
+            f = rows_fact(bt, step)
+            if f:
+                facts.append(f)
+            facts += _packed_tokens(bt, step, dims if tensor in CONV_TENSORS else None)
+        else:
+            f = tokens_fact(bt, per, elem, dims["K"] if dims and tensor in CONV_TENSORS else None)
+            if f:
+                facts.append(f)
+    if tensor in ("qkv", "qkv_conv", "conv_state"):
+        ch_axis = a.ndim - 1 if tensor != "conv_state" else 1
+        f = channels_fact(bad.any(axis=tuple(i for i in range(a.ndim) if i != ch_axis)), dims)
+        if f:
+            facts.append(f)
+    if pool:
+        bad_slots = [int(s) for s in np.flatnonzero(bad.reshape(a.shape[0], -1).any(axis=1))]
+        f = slots_fact(bad_slots, step)
+        if f:
+            facts.append(f)
+        facts += equals_pool(a, e, d, elem, bad_slots, step, {k: v for k, v in others.items()
+                                                              if k in ("before", "after")})
+    else:
+        f = equals_tensor(a, e, d, elem, others)
+        if f:
+            facts.append(f)
+    if not pool:
+        rel = relations(a, e, d, tensor, dims, head_axis, token_axis, elem)
+        if not rel:
+            f = ratio_fact(a, e, others)
+            rel = [f] if f else []
+        facts += rel
+    f = rounding_fact(a, e, bad, profile)
+    if f and not any(x.kind == "relation" for x in facts):
+        facts.append(f)
+    return facts
+
+
+def _packed_tokens(bad_tokens: np.ndarray, step: dict, dims: dict | None) -> list[Fact]:
+    """Tokens of a packed call's failing sequences: only the first K−1 of each, or from a token on."""
+    cu = [int(c) for c in step["cu_seqlens"]]
+    K = dims["K"] if dims else None
+    firsts, heads_only = [], K is not None
+    for i in range(len(cu) - 1):
+        seg = bad_tokens[cu[i]:cu[i + 1]]
+        if seg.any():
+            idx = np.flatnonzero(seg)
+            firsts.append(int(idx[0]))
+            heads_only &= bool(K and idx[-1] < K - 1 and len(seg) > K - 1)
+    if not firsts:
+        return []
+    if heads_only:
+        return [Fact("where", "tokens:conv_head", f"only within the first K−1 = {K - 1} tokens of each failing "
+                                                  "sequence, those whose conv window reaches into the slot")]
+    if all(f == 0 for f in firsts):
+        return [Fact("where", "tokens:seq_start", "from the first token of each failing sequence")]
+    return []
+
+
+def text(facts: list[Fact]) -> str:
+    """The facts said in one clause: ``where …; equals …; relation …``."""
+    return "; ".join(f.text for f in facts)
+
+
+def _ordinal(n: int) -> str:
+    return f"{n}{'nd' if n % 10 == 2 and n % 100 != 12 else 'rd' if n % 10 == 3 and n % 100 != 13 else 'th'}"

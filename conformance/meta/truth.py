@@ -1,0 +1,140 @@
+"""What each mutant's failure truly is: its ground-truth symptoms, declared by hand from the bug's
+definition (never from what ``conformance/judge/symptoms.py`` says), so that the leave-one-class-out
+matrix (``kill_matrix.leave_one_out``) can judge the symptoms independently.
+
+``TRUTH[name]`` maps a kind of fact (the part of a symptom's code before ``:``: ``heads``, ``tokens``,
+``calls``, ``rows``, ``slots``, ``channels``, ``equals``, ``relation``) to the codes that are true of the bug at
+its first divergence, on every case. A stated fact of a declared kind whose code is not listed is
+**wrong**; a fact of a kind the mutant does not declare is **unverified** (counted apart, never as
+true). Where a kind depends on the case it is left undeclared: which heads a scale bug shows on (on
+sigmoid-edges a fully forgetting head's core is zero, and zero times any scale is within the bound).
+"""
+
+from __future__ import annotations
+
+ANY_HEADS = frozenset({"all", "some", "one", "group", "stride"})
+EVERY = frozenset({"all"})
+#: codes that say something specific (the rest, every head or every token, are true of most bugs)
+GENERIC = frozenset({"heads:all", "tokens:all", "tokens:seq_start"})
+
+
+def _t(**kinds) -> dict[str, frozenset]:
+    return {k: frozenset(v) for k, v in kinds.items()}
+
+
+#: where every element of a tensor is off (a bug in a per-element map): every token and head
+_PER_ELEMENT = dict(tokens={"all", "seq_start"})
+#: a commit or a snapshot that keeps the wrong one of the verify's states: in the step's own slots (or
+#: its snapshot destinations), holding another state of the window (or the one before it)
+_COMMIT = dict(slots={"own", "snapshot", "mixed"}, equals={"draft_state", "before", "other_slot"})
+
+#: a gate's nonlinearity replaced (or clamped): each head's values a monotone function of the golden's,
+#: which on a head whose input barely varies (an edge case's constant b) is one scale for the head
+_MAP = {"monotone_map", "per_head_scale"}
+
+TRUTH: dict[str, dict[str, frozenset]] = {
+    "head_grouping_tiled": _t(heads={"some", "one", "stride", "group"}),
+    "norm_weight_plain": _t(relation={"per_channel_scale"}, **_PER_ELEMENT),
+    "missing_l2_norm": _t(relation={"vector_scale", "per_head_scale", "uniform_scale"}, **_PER_ELEMENT),
+    "scale_doubled": _t(relation={"uniform_scale"}),
+    # rmsnorm(c·s)·w against rmsnorm(c)·w·s: the ratio rms(c) / rms(c·s), one number per vector
+    "gate_before_norm": _t(relation={"vector_scale"}, **_PER_ELEMENT),
+    "decay_after_write": _t(tokens={"all", "from", "growing", "some", "seq_start"}),
+    "conv_state_shifted": _t(relation={"window_shift"}),
+    "qkv_split_order": _t(equals={"other_tensor"}, **_PER_ELEMENT),
+    "state_transposed": _t(relation={"transpose"}),
+    "softplus_replaced": _t(relation=_MAP),
+    "sigmoid_replaced": _t(relation=_MAP, **_PER_ELEMENT),
+    "bf16_recurrent_state": _t(relation={"rounding"}),
+    "initial_state_ignored": _t(equals=set(), relation=set(), calls={"continuation"}),
+    "snapshot_aliases_state": _t(tokens={"conv_head", "only0"}, calls={"continuation"}),
+    "no_reset_on_mismatch": _t(tokens={"conv_head", "only0"}),
+    "per_head_norm_read_as_shared": _t(relation={"head_channel_scale"}),
+    "softplus_clamped_20": _t(relation=_MAP),
+    "beta_clamped_15": _t(relation=_MAP),
+    "l2norm_eps_max": _t(relation={"vector_scale", "per_head_scale"}),
+    "l2norm_eps_outside_sqrt": _t(relation={"vector_scale", "per_head_scale"}),
+    "rmsnorm_eps_outside_sqrt": _t(relation={"vector_scale", "uniform_scale", "per_channel_scale"}),
+    "gated_norm_eps_outside_sqrt": _t(relation={"vector_scale", "per_head_scale"}),
+    # (1 + w) / w per weight: a scale per channel, per (head, channel) where the weight is per head
+    "gated_norm_weight_one_plus": _t(relation={"per_channel_scale", "head_channel_scale"}, **_PER_ELEMENT),
+    "softplus_naive": _t(),
+    "gate_f16": _t(relation={"rounding"}),
+    "decay_clamped": _t(),
+    "f16_recurrent_state": _t(relation={"rounding"}),
+    "state_norm_clamp_1000": _t(relation={"per_head_scale", "uniform_scale"}),
+    "decay_quotient_of_exps": _t(),
+    "state_heads_tiled": _t(relation={"head_perm"}, heads={"some", "stride", "group", "one"}),
+    "conv_window_shifted": _t(relation={"shift_late"}),
+    "l2norm_eps_clamp_sum": _t(relation={"vector_scale", "per_head_scale"}),
+    "qk_norm_rms_form": _t(relation={"uniform_scale", "per_head_scale", "vector_scale"}, **_PER_ELEMENT),
+    "state_bf16_write_back": _t(relation={"rounding"}),
+    "state_read_transposed": _t(calls={"continuation"}),
+    "stale_conv_state_on_reset": _t(tokens={"conv_head", "only0"}),
+    "output_gate_sigmoid": _t(relation={"ratio_map"}, **_PER_ELEMENT),
+    "output_gate_missing_silu": _t(relation={"ratio_map"}, **_PER_ELEMENT),
+    "conv_missing_silu": _t(relation={"monotone_map"}, **_PER_ELEMENT),
+    "a_log_sign": _t(relation={"sign", "monotone_map"}),
+    "a_log_converted_twice": _t(relation={"per_head_scale", "per_channel_scale", "monotone_map"}),
+    "chunk_masked_exp": _t(),
+    "converter_ab_heads_tiled": _t(heads={"some", "one", "stride", "group"}, relation={"head_perm"}),
+    "gates_head_major_when_mha": _t(),
+    # the sparse block's
+    "softmax_after_topk": _t(),
+    "routing_not_renormalised": _t(),
+    "shared_gate_without_sigmoid": _t(),
+    "shared_expert_dropped": _t(),
+    "expert_gate_up_swapped": _t(),
+    # the serving patterns'
+    "conv_window_leaks": _t(tokens={"conv_head", "seq_start"}, rows={"some", "verify", "plain"}),
+    "chunk_straddles": _t(),
+    "slot_read_i_written_j": _t(slots={"own", "mixed"}, equals={"other_slot"}),
+    "padding_slot_written": _t(),
+    "commit_off_by_one": _t(**_COMMIT),
+    "snapshot_chunk_late": _t(slots={"snapshot"}, equals={"other_slot", "draft_state"}),
+    "commit_one_late": _t(**_COMMIT),
+    "commit_capped_4": _t(**_COMMIT),
+    "mixed_plain_rows_from_zero": _t(rows={"plain"}),
+    "free_keeps_conv_state": _t(tokens={"conv_head", "only0"}),
+    # held out (heldout_mutants.py)
+    "conv_weight_v_shifted": _t(channels={"v"}, **_PER_ELEMENT),
+    "state_one_call_late": _t(equals=set(), calls={"continuation"}),
+    "l2norm_eps_dk_times": _t(relation={"vector_scale", "per_head_scale"}),
+    "z_one_token_late": _t(tokens={"from"}),
+}
+
+
+#: a relation that is a special case of another: true wherever one it specialises is (a uniform scale
+#: is a scale per head whose heads agree). A sign flip is declared where true: a bug's scale may be
+#: positive by construction (exp(−exp(A)) / exp(A)).
+SPECIAL_CASE_OF = {
+    "uniform_scale": {"per_head_scale", "per_channel_scale", "head_channel_scale", "vector_scale"},
+    "per_head_scale": {"head_channel_scale", "vector_scale"},
+    "per_channel_scale": {"head_channel_scale"},
+}
+
+
+def _widened(codes: frozenset) -> set:
+    out, grew = set(codes), True
+    while grew:
+        grew = False
+        for special, general in SPECIAL_CASE_OF.items():
+            if special not in out and out & general:
+                out.add(special)
+                grew = True
+    return out
+
+
+def judge_fact(name: str, code: str) -> str:
+    """``true``, ``wrong`` or ``unverified``: a stated symptom's code (``kind:what``) against mutant
+    ``name``'s declared truth (a relation: its special cases too, :data:`SPECIAL_CASE_OF`)."""
+    kind, _, what = code.partition(":")
+    declared = TRUTH.get(name, {})
+    if kind not in declared:
+        return "unverified"
+    true = _widened(declared[kind]) if kind == "relation" else declared[kind]
+    return "true" if what in true else "wrong"
+
+
+def specific(code: str) -> bool:
+    return code not in GENERIC
