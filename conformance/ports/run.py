@@ -373,6 +373,9 @@ def _run_isolated(factory, inp: CaseInput, gold: SafetensorsFile, profile: str, 
                 continue
             try:
                 result = run_stage(stage, inputs) if layout is None else run_packed(stage, inputs, layout)
+            except NotApplicable as exc:  # a call the port does not run (a packed one, say): the case's verdict
+                return {}, None, getattr(impl, "name", None), {"reason": str(exc) or "not applicable",
+                                                               "step": inp.program.index(step)}
             except Exception as exc:  # noqa: BLE001 - recorded for verify
                 error = {"code": error_code(exc), "message": str(exc), "step": inp.program.index(step)}
                 return outputs, error, getattr(impl, "name", None), None

@@ -225,6 +225,11 @@ class VllmTritonStages(SGLangStages):
 
     label = "vllm triton"
 
+    #: SGLang's packed calls (:meth:`SGLangStages.run_packed_stage`) are not wired to vLLM's kernels (its null
+    #: block, time-first conv pool and per-token slots): a serving case that keeps its packed calls' stage inputs
+    #: is not applicable here (``gdncheck run`` says so), not run through SGLang's glue
+    run_packed_stage = None
+
     def load_kernels(self, interpreted: bool) -> Kernels:
         """vLLM's kernel modules (:class:`Kernels` of this module), not SGLang's."""
         return kernels(interpreted)
