@@ -370,6 +370,11 @@ class VllmGDN(StageOnly):
                 return self._packed_fused(stash, self._in(inputs["recurrent_state"], self.torch.float32), call)
         return {}
 
+    def packed_slot(self, slot: int, size: int) -> int:
+        """vLLM's slot of a program's pool slot (of ``size``): ``slot + 1``, vLLM's slot 0 being the null block that
+        no request owns; the padding id -1 the scratch slot ``size + 1``."""
+        return slot + 1 if slot >= 0 else size + 1
+
     def _packed_fused(self, stash, rec_pool, call):
         """The call as vLLM's scheduler hands it over: each batch's decode rows (one token, a prior state) first,
         then its prefills, ``has_initial_state`` where the sequence has tokens before (``seq_pos > 0``); program
@@ -381,16 +386,17 @@ class VllmGDN(StageOnly):
         torch, cfg = self.torch, self.cfg
         qkv, a, b = stash["qkv"], stash["a"], stash["b"]
         cu = [int(c) for c in call["cu_seqlens"]]
-        S = rec_pool.shape[0]  # program slot s is vLLM's s + 1: vLLM's slot 0 is the null block (never a request's)
-        slots = [int(x) + 1 if int(x) >= 0 else S + 1 for x in call["slots"]]
+        S = rec_pool.shape[0]
+        slots = [self.packed_slot(int(x), S) for x in call["slots"]]
         pos = [int(p) for p in call["seq_pos"]]
-        snaps = [(m, off, dest + 1) for m, off, dest in zip(*(np.asarray(call[f]).tolist() for f in (
+        snaps = [(m, off, self.packed_slot(dest, S)) for m, off, dest in zip(*(np.asarray(call[f]).tolist() for f in (
             "snap_seq", "snap_offset", "snap_slot")))] if "snap_seq" in call else []
         conv = torch.zeros((S + 2, self.K - 1, self.conv_dim), dtype=self.bf16)
         ssm = torch.zeros((S + 2, cfg.num_v_heads, cfg.head_v_dim, cfg.head_k_dim), dtype=self.ssm_dtype)
         view = self.v.gdn._ssm_state_view(types.SimpleNamespace(kv_cache=[conv, ssm]))
-        conv[1:S + 1] = self.conv_in(stash["conv_state"]).to(self.bf16)
-        view[1:S + 1] = self.state_in(rec_pool).to(self.ssm_dtype)
+        rows, states = self.conv_in(stash["conv_state"]), self.state_in(rec_pool)
+        for s in range(S):
+            conv[self.packed_slot(s, S)], view[self.packed_slot(s, S)] = rows[s], states[s].to(self.ssm_dtype)
         before = (conv.clone(), ssm.clone())
         cuts = [sorted({off for m, off, _ in snaps if m == i} | {cu[i + 1] - cu[i]}) for i in range(len(slots))]
         core = torch.zeros((cu[-1], cfg.num_v_heads, cfg.head_v_dim), dtype=self.bf16)
@@ -421,7 +427,7 @@ class VllmGDN(StageOnly):
         if call["op"] == "verify_spec":
             conv, ssm = before
             view = self.v.gdn._ssm_state_view(types.SimpleNamespace(kv_cache=[conv, ssm]))
-        state = self.state_out(torch.stack([view[s + 1] for s in range(S)]).to(torch.float32))
+        state = self.state_out(torch.stack([view[self.packed_slot(s, S)] for s in range(S)]).to(torch.float32))
         return {"core": core, "recurrent_state": state}
 
     # --- the speculative-decoding path (option path=spec) ----------------------------------------------
