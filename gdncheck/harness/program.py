@@ -311,8 +311,8 @@ def _capture_pool_in(impl: Implementation, pool: Any, step: Mapping[str, Any], k
     padding sequence reads zeros and names no slot)."""
     arrays = {n: np.array(to_numpy(a), dtype=np.float64, copy=True) for n, a in impl.state_arrays(pool).items()}
     seq_len = arrays["seq_len"].astype(np.int64)
-    for slot, pos in zip(step["slots"], step["seq_pos"]):
-        if int(slot) >= 0 and seq_len[int(slot)] != int(pos):
+    for slot, pos in zip(step["slots"], step["seq_pos"]):  # a slot outside the pool: the call's own check refuses it
+        if 0 <= int(slot) < len(seq_len) and seq_len[int(slot)] != int(pos):
             for name in STATE_NAMES:
                 arrays[name][int(slot)] = 0.0
     for name in STATE_NAMES:
