@@ -140,3 +140,19 @@ def test_verify_judges_a_written_packed_case_and_notes_one_a_runner_skipped(suit
     (case,) = verify(suite, tmp_path / "rec", "f32", cases=["d128-prefix"], stage_isolated=True).cases
     assert case.status == "fail"  # judged: a case that judges no tensor fails (FORMAT.md §2, coverage)
     assert all(is_packed(s) for s in call_steps(_entries(suite)["d128-prefix"]["program"]))
+
+
+class _Refuses(_Recorder):
+    """A packed path that refuses one kind of call (as vLLM's spec path refuses packed calls)."""
+
+    def run_packed_stage(self, stage, inputs, call):
+        from gdncheck.harness import NotApplicable
+
+        if call["op"] == "verify_spec":
+            raise NotApplicable("no speculative verify here")
+        return {}
+
+
+def test_a_stage_that_says_not_applicable_makes_the_case_not_applicable_not_an_engine_error(suite, tmp_path):
+    rep = run_impl(_Refuses, suite, tmp_path / "na", "f32", cases=["d128-spec-decode"], stage_isolated=True)
+    assert [(c.status, c.detail) for c in rep.cases] == [("not_applicable", "at step 2: no speculative verify here")]
