@@ -9,7 +9,9 @@ On a case built here (dk = dv = 128, the kernels' only head dim; two rows; a pre
 one-token call where row 0 restarts, so vLLM's batch holds row 1 as a decode before row 0 as a prefill),
 vLLM's output conforms, and each piece of glue done wrong is caught: the state not in ``_ssm_state_view``'s
 layout, a row handed another row's slot, a and b swapped, the conv state's oldest columns kept instead of the
-newest, the rows left in gdncheck's order where vLLM wants decode rows first."""
+newest, the rows left in gdncheck's order where vLLM wants decode rows first. On the real-size serving case
+d128-packed (built from its recipe: packed calls over the program's own pool), vLLM conforms and a request put
+in vLLM's null slot 0 fails its decode."""
 
 from __future__ import annotations
 
