@@ -6,8 +6,13 @@ driven through SGLang's serving convention (packed rows, a padding sequence, poo
 softplus (f32); and each piece of glue the adapter does, done wrong, fails verify: the state not transposed
 to SGLang's [V, K], a wrong cache index, a and b swapped, the conv state's oldest columns kept.
 
-Every run happens in one child process (the kernels need the interpreter chosen before triton is imported,
-and other test modules import triton without it): 8 runs of one case, about 40 s of CPU."""
+On the real-size serving case d128-spec-decode (built from its recipe: packed calls over the program's own pool,
+a speculative verify, a padding sequence), SGLang's target-verify kernel conforms, and a packed call handed its
+neighbouring slots fails.
+
+Every run happens in one child process per case (the kernels need the interpreter chosen before triton is
+imported, and other test modules import triton without it): 8 runs of one case and 2 of the serving case;
+12 tests, 76 s wall here (2026-12-07)."""
 
 from __future__ import annotations
 
