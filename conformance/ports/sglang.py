@@ -369,9 +369,29 @@ class SGLangStages(StageOnly):
         with ctx, self.torch.no_grad():
             return run(inputs) if stage == "qk_norm" else run(inputs, call)
 
+    #: the slot id of the adapter's own padding sequence in a packed call's launches
+    packed_pad = PAD_SLOT_ID
+
+    def packed_slot(self, slot: int, size: int) -> int:
+        """The engine's pool slot of a program's slot (``size``: the program's scratch slot, past its pool)."""
+        return slot
+
+    def packed_pool_size(self, size: int) -> int:
+        """The engine's pool for a program's pool of ``size`` slots: those and the scratch slot."""
+        return size + 1
+
+    def packed_conv_pool(self, n: int, C: int, K: int):
+        """The conv pool of ``n`` slots as allocated (written with :meth:`conv_in`'s rows) and as the kernels
+        take it ([n, C, K-1] both, for SGLang)."""
+        pool = self.torch.zeros((n, C, K - 1), dtype=self.dtype, device=self.device)
+        return pool, pool
+
+    def conv_update(self, xt, view, idx):
+        return self.k.conv.causal_conv1d_update(xt, view, self.conv_weight, None, "silu", conv_state_indices=idx)
+
     def _packed_indices(self, pk: Packed, seqs: list[int]):
-        return self.torch.tensor([pk.slots[i] for i in seqs] + [PAD_SLOT_ID], dtype=self.torch.int32,
-                                 device=self.device)
+        return self.torch.tensor([self.packed_slot(pk.slots[i], pk.S) for i in seqs] + [self.packed_pad],
+                                 dtype=self.torch.int32, device=self.device)
 
     def packed_gates(self, inputs, call) -> dict:
         got = self.gates({n: np.asarray(inputs[n])[None] for n in ("a", "b")})
@@ -385,9 +405,10 @@ class SGLangStages(StageOnly):
         qkv, c0 = np.asarray(inputs["qkv"]), np.asarray(inputs["conv_state"])
         pk = Packed(call, c0.shape[0])
         K, C = cfg.conv_kernel, qkv.shape[1]
-        pool = torch.zeros((pk.S + 1, C, K - 1), dtype=self.dtype, device=self.device)
-        pool[: pk.S] = self._t(self.conv_in(c0), self.dtype)
-        work = pool.clone() if pk.op == "verify_spec" else pool
+        pool, work = self.packed_conv_pool(self.packed_pool_size(pk.S), C, K)
+        rows = self._t(self.conv_in(c0), self.dtype)
+        for s in range(pk.S):  # a verify_spec call's slots are read back from nowhere: its pool is not written
+            pool[self.packed_slot(s, pk.S)] = rows[s]
         if self.kernel in FUSED:
             x = self._t(qkv, self.dtype)
             out = torch.zeros_like(x)
@@ -395,8 +416,7 @@ class SGLangStages(StageOnly):
                 seqs = [i for i in range(pk.n) if pk.lengths[i] > t]
                 rows = [pk.cu[i] + t for i in seqs]
                 xt = torch.cat([x[rows], x[:1]])
-                out[rows] = self.k.conv.causal_conv1d_update(xt, work, self.conv_weight, None, "silu",
-                                                             conv_state_indices=self._packed_indices(pk, seqs))[:-1]
+                out[rows] = self.conv_update(xt, work, self._packed_indices(pk, seqs))[:-1]
         else:
             x = self._t(pk.rows(qkv), self.dtype)
             out = self.k.conv.causal_conv1d_fn(
@@ -407,7 +427,7 @@ class SGLangStages(StageOnly):
                 activation="silu").transpose(0, 1)[: pk.T]
         from gdncheck.harness import to_numpy
         state = np.array(c0, dtype=np.float64, copy=True)
-        newest = np.asarray(to_numpy(pool), dtype=np.float64)
+        newest = {s: np.asarray(to_numpy(work[self.packed_slot(s, pk.S)]), dtype=np.float64) for s in range(pk.S)}
         for i in range(pk.n):
             slot = pk.slots[i]
             seq = np.swapaxes(qkv[pk.cu[i]: pk.cu[i + 1]], 0, 1)
@@ -431,8 +451,10 @@ class SGLangStages(StageOnly):
         s0 = np.asarray(inputs["recurrent_state"])
         pk = Packed(call, s0.shape[0])
         Hv, dk, dv = cfg.num_v_heads, cfg.head_k_dim, cfg.head_v_dim
-        pool = torch.zeros((pk.S + 1, Hv, dv, dk), dtype=torch.float32, device=self.device)
-        pool[: pk.S] = self._t(self.recurrent_in(s0), torch.float32)
+        pool = torch.zeros((self.packed_pool_size(pk.S), Hv, dv, dk), dtype=torch.float32, device=self.device)
+        s0_rows = self._t(self.recurrent_in(s0), torch.float32)
+        for s in range(pk.S):
+            pool[self.packed_slot(s, pk.S)] = s0_rows[s]
         before = pool.clone()
         if self.kernel in ("recurrent", "verify"):
             if self.kernel == "verify" and not {"qkv_conv", "a", "b"} <= set(self.kept):
@@ -446,7 +468,8 @@ class SGLangStages(StageOnly):
         if pk.op == "verify_spec" and not torch.equal(before, pool):
             raise GDNError(f"{self.label} verify: the target verify wrote the state pool (disable_state_update=True)")
         from gdncheck.harness import to_numpy
-        state = self.recurrent_out(np.asarray(to_numpy(pool[: pk.S]), dtype=np.float64))
+        slots = [self.packed_slot(s, pk.S) for s in range(pk.S)]
+        state = self.recurrent_out(np.asarray(to_numpy(pool[slots]), dtype=np.float64))
         return {"core": o, "recurrent_state": state}
 
     def _packed_launch(self, pk: Packed, inputs, pool):
@@ -476,9 +499,9 @@ class SGLangStages(StageOnly):
                 intermediate_states_buffer=cache, intermediate_state_indices=cache_idx, cache_steps=L)
             if keep:
                 for i in range(pk.n):
-                    pool[pk.slots[i]] = cache[i, pk.lengths[i] - 1]
+                    pool[self.packed_slot(pk.slots[i], pk.S)] = cache[i, pk.lengths[i] - 1]
         for m, off, dest in pk.snaps:
-            pool[dest] = cache[m, off - 1]
+            pool[self.packed_slot(dest, pk.S)] = cache[m, off - 1]
         return self.unpack(o[0], pk.T, 1)[:, 0]
 
     def _packed_steps(self, pk: Packed, pool):
@@ -508,7 +531,7 @@ class SGLangStages(StageOnly):
             out[rows] = o[: len(seqs)].to(out.dtype)
             for m, off, dest in pk.snaps:
                 if off == t + 1:
-                    work[dest] = work[pk.slots[m]]
+                    work[self.packed_slot(dest, pk.S)] = work[self.packed_slot(pk.slots[m], pk.S)]
         return out
 
     def _recurrent(self, inputs, pool, idx, B, T):
