@@ -82,7 +82,7 @@ def verify(fixtures_dir: str | Path, outputs_dir: str | Path, profile: str, *, c
     manifest = load_manifest(fixtures_dir, problems)
     entries = select_cases(manifest, cases, tags, shard, also_known=[p.case for p in problems])
     summary = _new_summary(fixtures_dir, outputs_dir, manifest, profile, stage_isolated, fused, table, name_table)
-    entries = _judged_in_mode(entries, stage_isolated, summary)
+    entries = _judged_in_mode(entries, stage_isolated, summary, Path(outputs_dir))
     for p in problems:
         if not cases or any(p.case.startswith(c) for c in cases):
             summary.cases.append(CaseReport(p.case, "unknown", [], "error", problem=p.message))
@@ -121,19 +121,28 @@ def _new_summary(fixtures_dir, outputs_dir, manifest: dict, profile: str, stage_
     return summary
 
 
-def _judged_in_mode(entries: list[dict], stage_isolated: bool, summary: Summary) -> list[dict]:
-    """The selected cases the mode judges: stage-isolated, no expected-error case and no serving case
-    (their calls are packed, judged end to end only: FORMAT.md §8), each left out with a note."""
+def _judged_in_mode(entries: list[dict], stage_isolated: bool, summary: Summary, outputs_dir: Path) -> list[dict]:
+    """The selected cases the mode judges: stage-isolated, no expected-error case and no serving case that
+    keeps no stage inputs (its calls are packed, judged end to end only: FORMAT.md §8), each left out with a
+    note. A serving case that keeps them (``state_in``: the real-size ones) is judged call by call where the
+    run wrote its outputs file; a runner that skips packed calls (as every one did before they kept stage
+    inputs) writes none, and the case is left out with a note of its own."""
     if not stage_isolated:
         return entries
     skipped = [e["id"] for e in entries if e["kind"] == "error"]
-    serving = [e["id"] for e in entries if e["kind"] != "error" and _only_packed(e)]
+    packed = [e for e in entries if e["kind"] != "error" and _only_packed(e)]
+    serving = [e["id"] for e in packed if not e.get("state_in")]
+    unrun = [e["id"] for e in packed if e.get("state_in") and not (outputs_dir / f"{e['id']}.safetensors").exists()]
     if skipped:
         summary.notes.append(f"stage-isolated mode: {len(skipped)} expected-error case(s) not applicable")
     if serving:  # FORMAT.md §8: packed calls are judged end to end only
         summary.notes.append(f"stage-isolated mode: {len(serving)} serving case(s) not applicable (their calls are "
-                             "packed, judged end to end only: FORMAT.md §8)")
-    return [e for e in entries if e["kind"] != "error" and e["id"] not in serving]
+                             "packed and keep no stage inputs, judged end to end only: FORMAT.md §8)")
+    if unrun:
+        summary.notes.append(f"stage-isolated mode: {len(unrun)} serving case(s) keep their packed calls' stage "
+                             f"inputs but have no outputs file, not judged ({', '.join(unrun)}; a runner without "
+                             "packed stage calls: FORMAT.md §8, packed calls)")
+    return [e for e in entries if e["kind"] != "error" and e["id"] not in serving and e["id"] not in unrun]
 
 
 def _judge_cases(entries: list[dict], judge: Callable[[dict], CaseJudge], summary: Summary, *, tally: Tally | None,

@@ -21,7 +21,7 @@ from gdncheck.config import GDNConfig
 from gdncheck.conformance.judge.diagnose import Diagnoser
 from gdncheck.conformance.ports.run import load_case_input
 from gdncheck.experts import mlp_kind_of
-from gdncheck.harness import CaseInput, call_key, execute, golden_inputs, to_numpy
+from gdncheck.harness import CaseInput, call_key, execute, golden_inputs, is_packed, to_numpy
 from gdncheck.safetensors_io import SafetensorsFile
 from gdncheck.stages import stage_of
 from gdncheck.weights import LayerWeights
@@ -79,6 +79,8 @@ class MutantCatalogue:
     def _run(self, m: Mutant, entry: dict, profile: str, mode: str, rec) -> dict[str, np.ndarray]:
         inp, gold = load_case_input(self.fixtures, entry)
         if mode == "stage_isolated":
+            if is_packed(inp.program[rec.step]):
+                return {}  # the mutants run stages on [B, T, ...] calls; a packed call's have no stage mutant
             cfg = GDNConfig.from_hf(dict(inp.config))
             impl = m.factory(cfg, LayerWeights(inp.weights, config=cfg), profile=profile)
             stage = stage_of(rec.tensor)

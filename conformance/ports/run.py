@@ -331,6 +331,15 @@ def _run_cases(factory, name, fixtures_dir: Path, out_dir: Path, profile: str, e
     return report
 
 
+#: the fields of a packed step a port's ``run_packed_stage`` is given (FORMAT.md §4.1), as int64 arrays
+PACKED_FIELDS = ("cu_seqlens", "seq_pos", "slots", "snap_seq", "snap_offset", "snap_slot", "verify")
+
+
+def packed_layout(step: Mapping) -> dict:
+    """A packed step's layout for ``run_packed_stage``: its ``op`` and :data:`PACKED_FIELDS` it holds."""
+    return {"op": step["op"], **{f: np.asarray(step[f], dtype=np.int64) for f in PACKED_FIELDS if f in step}}
+
+
 def _run_isolated(factory, inp: CaseInput, gold: SafetensorsFile, profile: str, options: Mapping):
     """Stage-isolated mode (FORMAT.md §8): every stage of every call from its golden inputs."""
     cfg = GDNConfig.from_hf(dict(inp.config))
@@ -345,16 +354,28 @@ def _run_isolated(factory, inp: CaseInput, gold: SafetensorsFile, profile: str, 
     outputs: dict[str, np.ndarray] = {}
     error = None
     kind = mlp_kind_of(inp.weights)  # a sparse layer's pipeline holds the block's stages too
-    for step in call_steps(inp.program):
-        if is_packed(step):
-            continue  # the stage runners take [B, T, ...] calls; a packed call's tensors are judged end to end
+    run_packed = getattr(impl, "run_packed_stage", None)
+    calls = call_steps(inp.program)
+    if run_packed is None and calls and all(is_packed(s) for s in calls) and any(
+            call_key(s["call"], "recurrent_state_in") in gold for s in calls):
+        return {}, None, getattr(impl, "name", None), {
+            "reason": f"{getattr(impl, 'name', 'the implementation')} has no run_packed_stage(stage, inputs, call): "
+                      "the packed calls of a serving case that keeps their stage inputs are not run (FORMAT.md §8)",
+            "step": 0}
+    for step in calls:
+        if step["op"] == "commit" or (is_packed(step) and run_packed is None):
+            continue  # a commit has no stages; a port without a packed path runs only the plain calls
         k = step["call"]
+        layout = packed_layout(step) if is_packed(step) else None
         for stage in layer_stage_names(kind)[1:]:
             inputs = golden_inputs(gold, k, stage, kind)
             if inputs is None:
                 continue
             try:
-                result = run_stage(stage, inputs)
+                result = run_stage(stage, inputs) if layout is None else run_packed(stage, inputs, layout)
+            except NotApplicable as exc:  # a call the port does not run (a packed one, say): the case's verdict
+                return {}, None, getattr(impl, "name", None), {"reason": str(exc) or "not applicable",
+                                                               "step": inp.program.index(step)}
             except Exception as exc:  # noqa: BLE001 - recorded for verify
                 error = {"code": error_code(exc), "message": str(exc), "step": inp.program.index(step)}
                 return outputs, error, getattr(impl, "name", None), None

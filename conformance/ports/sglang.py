@@ -372,6 +372,183 @@ class SGLangStages(StageOnly):
         state = self.recurrent_out(np.asarray(to_numpy(pool[self.placed(B)]), dtype=np.float64))
         return {"core": o, "recurrent_state": state}
 
+    # --- packed calls of a serving program (FORMAT.md §8: the pool entering the call, the program's slots) ---
+    def run_packed_stage(self, stage: str, inputs: Mapping[str, np.ndarray], call: Mapping[str, Any]) -> dict:
+        """A stage of a packed call: the kernels on the program's own stream (``cu_seqlens``), pool and slots
+        (:class:`Packed`); the states returned as the whole pool after the call."""
+        run = {"conv1d": self.packed_conv1d, "qk_norm": self.keep, "gates": self.packed_gates,
+               "delta_rule": self.packed_delta_rule}.get(stage)
+        if run is None:
+            return {}
+        ctx = interpreter_casts() if self.k.interpreted else contextlib.nullcontext()
+        with ctx, self.torch.no_grad():
+            return run(inputs) if stage == "qk_norm" else run(inputs, call)
+
+    #: the slot id of the adapter's own padding sequence in a packed call's launches
+    packed_pad = PAD_SLOT_ID
+
+    def packed_slot(self, slot: int, size: int) -> int:
+        """The engine's pool slot of a program's slot (``size``: the program's scratch slot, past its pool)."""
+        return slot
+
+    def packed_pool_size(self, size: int) -> int:
+        """The engine's pool for a program's pool of ``size`` slots: those and the scratch slot."""
+        return size + 1
+
+    def packed_conv_pool(self, n: int, C: int, K: int):
+        """The conv pool of ``n`` slots as allocated (written with :meth:`conv_in`'s rows) and as the kernels
+        take it ([n, C, K-1] both, for SGLang)."""
+        pool = self.torch.zeros((n, C, K - 1), dtype=self.dtype, device=self.device)
+        return pool, pool
+
+    def conv_update(self, xt, view, idx):
+        return self.k.conv.causal_conv1d_update(xt, view, self.conv_weight, None, "silu", conv_state_indices=idx)
+
+    def _packed_indices(self, pk: Packed, seqs: list[int]):
+        return self.torch.tensor([self.packed_slot(pk.slots[i], pk.S) for i in seqs] + [self.packed_pad],
+                                 dtype=self.torch.int32, device=self.device)
+
+    def packed_gates(self, inputs, call) -> dict:
+        got = self.gates({n: np.asarray(inputs[n])[None] for n in ("a", "b")})
+        return {n: got[n][0] for n in ("g", "beta")}
+
+    def packed_conv1d(self, inputs, call) -> dict:
+        """SGLang's extend conv (``causal_conv1d_fn`` over the varlen stream, ``cache_indices``,
+        ``has_initial_state`` where ``seq_pos > 0``), or for the decode kernels ``causal_conv1d_update`` one token
+        of every sequence still running a launch; a ``verify_spec`` call on a copy of the pool (not written)."""
+        torch, cfg = self.torch, self.cfg
+        qkv, c0 = np.asarray(inputs["qkv"]), np.asarray(inputs["conv_state"])
+        pk = Packed(call, c0.shape[0])
+        K, C = cfg.conv_kernel, qkv.shape[1]
+        pool, work = self.packed_conv_pool(self.packed_pool_size(pk.S), C, K)
+        rows = self._t(self.conv_in(c0), self.dtype)
+        for s in range(pk.S):  # a verify_spec call's slots are read back from nowhere: its pool is not written
+            pool[self.packed_slot(s, pk.S)] = rows[s]
+        if self.kernel in FUSED:
+            x = self._t(qkv, self.dtype)
+            out = torch.zeros_like(x)
+            for t in range(max(pk.lengths)):
+                seqs = [i for i in range(pk.n) if pk.lengths[i] > t]
+                rows = [pk.cu[i] + t for i in seqs]
+                xt = torch.cat([x[rows], x[:1]])
+                out[rows] = self.conv_update(xt, work, self._packed_indices(pk, seqs))[:-1]
+        else:
+            x = self._t(pk.rows(qkv), self.dtype)
+            out = self.k.conv.causal_conv1d_fn(
+                x.transpose(0, 1), self.conv_weight, None, conv_states=work,
+                query_start_loc=torch.tensor(pk.cu + [pk.T + 1], dtype=torch.int32, device=self.device),
+                seq_lens_cpu=pk.lengths + [1], cache_indices=self._packed_indices(pk, list(range(pk.n))),
+                has_initial_state=torch.tensor([p > 0 for p in pk.pos] + [False], device=self.device),
+                activation="silu").transpose(0, 1)[: pk.T]
+        from gdncheck.harness import to_numpy
+        state = np.array(c0, dtype=np.float64, copy=True)
+        newest = {s: np.asarray(to_numpy(work[self.packed_slot(s, pk.S)]), dtype=np.float64) for s in range(pk.S)}
+        for i in range(pk.n):
+            slot = pk.slots[i]
+            seq = np.swapaxes(qkv[pk.cu[i]: pk.cu[i + 1]], 0, 1)
+            history = np.concatenate([c0[slot] if slot < pk.S else np.zeros_like(c0[0]), seq], axis=-1)
+            for m, off, dest in pk.snaps:  # a prefix snapshot's window: the history's, as the engine keeps none
+                if m == i:
+                    cut = history[..., : K + off]
+                    state[dest] = cut[..., -K:]
+            if slot < pk.S and pk.op != "verify_spec":
+                state[slot] = np.concatenate([history[..., -K:-K + 1], newest[slot]], axis=-1)
+        return {"qkv_conv": out, "conv_state": state}
+
+    def packed_delta_rule(self, inputs, call) -> dict:
+        """The delta rule of a packed call on the program's pool (SGLang's [S, Hv, dv, dk] layout): the
+        ``recurrent`` and ``verify`` kernels in one launch over the varlen stream, the state after every token
+        cached (``intermediate_states_buffer``) for a prefix snapshot's slot; the decode kernels one token of
+        every sequence still running a launch, a snapshot copied from the slot after its token. A ``verify_spec``
+        call leaves the pool as it was (the target verify's ``disable_state_update``; the decode kernels on a
+        copy)."""
+        torch, cfg = self.torch, self.cfg
+        s0 = np.asarray(inputs["recurrent_state"])
+        pk = Packed(call, s0.shape[0])
+        Hv, dk, dv = cfg.num_v_heads, cfg.head_k_dim, cfg.head_v_dim
+        pool = torch.zeros((self.packed_pool_size(pk.S), Hv, dv, dk), dtype=torch.float32, device=self.device)
+        s0_rows = self._t(self.recurrent_in(s0), torch.float32)
+        for s in range(pk.S):
+            pool[self.packed_slot(s, pk.S)] = s0_rows[s]
+        before = pool.clone()
+        if self.kernel in ("recurrent", "verify"):
+            if self.kernel == "verify" and not {"qkv_conv", "a", "b"} <= set(self.kept):
+                return {}
+            o = self._packed_launch(pk, inputs, pool)
+        elif not {"qkv_conv", "a", "b"} <= set(self.kept):
+            return {}
+        else:
+            o = self._packed_steps(pk, pool)
+        self.kept.clear()
+        if pk.op == "verify_spec" and not torch.equal(before, pool):
+            raise GDNError(f"{self.label} verify: the target verify wrote the state pool (disable_state_update=True)")
+        from gdncheck.harness import to_numpy
+        slots = [self.packed_slot(s, pk.S) for s in range(pk.S)]
+        state = self.recurrent_out(np.asarray(to_numpy(pool[slots]), dtype=np.float64))
+        return {"core": o, "recurrent_state": state}
+
+    def _packed_launch(self, pk: Packed, inputs, pool):
+        torch, cfg = self.torch, self.cfg
+        L = max(pk.lengths)
+        cache = torch.full((pk.n + 1, L, cfg.num_v_heads, cfg.head_v_dim, cfg.head_k_dim), float("nan"),
+                           dtype=torch.float32, device=self.device)
+        cache_idx = torch.tensor(list(range(pk.n)) + [PAD_SLOT_ID], dtype=torch.int32, device=self.device)
+        idx = self._packed_indices(pk, list(range(pk.n)))
+        cu = torch.tensor(pk.cu + [pk.T + 1], dtype=torch.int32, device=self.device)
+        keep = pk.op != "verify_spec"
+        if self.kernel == "recurrent":
+            q, k, v = (self._t(pk.rows(np.asarray(inputs[n])), self.dtype)[None] for n in ("q", "k", "v"))
+            g, beta = (self._t(pk.rows(np.asarray(inputs[n])), torch.float32)[None] for n in ("g", "beta"))
+            o = self.k.recurrent.fused_recurrent_gated_delta_rule_update(
+                q, k, v, g, beta, scale=cfg.scale, initial_state_source=pool, initial_state_indices=idx,
+                cu_seqlens=cu, use_qk_l2norm_in_kernel=False, disable_state_update=not keep,
+                intermediate_states_buffer=cache, intermediate_state_indices=cache_idx, cache_steps=L)
+        else:  # SGLang's target verify kernel; every token accepted where the call writes its slots
+            qkv, a, b = (self._t(pk.rows(np.asarray(self.kept[n]).reshape(pk.T, -1)), self.dtype)
+                         for n in ("qkv_conv", "a", "b"))
+            q, k, v = self._split(qkv[None])
+            o = self.k.sigmoid.fused_sigmoid_gating_delta_rule_update(
+                A_log=self.A_log, dt_bias=self.dt_bias, q=q, k=k, v=v, a=a, b=b, initial_state_source=pool,
+                initial_state_indices=idx, scale=cfg.scale, cu_seqlens=cu, use_qk_l2norm_in_kernel=True,
+                softplus_beta=1.0, softplus_threshold=20.0, disable_state_update=True,
+                intermediate_states_buffer=cache, intermediate_state_indices=cache_idx, cache_steps=L)
+            if keep:
+                for i in range(pk.n):
+                    pool[self.packed_slot(pk.slots[i], pk.S)] = cache[i, pk.lengths[i] - 1]
+        for m, off, dest in pk.snaps:
+            pool[self.packed_slot(dest, pk.S)] = cache[m, off - 1]
+        return self.unpack(o[0], pk.T, 1)[:, 0]
+
+    def _packed_steps(self, pk: Packed, pool):
+        """The decode kernels on a packed call: launch t holds token t of every sequence that has one."""
+        torch, cfg = self.torch, self.cfg
+        work = pool.clone() if pk.op == "verify_spec" else pool
+        qkv, a, b = (np.asarray(self.kept[n]).reshape(pk.T, -1) for n in ("qkv_conv", "a", "b"))
+        out = torch.zeros((pk.T, cfg.num_v_heads, cfg.head_v_dim), dtype=self.dtype, device=self.device)
+        for t in range(max(pk.lengths)):
+            seqs = [i for i in range(pk.n) if pk.lengths[i] > t]
+            rows = [pk.cu[i] + t for i in seqs]
+            xt, at, bt = (self._t(np.concatenate([z[rows], z[:1]]), self.dtype) for z in (qkv, a, b))
+            idx = self._packed_indices(pk, seqs)
+            if self.kernel == "decode":
+                q, k, v = self._split(xt[None])
+                o = self.k.sigmoid.fused_sigmoid_gating_delta_rule_update(
+                    A_log=self.A_log, dt_bias=self.dt_bias, q=q, k=k, v=v, a=at, b=bt, initial_state_source=work,
+                    initial_state_indices=idx, scale=cfg.scale,
+                    cu_seqlens=torch.arange(len(seqs) + 2, dtype=torch.int32, device=self.device),
+                    use_qk_l2norm_in_kernel=True, softplus_beta=1.0, softplus_threshold=20.0)[0]
+            else:
+                o = xt.new_empty(len(seqs) + 1, 1, cfg.num_v_heads, cfg.head_v_dim)
+                self.k.recurrent.fused_recurrent_gated_delta_rule_packed_decode(
+                    mixed_qkv=xt, a=at, b=bt, A_log=self.A_log, dt_bias=self.dt_bias, scale=cfg.scale,
+                    initial_state=work, out=o, ssm_state_indices=idx, use_qk_l2norm_in_kernel=True)
+                o = o[:, 0]
+            out[rows] = o[: len(seqs)].to(out.dtype)
+            for m, off, dest in pk.snaps:
+                if off == t + 1:
+                    work[self.packed_slot(dest, pk.S)] = work[self.packed_slot(pk.slots[m], pk.S)]
+        return out
+
     def _recurrent(self, inputs, pool, idx, B, T):
         q, k, v = (self.packed(np.asarray(inputs[n]), self.dtype)[None] for n in ("q", "k", "v"))
         g, beta = (self.packed(np.asarray(inputs[n]), self.torch.float32)[None] for n in ("g", "beta"))
@@ -445,6 +622,33 @@ class SGLangStages(StageOnly):
             raise GDNError("sglang verify: the target verify wrote the state pool (disable_state_update=True)")
         pool[self.placed(B)] = cache[cache_idx[:B].long(), T - 1]
         return self.unpack(o[0], B, T)
+
+
+class Packed:
+    """A packed call of a serving program (``run_packed_stage``'s ``call``: FORMAT.md §4.1) as the kernels take
+    it: the program's sequences with their own slots, then the adapter's padding sequence of one token (slot
+    -1, SGLang's ``PAD_SLOT_ID``). The program's own padding sequence (slot -1 there: computed from a zero state
+    whose state is neither read nor written) runs from a zeroed scratch slot ``S`` past the pool, its rows
+    judged as every sequence's; SGLang's kernels compute nothing for a -1 sequence (no rows written, or zeros)."""
+
+    def __init__(self, call: Mapping[str, Any], pool_size: int):
+        self.op = call["op"]
+        self.cu = [int(c) for c in call["cu_seqlens"]]
+        self.lengths = [b - a for a, b in zip(self.cu, self.cu[1:])]
+        self.pos = [int(p) for p in call["seq_pos"]]
+        self.S = pool_size
+        self.slots = [int(x) if int(x) != PAD_SLOT_ID else pool_size for x in call["slots"]]
+        self.snaps = list(zip(*(np.asarray(call[f]).tolist() for f in ("snap_seq", "snap_offset", "snap_slot")))) \
+            if "snap_seq" in call else []
+        self.T = self.cu[-1]
+
+    @property
+    def n(self) -> int:
+        return len(self.lengths)
+
+    def rows(self, a: np.ndarray) -> np.ndarray:
+        """The stream [T, ...] and the adapter's padding token (a copy of the first row)."""
+        return np.concatenate([a, a[:1]])
 
 
 def sglang(cfg: GDNConfig, weights, *, profile: str = "f32", strict: bool = False, kernel: str = "packed_decode",

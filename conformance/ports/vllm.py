@@ -346,6 +346,90 @@ class VllmGDN(StageOnly):
         state = self.state_out(torch.stack([call.view[s] for s in call.slots]).to(torch.float32))
         return {"core": self._rows(torch.cat(parts), order, T), "recurrent_state": state}
 
+    # --- packed calls of a serving program (FORMAT.md §8: the pool entering the call, the program's slots) ---
+    def run_packed_stage(self, stage: str, inputs: Mapping[str, np.ndarray], call: Mapping[str, Any]) -> dict:
+        """A stage of a packed call: ``_cpu_gdn_attention_nonspec`` on the program's own sequences, pool and
+        slots (the delta_rule stage: ``core`` and the whole pool after the call); the gates alone as in a plain
+        call; the conv only inside the fused call (its window judged through ``core``)."""
+        if self.path == "spec":
+            raise NotApplicable("path=spec: a packed call of a serving program runs through vLLM's "
+                                "non-speculative path only (--option path=nonspec)")
+        with self.torch.no_grad():
+            if stage == "conv1d":
+                self.stash = {"qkv": self._in(inputs["qkv"]), "conv_state": self._in(inputs["conv_state"])}
+                return {}
+            if stage == "gates":
+                a, b = self.gate_inputs(self._in(inputs["a"]), self._in(inputs["b"]))
+                self.stash.update(a=a, b=b)
+                g, beta = self.v.ops.fused_gdn_gating_cpu(A_log=self.layer.A_log, a=a, b=b, dt_bias=self.layer.dt_bias)
+                return {"g": g.reshape(a.shape), "beta": beta.reshape(a.shape)}
+            if stage == "delta_rule":
+                stash, self.stash = self.stash, {}
+                if set(stash) != {"qkv", "conv_state", "a", "b"}:
+                    return {}
+                return self._packed_fused(stash, self._in(inputs["recurrent_state"], self.torch.float32), call)
+        return {}
+
+    def packed_slot(self, slot: int, size: int) -> int:
+        """vLLM's slot of a program's pool slot (of ``size``): ``slot + 1``, vLLM's slot 0 being the null block that
+        no request owns; the padding id -1 the scratch slot ``size + 1``."""
+        return slot + 1 if slot >= 0 else size + 1
+
+    def _packed_fused(self, stash, rec_pool, call):
+        """The call as vLLM's scheduler hands it over: each batch's decode rows (one token, a prior state) first,
+        then its prefills, ``has_initial_state`` where the sequence has tokens before (``seq_pos > 0``); program
+        slot s is vLLM's slot s + 1 (vLLM's slot 0 is the null block: its CPU decode kernel skips a row there,
+        measured), the program's padding sequence (slot -1) runs from a zeroed scratch slot past the pool. A
+        prefix snapshot is glue: the sequence's tokens up to each snapshot offset run as a batch of their own,
+        then the slot is copied to ``snap_slot``; a ``verify_spec`` call (no slot written: vLLM's target verify
+        is the spec path) runs on copies of the pools."""
+        torch, cfg = self.torch, self.cfg
+        qkv, a, b = stash["qkv"], stash["a"], stash["b"]
+        cu = [int(c) for c in call["cu_seqlens"]]
+        S = rec_pool.shape[0]
+        slots = [self.packed_slot(int(x), S) for x in call["slots"]]
+        pos = [int(p) for p in call["seq_pos"]]
+        snaps = [(m, off, self.packed_slot(dest, S)) for m, off, dest in zip(*(np.asarray(call[f]).tolist() for f in (
+            "snap_seq", "snap_offset", "snap_slot")))] if "snap_seq" in call else []
+        conv = torch.zeros((S + 2, self.K - 1, self.conv_dim), dtype=self.bf16)
+        ssm = torch.zeros((S + 2, cfg.num_v_heads, cfg.head_v_dim, cfg.head_k_dim), dtype=self.ssm_dtype)
+        view = self.v.gdn._ssm_state_view(types.SimpleNamespace(kv_cache=[conv, ssm]))
+        rows, states = self.conv_in(stash["conv_state"]), self.state_in(rec_pool)
+        for s in range(S):
+            conv[self.packed_slot(s, S)], view[self.packed_slot(s, S)] = rows[s], states[s].to(self.ssm_dtype)
+        before = (conv.clone(), ssm.clone())
+        cuts = [sorted({off for m, off, _ in snaps if m == i} | {cu[i + 1] - cu[i]}) for i in range(len(slots))]
+        core = torch.zeros((cu[-1], cfg.num_v_heads, cfg.head_v_dim), dtype=self.bf16)
+        for r in range(max(len(c) for c in cuts)):
+            pieces = [(i, cuts[i][r - 1] if r else 0, cuts[i][r]) for i in range(len(slots)) if r < len(cuts[i])]
+            has = {i: pos[i] + start > 0 for i, start, _ in pieces}
+            decodes = [p for p in pieces if p[2] - p[1] == 1 and has[p[0]]]
+            order = decodes + [p for p in pieces if p not in decodes]
+            rows = torch.tensor([cu[i] + t for i, start, stop in order for t in range(start, stop)])
+            lengths = [stop - start for _, start, stop in order]
+            md = self.v.metadata(
+                num_prefills=len(order) - len(decodes), num_prefill_tokens=sum(lengths[len(decodes):]),
+                num_decodes=len(decodes), num_decode_tokens=len(decodes), num_spec_decodes=0,
+                num_spec_decode_tokens=0, num_actual_tokens=sum(lengths),
+                has_initial_state=torch.tensor([has[i] for i, _, _ in order], dtype=torch.bool),
+                non_spec_query_start_loc=torch.tensor(np.concatenate([[0], np.cumsum(lengths)]), dtype=torch.int32),
+                non_spec_state_indices_tensor=torch.tensor([slots[i] for i, _, _ in order], dtype=torch.int32))
+            self.layer.kv_cache = [conv, ssm]
+            out = torch.zeros((len(rows), cfg.num_v_heads, cfg.head_v_dim), dtype=self.bf16)
+            self.v.gdn._cpu_gdn_attention_nonspec(self.layer, md, qkv[rows].contiguous(), b[rows].contiguous(),
+                                                 a[rows].contiguous(), out)
+            core[rows] = out
+            for m, off, dest in snaps:
+                if any(i == m and stop == off for i, _, stop in pieces):
+                    conv[dest], view[dest] = conv[slots[m]].clone(), view[slots[m]].clone()
+        owned = set(slots) | {dest for _, _, dest in snaps}
+        self._untouched(types.SimpleNamespace(before=before, conv=conv, ssm=ssm, slots=owned))
+        if call["op"] == "verify_spec":
+            conv, ssm = before
+            view = self.v.gdn._ssm_state_view(types.SimpleNamespace(kv_cache=[conv, ssm]))
+        state = self.state_out(torch.stack([view[self.packed_slot(s, S)] for s in range(S)]).to(torch.float32))
+        return {"core": core, "recurrent_state": state}
+
     # --- the speculative-decoding path (option path=spec) ----------------------------------------------
     def spec_layout(self, batch: int, T: int) -> tuple[int, list[list[int]]]:
         """The pool and each row's T slots (``spec_state_indices_tensor``: the state after draft token t goes

@@ -56,7 +56,8 @@ from typing import Any
 import numpy as np
 
 from gdncheck.config import GDNConfig
-from gdncheck.conformance.ports.sglang import SGLangStages, _interpreted, _jit_math_aliases, import_failure
+from gdncheck.conformance.ports.sglang import (SGLangStages, _interpreted, _jit_math_aliases, import_failure,
+                                               interpreter_casts)
 from gdncheck.errors import GDNError
 from gdncheck.harness import NotApplicable, to_numpy
 
@@ -223,6 +224,42 @@ class VllmTritonStages(SGLangStages):
     no_layer = NO_LAYER
 
     label = "vllm triton"
+
+    # --- packed calls of a serving program (FORMAT.md §8): SGLang's packed glue with vLLM's pool ---------
+    #: every launch's padding row points at the null block, as vLLM's padded rows do
+    packed_pad = NULL_BLOCK_ID
+
+    def run_packed_stage(self, stage: str, inputs: Mapping[str, np.ndarray], call: Mapping[str, Any]) -> dict:
+        """A stage of a packed call with ``kernel=packed_decode`` (the matrix's): vLLM's ``causal_conv1d_update``
+        and ``fused_recurrent_gated_delta_rule_packed_decode`` one token of every running sequence a launch
+        (:meth:`SGLangStages.run_packed_stage`'s loop) on the program's pool, program slot s at vLLM's s + 1
+        (slot 0 the null block), the conv pool time-first; the q/k norm and gates (``fused_post_conv_prep``) on
+        the stream as one row."""
+        if self.kernel != "packed_decode":
+            raise NotApplicable(f"kernel={self.kernel}: the packed calls of a serving program run with "
+                                "kernel=packed_decode (vLLM's decode path) only")
+        ctx = grid_meta_tensors() if self.k.interpreted else contextlib.nullcontext()
+        with ctx:
+            if stage == "qk_norm":
+                with interpreter_casts() if self.k.interpreted else contextlib.nullcontext(), self.torch.no_grad():
+                    got = self.keep({"qkv_conv": np.asarray(inputs["qkv_conv"])[None]})
+                return {n: np.asarray(to_numpy(v))[0] for n, v in got.items()}
+            return super().run_packed_stage(stage, inputs, call)
+
+    def packed_slot(self, slot: int, size: int) -> int:
+        return slot + 1
+
+    def packed_pool_size(self, size: int) -> int:
+        return size + 2
+
+    def packed_conv_pool(self, n: int, C: int, K: int):
+        """vLLM's conv pool [n, K-1, C] (time first) and the [n, C, K-1] view its kernels get."""
+        pool = self.torch.zeros((n, K - 1, C), dtype=self.dtype, device=self.device)
+        return pool, pool.transpose(-1, -2)
+
+    def conv_update(self, xt, view, idx):
+        return self.k.conv.causal_conv1d_update(xt.contiguous(), view, self.conv_weight, None, "silu",
+                                                conv_state_indices=idx, validate_data=True)
 
     def load_kernels(self, interpreted: bool) -> Kernels:
         """vLLM's kernel modules (:class:`Kernels` of this module), not SGLang's."""

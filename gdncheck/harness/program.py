@@ -174,6 +174,8 @@ def _execute(factory, case: CaseInput, profile: str, options, snapshot_dir, capt
                 state = impl.new_state(case.batch)
             elif op in SERVING_CALL_OPS:
                 k = int(step["call"])
+                if capture_state_in and op != "commit":
+                    _capture_pool_in(impl, state, step, k, res)
                 trace = _serving(impl, op, step, case.inputs.get(k), state, specs)
                 _keep_call(res, case.expected, k, trace, impl.state_arrays(state))
             elif op == "free":
@@ -300,6 +302,20 @@ def _capture_state_in(impl: Implementation, state: Any, pos: np.ndarray, k: int,
     reset = seq_len != pos
     for name in STATE_NAMES:
         arrays[name][reset] = 0.0
+        res.state_in[call_key(k, f"{name}_in")] = arrays[name]
+
+
+def _capture_pool_in(impl: Implementation, pool: Any, step: Mapping[str, Any], k: int, res: RunResult) -> None:
+    """The pool a packed call's conv1d and delta_rule read (FORMAT.md §8, packed calls): every slot as it
+    stands, but the slot of a sequence whose seq_len differs from its ``seq_pos`` reset to zeros (the
+    padding sequence reads zeros and names no slot)."""
+    arrays = {n: np.array(to_numpy(a), dtype=np.float64, copy=True) for n, a in impl.state_arrays(pool).items()}
+    seq_len = arrays["seq_len"].astype(np.int64)
+    for slot, pos in zip(step["slots"], step["seq_pos"]):  # a slot outside the pool: the call's own check refuses it
+        if 0 <= int(slot) < len(seq_len) and seq_len[int(slot)] != int(pos):
+            for name in STATE_NAMES:
+                arrays[name][int(slot)] = 0.0
+    for name in STATE_NAMES:
         res.state_in[call_key(k, f"{name}_in")] = arrays[name]
 
 

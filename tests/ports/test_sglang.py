@@ -6,8 +6,13 @@ driven through SGLang's serving convention (packed rows, a padding sequence, poo
 softplus (f32); and each piece of glue the adapter does, done wrong, fails verify: the state not transposed
 to SGLang's [V, K], a wrong cache index, a and b swapped, the conv state's oldest columns kept.
 
-Every run happens in one child process (the kernels need the interpreter chosen before triton is imported,
-and other test modules import triton without it): 8 runs of one case, about 40 s of CPU."""
+On the real-size serving case d128-spec-decode (built from its recipe: packed calls over the program's own pool,
+a speculative verify, a padding sequence), SGLang's target-verify kernel conforms, and a packed call handed its
+neighbouring slots fails.
+
+Every run happens in one child process per case (the kernels need the interpreter chosen before triton is
+imported, and other test modules import triton without it): 8 runs of one case and 2 of the serving case;
+12 tests, 76 s wall here (2026-12-07)."""
 
 from __future__ import annotations
 
@@ -177,6 +182,63 @@ def test_each_glue_mistake_fails_verify(fixtures_dir, runs, label, stage, failin
     (case,) = _summary(fixtures_dir, runs, label).cases
     assert case.status == "fail"
     assert {t for s, t in _failing(case) - KNOWN} == failing and {s for s, _ in _failing(case) - KNOWN} >= {stage}
+
+
+# --- a serving program: the real-size speculative case's packed calls (FORMAT.md §8, packed calls) ----------
+SPEC_CASE = "d128-spec-decode"
+
+
+class PackedSlotsShifted(sglang_port.SGLangStages):
+    """Hands the kernels of a packed call each sequence's neighbouring slot (the program's slots misread)."""
+
+    def _packed_indices(self, pk, seqs):
+        idx = super()._packed_indices(pk, seqs)
+        return idx.where(idx < 0, (idx + 1) % (pk.S + 1))
+
+
+packed_slots_shifted = _with(PackedSlotsShifted)
+SERVING_JOBS = [
+    ("verify-f32", SGL, "verify", "f32", [SPEC_CASE]),
+    ("packed-slots-shifted", "tests.ports.test_sglang:packed_slots_shifted", "verify", "f32", [SPEC_CASE]),
+]
+
+
+@pytest.fixture(scope="module")
+def serving_runs(tmp_path_factory):
+    """d128-spec-decode built from its recipe (it keeps its packed calls' stage inputs), and SERVING_JOBS' outputs
+    on it, from one child process with TRITON_INTERPRET=1 (about 40 s of CPU: kernel=verify, one launch a call)."""
+    from gdncheck.cli import main
+
+    root = tmp_path_factory.mktemp("sglang-serving")
+    assert main(["fixtures", "build", "--out", str(root / "suite"), "--case", SPEC_CASE, "-q"]) == 0
+    env = {**os.environ, "TRITON_INTERPRET": "1", "OPENBLAS_NUM_THREADS": "1"}
+    proc = subprocess.run([sys.executable, "-W", "ignore", "-c", CHILD, str(root / "suite"), str(root),
+                           json.dumps(SERVING_JOBS)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    for line in proc.stdout.splitlines():
+        label, cases = json.loads(line)
+        assert all(status == "ran" for _, status, _ in cases), (label, cases)
+    return root
+
+
+def test_sglang_s_kernels_conform_on_a_speculative_serving_program(serving_runs):
+    """Every packed call of d128-spec-decode (prefills of 9 and 5 tokens, a verify of 3 drafts per sequence and a
+    padding sequence, a decode after the commit) through SGLang's target-verify kernel on the program's own
+    pool and slots: qkv_conv, g, beta and core of each call, the pool after the last, within the end-to-end
+    bounds; the verify call wrote no slot (the adapter raises where it does)."""
+    (case,) = verify(serving_runs / "suite", serving_runs / "verify-f32", "f32", cases=[SPEC_CASE],
+                     stage_isolated=True, fused=True).cases
+    judged = {(r.op, r.tensor) for r in case.records if r.verdict != "missing"}
+    assert {("verify_spec", "core"), ("verify_spec", "qkv_conv"), ("forward_packed", "recurrent_state"),
+            ("forward_packed", "conv_state")} <= judged
+    assert case.status == "pass", case.message
+
+
+def test_a_misread_slot_of_a_packed_call_fails_verify(serving_runs):
+    (case,) = verify(serving_runs / "suite", serving_runs / "packed-slots-shifted", "f32", cases=[SPEC_CASE],
+                     stage_isolated=True, fused=True).cases
+    assert case.status == "fail"
+    assert {"qkv_conv", "core"} <= {t for _, t in _failing(case)}
 
 
 # --- the contract around the stages -------------------------------------------------------------------------

@@ -9,7 +9,9 @@ On a case built here (dk = dv = 128, the kernels' only head dim; two rows; a pre
 one-token call where row 0 restarts, so vLLM's batch holds row 1 as a decode before row 0 as a prefill),
 vLLM's output conforms, and each piece of glue done wrong is caught: the state not in ``_ssm_state_view``'s
 layout, a row handed another row's slot, a and b swapped, the conv state's oldest columns kept instead of the
-newest, the rows left in gdncheck's order where vLLM wants decode rows first."""
+newest, the rows left in gdncheck's order where vLLM wants decode rows first. On the real-size serving case
+d128-packed (built from its recipe: packed calls over the program's own pool), vLLM conforms and a request put
+in vLLM's null slot 0 fails its decode."""
 
 from __future__ import annotations
 
@@ -169,6 +171,53 @@ def test_a_pool_slot_no_row_owns_is_never_written(suite, tmp_path):
 
 
 # --- what it refuses, in any environment -------------------------------------------------------------------
+# --- a serving program: packed calls over the program's own pool (FORMAT.md §8, packed calls) --------------
+@pytest.fixture(scope="module")
+def serving_suite(tmp_path_factory):
+    """d128-packed from its recipe: prefills of 65 and 3 tokens beside a padding sequence, decodes of both in the
+    other slot order, a freed slot 0 reused by a new request beside a decode; it keeps its packed calls' stage
+    inputs and the pool entering each."""
+    from gdncheck.cli import main
+
+    out = tmp_path_factory.mktemp("vllm-serving") / "suite"
+    assert main(["fixtures", "build", "--out", str(out), "--case", "d128-packed", "-q"]) == 0
+    return out
+
+
+class NullSlotUsed(vllm_port.VllmGDN):
+    """Hands vLLM the program's slots as they are: slot 0, vLLM's null block, holds a request."""
+
+    def packed_slot(self, slot, size):
+        return slot if slot >= 0 else size
+
+
+@needs_vllm
+def test_vllm_conforms_on_a_serving_program_s_packed_calls(serving_suite, tmp_path):
+    summary = _judge(serving_suite, tmp_path / "ok")
+    case, recs = _records(summary)
+    assert case["status"] == "pass", case["message"]
+    assert {(k, t) for k, _, t in recs} >= {(0, "core"), (1, "core"), (2, "core"), (2, "recurrent_state"),
+                                              (0, "g"), (0, "beta")}
+
+
+@needs_vllm
+def test_a_request_in_vllm_s_null_slot_fails_its_decode(serving_suite, tmp_path):
+    """Measured while wiring the packed path: vLLM's CPU decode of a row in slot 0 comes back wrong (max abs error
+    0.066 against 2.7e-4), so the adapter keeps slot 0 free as vLLM's allocator does; using it fails call 1."""
+    case, recs = _records(_judge(serving_suite, tmp_path / "null", NullSlotUsed))
+    assert case["status"] == "fail" and recs[(1, "delta_rule", "core")]["verdict"] == "fail"
+    assert recs[(0, "delta_rule", "core")]["verdict"] == "pass"  # the prefills read no slot 0 state
+
+
+@needs_vllm
+def test_the_spec_path_does_not_run_packed_calls_and_says_so(serving_suite, tmp_path):
+    def factory(cfg, weights, **kw):
+        return vllm_port.vllm(cfg, weights, path="spec", **kw)
+
+    rep = run_impl(factory, serving_suite, tmp_path / "spec", "bf16", stage_isolated=True)
+    assert [c.status for c in rep.cases] == ["not_applicable"] and "path=nonspec" in rep.cases[0].detail
+
+
 def test_only_bf16_and_head_dim_128_are_applicable():
     with pytest.raises(NotApplicable, match="bf16 activations only"):
         vllm_port.vllm(tiny_config(dk=128, dv=128), {}, profile="f32")

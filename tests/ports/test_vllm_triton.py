@@ -177,6 +177,42 @@ def test_each_glue_mistake_fails_verify(fixtures_dir, runs, label, failing):
 
 
 # --- the contract around the stages -------------------------------------------------------------------------
+# --- a serving program: the real-size speculative case's packed calls (FORMAT.md §8, packed calls) ----------
+SPEC_CASE = "d128-spec-decode"
+SERVING_JOBS = [("serving-packed_decode-f32", VT, "packed_decode", "f32", [SPEC_CASE]),
+                ("serving-recurrent-f32", VT, "recurrent", "f32", [SPEC_CASE])]
+
+
+@pytest.fixture(scope="module")
+def serving_runs(tmp_path_factory):
+    """d128-spec-decode built from its recipe (it keeps its packed calls' stage inputs), and SERVING_JOBS' outputs
+    on it, from one child process with TRITON_INTERPRET=1 (about 30 s)."""
+    from gdncheck.cli import main
+
+    root = tmp_path_factory.mktemp("vllm_triton-serving")
+    assert main(["fixtures", "build", "--out", str(root / "suite"), "--case", SPEC_CASE, "-q"]) == 0
+    env = {**os.environ, "TRITON_INTERPRET": "1", "OPENBLAS_NUM_THREADS": "1"}
+    proc = subprocess.run([sys.executable, "-W", "ignore", "-c", CHILD, str(root / "suite"), str(root),
+                           json.dumps(SERVING_JOBS)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return root, {label: cases for label, cases in map(json.loads, proc.stdout.splitlines())}
+
+
+def test_vllm_s_decode_kernels_conform_on_a_speculative_serving_program(serving_runs):
+    """vLLM's causal_conv1d_update and packed-decode rule, one token of every running sequence a launch, on the
+    program's pool (program slot s at vLLM's s + 1, the null block at 0), the q/k norm and gates of
+    fused_post_conv_prep: every call's tensors and the pool after the last within the end-to-end bounds."""
+    root, statuses = serving_runs
+    (case,) = verify(root / "suite", root / "serving-packed_decode-f32", "f32", cases=[SPEC_CASE],
+                     stage_isolated=True, fused=True).cases
+    judged = {(r.op, r.tensor) for r in case.records if r.verdict != "missing"}
+    assert {("verify_spec", "core"), ("verify_spec", "q"), ("forward_packed", "recurrent_state"),
+            ("forward_packed", "conv_state")} <= judged
+    assert case.status == "pass", case.message
+    [[_, status, detail]] = statuses["serving-recurrent-f32"]  # packed calls run with packed_decode only
+    assert status == "not_applicable" and "kernel=packed_decode" in detail
+
+
 def test_what_vllm_triton_does_not_run_here_says_so():
     cfg = tiny_config()
     w = {"linear_attn.norm.weight": np.ones(cfg.num_v_heads * cfg.head_v_dim)}
