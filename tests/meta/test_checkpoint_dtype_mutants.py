@@ -72,4 +72,4 @@ def test_the_catalogue_names_a_log_rounded_to_bf16(fixtures_dir, tmp_path):
     s = verify(fixtures_dir, tmp_path, "f32", cases=LIGHT, diagnose=mutant_diagnoser(fixtures_dir))
     d = s.cases[0].diagnosis
     assert s.cases[0].status == "fail" and d["candidate"] == "a_log_bf16_at_load", d
-    assert d["text"].startswith("matches: A_log rounded to bf16 at load"), d["text"]
+    assert "matches: A_log rounded to bf16 at load" in d["text"], d["text"]
