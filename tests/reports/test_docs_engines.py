@@ -60,7 +60,7 @@ def _matrix_rows() -> dict[tuple[str, str], dict]:
 
 def test_an_engine_pages_counts_are_the_committed_matrixs():
     rows = _matrix_rows()
-    assert rows[("onnxruntime", "f32")] == {"cases": 37, "pass": 0, "fail": 37, "na": 0}
+    assert rows[("onnxruntime", "f32")] == {"cases": 43, "pass": 0, "fail": 40, "na": 3}
     checked = 0
     for page in sorted((ROOT / "docs" / "engines").glob("*.md")):
         name = page.stem
