@@ -425,7 +425,10 @@ FINDINGS: dict[tuple[str, str, str], Finding] = {
        for prefix in ("prefill-decode", "chunked", "decode_", "segments", "one-key-head", "per-head-norm",
                       "snapshot-replay", "restore-mismatch", "mismatch-midstream", "batch-positions", "dk-lt-dv",
                       "wide-d1024", "rmsnorm-eps", "qk-eps", "gated-eps", "softplus-edges", "sigmoid-edges",
-                      "state-norms", "prefill_", "mha-batch", "gva4-batch", "t1-heads")},
+                      "state-norms", "prefill_", "mha-batch", "gva4-batch", "t1-heads",
+                      # the checkpoint-dtype cases (CI's lavapipe, 2026-12-07: the state NaN in 384 of 1024
+                      # elements, or 2.2e31 off; core_gated NaN after it)
+                      "f32-weights")},
     ("doppler", "dk-gt-dv", "f32"): Finding(
         "deviation", _DOPPLER_SOFTPLUS + "; dv = 8 here, so a head's lanes fit one of lavapipe's 8-lane subgroups and "
         "the race does not show: with the softplus alone swapped into the float64 reference the state is 2.1x the "
