@@ -25,8 +25,22 @@ from collections.abc import Mapping
 import numpy as np
 
 from gdncheck.config import GDNConfig
-from gdncheck.sharding import (A, A_LOG, B, CONV, DT_BIAS, NORM, OUT, QKV, Z, CPPlan, RankShare, TPPlan, rank_weights,
-                               state_shards)
+from gdncheck.sharding import (
+    A_LOG,
+    CONV,
+    DT_BIAS,
+    NORM,
+    OUT,
+    QKV,
+    A,
+    B,
+    CPPlan,
+    RankShare,
+    TPPlan,
+    Z,
+    rank_weights,
+    state_shards,
+)
 
 from . import arith
 from .conv1d import conv1d
@@ -39,6 +53,7 @@ from .input_norm import input_norm
 from .layer import Params, layer_forward, layer_tail
 from .out_proj import out_proj
 from .qk_norm import qk_norm
+
 
 def expand_to_values(x: np.ndarray, key_of_value: np.ndarray) -> np.ndarray:
     """[..., T, Hk_r, d] -> [..., T, Hv_r, d]: the rank's value head i reads its key head ``key_of_value[i]``."""

@@ -52,7 +52,9 @@ FLOORS: tuple[tuple[int, str, tuple[str, ...]], ...] = (
     (2, "gpu_tools", ("gdncheck.gpu_tools",)),
     (3, "judge", ("gdncheck.conformance", "gdncheck.conformance.judge")),
     (4, "earn", ("gdncheck.conformance.earn",)),
-    (5, "ports", ("gdncheck.conformance.ports",)),
+    # the ports and the engines are one unit: the built-ins (ports/implementations.py) import the engines' glue,
+    # and an engine's registry entry names a built-in (docs/layout.md, "Adding an engine")
+    (5, "ports", ("gdncheck.conformance.ports", "gdncheck.conformance.engines")),
     (6, "properties", ("gdncheck.conformance.properties",)),
     (6, "meta", ("gdncheck.conformance.meta",)),
     (7, "reports", ("gdncheck.reports",)),
@@ -65,7 +67,8 @@ NOT_IN_REFERENCE = ("torch", "triton", "gdncheck.gpu_impl", "gdncheck.harness")
 #: tests/<folder>/ -> the unit of FLOORS its modules test (and whose floor bounds their imports).
 TEST_FOLDERS: dict[str, str] = {
     "core": "core", "reference": "reference", "gpu_impl": "gpu_impl", "harness": "harness", "fixtures": "fixtures",
-    "gpu_tools": "gpu_tools", "judge": "judge", "earn": "earn", "ports": "ports", "properties": "properties",
+    "gpu_tools": "gpu_tools", "judge": "judge", "earn": "earn", "ports": "ports", "engines": "ports",
+    "properties": "properties",
     "meta": "meta", "reports": "reports", "gate": "gate", "apps": "apps",
 }
 #: Test folders on no floor: they may import anything, for the reason given.
@@ -95,11 +98,16 @@ def package_dirs() -> dict[str, Path]:
 
 
 def modules() -> dict[str, Path]:
-    """Every module of the installed layout: dotted name -> file."""
+    """Every module of the installed layout: dotted name -> file. A module is a file of a package (a folder
+    with an ``__init__.py``, as setup.py finds them): a script beside it in a folder that is none (an
+    engine's ``repros/``, ``node_modules/``) is not installed and is no module."""
     out: dict[str, Path] = {}
     for package, folder in package_dirs().items():
         for path in folder.rglob("*.py"):
             if "__pycache__" in path.parts:
+                continue
+            if any(not (d / "__init__.py").is_file() for d in (path.parent, *path.parent.parents)
+                   if d == folder or folder in d.parents):
                 continue
             parts = list(path.relative_to(folder).with_suffix("").parts)
             if parts[-1] == "__init__":

@@ -7,8 +7,8 @@ import argparse
 from .console import Console, add_output_arguments
 
 DESCRIPTION = """\
-Run every installed engine of the registry (conformance/ports/engines.py), or those named with
---engine, in every profile it supports, through `gdncheck run` (or the engine's own
+Run every installed engine of the registry (one folder each: conformance/engines/), or those named
+with --engine, in every profile it supports, through `gdncheck run` (or the engine's own
 program) and `gdncheck verify` (with the likely-cause diagnosis verify's command line gives),
 into OUT/<engine>/<profile>/, then write the matrix: OUT/matrix.json, OUT/matrix.md and
 OUT/matrix.html (and --markdown FILE, --html FILE).
@@ -38,7 +38,7 @@ Nothing is written outside --out and the files named by --markdown and --html.""
 def _description() -> str:
     import textwrap
 
-    from gdncheck.conformance.ports.engines import ENGINES
+    from gdncheck.conformance.engines.registry import ENGINES
 
     names = ", ".join(n + (" (the baseline)" if e.baseline else "") for n, e in ENGINES.items())
     return DESCRIPTION.format(engines=textwrap.fill(f"The engines: {names}.", width=100))
@@ -58,7 +58,7 @@ PROGRAM_OUTPUT_TAIL = 768 * 1024
 
 
 def configure(p: argparse.ArgumentParser) -> None:
-    from gdncheck.conformance.ports.engines import ENGINES
+    from gdncheck.conformance.engines.registry import ENGINES
     from gdncheck.fixtures.manifest import DEFAULT_DIR
 
     p.description = _description()
@@ -222,7 +222,8 @@ def run(args: argparse.Namespace) -> int:
 
 def _interpret_triton_without_gpu() -> None:
     """fla's default, its Triton kernels, run under Triton's interpreter where there is no GPU: which
-    ``@triton.jit`` reads when triton is imported, so before any engine imports it (docs/engines/fla.md)."""
+    ``@triton.jit`` reads when triton is imported, so before any engine imports it
+    (conformance/engines/fla/README.md)."""
     import os
     import sys
 
@@ -243,7 +244,7 @@ def _checked_inputs(args):
     import math
 
     from gdncheck.commands.run import existing_folder
-    from gdncheck.conformance.ports import engines as registry
+    from gdncheck.conformance.engines import registry
     from gdncheck.errors import GDNError
     from gdncheck.fixtures.manifest import load_manifest, select_cases
     from gdncheck.profiles import VERIFY_PROFILES
@@ -274,11 +275,12 @@ def _engine_row(name, options, fixtures, out, args, con) -> dict:
     """One engine's row of the matrix: what it is, whether it is installed, and its result per profile."""
     import shutil
 
-    from gdncheck.conformance.ports import engines as registry
+    from gdncheck.conformance.engines import registry
+    from gdncheck.conformance.engines.probe import probe
     from gdncheck.untrusted import safe_text
 
     eng = registry.ENGINES[name]
-    pr = registry.probe(eng)
+    pr = probe(eng)
     row = {"name": name, "impl": eng.spec(), "judged": eng.judged, "profiles": list(eng.profiles),
            "options": {**eng.options, **options.get(name, {})},
            "option_values": {k: list(v) for k, v in eng.option_values.items()}, "about": eng.about,
@@ -308,7 +310,7 @@ def _matrix(args, fixtures, manifest, rows, started) -> dict:
     import time
 
     from gdncheck._version import __version__
-    from gdncheck.conformance.ports import engines as registry
+    from gdncheck.conformance.engines.matrix import CLASSES
     from gdncheck.fixtures.manifest import sha256_file
 
     words = ["gdncheck", "engines"] + [a for n in (args.engine or []) for a in ("--engine", n)] \
@@ -320,8 +322,8 @@ def _matrix(args, fixtures, manifest, rows, started) -> dict:
               "fixtures": {"dir": str(fixtures), "suite": manifest.get("suite", fixtures.name),
                            "manifest_sha256": sha256_file(fixtures / "manifest.json")},
               "selection": {"cases": args.case, "tags": args.tag},
-              "classes": list(registry.CLASSES), "engines": rows}
-    matrix["totals"] = _totals(rows, registry.CLASSES)
+              "classes": list(CLASSES), "engines": rows}
+    matrix["totals"] = _totals(rows, CLASSES)
     matrix["seconds"] = round(time.perf_counter() - started, 1)
     return matrix
 
@@ -355,8 +357,8 @@ def _run_one(eng, opts, profile, fixtures, folder, args, con) -> dict:
     import os
     import time
 
+    from gdncheck.conformance.engines import matrix, registry
     from gdncheck.conformance.judge.verify import verify
-    from gdncheck.conformance.ports import engines as registry
     from gdncheck.conformance.ports.run import default_command, run_impl
     from gdncheck.errors import GDNError
     from gdncheck.safetensors_io import write_bytes_atomic
@@ -391,7 +393,7 @@ def _run_one(eng, opts, profile, fixtures, folder, args, con) -> dict:
     doc = summary.to_json()
     path = folder / f"verify-summary-{profile}.json"
     write_bytes_atomic(path, (json.dumps(doc, indent=1) + "\n").encode())
-    result = registry.profile_result(doc, eng.name, profile)
+    result = matrix.profile_result(doc, eng.name, profile, registry.FINDINGS)
     result.update(summary=str(path), outputs=str(folder), run_command=command,
                   seconds=round(time.perf_counter() - t0, 1))
     c = result["counts"]

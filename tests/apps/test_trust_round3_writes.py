@@ -259,7 +259,7 @@ def test_the_doppler_runner_writes_nothing_outside_out(tmp_path):
     """The doppler engine's runner writes its outputs through the template's one path helper too."""
     work = tmp_path / "a"
     (work / "out").mkdir(parents=True)
-    outputs = (ROOT / "examples/engines/doppler-webgpu/outputs.js").as_uri()
+    outputs = (ROOT / "conformance/engines/doppler/outputs.js").as_uri()
     script = (f"import {{ writeCaseOutputs }} from {json.dumps(outputs)};\n"
               "for (const id of ['../../escaped', '/tmp/escaped', 'ok_case']) {\n"
               "  try { writeCaseOutputs('out', { id, sha256: 'a' }, {}); console.log('wrote ' + id); }\n"

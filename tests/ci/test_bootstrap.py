@@ -68,7 +68,7 @@ def test_cpu_from_the_cpu_index(tmp_path, index_dir):
     # keras-hub without its dependencies (tensorflow-text), the pin beside it
     assert "--no-deps" in no_deps_step and "keras-hub==0.32.0" in no_deps_step
     assert torch_reqs(no_deps_step) == [f"torch=={PIN}+cpu"]
-    # SGLang's wheel alone last, where it has one (its metadata pins a CUDA stack: docs/engines/sglang.md)
+    # SGLang's wheel alone last, where it has one (its metadata pins a CUDA stack: conformance/engines/sglang/README.md)
     if sys.platform == "linux" and platform.machine() == "x86_64" and sys.version_info[:2] == (3, 11):
         assert pip_installs(cmds)[3:] == [["--disable-pip-version-check", "-q", "--no-deps", "sglang==0.5.23"]]
     else:

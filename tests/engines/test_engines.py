@@ -1,4 +1,4 @@
-"""``gdncheck engines``: the cross-engine conformance matrix (conformance/ports/engines.py, docs/engines.md).
+"""``gdncheck engines``: the cross-engine conformance matrix (conformance/engines/, docs/engines.md).
 
 On a narrowed selection the command writes a valid matrix in which every case that is no clean pass is
 classified from verify's summary and explained by a known finding; an engine that is not installed is a
@@ -18,10 +18,11 @@ from pathlib import Path
 import pytest
 
 from gdncheck.cli import main as cli
-from gdncheck.conformance.ports import engines as registry
+from gdncheck.conformance.engines import matrix, probe, registry, schema
 
 ROOT = Path(__file__).resolve().parents[2]
-REPROS = ROOT / "examples" / "engines" / "repros"
+#: every engine's repros: conformance/engines/<name>/repros/
+REPROS = ROOT / "conformance" / "engines"
 
 #: the mlx findings known today, the case every port must run, a case MLX cannot express
 CASES = ["error-input-dtype", "error-moe-missing-moe-size", "moe-exact-tie", "prefill-decode_T65", "per-head-norm"]
@@ -64,7 +65,7 @@ def test_the_matrix_of_mlx_and_the_reference_classifies_every_finding(tmp_path):
         for profile, r in row["results"].items():
             assert r["status"] == "ran" and r["counts"]["cases"] == len(CASES), (row["name"], profile)
             assert r["unexplained"] == 0 and r["stale_findings"] == [], r["findings"]
-            assert all(f["class"] in registry.CLASSES for f in r["findings"])
+            assert all(f["class"] in matrix.CLASSES for f in r["findings"])
             assert (tmp_path / "out" / row["name"] / profile / f"verify-summary-{profile}.json").is_file()
     assert ref["results"]["f32"]["counts"]["pass"] == len(CASES) and not ref["results"]["f32"]["findings"]
     assert 0 < ref["results"]["f32"]["worst_ratio"]["ratio"] <= 1
@@ -89,7 +90,7 @@ def test_the_matrix_of_mlx_and_the_reference_classifies_every_finding(tmp_path):
     assert bf16["error-input-dtype"]["class"] == "deviation"
     page = (tmp_path / "page.md").read_text()
     assert "| mlx | end-to-end | f32 | 5 | 2 | 2 | 1 |" in page  # the crash is a failure
-    assert "[mlx_int32_input.py](" in page and "examples/engines/repros/mlx_int32_input.py)" in page
+    assert "[mlx_int32_input.py](" in page and "conformance/engines/mlx/repros/mlx_int32_input.py)" in page
     html = (tmp_path / "page.html").read_text()
     assert "mlx_int32_input.py" in html and "engine crash" in html and "<script" not in html
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == [".gdncheck-engines", "matrix.html", "matrix.json",
@@ -97,8 +98,8 @@ def test_the_matrix_of_mlx_and_the_reference_classifies_every_finding(tmp_path):
 
 
 def test_an_engine_not_installed_is_a_row_with_its_pip_line(tmp_path, monkeypatch):
-    real = registry.module_available
-    monkeypatch.setattr(registry, "module_available", lambda name: name != "mlx_lm" and real(name))
+    real = probe.module_available
+    monkeypatch.setattr(probe, "module_available", lambda name: name != "mlx_lm" and real(name))
     rc, m = _engines(tmp_path, "--engine", "mlx", "--engine", "reference", "--profile", "f32",
                      "--case", "prefill-decode_T65")
     assert rc == 0
@@ -138,7 +139,7 @@ def test_an_out_that_is_a_file_or_someone_elses_folder_is_refused(tmp_path, caps
 def test_a_wrong_findings_entry_leaves_the_case_unexplained(tmp_path, monkeypatch):
     _mlx_or_skip()
     wrong = dict(registry.FINDINGS)
-    wrong[("mlx", "error-input-dtype", "*")] = registry.Finding("convention", "wrongly filed as a convention")
+    wrong[("mlx", "error-input-dtype", "*")] = schema.Finding("convention", "wrongly filed as a convention")
     monkeypatch.setattr(registry, "FINDINGS", wrong)
     rc, m = _engines(tmp_path, "--engine", "mlx", "--profile", "f32", "--case", "error-input-dtype")
     assert rc == 0
@@ -151,7 +152,7 @@ def test_a_wrong_findings_entry_leaves_the_case_unexplained(tmp_path, monkeypatc
 
 def test_a_glue_error_is_an_unexplained_deviation_at_its_stage(tmp_path, monkeypatch):
     _mlx_or_skip()
-    from gdncheck.conformance.ports import mlx as port
+    from gdncheck.conformance.engines.mlx import adapter as port
 
     monkeypatch.setattr(port, "recurrent_to_format", lambda S: S)  # MLX's [B, Hv, dv, dk] written as it is
     rc, m = _engines(tmp_path, "--engine", "mlx", "--profile", "f32", "--case", "prefill-decode_T65")
@@ -165,26 +166,26 @@ def test_a_glue_error_is_an_unexplained_deviation_at_its_stage(tmp_path, monkeyp
 def test_classify_reads_crashes_and_deviations_from_the_summary():
     raised = {"id": "x", "status": "fail", "first_divergence": {"step": 1, "op": "forward", "reason": "raised"},
               "message": "the implementation raised IndexError at step 1 (forward): list index out of range, but ..."}
-    assert registry.classify(raised)["class"] == "engine_crash"
-    assert registry.classify(raised)["adjudication"]["exception"] == "IndexError"
+    assert matrix.classify(raised)["class"] == "engine_crash"
+    assert matrix.classify(raised)["adjudication"]["exception"] == "IndexError"
     refused = {**raised, "message": "the implementation raised input_error at step 1 (forward): bad, but ..."}
-    assert registry.classify(refused)["class"] == "deviation"
+    assert matrix.classify(refused)["class"] == "deviation"
     tensor = {"id": "y", "status": "fail", "first_divergence": {"step": 1, "call": 0, "stage": "gates", "tensor": "g",
                                                                "reason": "elem_bound", "token": 3},
               "records": [{"step": 1, "stage": "gates", "tensor": "g", "verdict": "fail",
                            "metrics": {"max_err": 4e-3, "nmse": 1e-9}, "bound": {"elem": 1e-3, "nmse": 1e-6}}]}
-    adj = registry.classify(tensor)["adjudication"]
+    adj = matrix.classify(tensor)["adjudication"]
     assert (adj["stage"], adj["tensor"], adj["measure"]) == ("gates", "g", "elem") and adj["ratio"] == pytest.approx(4)
-    assert registry.classify({"id": "z", "status": "pass", "records": []}) is None
-    found = registry.explain(registry.classify(tensor), "mlx", "y_T3", "f32", "fail")
+    assert matrix.classify({"id": "z", "status": "pass", "records": []}) is None
+    found = matrix.explain(matrix.classify(tensor), "mlx", "y_T3", "f32", "fail")
     assert found["unexplained"] and found["finding"] is None
 
 
 def test_the_probe_imports_nothing_of_an_engine():
     import subprocess
 
-    code = ("import sys; from gdncheck.conformance.ports import engines as r; "
-            "p = [r.probe(e) for e in r.ENGINES.values()]; "
+    code = ("import sys; from gdncheck.conformance.engines import probe, registry as r; "
+            "p = [probe.probe(e) for e in r.ENGINES.values()]; "
             "print(sorted(m for m in ('mlx', 'mlx_lm', 'transformers', 'torch', 'fla') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
@@ -193,17 +194,17 @@ def test_the_probe_imports_nothing_of_an_engine():
 # --- the registry, the repros, the committed page --------------------------------------------------------
 def test_every_findings_entry_is_of_a_registered_engine_with_an_existing_repro():
     for (name, prefix, profile), f in registry.FINDINGS.items():
-        assert name in registry.ENGINES and prefix and f.cls in registry.CLASSES
+        assert name in registry.ENGINES and prefix and f.cls in matrix.CLASSES
         assert profile == "*" or profile in registry.ENGINES[name].profiles
         assert f.repro is None or (ROOT / f.repro).is_file(), f.repro
     assert registry.ENGINES["fla"].stage_isolated and registry.ENGINES["fla"].options == {"kernel": "chunk"}
-    assert all(e.judged in registry.JUDGED for e in registry.ENGINES.values())
+    assert all(e.judged in schema.JUDGED for e in registry.ENGINES.values())
 
 
 def test_repros_import_only_the_engine_numpy_and_the_stdlib():
     allowed = {"mlx", "mlx_lm", "numpy", "transformers", "torch", "fla", "llama_cpp", "onnxruntime", "onnx", "vllm",
                "sglang", "keras", "keras_hub", "triton"} | set(sys.stdlib_module_names)
-    scripts = sorted(REPROS.glob("*.py"))
+    scripts = sorted(REPROS.glob("*/repros/*.py"))
     assert {p.name for p in scripts} >= {"mlx_int32_input.py", "mlx_missing_moe_size.py"}
     for path in scripts:
         for node in ast.walk(ast.parse(path.read_text())):
@@ -221,21 +222,23 @@ def test_doppler_is_a_fused_engine_run_by_its_own_program(tmp_path, monkeypatch)
     assert not registry.ENGINES["fla"].fused and registry.ENGINES["fla"].stage_isolated
     monkeypatch.setenv("GDN_DOPPLER_DIR", str(tmp_path / "empty"))
     assert eng.glue_folder() == tmp_path / "empty"
-    pr = registry.probe(eng)
+    pr = probe.probe(eng)
     assert not pr.installed and str(tmp_path / "empty" / ".") in pr.missing, pr.missing
     (tmp_path / "empty").mkdir()
     (tmp_path / "empty" / "run.js").write_text("")
-    pr = registry.probe(eng)
+    pr = probe.probe(eng)
     node = [] if shutil.which("node") else ["node"]
     assert not pr.installed and pr.missing == node + [str(tmp_path / "empty" / "node_modules/doppler-gpu"),
-                                                      str(tmp_path.parent / "ports" / "node" / "safetensors.js")]
+                                                      str(tmp_path.parent.parent / "examples" / "ports" / "node" /
+                                                          "safetensors.js")]
     assert pr.hint(eng).startswith("not installed (") and "npm install" in pr.hint(eng)
     # issue 43, item 7: a copy outside a checkout, without the Node port its run.js imports from
-    # ../../ports/node/, is a row saying so (before: installed, then run.js died on the import)
+    # ../../../examples/ports/node/, is a row saying so (before: installed, then run.js died on the import)
     (tmp_path / "empty" / "node_modules" / "doppler-gpu").mkdir(parents=True)
-    pr = registry.probe(eng)
-    assert pr.missing == node + [str(tmp_path.parent / "ports" / "node" / "safetensors.js")], pr.missing
-    assert "../../ports/node holds a copy of examples/ports/node" in pr.hint(eng)
+    pr = probe.probe(eng)
+    assert pr.missing == node + [str(tmp_path.parent.parent / "examples" / "ports" / "node" / "safetensors.js")], \
+        pr.missing
+    assert "../../../examples/ports/node holds a copy of examples/ports/node" in pr.hint(eng)
     rc, m = _engines(tmp_path, "--engine", "doppler")
     [row] = m["engines"]
     # nothing ran: the matrix is written, and the exit says nothing was judged

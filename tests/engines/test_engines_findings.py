@@ -3,7 +3,7 @@ item 4). Before, the matrix compared only a case's first failing tensor with the
 error in an adapter (SGLang's state left untransposed, a and b swapped) failing the state or core by up to
 7.9e11x their bounds hid behind the softplus finding, whose g fails first. The first tests run the real
 FINDINGS table on summaries built by hand (magnitudes as measured: docs/engines.md); the last runs SGLang's
-kernels, the real adapter and two of its glue mutants (tests/ports/test_sglang.py's), on one case."""
+kernels, the real adapter and two of its glue mutants (tests/engines/sglang/test_sglang.py's), on one case."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from gdncheck.conformance.ports import engines as registry
+from gdncheck.conformance.engines import matrix, registry
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -36,7 +36,7 @@ def _case(case_id, *records):
 
 def _result(engine, profile, *cases):
     doc = {"cases": list(cases), "verdict": "fail", "exit_code": 1, "coverage": {"tensors_judged": 9}}
-    return {f["case"]: f for f in registry.profile_result(doc, engine, profile)["findings"]}
+    return {f["case"]: f for f in matrix.profile_result(doc, engine, profile)["findings"]}
 
 
 @pytest.mark.parametrize("engine", ["sglang", "vllm-triton"])
@@ -106,9 +106,9 @@ for label, spec in jobs:
     doc = verify(fixtures, f"{root}/{label}", "f32", cases=[CASE], stage_isolated=True, fused=True).to_json()
     print(json.dumps([label, doc]))
 """
-JOBS = [("real", "gdncheck.conformance.ports.sglang:sglang"),
-        ("state-not-transposed", "tests.ports.test_sglang:state_not_transposed"),
-        ("gates-swapped", "tests.ports.test_sglang:gates_swapped")]
+JOBS = [("real", "gdncheck.conformance.engines.sglang.adapter:sglang"),
+        ("state-not-transposed", "tests.engines.sglang.test_sglang:state_not_transposed"),
+        ("gates-swapped", "tests.engines.sglang.test_sglang:gates_swapped")]
 
 
 @pytest.mark.skipif(importlib.util.find_spec("sglang") is None, reason="SGLang is not installed")
@@ -118,7 +118,7 @@ def test_sglangs_glue_mutants_are_unexplained_and_the_real_adapter_is_not(fixtur
                            json.dumps(JOBS), CASE], cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
     docs = dict(json.loads(line) for line in proc.stdout.splitlines() if line.startswith("["))
-    results = {label: registry.profile_result(doc, "sglang", "f32") for label, doc in docs.items()}
+    results = {label: matrix.profile_result(doc, "sglang", "f32") for label, doc in docs.items()}
     real = results["real"]
     assert real["unexplained"] == 0 and real["counts"]["fail"] == 1, real["findings"]
     (f,) = real["findings"]

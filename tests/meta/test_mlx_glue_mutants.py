@@ -1,4 +1,4 @@
-"""Mutants of the MLX port's glue (conformance/ports/mlx.py; the port itself: tests/ports/test_mlx.py):
+"""Mutants of the MLX port's glue (conformance/engines/mlx/adapter.py; the port itself: tests/engines/mlx/test_mlx.py):
 the state layout, the norm fold and the head order, each patched into the adapter, run through
 ``gdncheck run`` and ``gdncheck verify`` like the port, and caught at their stage. Skipped, saying why,
 where MLX and mlx-lm are not installed."""
@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tests.ports.test_mlx import _mlx_module, _needs_mlx, _run_verify  # noqa: F401 (_needs_mlx: autouse, as there)
+from tests.engines.mlx.test_mlx import _mlx_module, _needs_mlx, _run_verify  # noqa: F401 (_needs_mlx: autouse, as there)
 
 
 # --- glue mutants: each must fail verify at its stage ---------------------------------------------------

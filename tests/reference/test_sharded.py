@@ -5,12 +5,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from gdncheck.reference import Layer
+from gdncheck.reference import Layer, delta_rule_recurrent
 from gdncheck.reference.sharded import apply, compose, cp_forward, summary, tp_forward, transition
 from gdncheck.sharding import cp_plan, tp_plan
 from gdncheck.synthetic import make_inputs, make_weights
 from tests.helpers import delta_inputs, tiny_config
-from gdncheck.reference import delta_rule_recurrent
 
 
 def _unsharded(cfg, w, x, seed=3):

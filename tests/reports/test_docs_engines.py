@@ -13,12 +13,14 @@ from pathlib import Path
 
 import pytest
 
-from gdncheck.conformance.ports import engines as registry
+from gdncheck.conformance.engines import registry
 from gdncheck.reports import engines as pages
 
 ROOT = Path(__file__).resolve().parents[2]
+#: the pages of the engines live in their folders (conformance/engines/<name>/README.md): checked as docs
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md")),
-        *sorted(p for p in (ROOT / "examples").rglob("*.md") if "node_modules" not in p.parts)]
+        *sorted(p for folder in ("examples", "conformance") for p in (ROOT / folder).rglob("*.md")
+                if "node_modules" not in p.parts)]
 #: a path of the repository as the docs name it in code: a top-level folder of it, a file with an extension
 REPO_PATH = re.compile(r"`((?:tests|docs|examples|conformance|scripts|reports|gdncheck|fixtures|gate|reference|"
                        r"gpu_impl)/[A-Za-z0-9_./-]+\.(?:py|md|js|json|j2|yml|yaml|toml|txt|sh))`")
@@ -62,8 +64,8 @@ def test_an_engine_pages_counts_are_the_committed_matrixs():
     rows = _matrix_rows()
     assert rows[("onnxruntime", "f32")] == {"cases": 43, "pass": 0, "fail": 40, "na": 3}
     checked = 0
-    for page in sorted((ROOT / "docs" / "engines").glob("*.md")):
-        name = page.stem
+    for page in sorted((ROOT / "conformance" / "engines").glob("*/README.md")):
+        name = page.parent.name.replace("_", "-")
         for m in re.finditer(r"^\| (f32|bf16|f16) \| (\d+) / (\d+)(?: / (\d+) of (\d+))? \|", page.read_text(), re.M):
             row = rows[(name, m[1])]
             said = {"pass": int(m[2]), "fail": int(m[3])}
@@ -71,7 +73,7 @@ def test_an_engine_pages_counts_are_the_committed_matrixs():
             if m[4] is not None:
                 said.update(na=int(m[4]), cases=int(m[5]))
                 want.update(na=row["na"], cases=row["cases"])
-            assert said == want, f"docs/engines/{page.name}, {m[1]}: {said}, the committed matrix {want}"
+            assert said == want, f"{page.relative_to(ROOT)}, {m[1]}: {said}, the committed matrix {want}"
             checked += 1
     assert checked >= 4  # onnxruntime's and keras' tables
 
@@ -88,7 +90,7 @@ def test_an_install_line_of_the_engines_table_is_its_registry_entrys():
 
 
 def test_a_page_links_its_repros_inside_its_own_checkout(tmp_path):
-    repro = "examples/engines/repros/sglang_softplus.py"
+    repro = "conformance/engines/sglang/repros/sglang_softplus.py"
     other = tmp_path / "clone"
     (other / "docs").mkdir(parents=True)
     (other / repro).parent.mkdir(parents=True)

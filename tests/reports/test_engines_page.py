@@ -1,6 +1,6 @@
 """The page of ``gdncheck engines --markdown`` (reports/engines.py): the committed docs/engines.md holds
 what the command writes for its stable part, and its hand-written header is kept. The command and its
-matrix: tests/ports/test_engines.py."""
+matrix: tests/engines/test_engines.py."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from gdncheck.conformance.ports import engines as registry
+from gdncheck.conformance.engines import probe, registry
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -23,14 +23,14 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_the_committed_page_holds_what_the_command_writes(tmp_path):
     from gdncheck.reports.engines import STABLE_BEGIN, stable_part
 
-    missing = [n for n, e in registry.ENGINES.items() if not registry.probe(e).installed]
+    missing = [n for n, e in registry.ENGINES.items() if not probe.probe(e).installed]
     # llama-cpp-python builds for ~20 min: CI goes without; doppler needs Node, npm packages and lavapipe;
     # vllm and vllm-triton their own environment (.venv-vllm, the vllm job)
     if [n for n in missing if n not in ("llamacpp", "ggml", "doppler", "vllm", "vllm-triton")]:
         pytest.skip(f"docs/engines.md is the matrix of every registered engine; not installed here: {missing}")
     # SGLang's row is ~7 minutes of Triton's interpreter on 2 cores, vLLM's Triton row ~5: the engines and vllm
     # jobs of the conformance workflow compare them (GDN_ENGINES_PAGE_ALL=1); .ci/run judges SGLang's adapter in
-    # tests/ports/test_sglang.py, the vllm job vLLM's in tests/ports/test_vllm_triton.py
+    # tests/engines/sglang/test_sglang.py, the vllm job vLLM's in tests/engines/vllm_triton/test_vllm_triton.py
     heavy = [] if os.environ.get("GDN_ENGINES_PAGE_ALL") == "1" else ["sglang", "vllm-triton"]
     selection = [a for n in registry.ENGINES if n not in missing and n not in heavy for a in ("--engine", n)]
     page = tmp_path / "docs" / "engines.md"
@@ -68,4 +68,4 @@ def _without(text: str, engines: list[str]) -> str:
 
 def _links(text: str) -> str:
     """The repro links as from the repository root (the copy's page lies elsewhere than docs/)."""
-    return re.sub(r"\]\([^)]*?(examples/engines/)", r"](\1", text)
+    return re.sub(r"\]\([^)]*?(conformance/engines/)", r"](\1", text)

@@ -2,7 +2,7 @@
 finding explains only what was measured for it, NaN is said, a hang is stopped, an engine's output is bounded
 and may be any bytes, bad input is exit 2, a run that judged nothing is no success, the command writes into no
 fixture suite and over no file it did not make, one writer per folder. The matrix itself:
-tests/ports/test_engines.py."""
+tests/engines/test_engines.py."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from gdncheck.cli import main as cli
-from gdncheck.conformance.ports import engines as registry
+from gdncheck.conformance.engines import matrix, probe, registry, schema
 from gdncheck.reports import engines as pages
 
 ONE = ["--engine", "reference", "--profile", "f32", "--case", "prefill-decode_T65", "--diagnose", "0", "-q"]
@@ -39,9 +39,9 @@ def test_a_crash_is_a_failure_even_where_verify_passed_the_case():
     crash = {"id": "error-moe-missing-moe-size_T0", "status": "pass",
              "error_check": {"expected": "missing_config_key", "actual": "ZeroDivisionError", "match": "family",
                              "actual_message": "float division by zero", "actual_step": 0}}
-    table = {("mlx", "error-moe-missing-moe-size", "*"): registry.Finding("engine_crash", "known",
+    table = {("mlx", "error-moe-missing-moe-size", "*"): schema.Finding("engine_crash", "known",
                                                                           None, {"exception": "ZeroDivisionError"})}
-    r = registry.profile_result(_summary(crash, {"id": "ok_T1", "status": "pass", "records": []}), "mlx", "f32", table)
+    r = matrix.profile_result(_summary(crash, {"id": "ok_T1", "status": "pass", "records": []}), "mlx", "f32", table)
     assert r["counts"]["pass"] == 1 and r["counts"]["fail"] == 1 and r["verdict"] == "fail"
     (f,) = r["findings"]
     assert f["status"] == "fail" and f["verify_status"] == "pass" and f["class"] == "engine_crash"
@@ -52,27 +52,27 @@ def test_a_crash_is_a_failure_even_where_verify_passed_the_case():
 
 
 def test_a_known_finding_explains_only_the_magnitude_and_nan_measured_for_it():
-    race = {("doppler", "x", "f32"): registry.Finding("deviation", "a race", None,
+    race = {("doppler", "x", "f32"): schema.Finding("deviation", "a race", None,
                                                       {"stage": "delta_rule", "ratio": (1e8, float("inf"))})}
     nan_case, huge, small = (_tensor_case("x_nan", nan=7, max_err=1e-4), _tensor_case("x_huge", max_err=1e6),
                              _tensor_case("x_small", max_err=3e-3))
-    r = registry.profile_result(_summary(nan_case, huge, small), "doppler", "f32", race)
+    r = matrix.profile_result(_summary(nan_case, huge, small), "doppler", "f32", race)
     by = {f["case"]: f for f in r["findings"]}
     assert not by["x_nan"]["unexplained"] and not by["x_huge"]["unexplained"]
     assert by["x_small"]["unexplained"] and "ratio 3 (FINDINGS: 1e+08 to inf)" in by["x_small"]["mismatch"]
-    no_nan = {("llamacpp", "x", "*"): registry.Finding("deviation", "softplus", None, {"nan": False,
+    no_nan = {("llamacpp", "x", "*"): schema.Finding("deviation", "softplus", None, {"nan": False,
                                                                                       "ratio": (1.0, 20.0)})}
-    r = registry.profile_result(_summary(nan_case, small), "llamacpp", "f32", no_nan)
+    r = matrix.profile_result(_summary(nan_case, small), "llamacpp", "f32", no_nan)
     by = {f["case"]: f for f in r["findings"]}
     assert by["x_nan"]["unexplained"] and "NaN found (FINDINGS: no NaN)" in by["x_nan"]["mismatch"]
     assert not by["x_small"]["unexplained"]
-    stage = {("llamacpp", "x", "*"): registry.Finding("deviation", "softplus", None, {"stage": "gates"})}
-    (f,) = registry.profile_result(_summary(small), "llamacpp", "f32", stage)["findings"]
+    stage = {("llamacpp", "x", "*"): schema.Finding("deviation", "softplus", None, {"stage": "gates"})}
+    (f,) = matrix.profile_result(_summary(small), "llamacpp", "f32", stage)["findings"]
     assert f["unexplained"] and "stage 'delta_rule' (FINDINGS: 'gates')" in f["mismatch"]
 
 
 def test_nan_is_said_as_nan_not_as_a_ratio():
-    (f,) = registry.profile_result(_summary(_tensor_case("x_nan", nan=7, max_err=1e-4)), "doppler", "f32",
+    (f,) = matrix.profile_result(_summary(_tensor_case("x_nan", nan=7, max_err=1e-4)), "doppler", "f32",
                                    {})["findings"]
     assert f["adjudication"]["nan"] == 7 and f["adjudication"]["ratio"] == pytest.approx(0.1)
     text = pages.adjudication_text(f)
@@ -175,7 +175,7 @@ def test_a_backtick_in_the_suite_name_keeps_the_markdown_whole():
 
 # --- 37: an engine's program: any output, bounded; a hang stopped -----------------------------------------------
 def _program_engine(monkeypatch, code: str):
-    eng = registry.Engine("prog", "prog", "fused", ("f32",), (), (), "nothing to install", "a test program",
+    eng = schema.Engine("prog", "prog", "fused", ("f32",), (), (), "nothing to install", "a test program",
                           command=(sys.executable, "-c", code))
     monkeypatch.setitem(registry.ENGINES, "prog", eng)
 
@@ -314,7 +314,7 @@ def test_a_bad_timeout_or_diagnose_is_exit_2(tmp_path, capsys, flag, value, word
 
 # --- the doppler glue error behind the race (where doppler runs) ------------------------------------------------
 def test_a_glue_error_in_doppler_is_unexplained_where_the_race_does_not_hide_it(tmp_path, monkeypatch):
-    if not registry.probe(registry.ENGINES["doppler"]).installed or not shutil.which("node"):
+    if not probe.probe(registry.ENGINES["doppler"]).installed or not shutil.which("node"):
         pytest.skip("doppler's glue is not installed here (docs/engines.md)")
     monkeypatch.setenv("GDN_DOPPLER_GLUE_MUTANT", "state_transposed")
     rc = cli(["engines", "--out", str(tmp_path / "out"), "--engine", "doppler", "--case", "moe-e256-k8",
@@ -325,7 +325,8 @@ def test_a_glue_error_in_doppler_is_unexplained_where_the_race_does_not_hide_it(
 
 
 # --- the repros: 0 fixed, 1 reproduces, 3 cannot run --------------------------------------------------------------
-REPROS = Path(__file__).resolve().parents[2] / "examples" / "engines" / "repros"
+#: the engines' folders, each with its repros/
+ENGINES_DIR = Path(__file__).resolve().parents[2] / "conformance" / "engines"
 
 
 @pytest.mark.parametrize("script, blocked", [
@@ -338,7 +339,7 @@ def test_a_repro_that_cannot_run_its_engine_exits_3_not_1(tmp_path, script, bloc
     import os
     import subprocess
 
-    path = REPROS / script
+    [path] = ENGINES_DIR.glob(f"*/repros/{script}")
     code = ("import runpy, sys\n" + "".join(f"sys.modules[{m!r}] = None\n" for m in blocked)
             + f"runpy.run_path({str(path)!r}, run_name='__main__')\n")
     env = {**os.environ, "GDN_DOPPLER_DIR": str(tmp_path / "nowhere")}

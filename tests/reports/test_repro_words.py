@@ -24,10 +24,12 @@ def test_a_module_of_the_ports_choosing_is_never_in_a_repro(command):
 
 
 def test_the_ports_own_suite_folder_and_profile_are_replaced_by_verifys():
-    command = ("gdncheck run gdncheck.conformance.ports.sglang:sglang --fixtures /elsewhere/suite --out /tmp/x "
+    command = ("gdncheck run gdncheck.conformance.engines.sglang.adapter:sglang --fixtures /elsewhere/suite "
+               "--out /tmp/x "
                "--profile bf16 --option kernel=packed_decode --tag t --stage-isolated")
     line = repro("fx", "out", "f32", "c1", stage_isolated=True, run_command=command)
-    assert line == ("gdncheck run gdncheck.conformance.ports.sglang:sglang --fixtures fx --out out --profile f32 "
+    assert line == ("gdncheck run gdncheck.conformance.engines.sglang.adapter:sglang --fixtures fx --out out "
+                    "--profile f32 "
                     "--option kernel=packed_decode --stage-isolated --case c1 && " + VERIFY)
     assert "/elsewhere" not in line and "bf16" not in line and "--tag" not in line
     assert checked_repro(line) == line  # as written, the report shows it

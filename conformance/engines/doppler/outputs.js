@@ -1,12 +1,12 @@
 // The glue between doppler's buffers and gdncheck's files, with no WebGPU in it (tested alone:
-// tests/ports/test_doppler_webgpu.py). doppler's kernel runs one sequence at a time; its layouts:
+// tests/engines/doppler/test_doppler_webgpu.py). doppler's kernel runs one sequence at a time; its layouts:
 //   qkv [T, conv_dim], z [T, Hv*dv], a, b [T, Hv] (the kernel's inputs, f32 here),
 //   conv_state [conv_dim, K] (oldest first, K slots), recurrent_state [Hv, dk, dv] (v fastest),
 //   conv_out [T, conv_dim] (post-SiLU), output [T, Hv*dv] (core_gated).
 // gdncheck's (fixtures/FORMAT.md §5): qkv_conv [B, T, conv_dim], core_gated [B, T, Hv, dv],
 //   conv_state [B, conv_dim, K], recurrent_state [B, Hv, dk, dv].
 
-import { CASE_ID, outFile, writeSafetensors } from '../../ports/node/safetensors.js';
+import { CASE_ID, outFile, writeSafetensors } from '../../../examples/ports/node/safetensors.js';
 
 // Row b of a golden tensor [B, ...] as float32, the activation dtype doppler's f32 path uses.
 export function rowF32(tensor, b) {

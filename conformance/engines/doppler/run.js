@@ -19,7 +19,7 @@
 import { lstatSync, mkdirSync, readFileSync, realpathSync } from 'node:fs';
 import { dirname, isAbsolute, join, relative, resolve } from 'node:path';
 import { fileURLToPath } from 'node:url';
-import { parseSafetensors, sha256 } from '../../ports/node/safetensors.js';
+import { parseSafetensors, sha256 } from '../../../examples/ports/node/safetensors.js';
 import { callTensors, rowF32, writeCaseOutputs } from './outputs.js';
 import { installProvider, probeDoe } from './provider.js';
 
@@ -118,7 +118,7 @@ function layerStateFor(D, entry, st) {
 
 // Tests only (GDN_DOPPLER_GLUE_MUTANT=state_transposed, never the judged default): a deliberate glue error,
 // each head's entering state fed transposed, which the matrix must report unexplained, not explained by a
-// known finding (tests/ports/test_engines.py).
+// known finding (tests/engines/test_engines.py).
 function enteringState(data, s) {
   if (process.env.GDN_DOPPLER_GLUE_MUTANT !== 'state_transposed') return data;
   const { numVHeads: Hv, headKDim: dk, headVDim: dv } = s;
@@ -210,7 +210,7 @@ async function main() {
   const providerDesc = provider.name === 'doe' ? `doe-gpu ${pkg('doe-gpu')} (workarounds: override->const, unlabeled passes, queue wait, one pass per submit)`
     : `webgpu (Dawn) ${pkg('webgpu')} + vkshim on lavapipe`;
   mkdirSync(args.out, { recursive: true });
-  const command = `node examples/engines/doppler-webgpu/run.js --fixtures ${args.fixtures} --out ${args.out}`;
+  const command = `node conformance/engines/doppler/run.js --fixtures ${args.fixtures} --out ${args.out}`;
   let unusable = 0;
   for (const entry of manifest.cases) {
     if (args.cases.length && !args.cases.some((c) => entry.id.startsWith(c))) continue;

@@ -1,9 +1,10 @@
-"""flash-linear-attention as a port of one stage: ``gdncheck run conformance.ports.fla:fla --stage-isolated``.
+"""flash-linear-attention as a port of one stage: ``gdncheck run fla --stage-isolated`` (the built-in; the plug-in
+``gdncheck.conformance.engines.fla.adapter:fla`` is the same factory).
 
 A factory of the port contract (:mod:`gdncheck.harness.contract`) that judges fla's gated delta rule
 (``fla-core``) on the suite's golden inputs, stage-isolated, in the form ``--option kernel=`` picks.
 
-What it exposes, what it cannot and why, the engine versions it knows: docs/engines/fla.md.
+What it exposes, what it cannot and why, the engine versions it knows: conformance/engines/fla/README.md.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ PROFILES = ("f32", "bf16", "f16")
 FP32_INPUTS = ("g", "beta", "recurrent_state")
 NO_LAYER = ("fla-core ships the gated delta rule kernels, not the Qwen3.5 layer (projections, conv1d, norms "
             "are not in fla.ops); only stage-isolated mode, stage delta_rule, applies (gdncheck run "
-            "conformance.ports.fla:fla --stage-isolated)")
+            "gdncheck.conformance.engines.fla.adapter:fla --stage-isolated)")
 
 
 def _interpreted(fn) -> bool:

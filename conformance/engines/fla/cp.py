@@ -1,4 +1,4 @@
-"""flash-linear-attention's context parallelism (``fla.ops.cp``) as a sharded port (docs/engines/fla.md,
+"""flash-linear-attention's context parallelism (``fla.ops.cp``) as a sharded port (conformance/engines/fla/README.md,
 docs/sharding.md): its own ``causal_conv1d_cp`` and ``chunk_gated_delta_rule(..., cp_context=...)`` on each
 rank of a gloo group, fed the goldens' stage inputs, judged segment by segment.
 
@@ -9,7 +9,7 @@ pieces r and ``2·world−1−r`` concatenated), the pre-conv ``qkv`` of those t
 so the call starts from the zero state.
 
 On a CPU it runs under Triton's interpreter with four runtime patches, each one line of fla's behaviour
-replaced while the run lasts and checked by tests/ports/test_fla_cp.py:
+replaced while the run lasts and checked by tests/engines/fla/test_fla_cp.py:
 
 1. ``fla.ops.cp.context._check_cp_device`` (imported by name into ``fla.ops.cp.chunk_delta_h``,
    ``chunk_fwd``, ``chunk_merge``, ``chunk_bwd``) refuses any device but CUDA (sm ≥ 80) and Ascend:
@@ -32,7 +32,7 @@ import numpy as np
 from gdncheck.config import GDNConfig
 from gdncheck.sharding import CPPlan, plan_from_json
 
-from .fla import _counting_range
+from .adapter import _counting_range
 
 #: the fla modules a patch replaces a name in (module docstring)
 DEVICE_CHECK_USERS = ("fla.ops.cp.chunk_delta_h", "fla.ops.cp.chunk_fwd", "fla.ops.cp.chunk_merge",

@@ -1,11 +1,11 @@
 """llama.cpp's ``ggml_gated_delta_net`` op as a port of one stage: ``gdncheck run
-gdncheck.conformance.ports.ggml:ggml --stage-isolated``.
+gdncheck.conformance.engines.ggml.adapter:ggml --stage-isolated``.
 
 A factory of the port contract (:mod:`gdncheck.harness.contract`) that judges ``ggml_gated_delta_net``,
 the fused delta rule of llama.cpp's graph (through llama-cpp-python's libggml), on the suite's golden inputs,
 stage-isolated.
 
-What it exposes, what it cannot and why, the engine versions it knows: docs/engines/ggml.md.
+What it exposes, what it cannot and why, the engine versions it knows: conformance/engines/ggml/README.md.
 """
 
 from __future__ import annotations
@@ -35,7 +35,8 @@ NOT_INSTALLED = ("implementation 'ggml' needs the libggml that llama-cpp-python 
                  f"{INSTALL}")
 PROFILES = ("f32",)
 NO_LAYER = ("ggml_gated_delta_net is one op of llama.cpp's graph, not the Qwen3.5 layer; only stage-isolated mode, "
-            "stage delta_rule, applies (gdncheck run gdncheck.conformance.ports.ggml:ggml --stage-isolated); the whole "
+            "stage delta_rule, applies (gdncheck run gdncheck.conformance.engines.ggml.adapter:ggml --stage-isolated); "
+            "the whole "
             "layer through llama.cpp is implementation llamacpp")
 NO_BF16 = ("profile {profile}: ggml_gated_delta_net takes f32 tensors only (GGML_ASSERT type == GGML_TYPE_F32 on q, k, "
            "v, g, beta and the state), and llama.cpp runs it in f32 in every model (a bf16 GGUF's activations are "

@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from gdncheck.config import GDNConfig
-from gdncheck.conformance.ports.hf_trace import Tracer
+from gdncheck.conformance.engines.hf.trace import Tracer
 from gdncheck.env import blas_threads
 from gdncheck.errors import GDNError
 from gdncheck.harness import NotApplicable, is_strict, serving_ops

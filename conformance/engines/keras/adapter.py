@@ -7,7 +7,7 @@ recurrent cache, the gated norm, the SwiGLU MLP — on Keras 3's torch backend, 
 one token). The stage tensors are what keras-hub computes, read where its sub-layers and rule functions hand them
 on, only reshaped. What it cannot express is ``NotApplicable`` with the reason.
 
-Design, weights mapping and findings: docs/engines/keras.md.
+Design, weights mapping and findings: conformance/engines/keras/README.md.
 """
 
 from __future__ import annotations

@@ -1,11 +1,11 @@
-"""llama.cpp as a port: ``gdncheck run gdncheck.conformance.ports.llamacpp:llamacpp --profile f32|bf16``.
+"""llama.cpp as a port: ``gdncheck run gdncheck.conformance.engines.llamacpp.adapter:llamacpp --profile f32|bf16``.
 
 A factory of the port contract (:mod:`gdncheck.harness.contract`) around llama.cpp's own ``qwen35`` and
 ``qwen35moe`` model paths through llama-cpp-python's ctypes API: a one-layer checkpoint per case converted by
 llama.cpp's ``convert_hf_to_gguf.py``, ``x`` fed as embeddings, intermediates by ``cb_eval``, states by its
 state API.
 
-What it exposes, what it cannot and why, the engine versions it knows: docs/engines/llamacpp.md.
+What it exposes, what it cannot and why, the engine versions it knows: conformance/engines/llamacpp/README.md.
 """
 
 from __future__ import annotations

@@ -1,10 +1,10 @@
-"""Apple MLX (mlx-lm) as a port: ``gdncheck run gdncheck.conformance.ports.mlx:mlx --profile f32|bf16``.
+"""Apple MLX (mlx-lm) as a port: ``gdncheck run gdncheck.conformance.engines.mlx.adapter:mlx --profile f32|bf16``.
 
 A factory of the port contract (:mod:`gdncheck.harness.contract`) around mlx-lm's own Qwen3.5 layer
 (``qwen3_5`` / ``qwen3_5_moe`` ``DecoderLayer``, its ``ArraysCache``), on MLX's device: glue only, mlx-lm's code
 does the math.
 
-What it exposes, what it cannot and why, the engine versions it knows: docs/engines/mlx.md.
+What it exposes, what it cannot and why, the engine versions it knows: conformance/engines/mlx/README.md.
 """
 
 from __future__ import annotations

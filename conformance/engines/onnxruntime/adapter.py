@@ -1,5 +1,5 @@
 """ONNX Runtime's GDN contrib ops as a port of three stages: ``gdncheck run
-gdncheck.conformance.ports.onnxruntime:onnxruntime --stage-isolated``.
+gdncheck.conformance.engines.onnxruntime.adapter:onnxruntime --stage-isolated``.
 
 A factory of the port contract (:mod:`gdncheck.harness.contract`) that judges the ``com.microsoft`` ops
 onnxruntime-genai's model builder emits for a Qwen3.5 linear-attention layer — ``CausalConvWithState``
@@ -7,7 +7,7 @@ onnxruntime-genai's model builder emits for a Qwen3.5 linear-attention layer —
 ``op=gated_delta_net`` judges the newer fused ``GatedDeltaNet`` op instead) — each as a one-node ONNX graph
 wired as the builder wires it, on ONNX Runtime's CPU execution provider, fed the suite's golden stage inputs.
 
-What it exposes, what it cannot and why, the versions it knows: docs/engines/onnxruntime.md.
+What it exposes, what it cannot and why, the versions it knows: conformance/engines/onnxruntime/README.md.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ NOT_INSTALLED = f"implementation 'onnxruntime' needs onnxruntime and onnx, not i
 DTYPES = {"f32": np.float32, "f16": np.float16}
 NO_LAYER = ("ONNX Runtime's GDN contrib ops are three nodes of an exported graph, not the Qwen3.5 layer; only "
             "stage-isolated mode applies (stages conv1d, gates, delta_rule): gdncheck run "
-            "gdncheck.conformance.ports.onnxruntime:onnxruntime --stage-isolated")
+            "gdncheck.conformance.engines.onnxruntime.adapter:onnxruntime --stage-isolated")
 NO_BF16 = ("profile {profile}: the com.microsoft GDN ops' CPU kernels take float and float16 activations only "
            "(onnxruntime-genai's builder exports Qwen3.5 in fp32 or fp16, and int4 weights with those "
            "activations): there is no bfloat16 form to judge; profiles f32 and f16 judge the ops")

@@ -1,4 +1,5 @@
-"""SGLang's GDN kernels as a port of stages: ``gdncheck run conformance.ports.sglang:sglang --stage-isolated``.
+"""SGLang's GDN kernels as a port of stages:
+``gdncheck run gdncheck.conformance.engines.sglang.adapter:sglang --stage-isolated``.
 
 A factory of the port contract (:mod:`gdncheck.harness.contract`) that judges SGLang's own Triton kernels for
 Qwen3.5's gated delta net (``sglang.kernels.ops``: the conv1d of ``mamba/causal_conv1d_triton.py``, the gating of
@@ -8,7 +9,8 @@ SGLang's serving convention: every call's rows packed into one varlen stream (``
 sequence (slot -1), their states in slots of a state pool read and written in place at ``cache_indices``.
 Under Triton's interpreter on a CPU, on a GPU compiled.
 
-What it exposes, what it cannot and why, the interpreter workarounds, the version it knows: docs/engines/sglang.md.
+What it exposes, what it cannot and why, the interpreter workarounds, the version it knows: its page,
+conformance/engines/sglang/README.md.
 """
 
 from __future__ import annotations
@@ -36,11 +38,11 @@ PAD_SLOT_ID = -1  # SGLang's (causal_conv1d_triton.PAD_SLOT_ID)
 NO_LAYER = ("SGLang's GDN kernels are judged one stage at a time from golden inputs (conv1d, gates, delta_rule; "
             "the q/k L2 norm inside the fused delta-rule kernels); its Qwen3.5 layer needs SGLang's "
             "serving runtime (model runner, memory pools, a GPU), so only stage-isolated mode applies "
-            "(gdncheck run conformance.ports.sglang:sglang --stage-isolated)")
+            "(gdncheck run gdncheck.conformance.engines.sglang.adapter:sglang --stage-isolated)")
 NOT_INSTALLED = f"implementation 'sglang' needs SGLang's kernels, which cannot be imported here ({{exc}}); {INSTALL}"
 
 
-# --- import, with the interpreter's workarounds (docs/engines/sglang.md, Interpreter) ----------------------
+# --- import, with the interpreter's workarounds (conformance/engines/sglang/README.md, Interpreter) --------
 class Kernels:
     """SGLang's kernel modules, imported once."""
 
@@ -113,14 +115,16 @@ def _bare_packages() -> None:
 
 def kernels(interpreted: bool) -> Kernels:
     if interpreted and "triton" not in sys.modules:
-        os.environ.setdefault("TRITON_INTERPRET", "1")  # must precede `import triton` (docs/engines/fla.md)
+        os.environ.setdefault("TRITON_INTERPRET", "1")  # precedes `import triton` (conformance/engines/fla/README.md)
     if interpreted not in _KERNELS:
         _KERNELS[interpreted] = Kernels(interpreted)
     return _KERNELS[interpreted]
 
 
 def _interpreted(fn) -> bool:
-    from gdncheck.conformance.ports.fla import _interpreted as fla_interpreted  # absolute: a copied-out adapter works
+    from gdncheck.conformance.engines.fla.adapter import (
+        _interpreted as fla_interpreted,  # absolute: a copied-out adapter works
+    )
     return fla_interpreted(fn)
 
 
@@ -129,7 +133,7 @@ def _jit_math_aliases(op) -> None:
     builtins only inside ``triton.language``, so a kernel calling the alias meets the compiled builtin ("Did you
     forget to add @triton.jit?"). Rebind each to a one-line ``@triton.jit`` function calling ``tl``'s own
     (:mod:`.sglang_ops`) before any kernel module imports them."""
-    from gdncheck.conformance.ports import sglang_ops
+    from gdncheck.conformance.engines.sglang import ops as sglang_ops
 
     op.exp, op.exp2, op.log, op.log2 = sglang_ops.exp, sglang_ops.exp2, sglang_ops.log, sglang_ops.log2
 

@@ -1,5 +1,6 @@
 """The math aliases of SGLang's ``fla/op.py`` (``exp = tl.exp`` and exp2, log, log2) as ``@triton.jit``
-functions, for Triton's interpreter (conformance/ports/sglang.py, workaround 2; docs/engines/sglang.md).
+functions, for Triton's interpreter (conformance/engines/sglang/adapter.py, workaround 2; its page,
+conformance/engines/sglang/README.md).
 
 A module of its own: ``@triton.jit`` reads a function's source and needs ``triton.language`` among its
 globals, and this module is imported only after the interpreter is chosen (``TRITON_INTERPRET`` is read when

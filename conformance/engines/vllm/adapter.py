@@ -1,6 +1,6 @@
-"""vLLM's CPU GDN kernels as a fused port: ``gdncheck run gdncheck.conformance.ports.vllm:vllm --stage-isolated
---profile bf16``, run with the python of vLLM's own environment (``scripts/engine-env vllm``: vLLM pins another
-transformers than gdncheck's).
+"""vLLM's CPU GDN kernels as a fused port: ``gdncheck run gdncheck.conformance.engines.vllm.adapter:vllm
+--stage-isolated --profile bf16``, run with the python of vLLM's own environment (``scripts/engine-env vllm``: vLLM
+pins another transformers than gdncheck's).
 
 A factory of the port contract (:mod:`gdncheck.harness.contract`) that drives vLLM's own CPU path of the Qwen3.5
 GDN layer, ``_cpu_gdn_attention_nonspec`` of ``vllm/model_executor/layers/mamba/ops/cpu/gdn_attention.py`` (what
@@ -26,7 +26,7 @@ Per call (stages in pipeline order, FORMAT.md §8):
 configured: a wide conv buffer, a slot per draft token, ``fused_sigmoid_gating_delta_rule_update_spec_cpu``);
 ``--option ssm_dtype=bfloat16`` a bf16 state pool.
 
-What it exposes, what it cannot and why, the versions it knows: docs/engines/vllm.md.
+What it exposes, what it cannot and why, the versions it knows: conformance/engines/vllm/README.md.
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ PROFILES = ("bf16",)
 HEAD_DIM = 128
 NO_LAYER = ("vLLM's CPU GDN path is judged from each call's golden stage inputs (its in_proj, norms, out_proj "
             "and MLP are vLLM's generic layers, not GDN kernels); only stage-isolated mode applies (gdncheck run "
-            "gdncheck.conformance.ports.vllm:vllm --stage-isolated, verified --fused)")
+            "gdncheck.conformance.engines.vllm.adapter:vllm --stage-isolated, verified --fused)")
 NO_PROFILE = ("profile {profile}: vLLM's CPU GDN kernels take bf16 activations only (\"CPU GDN attention requires "
               "BF16\" in cpu_gdn_attention_core; the compiled kernels check the dtype): profile bf16 judges them")
 NO_HEAD_DIM = ("head dims dk = {dk}, dv = {dv}: vLLM's CPU GDN kernels (chunk_gated_delta_rule_cpu, "

@@ -1,5 +1,5 @@
 """vLLM's own Triton GDN kernels (its GPU path) as a port of stages:
-``gdncheck run gdncheck.conformance.ports.vllm_triton:vllm_triton --stage-isolated``, run with the python of
+``gdncheck run gdncheck.conformance.engines.vllm_triton.adapter:vllm_triton --stage-isolated``, run with the python of
 vLLM's environment (``.venv-vllm``; ``scripts/engine-env vllm``).
 
 A factory of the port contract (:mod:`gdncheck.harness.contract`) that judges the Triton kernels vLLM runs for
@@ -41,7 +41,7 @@ removed, compiled and interpreted alike); ``fused_sigmoid_gating_delta_rule_upda
 mixed batches) is not wired. The projections, norms and MLP are vLLM's generic layers: their stages return
 nothing.
 
-What it exposes, the results and findings: docs/engines/vllm.md, "vLLM's Triton kernels (its GPU path),
+What it exposes, the results and findings: conformance/engines/vllm/README.md, "vLLM's Triton kernels (its GPU path),
 interpreted".
 """
 
@@ -56,8 +56,13 @@ from typing import Any
 import numpy as np
 
 from gdncheck.config import GDNConfig
-from gdncheck.conformance.ports.sglang import (SGLangStages, _interpreted, _jit_math_aliases, import_failure,
-                                               interpreter_casts)
+from gdncheck.conformance.engines.sglang.adapter import (
+    SGLangStages,
+    _interpreted,
+    _jit_math_aliases,
+    import_failure,
+    interpreter_casts,
+)
 from gdncheck.errors import GDNError
 from gdncheck.harness import NotApplicable, to_numpy
 
@@ -72,7 +77,7 @@ NULL_BLOCK_ID = 0  # vllm/v1/attention/backends/utils.py: slot 0 is the null blo
 NO_LAYER = ("vLLM's Triton GDN kernels are judged one stage at a time from golden inputs (conv1d, qk_norm, gates, "
             "delta_rule); its Qwen3.5 layer needs vLLM's engine (model runner, KV-cache pools, forward context, a "
             "GPU), so only stage-isolated mode applies (gdncheck run "
-            "gdncheck.conformance.ports.vllm_triton:vllm_triton --stage-isolated)")
+            "gdncheck.conformance.engines.vllm_triton.adapter:vllm_triton --stage-isolated)")
 NOT_INSTALLED = f"implementation 'vllm_triton' needs vLLM's kernels, which cannot be imported here ({{exc}}); {INSTALL}"
 OPS = "vllm.third_party.flash_linear_attention.ops"
 CONV = "vllm.model_executor.layers.mamba.ops.causal_conv1d"

@@ -1,5 +1,5 @@
 """doppler's own WGSL linear-attention core (doppler-gpu 0.5.1) on the CPU through WebGPU, judged
-stage-isolated (examples/engines/doppler-webgpu/). The glue tests need only node; the kernel tests
+stage-isolated (conformance/engines/doppler/). The glue tests need only node; the kernel tests
 need `npm install` in that folder and a WebGPU adapter (doe-gpu, or Dawn over lavapipe with the shim),
 and skip with the reason otherwise."""
 
@@ -16,8 +16,8 @@ import pytest
 
 from gdncheck.conformance.judge.verify import verify
 
-REPO = Path(__file__).resolve().parents[2]
-HERE = REPO / "examples" / "engines" / "doppler-webgpu"
+REPO = Path(__file__).resolve().parents[3]
+HERE = REPO / "conformance" / "engines" / "doppler"
 NODE = shutil.which("node")
 needs_node = pytest.mark.skipif(NODE is None, reason="node (>= 20) is not on PATH")
 
@@ -131,7 +131,7 @@ def _run_kernel(fixtures_dir, out, cases, env=None, provider=None):
     if NODE is None:
         pytest.skip("node (>= 20) is not on PATH")
     if not (HERE / "node_modules" / "doppler-gpu").is_dir():
-        pytest.skip("node_modules not installed: run `npm install` in examples/engines/doppler-webgpu")
+        pytest.skip("node_modules not installed: run `npm install` in conformance/engines/doppler")
     args = [NODE, str(HERE / "run.js"), "--fixtures", str(fixtures_dir), "--out", str(out)]
     for c in cases:
         args += ["--case", c]
@@ -207,14 +207,14 @@ MATRIX_CASES = ["prefill_T1_Hk1_Hv1_dk16_dv16_s0", "moe-no-renorm_T12_Hk1_Hv2_dk
 
 def _matrix(tmp_path, env=None, monkeypatch=None):
     """``gdncheck engines --engine doppler`` on MATRIX_CASES; skipped where doppler cannot run here."""
-    from gdncheck.conformance.ports import engines as registry
-    from tests.ports.test_engines import _engines
+    from gdncheck.conformance.engines import probe, registry
+    from tests.engines.test_engines import _engines
 
     if monkeypatch is not None:
         for k, v in (env or {}).items():
             monkeypatch.setenv(k, v)
-    if not registry.probe(registry.ENGINES["doppler"]).installed:
-        pytest.skip(registry.probe(registry.ENGINES["doppler"]).hint(registry.ENGINES["doppler"]))
+    if not probe.probe(registry.ENGINES["doppler"]).installed:
+        pytest.skip(probe.probe(registry.ENGINES["doppler"]).hint(registry.ENGINES["doppler"]))
     rc, m = _engines(tmp_path, "--engine", "doppler", *[a for c in MATRIX_CASES for a in ("--case", c)])
     assert rc == 0
     [row] = m["engines"]
@@ -230,14 +230,14 @@ def test_the_matrix_runs_doppler_s_program_and_judges_it_fused(tmp_path):
     prefill_T1 (explained, with its repro), the dv = 8 case within one lavapipe subgroup passes, a
     real-heads case (no stage inputs) is a missing feature; nothing is unexplained."""
     row, result = _matrix(tmp_path)
-    assert row["judged"] == "fused" and row["impl"].startswith("node examples/engines/doppler-webgpu/run.js")
+    assert row["judged"] == "fused" and row["impl"].startswith("node conformance/engines/doppler/run.js")
     assert row["versions"]["doppler-gpu"] == "0.5.1"
     summary = json.loads(Path(result["summary"]).read_text())
     assert summary["mode"] == "stage_isolated" and summary["bounds"] == "end_to_end"
     by = {f["case"].split("_")[0]: f for f in result["findings"]}
     assert result["unexplained"] == 0, result["findings"]
     assert by["prefill"]["class"] == "deviation" and "race" in by["prefill"]["explanation"]
-    assert by["prefill"]["repro"].endswith("examples/engines/repros/doppler_webgpu.py")
+    assert by["prefill"]["repro"].endswith("conformance/engines/doppler/repros/doppler_webgpu.py")
     assert by["real-heads"]["class"] == "missing_feature"
     assert "moe-no-renorm" not in by and result["counts"]["pass"] == 1
 
@@ -246,7 +246,7 @@ def test_a_glue_error_in_doppler_s_outputs_writer_fails_the_matrix(tmp_path, mon
     """A copy of the glue whose outputs writer transposes each head's state ([Hv, dk, dv] read as
     [Hv, dv, dk]) fails the dv = 8 case that passes as shipped, at recurrent_state, unexplained."""
     if not (HERE / "node_modules" / "doppler-gpu").is_dir():
-        pytest.skip("node_modules not installed: run `npm install` in examples/engines/doppler-webgpu")
+        pytest.skip("node_modules not installed: run `npm install` in conformance/engines/doppler")
     copy = tmp_path / "repo" / "examples" / "engines" / "doppler-webgpu"
     shutil.copytree(HERE, copy, ignore=shutil.ignore_patterns("node_modules"))
     (copy / "node_modules").symlink_to(HERE / "node_modules")

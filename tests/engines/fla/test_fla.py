@@ -1,4 +1,4 @@
-"""flash-linear-attention's gated delta rule, judged stage-isolated (``conformance/ports/fla.py``).
+"""flash-linear-attention's gated delta rule, judged stage-isolated (``conformance/engines/fla/adapter.py``).
 
 Each of fla's forms (its two torch references, its two Triton kernels, in the interpreter on a CPU)
 conforms on small cases, and each piece of glue the adapter does, done wrong, is caught by verify in
@@ -19,16 +19,16 @@ pytest.importorskip("fla", reason="the fla extra (fla-core, einops) is not insta
 pytest.importorskip("einops")
 
 from gdncheck.cli import main  # noqa: E402
+from gdncheck.conformance.engines.fla import adapter as fla_port  # noqa: E402
 from gdncheck.conformance.judge.verify import verify  # noqa: E402
-from gdncheck.conformance.ports import fla as fla_port  # noqa: E402
 from gdncheck.conformance.ports.plugin import check_options  # noqa: E402
 from gdncheck.conformance.ports.run import run_impl  # noqa: E402
 from gdncheck.errors import GDNError  # noqa: E402
 from gdncheck.harness import NotApplicable  # noqa: E402
 from tests.helpers import tiny_config  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[2]
-FLA = "gdncheck.conformance.ports.fla:fla"
+ROOT = Path(__file__).resolve().parents[3]
+FLA = "gdncheck.conformance.engines.fla.adapter:fla"
 #: prefill of 100 (one chunk and a tail) then 37 continuing from a kept state; 2 key heads, 4 value heads
 CHUNKED = "chunked_T137"
 #: 12 one-token decode steps from a kept state
@@ -87,7 +87,7 @@ TRITON_JOBS = [
     ("fused_recurrent-f32", FLA, "fused_recurrent", "f32", [ONE_KEY_HEAD]),
     ("chunk-f32", FLA, "chunk", "f32", [CHUNKED]),
     ("chunk-bf16", FLA, "chunk", "bf16", [ONE_KEY_HEAD]),
-    ("tiled-fused_recurrent", "tests.ports.test_fla:tiled_heads", "fused_recurrent", "f32", [DECODE]),
+    ("tiled-fused_recurrent", "tests.engines.fla.test_fla:tiled_heads", "fused_recurrent", "f32", [DECODE]),
 ]
 CHILD = """
 import json, sys

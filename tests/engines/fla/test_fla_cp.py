@@ -1,4 +1,4 @@
-"""flash-linear-attention's context parallelism on two gloo ranks (conformance/ports/fla_cp.py): fla's own
+"""flash-linear-attention's context parallelism on two gloo ranks (conformance/engines/fla/cp.py): fla's own
 causal_conv1d_cp and chunk_gated_delta_rule with a CP context, interpreted, judged segment by segment against
 the float64 reference; a glue mutant fails; the four runtime patches each do what docs/sharding.md says."""
 
@@ -10,8 +10,8 @@ import pytest
 pytest.importorskip("fla")
 
 import gdncheck.reference as R  # noqa: E402
+from gdncheck.conformance.engines.fla import cp as fla_cp  # noqa: E402
 from gdncheck.conformance.judge.sharded import judge_cp  # noqa: E402
-from gdncheck.conformance.ports import fla_cp  # noqa: E402
 from gdncheck.conformance.ports.distributed import launch  # noqa: E402
 from gdncheck.sharding import cp_plan  # noqa: E402
 from gdncheck.synthetic import make_inputs, make_weights  # noqa: E402
@@ -47,13 +47,12 @@ def test_fla_cp_zigzag_world_2(glue, tmp_path):
 
 
 def test_patches_each_replace_and_restore():
-    import torch
-    from triton.runtime.autotuner import Autotuner
-
     import fla.modules.causal_conv1d.cp as conv_cp
     import fla.ops.cp.chunk_fwd as chunk_fwd
     import fla.ops.cp.comm as comm
     import fla.ops.cp.context as context
+    import torch
+    from triton.runtime.autotuner import Autotuner
 
     with pytest.raises(RuntimeError, match="CP affine chains require"):
         context._check_cp_device(torch.device("cpu"))  # 1. fla refuses a CPU

@@ -1,4 +1,4 @@
-"""llama.cpp's ``ggml_gated_delta_net`` op, judged stage-isolated (``conformance/ports/ggml.py``).
+"""llama.cpp's ``ggml_gated_delta_net`` op, judged stage-isolated (``conformance/engines/ggml/adapter.py``).
 
 The op, called through ctypes from the libggml llama-cpp-python installs, conforms on every delta-rule case of
 the committed suite in f32; each piece of glue the adapter does, done wrong, is caught by verify in the
@@ -17,9 +17,9 @@ import numpy as np
 import pytest
 
 from gdncheck.cli import main
+from gdncheck.conformance.engines import probe, registry
+from gdncheck.conformance.engines.ggml import adapter as ggml_port
 from gdncheck.conformance.judge.verify import verify
-from gdncheck.conformance.ports import engines as registry
-from gdncheck.conformance.ports import ggml as ggml_port
 from gdncheck.conformance.ports.plugin import check_options
 from gdncheck.conformance.ports.run import run_impl
 from gdncheck.errors import GDNError
@@ -219,8 +219,8 @@ def test_a_machine_without_llama_cpp_gets_one_line_saying_how_to_install_it(monk
         ggml_port.libs()
     assert str(exc.value) == ggml_port.NOT_INSTALLED and "\n" not in str(exc.value)
     assert "pip install --no-binary llama-cpp-python \"llama-cpp-python==0.3.36\"" in str(exc.value)
-    monkeypatch.setattr(registry, "module_available", lambda name: name != "llama_cpp")
-    hint = registry.probe(registry.ENGINES["ggml"]).hint(registry.ENGINES["ggml"])
+    monkeypatch.setattr(probe, "module_available", lambda name: name != "llama_cpp")
+    hint = probe.probe(registry.ENGINES["ggml"]).hint(registry.ENGINES["ggml"])
     assert hint.startswith("not installed (llama_cpp missing): CMAKE_ARGS=") and "\n" not in hint
 
 

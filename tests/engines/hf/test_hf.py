@@ -13,9 +13,9 @@ import pytest
 pytest.importorskip("transformers", reason="the hf extra is not installed (pip install -e '.[hf]')")
 
 from gdncheck.config import GDNConfig  # noqa: E402
+from gdncheck.conformance.engines.hf.adapter import hf  # noqa: E402
 from gdncheck.conformance.judge.records import validate_summary  # noqa: E402
 from gdncheck.conformance.judge.verify import verify  # noqa: E402
-from gdncheck.conformance.ports.hf import hf  # noqa: E402
 from gdncheck.conformance.ports.run import load_case_input, run_impl  # noqa: E402
 from gdncheck.harness import to_numpy  # noqa: E402
 from gdncheck.harness.program import CaseInput, execute  # noqa: E402
@@ -79,7 +79,7 @@ def test_transformers_conforms_on_every_case_it_can_express(fixtures_dir, tmp_pa
             failed = {r.tensor for r in c.records if r.verdict == "fail"}
             if c.status != "fail" or not failed <= set(known[c.id]["tensors"]) or not known[c.id].get("reason"):
                 problems.append(f"{c.id}: known failure is stale or changed (status {c.status}, failed "
-                                f"{sorted(failed)}): update tests/ports/known_failures.json")
+                                f"{sorted(failed)}): update tests/engines/hf/known_failures.json")
         elif na is not None:
             step, word = na
             na_here = c.not_applicable or {}

@@ -18,7 +18,7 @@ F32_NAMES = ("linear_attn.A_log", "linear_attn.norm.weight")
 
 
 def _layer(fixtures_dir, manifest, profile):
-    from gdncheck.conformance.ports.hf import hf
+    from gdncheck.conformance.engines.hf.adapter import hf
 
     entry = next(c for c in manifest["cases"] if c["id"].startswith("f32-weights"))
     inp, _ = load_case_input(fixtures_dir, entry)

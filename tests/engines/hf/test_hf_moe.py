@@ -14,7 +14,7 @@ import torch  # noqa: E402
 
 from gdncheck.config import GDNConfig  # noqa: E402
 from gdncheck.conformance.earn.emulate import emulated  # noqa: E402
-from gdncheck.conformance.ports.hf import hf  # noqa: E402
+from gdncheck.conformance.engines.hf.adapter import hf  # noqa: E402
 from gdncheck.experts import ROUTER  # noqa: E402
 from gdncheck.fixtures.reference_impl import reference_f64  # noqa: E402
 from gdncheck.harness import NotApplicable, call_key, execute  # noqa: E402

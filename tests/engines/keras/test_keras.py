@@ -1,4 +1,4 @@
-"""keras-hub's Qwen3.5 decoder layer, judged end to end (``conformance/ports/kerashub.py``).
+"""keras-hub's Qwen3.5 decoder layer, judged end to end (``conformance/engines/keras/adapter.py``).
 
 keras-hub's own ``Qwen3_5TransformerDecoder`` and generation cache on Keras 3's torch backend conform on the
 numeric cases in f32, every stage judged; in bf16 two defects of keras-hub are attributed by switching each off in
@@ -13,8 +13,8 @@ import importlib.util
 import numpy as np
 import pytest
 
+from gdncheck.conformance.engines.keras import adapter as kerashub
 from gdncheck.conformance.judge.verify import verify
-from gdncheck.conformance.ports import kerashub
 from gdncheck.conformance.ports.run import run_impl
 from gdncheck.fixtures.packaged import default_suite
 

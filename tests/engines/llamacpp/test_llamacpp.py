@@ -1,8 +1,9 @@
-"""llama.cpp (its qwen35 and qwen35moe model paths through llama-cpp-python) through the harness: dense dk = dv
-cases conform in f32 and bf16 end to end as a plug-in (``gdncheck run gdncheck.conformance.ports.llamacpp:llamacpp``
-then ``gdncheck verify``), so do the sparse block's cases in bf16, and in f32 every tensor of the block (its one
-deviation, the softplus of g, shows in g alone), mutants of the glue (the state layout, the value-head order, the
-routing weights' tensor, the experts' gate/up order in the checkpoint, the shared expert's gate) are caught at their
+"""llama.cpp (its qwen35 and qwen35moe model paths through llama-cpp-python) through the harness: dense dk = dv cases
+conform in f32 and bf16 end to end as a plug-in (``gdncheck run
+gdncheck.conformance.engines.llamacpp.adapter:llamacpp`` then ``gdncheck verify``), so do the sparse block's cases
+in bf16, and in f32 every tensor of the block (its one deviation, the softplus of g, shows in g alone), mutants of
+the glue (the state layout, the value-head order, the routing weights' tensor, the experts' gate/up order in the
+checkpoint, the shared expert's gate) are caught at their
 stage, what llama.cpp cannot express is not applicable with its reason, and a machine without llama-cpp-python gets
 one line saying how to install it."""
 
@@ -17,11 +18,11 @@ import pytest
 from gdncheck.cli import main as cli
 from gdncheck.errors import GDNError
 
-PLUGIN = "gdncheck.conformance.ports.llamacpp:llamacpp"
+PLUGIN = "gdncheck.conformance.engines.llamacpp.adapter:llamacpp"
 
 
 def _module():
-    from gdncheck.conformance.ports import llamacpp as module
+    from gdncheck.conformance.engines.llamacpp import adapter as module
 
     return module
 
@@ -122,8 +123,9 @@ def test_llama_cpp_conforms_on_a_batched_prefill_then_decode_in_bf16(llama, tmp_
 
 
 def test_llama_cpp_softplus_deviation_is_localised_in_g(llama, tmp_path):
-    """ggml's softplus is logf(1 + expf(x)) (examples/engines/repros/llamacpp_softplus.py): in f32 the realistic
-    prefill-then-decode fails in g alone; every other tensor of every call, states included, is within its bound."""
+    """ggml's softplus is logf(1 + expf(x)) (conformance/engines/llamacpp/repros/llamacpp_softplus.py): in f32 the
+    realistic prefill-then-decode fails in g alone; every other tensor of every call, states included, is within
+    its bound."""
     rc, summary = _run_verify(tmp_path, "f32", ["prefill-decode_T65"])
     (c,) = summary["cases"]
     assert rc == 1 and c["status"] == "fail"

@@ -1,5 +1,5 @@
 """Apple MLX (mlx-lm's own Qwen3.5 layer) through the harness: a few dense cases conform in f32 and bf16 as a
-plug-in (``gdncheck run gdncheck.conformance.ports.mlx:mlx`` then ``gdncheck verify``), and a machine
+plug-in (``gdncheck run gdncheck.conformance.engines.mlx.adapter:mlx`` then ``gdncheck verify``), and a machine
 without MLX gets one line saying how to install it. Mutants of the glue (the state layout, the norm fold,
 the head order), caught at their stage: tests/meta/test_mlx_glue_mutants.py."""
 
@@ -13,11 +13,11 @@ import pytest
 from gdncheck.cli import main as cli
 from gdncheck.errors import GDNError
 
-PLUGIN = "gdncheck.conformance.ports.mlx:mlx"
+PLUGIN = "gdncheck.conformance.engines.mlx.adapter:mlx"
 
 
 def _mlx_module():
-    from gdncheck.conformance.ports import mlx as module
+    from gdncheck.conformance.engines.mlx import adapter as module
 
     return module
 

@@ -1,4 +1,4 @@
-"""ONNX Runtime's GDN contrib ops, judged stage-isolated (``conformance/ports/onnxruntime.py``).
+"""ONNX Runtime's GDN contrib ops, judged stage-isolated (``conformance/engines/onnxruntime/adapter.py``).
 
 The three com.microsoft ops onnxruntime-genai's builder emits, each a one-node graph on the CPU execution
 provider: CausalConvWithState (conv1d) and LinearAttention (delta_rule, and the fused GatedDeltaNet op) conform on
@@ -15,9 +15,9 @@ from collections import Counter
 import numpy as np
 import pytest
 
+from gdncheck.conformance.engines import registry
+from gdncheck.conformance.engines.onnxruntime import adapter as ort_port
 from gdncheck.conformance.judge.verify import verify
-from gdncheck.conformance.ports import engines as registry
-from gdncheck.conformance.ports import onnxruntime as ort_port
 from gdncheck.conformance.ports.run import run_impl
 from gdncheck.errors import GDNError
 from gdncheck.fixtures.packaged import default_suite
@@ -174,7 +174,7 @@ def test_the_repro_runs_the_op_and_says_it_reproduces():
     import sys
     from pathlib import Path
 
-    script = Path(__file__).resolve().parents[2] / "examples" / "engines" / "repros" / "onnxruntime_gates.py"
+    script = Path(__file__).resolve().parents[3] / "conformance/engines/onnxruntime/repros/onnxruntime_gates.py"
     run = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
     assert run.returncode == 1, run.stdout + run.stderr  # 1: the defect reproduces (0 once fixed)
     assert "exactly 0 (no decay at all) for x <= -16.6" in run.stdout and "sigmoid defect: reproduces" in run.stdout

@@ -1,4 +1,5 @@
-"""SGLang's Triton GDN kernels, judged stage by stage under Triton's interpreter (``conformance/ports/sglang.py``).
+"""SGLang's Triton GDN kernels, judged stage by stage under Triton's interpreter
+(``conformance/engines/sglang/adapter.py``).
 
 SGLang's delta-rule kernels (the packed-decode kernel, the speculative target verify, the state-indexed
 fused_recurrent update) conform on a small case of three rows carrying their states between calls, every call
@@ -30,15 +31,15 @@ if importlib.util.find_spec("sglang") is None:  # not imported: its __init__ pul
     pytest.skip("SGLang is not installed (pip install --no-deps sglang==0.5.23 and the sglang extra)",
                 allow_module_level=True)
 
+from gdncheck.conformance.engines.sglang import adapter as sglang_port  # noqa: E402
 from gdncheck.conformance.judge.verify import verify  # noqa: E402
-from gdncheck.conformance.ports import sglang as sglang_port  # noqa: E402
 from gdncheck.conformance.ports.plugin import check_options  # noqa: E402
 from gdncheck.errors import GDNError  # noqa: E402
 from gdncheck.harness import NotApplicable  # noqa: E402
 from tests.helpers import tiny_config  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[2]
-SGL = "gdncheck.conformance.ports.sglang:sglang"
+ROOT = Path(__file__).resolve().parents[3]
+SGL = "gdncheck.conformance.engines.sglang.adapter:sglang"
 #: 3 rows at different positions (slots 4, 3, 2 of a pool of 5), three forward calls carrying their states
 #: then a decode step (2 key heads, 4 value heads, dk = dv = 16)
 CASE = "batch-positions_T20"
@@ -94,10 +95,10 @@ JOBS = [
     ("packed_decode-bf16", SGL, "packed_decode", "bf16", [CASE]),
     ("verify-f32", SGL, "verify", "f32", [CASE]),
     ("recurrent-f32", SGL, "recurrent", "f32", [CASE]),
-    ("state-not-transposed", "tests.ports.test_sglang:state_not_transposed", "packed_decode", "f32", [CASE]),
-    ("wrong-slot", "tests.ports.test_sglang:wrong_slot", "packed_decode", "f32", [CASE]),
-    ("gates-swapped", "tests.ports.test_sglang:gates_swapped", "packed_decode", "f32", [CASE]),
-    ("conv-oldest", "tests.ports.test_sglang:conv_oldest", "packed_decode", "f32", [CASE]),
+    ("state-not-transposed", "tests.engines.sglang.test_sglang:state_not_transposed", "packed_decode", "f32", [CASE]),
+    ("wrong-slot", "tests.engines.sglang.test_sglang:wrong_slot", "packed_decode", "f32", [CASE]),
+    ("gates-swapped", "tests.engines.sglang.test_sglang:gates_swapped", "packed_decode", "f32", [CASE]),
+    ("conv-oldest", "tests.engines.sglang.test_sglang:conv_oldest", "packed_decode", "f32", [CASE]),
 ]
 CHILD = """
 import json, sys
@@ -135,7 +136,7 @@ JUDGED = {("conv1d", "qkv_conv"), ("conv1d", "conv_state"), ("gates", "g"), ("ga
 
 
 #: what SGLang's own kernels get wrong on this case in f32: g, whose softplus is log(1 + exp(x)) in float32
-#: (examples/engines/repros/sglang_softplus.py; within the bf16 bounds); every other tensor conforms
+#: (conformance/engines/sglang/repros/sglang_softplus.py; within the bf16 bounds); every other tensor conforms
 KNOWN = {("gates", "g")}
 
 
@@ -199,7 +200,7 @@ class PackedSlotsShifted(sglang_port.SGLangStages):
 packed_slots_shifted = _with(PackedSlotsShifted)
 SERVING_JOBS = [
     ("verify-f32", SGL, "verify", "f32", [SPEC_CASE]),
-    ("packed-slots-shifted", "tests.ports.test_sglang:packed_slots_shifted", "verify", "f32", [SPEC_CASE]),
+    ("packed-slots-shifted", "tests.engines.sglang.test_sglang:packed_slots_shifted", "verify", "f32", [SPEC_CASE]),
 ]
 
 
@@ -257,8 +258,8 @@ def test_what_sglang_does_not_run_here_says_so():
 
 
 def test_the_interpreter_s_bf16_is_a_gpu_s_while_a_kernel_runs_and_only_then():
-    """Workarounds 3 and 4 (docs/engines/sglang.md): float32 -> bf16 rounds to nearest even (the interpreter
-    cuts: 1 + 0.75 ulp -> 1), and a bf16 product is the product of the values, not of the uint16 patterns;
+    """Workarounds 3 and 4 (conformance/engines/sglang/README.md): float32 -> bf16 rounds to nearest even (the
+    interpreter cuts: 1 + 0.75 ulp -> 1), and a bf16 product is the product of the values, not of the uint16 patterns;
     both undone after the kernel."""
     import triton.language as tl
     from triton.runtime import interpreter as interp

@@ -1,7 +1,7 @@
-"""vLLM's CPU GDN path, judged fused (``conformance/ports/vllm.py``), and its row in the engines registry.
+"""vLLM's CPU GDN path, judged fused (``conformance/engines/vllm/adapter.py``), and its row in the engines registry.
 
 vLLM's CPU build pins another transformers than gdncheck's, so it lives in ``.venv-vllm`` (``scripts/engine-env
-vllm``): the tests that run vLLM run there (``.venv-vllm/bin/python -m pytest tests/ports/test_vllm.py``, the
+vllm``): the tests that run vLLM run there (``.venv-vllm/bin/python -m pytest tests/engines/vllm/test_vllm.py``, the
 ``vllm`` job of .github/workflows/conformance.yml) and skip elsewhere; the registry and the adapter's refusals
 are tested in any environment.
 
@@ -23,15 +23,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from gdncheck.conformance.engines import probe, registry, schema
+from gdncheck.conformance.engines.vllm import adapter as vllm_port
 from gdncheck.conformance.judge.verify import verify
-from gdncheck.conformance.ports import engines as registry
-from gdncheck.conformance.ports import vllm as vllm_port
 from gdncheck.conformance.ports.run import run_impl
 from gdncheck.errors import GDNError
 from gdncheck.harness import NotApplicable
 from tests.helpers import tiny_config
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 CASE = "vllm-mix_T12_Hk1_Hv2_dk128_dv128_s0"
 
 needs_vllm = pytest.mark.skipif(importlib.util.find_spec("vllm") is None,
@@ -232,13 +232,14 @@ def test_the_registry_runs_the_adapter_with_the_envs_python(tmp_path, monkeypatc
     is missing the row says how to make it, in one command."""
     eng = registry.ENGINES["vllm"]
     assert eng.fused and eng.profiles == ("bf16",)
-    assert eng.command[:5] == ("{folder}/bin/python", "-m", "gdncheck", "run", "gdncheck.conformance.ports.vllm:vllm")
+    assert eng.command[:5] == ("{folder}/bin/python", "-m", "gdncheck", "run",
+                              "gdncheck.conformance.engines.vllm.adapter:vllm")
     assert "--stage-isolated" in eng.command
-    assert registry.Engine.glue_folder(eng) == (Path(__import__("os").environ["GDN_VLLM_DIR"])
+    assert schema.Engine.glue_folder(eng) == (Path(__import__("os").environ["GDN_VLLM_DIR"])
                                                 if "GDN_VLLM_DIR" in __import__("os").environ
                                                 else ROOT / ".venv-vllm")
     monkeypatch.setenv("GDN_VLLM_DIR", str(tmp_path / "none"))
-    pr = registry.probe(eng)
+    pr = probe.probe(eng)
     assert not pr.installed and pr.hint(eng).startswith("not installed (") and "scripts/engine-env vllm" in \
         pr.hint(eng)
 
@@ -253,8 +254,9 @@ def test_engine_env_prints_its_plan_and_refuses_an_unknown_engine():
 
 @needs_vllm
 def test_the_eps_repro_reproduces_with_vllm():
-    """examples/engines/repros/vllm_l2norm_eps.py runs vLLM's own path: exit 1 while vLLM normalises with 1e-5."""
-    done = subprocess.run([sys.executable, str(ROOT / "examples/engines/repros/vllm_l2norm_eps.py")],
+    """The repro (conformance/engines/vllm/repros/vllm_l2norm_eps.py) runs vLLM's own path: exit 1 while vLLM
+    normalises with 1e-5."""
+    done = subprocess.run([sys.executable, str(ROOT / "conformance/engines/vllm/repros/vllm_l2norm_eps.py")],
                           capture_output=True, text=True)
     assert done.returncode == 1 and "eps 1e-5" in done.stdout, done.stdout + done.stderr
 
@@ -262,7 +264,7 @@ def test_the_eps_repro_reproduces_with_vllm():
 def test_the_eps_repro_cannot_run_without_vllm():
     if importlib.util.find_spec("vllm") is not None:
         pytest.skip("vLLM is installed here: the repro runs (test above)")
-    done = subprocess.run([sys.executable, str(ROOT / "examples/engines/repros/vllm_l2norm_eps.py")],
+    done = subprocess.run([sys.executable, str(ROOT / "conformance/engines/vllm/repros/vllm_l2norm_eps.py")],
                           capture_output=True, text=True)
     assert done.returncode == 3 and done.stdout.startswith("cannot run"), done.stdout
 
@@ -274,7 +276,7 @@ def test_the_fused_rule_is_numpy_independent_of_the_adapter():
     from gdncheck.reference.delta_rule import delta_rule_recurrent
     from gdncheck.reference.functions import l2_normalize
 
-    spec = u.spec_from_file_location("repro", ROOT / "examples/engines/repros/vllm_l2norm_eps.py")
+    spec = u.spec_from_file_location("repro", ROOT / "conformance/engines/vllm/repros/vllm_l2norm_eps.py")
     repro = u.module_from_spec(spec)
     spec.loader.exec_module(repro)
     rng = np.random.default_rng(1)

@@ -1,7 +1,8 @@
 """vLLM's own Triton GDN kernels (its GPU path), judged stage by stage under Triton's interpreter
-(``conformance/ports/vllm_triton.py``).
+(``conformance/engines/vllm_triton/adapter.py``).
 
-Run in vLLM's environment (``/work/main/.venv-vllm/bin/python -m pytest tests/ports/test_vllm_triton.py``);
+Run in vLLM's environment
+(``/work/main/.venv-vllm/bin/python -m pytest tests/engines/vllm_triton/test_vllm_triton.py``);
 where vLLM is not importable (the CI's ``.venv``) the module skips.
 
 On a small case of three rows carrying their states between calls, every call driven through vLLM's serving
@@ -28,17 +29,18 @@ import pytest
 
 if importlib.util.find_spec("vllm") is None:
     pytest.skip("vLLM is not importable here (its own environment: scripts/engine-env vllm, then "
-                ".venv-vllm/bin/python -m pytest tests/ports/test_vllm_triton.py)", allow_module_level=True)
+                ".venv-vllm/bin/python -m pytest tests/engines/vllm_triton/test_vllm_triton.py)",
+                allow_module_level=True)
 
+from gdncheck.conformance.engines.vllm_triton import adapter as vt  # noqa: E402
 from gdncheck.conformance.judge.verify import verify  # noqa: E402
-from gdncheck.conformance.ports import vllm_triton as vt  # noqa: E402
 from gdncheck.conformance.ports.plugin import check_options  # noqa: E402
 from gdncheck.errors import GDNError  # noqa: E402
 from gdncheck.harness import NotApplicable  # noqa: E402
 from tests.helpers import tiny_config  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[2]
-VT = "gdncheck.conformance.ports.vllm_triton:vllm_triton"
+ROOT = Path(__file__).resolve().parents[3]
+VT = "gdncheck.conformance.engines.vllm_triton.adapter:vllm_triton"
 #: 3 rows at different positions, three forward calls carrying their states then a decode step
 #: (2 key heads, 4 value heads, dk = dv = 16)
 CASE = "batch-positions_T20"
@@ -93,7 +95,7 @@ def _with(impl_class):
 
 state_not_transposed, wrong_slot, gates_swapped, conv_oldest, accepted_miscounted = (
     _with(c) for c in (StateNotTransposed, WrongSlot, GatesSwapped, ConvOldest, AcceptedMiscounted))
-HERE = "tests.ports.test_vllm_triton"
+HERE = "tests.engines.vllm_triton.test_vllm_triton"
 
 #: (label, factory, kernel, profile, cases)
 JOBS = [

@@ -2,12 +2,12 @@
 """Two defects of doppler-gpu 0.5.1's `linear_attention_recurrent` WGSL kernel
 (src/gpu/kernels/linear-attention-core.js), each adjudicated against float64.
 
-    python3 examples/engines/repros/doppler_webgpu.py     # doppler's own WGSL, run by the Node glue
-    python3 examples/engines/repros/doppler_webgpu.py --numpy   # the kernel's statement order in float64 instead
-    python3 examples/engines/repros/doppler_webgpu.py --numpy --subgroup 32 --dk 128 --dv 128   # Qwen3.5's heads
+    python3 conformance/engines/doppler/repros/doppler_webgpu.py     # doppler's own WGSL, run by the Node glue
+    python3 conformance/engines/doppler/repros/doppler_webgpu.py --numpy   # the kernel's statements in float64
+    python3 conformance/engines/doppler/repros/doppler_webgpu.py --numpy --subgroup 32 --dk 128 --dv 128  # Qwen3.5's
 
 By default it runs doppler's kernel itself, unchanged, through gdncheck's Node glue
-(examples/engines/doppler-webgpu/run.js, or $GDN_DOPPLER_DIR; its README installs it) on two committed
+(conformance/engines/doppler/run.js, or $GDN_DOPPLER_DIR; its README installs it) on two committed
 cases and compares the states it returns with the float64 goldens: `decode_T12` as shipped (the race:
 NaN or wrong lanes) and `softplus-edges` with the race fixed (`GDN_DOPPLER_PATCH=barrier`: the softplus).
 Imports only numpy and the standard library (the cases' safetensors are read here by hand).
@@ -58,7 +58,7 @@ import numpy as np
 
 #: the exit status when the repro cannot run: neither fixed (0) nor reproduced (1)
 CANNOT_RUN = 3
-ROOT = Path(__file__).resolve().parents[3]
+ROOT = Path(__file__).resolve().parents[4]
 DTYPES = {"F64": np.float64, "F32": np.float32, "F16": np.float16, "I64": np.int64, "I32": np.int32}
 
 
@@ -87,7 +87,7 @@ def read_safetensors(path: Path) -> dict[str, np.ndarray]:
 
 def run_kernel(case: str, patch: bool) -> tuple[dict, dict]:
     """doppler's kernel on one committed case through the Node glue: (its outputs, the goldens)."""
-    glue = Path(os.environ.get("GDN_DOPPLER_DIR") or ROOT / "examples" / "engines" / "doppler-webgpu")
+    glue = Path(os.environ.get("GDN_DOPPLER_DIR") or ROOT / "conformance" / "engines" / "doppler")
     fixtures = ROOT / "fixtures" / "default"
     node = shutil.which("node")
     for what, ok in (("Node.js", node), (f"the glue {glue}/run.js", (glue / "run.js").is_file()),

@@ -23,7 +23,7 @@ For (2) it runs keras-hub's own ``_recurrent_gated_delta_rule`` token by token f
 the state in float32 between steps, as keras-hub's cache keeps it), twice: as shipped, and with ``_l2norm``
 patched to cast to float32 first (the one change); each against a float64 recurrence on the same bf16 inputs.
 
-    python examples/engines/repros/keras_bf16_l2norm.py
+    python conformance/engines/keras/repros/keras_bf16_l2norm.py
 
 Exit status: 1 while either reproduces ((1): the rule receives a bf16 state; (2): keras-hub's error is over twice
 the float32-normalised one), 0 when neither does, 3 when keras-hub cannot be run here.

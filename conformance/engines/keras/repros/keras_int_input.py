@@ -7,7 +7,7 @@ expects ``input_dtype``. Keras 3's ``Layer.__call__`` converts every tensor argu
 (``DTypePolicy.convert_input``), integers included, so ``Qwen3_5TransformerDecoder`` runs on the promoted values and
 returns an output; the bug goes unnoticed.
 
-    python examples/engines/repros/keras_int_input.py
+    python conformance/engines/keras/repros/keras_int_input.py
 
 Exit status: 1 while the integer input is computed on (the defect reproduces), 0 once it is refused, 3 when
 keras-hub cannot be run here.

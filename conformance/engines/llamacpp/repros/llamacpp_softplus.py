@@ -20,7 +20,7 @@ over the whole range.
 This script runs ggml's own op on the CPU backend (ctypes into libggml-base / libggml-cpu of the installed
 llama-cpp-python) and compares it with float64 log1p(exp(x)).
 
-    python examples/engines/repros/llamacpp_softplus.py
+    python conformance/engines/llamacpp/repros/llamacpp_softplus.py
 """
 
 from __future__ import annotations
@@ -38,7 +38,8 @@ CANNOT_RUN = 3
 try:
     import llama_cpp
 except ImportError:
-    print("cannot run: needs llama-cpp-python (built from its sdist; docs/engines/llamacpp.md)", file=sys.stderr)
+    print("cannot run: needs llama-cpp-python (built from its sdist; conformance/engines/llamacpp/README.md)",
+          file=sys.stderr)
     sys.exit(CANNOT_RUN)
 
 LIB = Path(llama_cpp.__file__).parent / "lib"

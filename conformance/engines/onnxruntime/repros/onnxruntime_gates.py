@@ -11,7 +11,7 @@ very negative barely writes its state (beta near 0): the ratio of those small va
 This script runs the op itself on the CPU execution provider over a grid of arguments and compares both outputs
 with float64 ``log1p(exp(x))`` and ``1 / (1 + exp(-x))``, and with float32 emulations of the two formulas.
 
-    python examples/engines/repros/onnxruntime_gates.py
+    python conformance/engines/onnxruntime/repros/onnxruntime_gates.py
 
 Exit status: 1 while a defect reproduces, 0 once both are fixed, 3 when the op cannot be run here.
 """

@@ -19,7 +19,7 @@ is perfectly representable. The same formula as llama.cpp's ggml softplus (llama
 This script runs SGLang's own kernel (compiled on a GPU, else in Triton's interpreter) with A_log = 0 and
 dt_bias = 0, so g = -softplus(a), and compares it with float64 log1p(exp(a)).
 
-    python examples/engines/repros/sglang_softplus.py
+    python conformance/engines/sglang/repros/sglang_softplus.py
 """
 
 from __future__ import annotations

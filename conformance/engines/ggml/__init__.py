@@ -1,0 +1,1 @@
+"""The engine ggml: its glue (adapter.py), its registry entry and findings (engine.py), its page (README.md)."""

@@ -1,0 +1,1 @@
+"""The engine keras: its glue, its registry entry and findings (engine.py), its page (README.md), its repros."""

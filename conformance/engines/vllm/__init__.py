@@ -1,0 +1,1 @@
+"""The engine vllm: its glue, its registry entry and findings (engine.py), its page (README.md), its repros."""
