@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-PORTS = ROOT / "conformance" / "ports"
+ENGINES = ROOT / "conformance" / "engines"
 
 
 def _run(tmp_path, code: str) -> subprocess.CompletedProcess:
@@ -27,14 +27,14 @@ def _run(tmp_path, code: str) -> subprocess.CompletedProcess:
 
 @pytest.mark.skipif(importlib.util.find_spec("sglang") is None, reason="SGLang is not installed")
 def test_sglangs_adapter_copied_out_imports_its_kernels(tmp_path):
-    shutil.copy(PORTS / "sglang.py", tmp_path / "my_sglang.py")
+    shutil.copy(ENGINES / "sglang" / "adapter.py", tmp_path / "my_sglang.py")
     done = _run(tmp_path, "import my_sglang; print('kernels', my_sglang.kernels(True).version)")
     assert done.returncode == 0 and "kernels 0.5.23" in done.stdout, done.stdout + done.stderr[-2000:]
 
 
 @pytest.mark.skipif(importlib.util.find_spec("sglang") is None, reason="SGLang is not installed")
 def test_an_import_failure_that_is_not_sglang_missing_says_what_failed(tmp_path):
-    shutil.copy(PORTS / "sglang.py", tmp_path / "my_sglang.py")
+    shutil.copy(ENGINES / "sglang" / "adapter.py", tmp_path / "my_sglang.py")
     code = ("import my_sglang\n"
             "def broken():\n"
             "    raise ImportError('attempted relative import with no known parent package')\n"
@@ -53,7 +53,7 @@ def test_an_import_failure_that_is_not_sglang_missing_says_what_failed(tmp_path)
 def test_vllm_tritons_adapter_copied_out_says_vllm_is_missing_not_a_relative_import(tmp_path):
     if importlib.util.find_spec("vllm") is not None:
         pytest.skip("vLLM is installed here: the copy's kernels would import")
-    shutil.copy(PORTS / "vllm_triton.py", tmp_path / "my_vllm_triton.py")
+    shutil.copy(ENGINES / "vllm_triton" / "adapter.py", tmp_path / "my_vllm_triton.py")
     code = ("import my_vllm_triton\n"
             "from gdncheck.errors import GDNError\n"
             "try:\n"
