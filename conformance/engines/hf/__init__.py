@@ -1,1 +1,1 @@
-"""The engine hf: Hugging Face transformers (engine.py: its registry entry and findings; README: docs/engines.md)."""
+"""The engine hf: its glue (adapter.py, trace.py), its registry entry and findings (engine.py), its page (README.md)."""

@@ -247,7 +247,7 @@ def test_a_glue_error_in_doppler_s_outputs_writer_fails_the_matrix(tmp_path, mon
     [Hv, dv, dk]) fails the dv = 8 case that passes as shipped, at recurrent_state, unexplained."""
     if not (HERE / "node_modules" / "doppler-gpu").is_dir():
         pytest.skip("node_modules not installed: run `npm install` in conformance/engines/doppler")
-    copy = tmp_path / "repo" / "examples" / "engines" / "doppler-webgpu"
+    copy = tmp_path / "repo" / "conformance" / "engines" / "doppler"
     shutil.copytree(HERE, copy, ignore=shutil.ignore_patterns("node_modules"))
     (copy / "node_modules").symlink_to(HERE / "node_modules")
     shutil.copytree(REPO / "examples" / "ports" / "node", tmp_path / "repo" / "examples" / "ports" / "node")
