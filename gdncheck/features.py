@@ -57,6 +57,10 @@ FEATURES: dict[str, Feature] = {
                                     "commit's verify flags (FORMAT.md §4.1)"),
     "commit_snapshots": Feature("1.2", "a commit keeping states inside or at the end of its accepted windows in other "
                                        "slots: commit's snap_seq, snap_offset, snap_slot (FORMAT.md §4.1)"),
+    "sharded": Feature("1.3", "a layer split across ranks: the shard step's tensor-parallel plan (each rank its heads, "
+                              "writing its share and its out_proj partial) or context-parallel plan (each rank its "
+                              "tokens, the conv halo and the state summaries exchanged), one outputs file a rank "
+                              "(FORMAT.md §4.2, per-rank layout §7.1; docs/sharding.md)"),
 }
 
 #: Per program op: the features the op itself needs.
