@@ -37,10 +37,16 @@ def rank_file_name(case: str, rank: int) -> str:
     return f"{case}.rank{rank}.safetensors"
 
 
+#: a context-parallel stage ordered as the stage that reads it (the halo the conv, the entry state and the
+#: summary the delta rule), so that the first failure said is the earliest exchange that went wrong
+_READ_BY = {"halo": "qkv_conv", "summary": "core", "entry_state": "core"}
+
+
 def _record(cj, step: int, op: str, call: int | None, stage: str, verdict: str, message: str | None) -> Record:
     tensor = TENSOR_OF[stage]
     st = stage_of(tensor)
-    return Record(case=cj.case, step=step, op=op, call=call, tensor=tensor, stage=st, stage_index=stage_index(st),
+    order = stage_index(stage_of(_READ_BY[stage])) if stage in _READ_BY else stage_index(st)
+    return Record(case=cj.case, step=step, op=op, call=call, tensor=tensor, stage=st, stage_index=order,
                   verdict=verdict, reason=None if verdict == "pass" else "sharded", message=message)
 
 
@@ -96,7 +102,7 @@ def judge_sharded(cj) -> None:
             step, op = where.get(w, (shard_at, "shard"))
             cj.report.records.append(_record(cj, step, op, w if kind == "tp" else cp_call, s, "pass", None))
     if failures or problems:
-        first = failures[0].message if failures else problems[0]
+        first = problems[0] if problems else failures[0].message
         cj.report.diagnosis = {"verdict": "none", "text": safe_text(first), "tensor": None, "call": None}
     del stages, judged
 

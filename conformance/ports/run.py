@@ -66,7 +66,16 @@ from gdncheck.untrusted import folder_lock, no_surrogates, one_line, safe_path, 
 from gdncheck.weights import LayerWeights
 
 from .plugin import check_options, load_factory, parse_options
-from .sharded_run import case_plan, check_world, is_sharded, not_applicable, parse_world, run_in_process, run_spawned
+from .sharded_run import (
+    case_plan,
+    check_world,
+    is_sharded,
+    not_applicable,
+    parse_world,
+    run_in_process,
+    run_spawned,
+    state_in,
+)
 
 
 @dataclass
@@ -355,8 +364,16 @@ def _spawn_sharded(impl, factory, fixtures_dir: Path, out_dir: Path, entries: li
     todo = [e for e in entries if is_sharded(e) and e["id"] not in names and not_applicable(factory, e) is None]
     if not todo:
         return {}
+    inputs = {}
+    for e in todo:
+        try:
+            inp, gold = load_case_input(fixtures_dir, e)
+        except (FixtureError, SafetensorsFormatError):
+            continue  # said when the case's turn comes (skipped)
+        inputs[e["id"]] = (inp, state_in(gold, e))
+    todo = [e for e in todo if e["id"] in inputs]
     with tempfile.TemporaryDirectory(prefix=".gdncheck-ranks-", dir=out_dir) as work:
-        return run_spawned(impl, fixtures_dir, todo, world, profile, options, Path(work))
+        return run_spawned(impl, inputs, todo, world, profile, options, Path(work)) if todo else {}
 
 
 def _run_sharded(factory, name: str, entry: dict, inp: CaseInput, gold: SafetensorsFile, out_dir: Path, profile: str,

@@ -104,7 +104,7 @@ def rank_work(factory, entry: Mapping, inp, gold_state_in: Mapping, profile: str
     return tensors, _status(), None
 
 
-def _state_in(gold: SafetensorsFile, entry: Mapping) -> dict:
+def state_in(gold: SafetensorsFile, entry: Mapping) -> dict:
     kind, _, call = case_plan(entry)
     if kind != "cp":
         return {}
@@ -126,15 +126,15 @@ def not_applicable(factory, entry: Mapping) -> dict | None:
 def run_in_process(factory, entry: Mapping, inp, gold: SafetensorsFile, profile: str, options, snapshot_dir):
     """Every rank of one case in this process: ``(ranks' tensors, status)``."""
     kind, plan, _ = case_plan(entry)
-    state_in = _state_in(gold, entry)
+    entering = state_in(gold, entry)
     if kind == "cp":
-        results = run_in_threads(plan.world, lambda r, g: rank_work(factory, entry, inp, state_in, profile, options,
+        results = run_in_threads(plan.world, lambda r, g: rank_work(factory, entry, inp, entering, profile, options,
                                                                     r, g, snapshot_dir))
         bad = [s for _, s, _ in results if s["error"] or s["not_applicable"]]
         return [t for t, _, _ in results], bad[0] if bad else _status()
     ranks, impls = [], []
     for r in range(plan.world):
-        tensors, status, impl = rank_work(factory, entry, inp, state_in, profile, options, r, None, snapshot_dir)
+        tensors, status, impl = rank_work(factory, entry, inp, entering, profile, options, r, None, snapshot_dir)
         ranks.append(tensors)
         impls.append(impl)
         if status["error"] or status["not_applicable"]:
@@ -170,16 +170,15 @@ def spawned_rank(rank: int, world: int, dist, spec: dict) -> dict[str, np.ndarra
     function: spawned ranks import it). Each case's tensors are prefixed ``c{j}.``; its status is JSON in
     ``c{j}.__status__``."""
     from gdncheck.conformance.ports.plugin import load_factory
-    from gdncheck.conformance.ports.run import load_case_input
 
     factory = load_factory(spec["impl"]) if isinstance(spec["impl"], str) else spec["impl"]
     comm = TorchGroup(dist)
     out: dict[str, np.ndarray] = {}
     for j, entry in enumerate(spec["cases"]):
-        inp, gold = load_case_input(Path(spec["fixtures"]), entry)
+        inp, entering = spec["inputs"][entry["id"]]
         with tempfile.TemporaryDirectory(prefix="gdncheck-rank-snapshots-") as snaps:
-            tensors, status, impl = rank_work(factory, entry, inp, _state_in(gold, entry), spec["profile"],
-                                              spec["options"], rank, comm, snaps)
+            tensors, status, impl = rank_work(factory, entry, inp, entering, spec["profile"], spec["options"], rank,
+                                              comm, snaps)
         if case_plan(entry)[0] == "tp":  # the same reduces on every rank: the calls every rank has
             parts: list = [None] * world
             comm.all_gather_object(parts, (status, sorted(tensors)))
@@ -197,14 +196,15 @@ def _reduce_common(tensors: dict, common: set, red, program) -> None:
     tensors.update({k: v for k, v in shared.items() if k.endswith(".attn_out")})
 
 
-def run_spawned(impl, fixtures_dir: Path, entries: list[dict], world: int, profile: str, options, work: Path,
+def run_spawned(impl, inputs: Mapping[str, tuple], entries: list[dict], world: int, profile: str, options, work: Path,
                 timeout_s: float = 600.0):
     """Every sharded case of ``entries`` on ``world`` spawned ranks (one launch): per case, its ranks'
-    tensors and its status."""
+    tensors and its status. ``inputs``: case id -> (its :class:`~gdncheck.harness.CaseInput`, its entering
+    state, :func:`state_in`)."""
     import torch
 
     backend = "nccl" if torch.cuda.is_available() and torch.cuda.device_count() >= world else "gloo"
-    spec = {"impl": impl, "fixtures": str(fixtures_dir), "cases": entries, "profile": profile,
+    spec = {"impl": impl, "inputs": dict(inputs), "cases": entries, "profile": profile,
             "options": dict(options or {})}
     try:
         ranks = launch(spawned_rank, world, spec, work, backend=backend, timeout_s=timeout_s)

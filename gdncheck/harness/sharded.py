@@ -210,12 +210,13 @@ def run_in_threads(world: int, fn: Callable[[int, ThreadGroup], Any], timeout_s:
         t.start()
     for t in threads:
         t.join(timeout_s)
-    for r, exc in enumerate(errors):
-        if exc is not None and not isinstance(exc, threading.BrokenBarrierError):
-            raise exc
-    for r, exc in enumerate(errors):
-        if exc is not None:
-            raise exc
+    if any(t.is_alive() for t in threads):
+        raise ShardedCaseError(f"expected {world} ranks to finish within {timeout_s:g} s, found ranks still running")
+    # the rank that failed first, not the others whose collective it broke
+    failed = [e for e in errors if e is not None and not isinstance(e, threading.BrokenBarrierError)]
+    failed += [e for e in errors if e is not None]
+    if failed:
+        raise failed[0]
     return results
 
 
