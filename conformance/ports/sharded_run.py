@@ -172,6 +172,10 @@ def spawned_rank(rank: int, world: int, dist, spec: dict) -> dict[str, np.ndarra
     from gdncheck.conformance.ports.plugin import load_factory
 
     factory = load_factory(spec["impl"]) if isinstance(spec["impl"], str) else spec["impl"]
+    if dist.get_backend() == "nccl":  # one GPU a rank (NCCL is chosen only where there are enough)
+        import torch
+
+        torch.cuda.set_device(rank)
     comm = TorchGroup(dist)
     out: dict[str, np.ndarray] = {}
     for j, entry in enumerate(spec["cases"]):

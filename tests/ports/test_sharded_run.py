@@ -142,3 +142,14 @@ def test_a_bad_world_exits_2_in_one_line_and_writes_nothing(suite, tmp_path, cap
                  f"--world={world}"])
     err = capsys.readouterr().err.strip()
     assert code == 2 and len(err.splitlines()) == 1 and "--world" in err and not out.exists()
+
+
+def test_stage_isolated_mode_leaves_the_sharded_cases_out_with_a_note(fixtures_dir, tmp_path):
+    """The committed suite holds the sharded cases: stage-isolated mode neither runs nor judges them (they are
+    judged end to end, rank by rank), and says so, while it judges the others."""
+    cases = ["tp2_T", "decode_T"]
+    rep = run_impl("reference", fixtures_dir, tmp_path, "f32", cases=cases, stage_isolated=True)
+    assert [c.id.split("_")[0] for c in rep.cases] == ["decode"]
+    s = verify(fixtures_dir, tmp_path, "f32", cases=cases, stage_isolated=True)
+    assert [c.id.split("_")[0] for c in s.cases] == ["decode"] and s.cases[0].status == "pass"
+    assert any("1 sharded case(s) not applicable" in n for n in s.notes) and s.exit_code == 0
