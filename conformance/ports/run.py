@@ -286,13 +286,17 @@ def _refuse_foreign_files(out_dir: Path, entries: list[dict], names: dict[str, s
     for entry in entries:
         if entry["id"] in names:
             continue  # not run: nothing written
-        path = out_dir / f"{entry['id']}.safetensors"
-        if not os.path.lexists(path):
-            continue
-        if path.is_symlink() or not path.is_file() or _outputs_metadata(path) is None:
-            raise GDNError(one_line(f"--out {out_dir} holds {path.name}, which is not an outputs file (FORMAT.md §7, "
-                                    f"format {OUTPUTS_FORMAT}) but the run would write one there: gdncheck never "
-                                    f"replaces a file it did not make; choose another folder, or remove it first"))
+        paths = [out_dir / f"{entry['id']}.safetensors"]
+        if is_sharded(entry):  # and its rank files (FORMAT.md §7.1)
+            paths += [out_dir / f"{entry['id']}.rank{r}.safetensors" for r in range(case_plan(entry)[1].world)]
+        for path in paths:
+            if not os.path.lexists(path):
+                continue
+            if path.is_symlink() or not path.is_file() or _outputs_metadata(path) is None:
+                raise GDNError(one_line(f"--out {out_dir} holds {path.name}, which is not an outputs file (FORMAT.md "
+                                        f"§7, format {OUTPUTS_FORMAT}) but the run would write one there: gdncheck "
+                                        f"never replaces a file it did not make; choose another folder, or remove it "
+                                        f"first"))
 
 
 def _run_cases(factory, name, fixtures_dir: Path, out_dir: Path, profile: str, entries: list[dict],

@@ -153,3 +153,14 @@ def test_stage_isolated_mode_leaves_the_sharded_cases_out_with_a_note(fixtures_d
     s = verify(fixtures_dir, tmp_path, "f32", cases=cases, stage_isolated=True)
     assert [c.id.split("_")[0] for c in s.cases] == ["decode"] and s.cases[0].status == "pass"
     assert any("1 sharded case(s) not applicable" in n for n in s.notes) and s.exit_code == 0
+
+
+def test_a_users_file_at_a_rank_files_name_is_never_replaced(suite, tmp_path, capsys):
+    cid = _case(suite, "tp2")
+    mine = tmp_path / f"{cid}.rank1.safetensors"
+    mine.write_bytes(b"my notes")
+    code = main(["run", "reference", "--fixtures", str(suite), "--out", str(tmp_path), "--profile", "f32",
+                 "--case", cid])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1 and f"{cid}.rank1.safetensors" in err
+    assert mine.read_bytes() == b"my notes" and not (tmp_path / f"{cid}.safetensors").exists()
