@@ -173,8 +173,9 @@ def _judge_cases(entries: list[dict], judge: Callable[[dict], CaseJudge], summar
         if tampered:  # the goldens, not the port: said on the case, and instead of a bug class
             report.notes.append(tampered)
             report.diagnosis = {"verdict": "none", "text": tampered, "tensor": None, "call": None}
+        # a known failure's cause is known; a sharded case's facts (its rank and stage) stand
         elif diagnose is not None and report.status == "fail" and known is None and not (
-                report.diagnosis and report.diagnosis.get("verdict") == "none"):  # a sharded case's facts stand  # a known failure's cause is known
+                report.diagnosis and report.diagnosis.get("verdict") == "none"):
             report.diagnosis = advise(diagnose, cj, report)
         if cj.meta:
             impls[entry["id"]] = cj.meta

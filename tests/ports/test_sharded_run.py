@@ -164,3 +164,29 @@ def test_a_users_file_at_a_rank_files_name_is_never_replaced(suite, tmp_path, ca
     err = capsys.readouterr().err.strip()
     assert code == 2 and len(err.splitlines()) == 1 and f"{cid}.rank1.safetensors" in err
     assert mine.read_bytes() == b"my notes" and not (tmp_path / f"{cid}.safetensors").exists()
+
+
+@pytest.mark.parametrize("edit, said", [
+    (lambda step: step["tp"]["ranks"][0].update(v_heads=[0, 3]), "shard step: expected value-head counts summing to 4"),
+    (lambda step: step.update(tp={"kind": "tp", "format": 1, "world": 3}), "shard step:"),
+    (lambda step: step.update(cp={"kind": "cp"}), "shard step: expected a shard step with one plan"),
+])
+def test_a_damaged_plan_makes_that_case_unusable_and_the_others_run(suite, tmp_path, edit, said):
+    import json as _json
+
+    from gdncheck.fixtures.manifest import CaseProblem
+
+    copy = tmp_path / "suite"
+    shutil.copytree(suite, copy)
+    doc = _json.loads((copy / "manifest.json").read_text())
+    edit(next(s for s in _case_entry(doc, "tp2")["program"] if s["op"] == "shard"))
+    (copy / "manifest.json").write_text(_json.dumps(doc))
+    problems: list[CaseProblem] = []
+    assert len(load_manifest(copy, problems)["cases"]) == 6
+    assert len(problems) == 1 and said in problems[0].message, problems
+    rep = run_impl("reference", copy, tmp_path / "out", "f32")
+    assert sorted(c.status for c in rep.cases) == ["ran"] * 6 + ["skipped"]
+
+
+def _case_entry(doc, prefix):
+    return next(c for c in doc["cases"] if c["id"].startswith(prefix + "_"))
