@@ -36,7 +36,7 @@ class Feature:
 #: The version of the fixture format this gdncheck writes and reads to the end (a manifest's
 #: ``format_version``). An older ``1.N`` and the integer ``1`` are read too; a newer ``1.N`` is read
 #: case by case (a case requiring a feature this gdncheck does not know is unusable); another major is refused.
-FORMAT_VERSION = "1.2"
+FORMAT_VERSION = "1.3"
 MAJOR = 1
 
 #: Every feature, in the order the format added them (the Changelog of fixtures/FORMAT.md lists them).
@@ -57,6 +57,10 @@ FEATURES: dict[str, Feature] = {
                                     "commit's verify flags (FORMAT.md §4.1)"),
     "commit_snapshots": Feature("1.2", "a commit keeping states inside or at the end of its accepted windows in other "
                                        "slots: commit's snap_seq, snap_offset, snap_slot (FORMAT.md §4.1)"),
+    "sharded": Feature("1.3", "a layer split across ranks: the shard step's tensor-parallel plan (each rank its heads, "
+                              "writing its share and its out_proj partial) or context-parallel plan (each rank its "
+                              "tokens, the conv halo and the state summaries exchanged), one outputs file a rank "
+                              "(FORMAT.md §4.2, per-rank layout §7.1; docs/sharding.md)"),
 }
 
 #: Per program op: the features the op itself needs.
@@ -67,6 +71,7 @@ OP_FEATURES: dict[str, tuple[str, ...]] = {
     "verify_spec": ("packed_calls", "spec_decode"), "commit": ("packed_calls", "spec_decode"),
     "prefix_snapshots": ("packed_calls", "prefix_snapshots"),
     "forward_mixed": ("packed_calls", "spec_decode", "mixed_batches"),
+    "shard": ("sharded",),
 }
 _CALL = ("call", "T", "seq_pos", "tokens", "seq_len_after", "expected")
 _PACKED = (*_CALL, "cu_seqlens", "slots", "requests")
@@ -90,13 +95,14 @@ OP_FIELDS: dict[str, dict[str, tuple[str, ...]]] = {
                                ()),
                "verify": ("mixed_batches",), **dict.fromkeys(_SNAPS, ("commit_snapshots",))},
     "free": {"slots": ()},
+    "shard": {"tp": (), "cp": (), "call": ()},
 }
 #: feature -> the coverage feature (fixtures/coverage.py) that lets a port lacking it declare a case not
 #: applicable: a feature with none would keep its cases required (the coverage rule, docs/bad-inputs.md).
 COVERAGE_OF: dict[str, str] = {
     "snapshot_files": "snapshot_files", "strict_mode": "strict_mode", "moe": "moe", "packed_calls": "packed_calls",
     "spec_decode": "spec_decode", "prefix_snapshots": "prefix_snapshots", "mixed_batches": "mixed_batches",
-    "commit_snapshots": "prefix_snapshots",
+    "commit_snapshots": "prefix_snapshots", "sharded": "sharded",
 }
 
 _VERSION = re.compile(r"([0-9]{1,4})\.([0-9]{1,4})")

@@ -34,9 +34,12 @@ def rel_err(a, b) -> float:
     return float(num / denom) if denom > 0 else float(num)
 
 
-#: Tags of the committed cases too heavy to run many times (the real-head-size cases, the dk = dv = 128
-#: cases and the 2048-token decode); the others are the ``light_cases`` fixture (tests/conftest.py).
-HEAVY_TAGS = ("real-heads", "long", "real-size")
+#: Tags of the committed cases left out of the light selections: those too heavy to run many times (the
+#: real-head-size cases, the dk = dv = 128 cases and the 2048-token decode), and the sharded cases, which
+#: run rank by rank through the sharded methods that the mutants and wrapped ports of those selections lack
+#: (not applicable to them; tests/ports/test_sharded_run.py runs them). The others are the ``light_cases``
+#: fixture (tests/conftest.py).
+HEAVY_TAGS = ("real-heads", "long", "real-size", "sharded")
 
 
 #: Unit roundoff of each profile's activation dtype (half its machine epsilon).

@@ -18,6 +18,7 @@ from gdncheck.features import requires_of, since_note
 from gdncheck.fixtures.coverage import coverage_of
 from gdncheck.fixtures.manifest import case_file, safe_file
 from gdncheck.harness import CALL_OPS, END_TO_END, call_key, call_steps, mode_name
+from gdncheck.harness.sharded import shard_step
 from gdncheck.safetensors_io import SafetensorsFile
 from gdncheck.stages import STATE_TENSORS, tensor_rank
 from gdncheck.untrusted import safe_text
@@ -27,6 +28,7 @@ from .aliases import NamedOutputs, NameTable
 from .calls import call_judge, golden_ref, read_checked
 from .metrics import CaseStats, case_stats
 from .records import CaseReport, FirstDivergence
+from .sharded_case import judge_sharded
 from .tolerances import ToleranceTable
 from .verdicts import allowed_dtypes, base_record, judge
 
@@ -92,9 +94,10 @@ class CaseJudge:
             return self.report
         steps = self.entry["program"]
         err, na = files.raised(self.meta), files.not_applicable(self.meta, steps)
+        sharded = self.entry["kind"] == "forward" and shard_step(steps) is not None
         if na is not None:  # judge what ran before the step the implementation cannot express
             self.report.not_applicable = na
-            if self.entry["kind"] != "error":
+            if self.entry["kind"] != "error" and not sharded:  # a sharded case: its ranks, or nothing
                 self.judge_program(until=na["step"])
         elif self.entry["kind"] == "error":
             self.judge_expected_error(err)
@@ -102,6 +105,8 @@ class CaseJudge:
             op = files.op_at(steps, err.get("step"))
             self.report.status, self.report.message = "fail", str(messages.raised(case=self.case, err=err, op=op))
             self.report.first_divergence = FirstDivergence.at_step(err.get("step"), op, "raised")
+        elif sharded:  # every rank's file against its share (FORMAT.md §7.1)
+            judge_sharded(self)
         else:
             self.judge_program()
         return self._finish()

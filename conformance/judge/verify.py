@@ -27,6 +27,7 @@ from gdncheck.fixtures.manifest import (
     sha256_file,
 )
 from gdncheck.harness import END_TO_END, call_steps, is_packed, mode_name
+from gdncheck.harness.sharded import shard_step
 from gdncheck.profiles import VERIFY_PROFILES, choices
 from gdncheck.untrusted import safe_text
 
@@ -129,6 +130,11 @@ def _judged_in_mode(entries: list[dict], stage_isolated: bool, summary: Summary,
     inputs) writes none, and the case is left out with a note of its own."""
     if not stage_isolated:
         return entries
+    sharded = [e["id"] for e in entries if e["kind"] != "error" and shard_step(e["program"]) is not None]
+    if sharded:  # FORMAT.md §4.2: a sharded case is judged end to end, rank by rank
+        summary.notes.append(f"stage-isolated mode: {len(sharded)} sharded case(s) not applicable (judged end to end, "
+                             "rank by rank: FORMAT.md §4.2, §7.1)")
+        entries = [e for e in entries if e["id"] not in sharded]
     skipped = [e["id"] for e in entries if e["kind"] == "error"]
     packed = [e for e in entries if e["kind"] != "error" and _only_packed(e)]
     serving = [e["id"] for e in packed if not e.get("state_in")]
@@ -167,7 +173,9 @@ def _judge_cases(entries: list[dict], judge: Callable[[dict], CaseJudge], summar
         if tampered:  # the goldens, not the port: said on the case, and instead of a bug class
             report.notes.append(tampered)
             report.diagnosis = {"verdict": "none", "text": tampered, "tensor": None, "call": None}
-        elif diagnose is not None and report.status == "fail" and known is None:  # a known failure's cause is known
+        # a known failure's cause is known; a sharded case's facts (its rank and stage) stand
+        elif diagnose is not None and report.status == "fail" and known is None and not (
+                report.diagnosis and report.diagnosis.get("verdict") == "none"):
             report.diagnosis = advise(diagnose, cj, report)
         if cj.meta:
             impls[entry["id"]] = cj.meta

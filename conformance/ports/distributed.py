@@ -256,6 +256,18 @@ def cp_rank(rank: int, world: int, dist, spec: dict) -> dict[str, np.ndarray]:
     return out
 
 
+def reference_context_parallel(cfg: GDNConfig, weights, plan, rank: int, comm, xs, conv_state, recurrent_state, *,
+                               profile: str = "f64", fault: str = "none", **options) -> dict[str, np.ndarray]:
+    """The reference's ``context_parallel`` (the port contract's sharded method, gdncheck.harness.sharded):
+    :func:`cp_rank` on ``comm``, in float64 whatever the profile (the context-parallel algebra is the
+    reference's; ``fault``: one of :data:`CP_FAULTS`, for tests)."""
+    _check_fault(fault, CP_FAULTS)
+    spec = {"cfg": cfg.to_hf(), "weights": {n: np.asarray(w) for n, w in weights.items()}, "plan": dict(plan),
+            "conv_state": np.asarray(conv_state), "recurrent_state": np.asarray(recurrent_state), "fault": fault,
+            "x": dict(xs)}
+    return cp_rank(rank, int(plan["world"]), comm, spec)
+
+
 def _gathered(dist, world: int, mine: dict) -> dict:
     """Every rank's dict merged (gloo's object all-gather): what each rank sent, by segment."""
     parts: list = [None] * world

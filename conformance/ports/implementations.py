@@ -20,7 +20,9 @@ from gdncheck.conformance.earn.emulate import emulated
 from gdncheck.errors import GDNError
 from gdncheck.fixtures.reference_impl import reference_f64
 from gdncheck.harness import LayerAdapter, module_stage_runner
+from gdncheck.harness.sharded import standalone_ranks
 
+from .distributed import reference_context_parallel
 from .fla import fla
 from .ggml import ggml
 from .hf import hf
@@ -91,6 +93,12 @@ def triton(cfg: GDNConfig, weights, *, profile: str = "f32", strict: bool = Fals
     return adapter(layer, f"triton ({profile}, device {device})", load_snapshot=DeviceSnapshot.load,
                    stage_runner=runner, serving=serving, serving_options={"capture": capture})
 
+
+# the sharded methods (gdncheck.harness.sharded, docs/sharding.md): a tensor-parallel rank as a layer of its
+# heads; the reference's context parallelism exchanges halos and summaries (float64)
+reference.tensor_parallel = standalone_ranks(reference)
+reference.context_parallel = reference_context_parallel
+triton.tensor_parallel = standalone_ranks(triton)
 
 BUILTIN = {"reference": reference, "triton": triton, "hf": hf, "mlx": mlx, "fla": fla, "llamacpp": llamacpp,
            "ggml": ggml, "onnxruntime": onnxruntime, "keras": keras}

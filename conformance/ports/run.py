@@ -22,6 +22,7 @@ import contextlib
 import json
 import os
 import shlex
+import tempfile
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -65,6 +66,16 @@ from gdncheck.untrusted import folder_lock, no_surrogates, one_line, safe_path, 
 from gdncheck.weights import LayerWeights
 
 from .plugin import check_options, load_factory, parse_options
+from .sharded_run import (
+    case_plan,
+    check_world,
+    is_sharded,
+    not_applicable,
+    parse_world,
+    run_in_process,
+    run_spawned,
+    state_in,
+)
 
 
 @dataclass
@@ -224,12 +235,17 @@ def run_impl(impl: str | Callable, fixtures_dir: str | Path, out_dir: str | Path
              cases: list[str] | None = None, tags: list[str] | None = None, shard: tuple[int, int] | None = None,
              options: Mapping | list[str] | None = None, stage_isolated: bool = False, command: str | None = None,
              progress: Callable[[CaseRun], None] | None = None, lock: bool = False,
-             overwrite: bool = False) -> RunReport:
+             overwrite: bool = False, world: int | str | None = None) -> RunReport:
     """Run ``impl`` (``reference``, ``triton``, ``MODULE:CALLABLE`` or a factory) over the selected cases.
 
     ``lock``: hold the lock of ``out_dir`` while writing, and refuse a folder holding another run's
     outputs files unless ``overwrite`` (then they are removed first); the ``gdncheck run`` command
-    passes it (the gate owns its folders whole and runs one case per call)."""
+    passes it (the gate owns its folders whole and runs one case per call).
+
+    ``world``: run the sharded cases selected on that many spawned ranks (``torch.distributed``), each
+    case's plan naming that world (else refused before anything runs); None: rank by rank in this process
+    (:mod:`.sharded_run`)."""
+    world = parse_world(world)
     if profile not in RUN_PROFILES:
         raise GDNError(f"expected --profile one of {', '.join(RUN_PROFILES)}, found {profile!r}")
     options = parse_options(options) if isinstance(options, list) else dict(options or {})
@@ -241,11 +257,12 @@ def run_impl(impl: str | Callable, fixtures_dir: str | Path, out_dir: str | Path
     problems: list[CaseProblem] = []
     manifest = load_manifest(fixtures_dir, problems)
     entries = select_cases(manifest, cases, tags, shard, also_known=[p.case for p in problems])
-    if stage_isolated:
-        entries = [e for e in entries if e["kind"] != "error"]
+    if stage_isolated:  # no expected-error case, no sharded case (judged rank by rank, end to end)
+        entries = [e for e in entries if e["kind"] != "error" and not is_sharded(e)]
         if not entries:
-            raise SelectionError("stage-isolated mode runs no expected-error case, and the selection holds only "
-                                 "those")
+            raise SelectionError("stage-isolated mode runs no expected-error or sharded case, and the selection "
+                                 "holds only those")
+    check_world(entries, world)
     names = plan_names(entries, stage_isolated)  # every file name known before anything is written
     command = command or default_command(name, fixtures_dir, out_dir, profile, options, stage_isolated)
     config = run_config(name, profile, options, stage_isolated)
@@ -257,7 +274,7 @@ def run_impl(impl: str | Callable, fixtures_dir: str | Path, out_dir: str | Path
         _refuse_foreign_files(out_dir, entries, names)
         out_dir.mkdir(parents=True, exist_ok=True)
         return _run_cases(factory, name, fixtures_dir, out_dir, profile, entries, problems, names, cases, options,
-                          stage_isolated, command, config, progress)
+                          stage_isolated, command, config, progress, world=world, impl=impl)
 
 
 def _refuse_foreign_files(out_dir: Path, entries: list[dict], names: dict[str, str]) -> None:
@@ -269,19 +286,25 @@ def _refuse_foreign_files(out_dir: Path, entries: list[dict], names: dict[str, s
     for entry in entries:
         if entry["id"] in names:
             continue  # not run: nothing written
-        path = out_dir / f"{entry['id']}.safetensors"
-        if not os.path.lexists(path):
-            continue
-        if path.is_symlink() or not path.is_file() or _outputs_metadata(path) is None:
-            raise GDNError(one_line(f"--out {out_dir} holds {path.name}, which is not an outputs file (FORMAT.md §7, "
-                                    f"format {OUTPUTS_FORMAT}) but the run would write one there: gdncheck never "
-                                    f"replaces a file it did not make; choose another folder, or remove it first"))
+        paths = [out_dir / f"{entry['id']}.safetensors"]
+        if is_sharded(entry):  # and its rank files (FORMAT.md §7.1)
+            paths += [out_dir / f"{entry['id']}.rank{r}.safetensors" for r in range(case_plan(entry)[1].world)]
+        for path in paths:
+            if not os.path.lexists(path):
+                continue
+            if path.is_symlink() or not path.is_file() or _outputs_metadata(path) is None:
+                raise GDNError(one_line(f"--out {out_dir} holds {path.name}, which is not an outputs file (FORMAT.md "
+                                        f"§7, format {OUTPUTS_FORMAT}) but the run would write one there: gdncheck "
+                                        f"never replaces a file it did not make; choose another folder, or remove it "
+                                        f"first"))
 
 
 def _run_cases(factory, name, fixtures_dir: Path, out_dir: Path, profile: str, entries: list[dict],
                problems: list[CaseProblem], names: dict[str, str], cases, options, stage_isolated: bool,
-               command: str, config: str, progress) -> RunReport:
+               command: str, config: str, progress, world: int | None = None, impl=None) -> RunReport:
     report = RunReport(name, profile, str(out_dir))
+    spawned = _spawn_sharded(impl if impl is not None else factory, factory, fixtures_dir, out_dir, entries, names,
+                             world, profile, options)
     for p in problems:
         if not cases or any(p.case.startswith(c) for c in cases):
             report.cases.append(CaseRun(p.case, "skipped", f"manifest entry unusable: {p.message}"))
@@ -296,6 +319,12 @@ def _run_cases(factory, name, fixtures_dir: Path, out_dir: Path, profile: str, e
         try:
             inp, gold = load_case_input(fixtures_dir, entry)
             na = None
+            if is_sharded(entry):
+                report.cases.append(_run_sharded(factory, name, entry, inp, gold, out_dir, profile, options,
+                                                 command, config, spawned))
+                if progress:
+                    progress(report.cases[-1])
+                continue
             if stage_isolated:
                 outputs, error, impl_name, na = _run_isolated(factory, inp, gold, profile, options)
             else:
@@ -329,6 +358,63 @@ def _run_cases(factory, name, fixtures_dir: Path, out_dir: Path, profile: str, e
         if progress:
             progress(report.cases[-1])
     return report
+
+
+def _spawn_sharded(impl, factory, fixtures_dir: Path, out_dir: Path, entries: list[dict], names: dict, world,
+                   profile: str, options) -> dict:
+    """With ``--world``: every sharded case selected that the port runs, on spawned ranks, in one launch."""
+    if world is None:
+        return {}
+    todo = [e for e in entries if is_sharded(e) and e["id"] not in names and not_applicable(factory, e) is None]
+    if not todo:
+        return {}
+    inputs = {}
+    for e in todo:
+        try:
+            inp, gold = load_case_input(fixtures_dir, e)
+        except (FixtureError, SafetensorsFormatError):
+            continue  # said when the case's turn comes (skipped)
+        inputs[e["id"]] = (inp, state_in(gold, e))
+    todo = [e for e in todo if e["id"] in inputs]
+    with tempfile.TemporaryDirectory(prefix=".gdncheck-ranks-", dir=out_dir) as work:
+        return run_spawned(impl, inputs, todo, world, profile, options, Path(work)) if todo else {}
+
+
+def _run_sharded(factory, name: str, entry: dict, inp: CaseInput, gold: SafetensorsFile, out_dir: Path, profile: str,
+                 options, command: str, config: str, spawned: dict) -> CaseRun:
+    """A sharded case (FORMAT.md §7.1): ``{case}.safetensors`` with the run's metadata and
+    ``{case}.rank{r}.safetensors`` for every rank; not applicable for a port without the sharded method."""
+    kind, plan, _ = case_plan(entry)
+    na = not_applicable(factory, entry)
+    ranks: list[dict] = []
+    status = {"error": None, "not_applicable": na}
+    if na is None:
+        if entry["id"] in spawned:
+            ranks, status = spawned[entry["id"]]
+        else:
+            ranks, status = run_in_process(factory, entry, inp, gold, profile, options, out_dir)
+    error, na = status.get("error"), status.get("not_applicable")
+    meta = {"format": OUTPUTS_FORMAT, "format_version": OUTPUTS_FORMAT_VERSION, "case": entry["id"],
+            "implementation": no_surrogates(str(name)), "profile": profile, "mode": mode_name(False),
+            "fixture_sha256": entry["sha256"], "generator": f"gdncheck {__version__}", "command": command,
+            "run_config": config, "sharded": kind, "world": str(plan.world)}
+    if error:
+        meta.update({"error_code": str(error["code"]), "error_message": str(error["message"]),
+                     "error_step": str(error["step"])})
+    if na:
+        meta.update({"not_applicable": str(na["reason"]), "not_applicable_step": str(na["step"])})
+    path = safe_path(out_dir, f"{entry['id']}.safetensors", "outputs file")
+    if not error and not na:
+        for r, tensors in enumerate(ranks):
+            write_safetensors(safe_path(out_dir, f"{entry['id']}.rank{r}.safetensors", "outputs file"),
+                              {k: np.ascontiguousarray(v) for k, v in tensors.items()}, {**meta, "rank": str(r)})
+    write_safetensors(path, {}, meta)
+    if error:
+        return CaseRun(entry["id"], "raised", safe_text(f"{error['code']} at step {error['step']}: "
+                                                       f"{error['message']}"), str(path))
+    if na:
+        return CaseRun(entry["id"], "not_applicable", safe_text(f"at step {na['step']}: {na['reason']}"), str(path))
+    return CaseRun(entry["id"], "ran", f"{plan.world} ranks", str(path))
 
 
 #: the fields of a packed step a port's ``run_packed_stage`` is given (FORMAT.md §4.1), as int64 arrays

@@ -32,9 +32,10 @@ def configure(p: argparse.ArgumentParser) -> None:
 
     sub = p.add_subparsers(dest="action", metavar="ACTION", required=True)
     b = sub.add_parser("build", help="build a suite (or cases from a checkpoint)")
-    b.add_argument("--suite", choices=("default", "full", "serving"), default="default",
+    b.add_argument("--suite", choices=("default", "full", "serving", "sharded"), default="default",
                    help="default: the committed suite; full: adds real Qwen3.5 sizes (large, slow); serving: "
-                        "the serving patterns' cases (packed calls, slots, spec decode, prefix cache)")
+                        "the serving patterns' cases (packed calls, slots, spec decode, prefix cache); sharded: the "
+                        "tensor- and context-parallel cases (docs/sharding.md)")
     b.add_argument("--out", default=None, help="output folder (default ./fixtures-<suite>, or "
                                                "./fixtures-checkpoint-l<N>); to rebuild the committed suite of a "
                                                "source checkout, --out fixtures/default")

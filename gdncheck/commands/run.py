@@ -46,6 +46,11 @@ def configure(p: argparse.ArgumentParser) -> None:
                    help="remove the outputs files of another run (another implementation, options, profile or mode) "
                         "found in --out, and the verify summaries there, before running; without it such a folder "
                         "is refused (verify never judges a mix of runs)")
+    p.add_argument("--world", metavar="N",
+                   help="run the sharded cases selected on N ranks started with torch.distributed (gloo on CPUs, "
+                        "NCCL where CUDA is), each rank writing CASE.rankR.safetensors (FORMAT.md §7.1); every such "
+                        "case's plan must name N ranks (--tag world-N). Without it, sharded cases run rank by rank "
+                        "in this process (docs/sharding.md)")
     add_output_arguments(p)
 
 
@@ -105,6 +110,10 @@ def run(args: argparse.Namespace) -> int:
     logging.getLogger("gdncheck").setLevel(logging.ERROR)  # the seq-len reset warning is part of the programs
     options = parse_options(args.option)
     command = default_command(args.impl, args.fixtures, args.out, args.profile, options, args.stage_isolated)
+    if args.world is not None:
+        from gdncheck.conformance.ports.sharded_run import parse_world
+
+        command += f" --world {parse_world(args.world)}"
 
     con = Console(args)
     existing_folder(args.fixtures, "--fixtures", "a fixture folder")
@@ -115,7 +124,8 @@ def run(args: argparse.Namespace) -> int:
 
     rep = run_impl(args.impl, args.fixtures, args.out, args.profile, cases=args.case, tags=args.tag,
                    shard=parse_shard(args.shard), options=options, stage_isolated=args.stage_isolated,
-                   command=command, progress=progress, lock=True, overwrite=args.overwrite)
+                   command=command, progress=progress, lock=True, overwrite=args.overwrite,
+                   world=args.world)
     skipped = rep.skipped
     na = sum(c.status == "not_applicable" for c in rep.cases)
     con.say(safe_text(f"ran {len(rep.cases) - len(skipped)} case(s) with {rep.implementation} ({args.profile}) into "

@@ -41,7 +41,8 @@ from .contract import Implementation, NotApplicable, error_code, to_numpy
 SERVING_CALL_OPS: tuple[str, ...] = ("forward_packed", "prefix_snapshots", "verify_spec", "commit", "forward_mixed")
 CALL_OPS: tuple[str, ...] = ("forward", "decode", *SERVING_CALL_OPS)
 #: Every op a program may hold (FORMAT.md §4), in the order the format lists them.
-PROGRAM_OPS: tuple[str, ...] = ("construct", "reset", *CALL_OPS, "free", "snapshot", "restore", "save", "load")
+PROGRAM_OPS: tuple[str, ...] = ("construct", "reset", *CALL_OPS, "free", "snapshot", "restore", "save", "load",
+                                 "shard")
 
 
 @dataclass
@@ -178,6 +179,8 @@ def _execute(factory, case: CaseInput, profile: str, options, snapshot_dir, capt
                     _capture_pool_in(impl, state, step, k, res)
                 trace = _serving(impl, op, step, case.inputs.get(k), state, specs)
                 _keep_call(res, case.expected, k, trace, impl.state_arrays(state))
+            elif op == "shard":
+                pass  # the whole layer runs unsharded (the goldens); each rank's share: gdncheck.harness.sharded
             elif op == "free":
                 _method(impl, "free")(state, np.asarray(step["slots"], dtype=np.int64))
             elif op in CALL_OPS:

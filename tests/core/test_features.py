@@ -36,7 +36,7 @@ def test_another_major_is_refused_saying_so(value):
 
 def test_the_current_version_is_the_newest_feature_version():
     newest = max(F.parse_version(f.since) for f in F.FEATURES.values())
-    assert F.version_text(newest) == F.FORMAT_VERSION == "1.2"
+    assert F.version_text(newest) == F.FORMAT_VERSION == "1.3"
     assert set(F.COVERAGE_OF) == set(F.FEATURES)
 
 
@@ -79,8 +79,9 @@ def test_the_reason_a_runner_gives_names_the_feature_and_its_version():
 
 
 def test_features_up_to_a_version_and_those_added_since():
-    assert F.features_up_to("1.1") == set(F.FEATURES) - {"commit_snapshots"}
-    assert F.features_up_to(1) == set(F.FEATURES) - {"commit_snapshots", "mixed_batches"}
+    assert F.features_up_to("1.2") == set(F.FEATURES) - {"sharded"}
+    assert F.features_up_to("1.1") == set(F.FEATURES) - {"commit_snapshots", "sharded"}
+    assert F.features_up_to(1) == set(F.FEATURES) - {"commit_snapshots", "mixed_batches", "sharded"}
     req = {"packed_calls": 0, "spec_decode": 2, "mixed_batches": 2, "commit_snapshots": 3}
     assert F.added_since("1.0", req) == [("mixed_batches", "1.1"), ("commit_snapshots", "1.2")]
     assert F.added_since("1.2", req) == [] and F.added_since("junk", req) == []
@@ -108,7 +109,8 @@ def test_requires_problems_a_reader_refuses():
     assert "'sharded_calls' (format 1.3" in msg and "this suite is newer" in msg and "upgrade gdncheck" in msg
     extra = {**good, "program": [*program[:3], {**COMMIT, **SNAPS, "snap_kind": [0]}]}
     assert "step 3 (commit) carries field(s) 'snap_kind'" in F.requires_problem(extra, table, "0.0")
-    assert "is op 'shard'" in F.requires_problem({**good, "program": [*program, {"op": "shard"}]}, table, "0.0")
+    assert "is op 'shard_calls'" in F.requires_problem({**good, "program": [*program, {"op": "shard_calls"}]}, table,
+                                                       "0.0")
 
 
 def test_the_fields_each_op_knows_are_the_schemas():

@@ -1,0 +1,192 @@
+"""The sharded cases through ``gdncheck run`` and ``verify`` (docs/sharding.md; FORMAT.md §4.2, §7.1):
+the reference and the Triton path conform rank by rank, in this process and on spawned gloo ranks
+(``--world``); each field sharding bug (TP_FAULTS, CP_FAULTS as ports) fails at its rank and stage; a
+missing or stray rank file fails; a port without the sharded methods gets the cases not applicable; a
+bad ``--world`` exits 2 in one line before anything is written."""
+
+from __future__ import annotations
+
+import shutil
+
+import numpy as np
+import pytest
+
+from gdncheck.cli import main
+from gdncheck.conformance.judge.verify import verify
+from gdncheck.conformance.ports.run import run_impl
+from gdncheck.fixtures.build import build_suite
+from gdncheck.fixtures.manifest import load_manifest
+
+FAULTS = "tests.ports.sharded_faults"
+
+
+@pytest.fixture(scope="module")
+def suite(tmp_path_factory):
+    out = tmp_path_factory.mktemp("sharded") / "suite"
+    build_suite("sharded", out)
+    return out
+
+
+def _verify(suite, out, profile="f32", **kw):
+    return verify(suite, out, profile, **kw)
+
+
+def _case(suite, prefix):
+    return next(c["id"] for c in load_manifest(suite)["cases"] if c["id"].startswith(prefix + "_"))
+
+
+def test_the_sharded_suite_requires_the_feature_and_keeps_it_optional(suite):
+    m = load_manifest(suite)
+    assert m["format_version"] == "1.3" and m["features"]["sharded"]["since"] == "1.3"
+    assert len(m["cases"]) == 7
+    for c in m["cases"]:
+        assert c["program"][1]["op"] == "shard" and c["requires"]["sharded"] == 1
+        assert "sharded" in c["coverage"]["features"] and "sharded" in c["tags"]
+
+
+def test_reference_conforms_in_process(suite, tmp_path):
+    rep = run_impl("reference", suite, tmp_path, "f32")
+    assert [c.status for c in rep.cases] == ["ran"] * 7
+    s = _verify(suite, tmp_path)
+    assert s.exit_code == 0 and [c.status for c in s.cases] == ["pass"] * 7
+    assert sum(c.judged for c in s.cases) > 100
+    # every rank wrote its own file, and only its share: TP 3's rank 1 holds value heads 2-4 (3 heads)
+    tp3 = _case(suite, "tp3-uneven")
+    from gdncheck.safetensors_io import SafetensorsFile
+    r1 = SafetensorsFile(tmp_path / f"{tp3}.rank1.safetensors")
+    assert r1.shape_of("calls.0.core")[-2] == 3 and r1.shape_of("calls.0.recurrent_state")[1] == 3
+
+
+def test_triton_conforms_in_process_tensor_parallel(suite, tmp_path):
+    pytest.importorskip("triton")
+    for profile in ("f32", "bf16"):
+        out = tmp_path / profile
+        run_impl("triton", suite, out, profile, tags=["tp"])
+        s = _verify(suite, out, profile, tags=["tp"])
+        assert [c.status for c in s.cases] == ["pass"] * 4, [c.message for c in s.cases]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("world", [2, 4])
+def test_reference_conforms_on_spawned_gloo_ranks(suite, tmp_path, world):
+    code = main(["run", "reference", "--fixtures", str(suite), "--out", str(tmp_path), "--profile", "f32",
+                 "--tag", f"world-{world}", "--world", str(world)])
+    assert code == 0
+    s = _verify(suite, tmp_path, tags=[f"world-{world}"])
+    assert [c.status for c in s.cases] == ["pass"] * 3
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".gdncheck-ranks-")]
+
+
+@pytest.mark.parametrize("fault,case,rank,stage,fact", [
+    ("partial_not_reduced", "tp2", 0, "attn_out (", "equals its own out_proj partial"),
+    ("partial_reduced_twice", "tp2", 0, "attn_out (", "equals 2× the reduced output"),
+    ("ranks_swapped", "tp2", 0, "qkv (", "equals rank 1's share"),
+    ("a_sliced_by_key_heads", "tp2", 1, "g (", ""),
+    ("conv_weight_one_block", "tp2", 0, "qkv_conv (", ""),
+    ("no_halo", "cp4-zigzag", 1, "halo (", "no halo was received"),
+    ("entry_from_zeros", "cp4-zigzag", 1, "entry_state (", "the predecessors' summaries were not applied"),
+    ("summaries_reversed", "cp4-zigzag", 2, "entry_state (", "composed in reverse token order"),
+    ("decay_on_both", "cp4-zigzag", 0, "summary (", ""),
+])
+def test_each_sharding_fault_fails_at_its_rank_and_stage(suite, tmp_path, fault, case, rank, stage, fact):
+    cid = _case(suite, case)
+    run_impl(f"{FAULTS}:{fault}", suite, tmp_path, "f32", cases=[cid])
+    (rep,) = _verify(suite, tmp_path, cases=[cid]).cases
+    assert rep.status == "fail"
+    assert rep.message.startswith(f"rank {rank}, ") and stage in rep.message and fact in rep.message, rep.message
+    ratio = float(rep.message.split("× the bound")[0].rsplit(", ", 1)[1]) if "× the bound" in rep.message else np.inf
+    assert ratio >= 10
+
+
+def test_a_missing_or_stray_rank_file_fails(suite, tmp_path):
+    cid = _case(suite, "tp2")
+    run_impl("reference", suite, tmp_path, "f32", cases=[cid])
+    shutil.copy(tmp_path / f"{cid}.rank1.safetensors", tmp_path / f"{cid}.rank2.safetensors")
+    (rep,) = _verify(suite, tmp_path, cases=[cid]).cases
+    assert rep.status == "fail" and "rank file of a rank the plan does not have" in rep.diagnosis["text"]
+    (tmp_path / f"{cid}.rank2.safetensors").unlink()
+    (tmp_path / f"{cid}.rank1.safetensors").unlink()
+    (rep,) = _verify(suite, tmp_path, cases=[cid]).cases
+    assert rep.status == "fail" and "rank 1: no rank file" in rep.diagnosis["text"]
+
+
+def test_a_rank_holding_the_whole_call_fails(suite, tmp_path):
+    """Context parallelism that did not split (MaxText issue 4932): rank 1 writes every token as its segment."""
+    from gdncheck.safetensors_io import SafetensorsFile, write_safetensors
+
+    cid = _case(suite, "cp2-ragged")
+    run_impl("reference", suite, tmp_path, "f32", cases=[cid])
+    path = tmp_path / f"{cid}.rank1.safetensors"
+    f = SafetensorsFile(path)
+    tensors = {k: np.asarray(f.read(k)) for k in f}
+    whole = SafetensorsFile(suite / f"{cid}.safetensors").read("calls.1.out")
+    tensors["segments.1.out"] = np.asarray(whole, dtype=np.float64)
+    write_safetensors(path, tensors, f.metadata)
+    (rep,) = _verify(suite, tmp_path, cases=[cid]).cases
+    assert rep.status == "fail" and "the call was not split" in rep.message and rep.message.startswith("rank 1, ")
+
+
+def test_a_port_without_the_sharded_methods_gets_them_not_applicable(suite, tmp_path):
+    rep = run_impl(f"{FAULTS}:unsharded", suite, tmp_path, "f32")
+    assert {c.status for c in rep.cases} == {"not_applicable"}
+    s = _verify(suite, tmp_path)
+    assert {c.status for c in s.cases} == {"not_applicable"}
+    assert all("requires sharded (format 1.3)" in c.message for c in s.cases)
+    assert not list(tmp_path.glob("*.rank*.safetensors"))
+
+
+@pytest.mark.parametrize("world", ["0", "-1", "x", "1000000", "3", " 2x"])
+def test_a_bad_world_exits_2_in_one_line_and_writes_nothing(suite, tmp_path, capsys, world):
+    out = tmp_path / "out"
+    code = main(["run", "reference", "--fixtures", str(suite), "--out", str(out), "--profile", "f32",
+                 f"--world={world}"])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1 and "--world" in err and not out.exists()
+
+
+def test_stage_isolated_mode_leaves_the_sharded_cases_out_with_a_note(fixtures_dir, tmp_path):
+    """The committed suite holds the sharded cases: stage-isolated mode neither runs nor judges them (they are
+    judged end to end, rank by rank), and says so, while it judges the others."""
+    cases = ["tp2_T", "decode_T"]
+    rep = run_impl("reference", fixtures_dir, tmp_path, "f32", cases=cases, stage_isolated=True)
+    assert [c.id.split("_")[0] for c in rep.cases] == ["decode"]
+    s = verify(fixtures_dir, tmp_path, "f32", cases=cases, stage_isolated=True)
+    assert [c.id.split("_")[0] for c in s.cases] == ["decode"] and s.cases[0].status == "pass"
+    assert any("1 sharded case(s) not applicable" in n for n in s.notes) and s.exit_code == 0
+
+
+def test_a_users_file_at_a_rank_files_name_is_never_replaced(suite, tmp_path, capsys):
+    cid = _case(suite, "tp2")
+    mine = tmp_path / f"{cid}.rank1.safetensors"
+    mine.write_bytes(b"my notes")
+    code = main(["run", "reference", "--fixtures", str(suite), "--out", str(tmp_path), "--profile", "f32",
+                 "--case", cid])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1 and f"{cid}.rank1.safetensors" in err
+    assert mine.read_bytes() == b"my notes" and not (tmp_path / f"{cid}.safetensors").exists()
+
+
+@pytest.mark.parametrize("edit, said", [
+    (lambda step: step["tp"]["ranks"][0].update(v_heads=[0, 3]), "shard step: expected value-head counts summing to 4"),
+    (lambda step: step.update(tp={"kind": "tp", "format": 1, "world": 3}), "shard step:"),
+    (lambda step: step.update(cp={"kind": "cp"}), "shard step: expected a shard step with one plan"),
+])
+def test_a_damaged_plan_makes_that_case_unusable_and_the_others_run(suite, tmp_path, edit, said):
+    import json as _json
+
+    from gdncheck.fixtures.manifest import CaseProblem
+
+    copy = tmp_path / "suite"
+    shutil.copytree(suite, copy)
+    doc = _json.loads((copy / "manifest.json").read_text())
+    edit(next(s for s in _case_entry(doc, "tp2")["program"] if s["op"] == "shard"))
+    (copy / "manifest.json").write_text(_json.dumps(doc))
+    problems: list[CaseProblem] = []
+    assert len(load_manifest(copy, problems)["cases"]) == 6
+    assert len(problems) == 1 and said in problems[0].message, problems
+    rep = run_impl("reference", copy, tmp_path / "out", "f32")
+    assert sorted(c.status for c in rep.cases) == ["ran"] * 6 + ["skipped"]
+
+
+def _case_entry(doc, prefix):
+    return next(c for c in doc["cases"] if c["id"].startswith(prefix + "_"))
