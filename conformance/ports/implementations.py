@@ -21,15 +21,15 @@ from gdncheck.errors import GDNError
 from gdncheck.fixtures.reference_impl import reference_f64
 from gdncheck.harness import LayerAdapter, module_stage_runner
 from gdncheck.harness.sharded import standalone_ranks
+from gdncheck.conformance.engines.fla.adapter import fla
+from gdncheck.conformance.engines.ggml.adapter import ggml
+from gdncheck.conformance.engines.hf.adapter import hf
+from gdncheck.conformance.engines.keras.adapter import keras
+from gdncheck.conformance.engines.llamacpp.adapter import llamacpp
+from gdncheck.conformance.engines.mlx.adapter import mlx
+from gdncheck.conformance.engines.onnxruntime.adapter import onnxruntime
 
 from .distributed import reference_context_parallel
-from .fla import fla
-from .ggml import ggml
-from .hf import hf
-from .kerashub import keras
-from .llamacpp import llamacpp
-from .mlx import mlx
-from .onnxruntime import onnxruntime
 
 
 def reference(cfg: GDNConfig, weights, *, profile: str = "f64", strict: bool = False, placement: str = "hf",
