@@ -386,7 +386,7 @@ def relations(a, e, d, tensor: str, dims: dict | None, head_axis: int | None, to
     r = explained(a, e, alpha * e, d)
     if r <= EXPLAINED and abs(alpha + 1) < SCALE_OFF:
         out.append(Fact("relation", "relation:sign", f"the golden with its sign flipped (residual {r:.2g})"))
-    elif r <= EXPLAINED and abs(alpha - 1) > SCALE_OFF:
+    elif r <= EXPLAINED and abs(alpha - 1) > SCALE_OFF and abs(alpha) >= 0.05:  # ×0 is no scale but a zero
         out.append(Fact("relation", "relation:uniform_scale",
                         f"the golden times one uniform scale {_scale_text(alpha, dims)} (residual {r:.2g})"))
     else:
@@ -590,19 +590,241 @@ def rounding_fact(a, e, bad, profile: str) -> Fact | None:
     return None
 
 
+# --- precision, elementwise maps, non-finite values, the decay's order (issue 42, second round) ------
+
+
+#: The grids a value stored in a coarser dtype sits on, coarsest first, by significand bits.
+GRIDS = (("bf16", 8), ("f16", 11))
+#: A tensor is said to sit on a grid when this share of its non-zero finite values does (and its golden's
+#: at most half: a golden of values that happen to be representable says nothing).
+ON_GRID = 0.999
+#: The bits each profile stores an activation in (the state is kept in float32 or wider in every profile).
+STORAGE_BITS = {"f64": 53, "f32": 24, "bf16": 8, "f16": 11}
+#: log of float32's smallest normal number: e^x below it is 0 or subnormal in float32.
+LOG_F32_TINY = math.log(float(np.finfo(np.float32).tiny))
+
+
+def grid_share(x: np.ndarray, grid: str) -> tuple[float, int]:
+    """The share of ``x``'s non-zero finite values exactly representable in ``grid`` (bf16, f16), and how
+    many there are."""
+    x = np.asarray(x, dtype=np.float64)
+    x = x[np.isfinite(x) & (x != 0)]
+    if not x.size:
+        return 0.0, 0
+    with np.errstate(all="ignore"):
+        if grid == "bf16":
+            x32 = x.astype(np.float32)
+            ok = (x32.astype(np.float64) == x) & ((x32.view(np.uint32) & np.uint32(0xFFFF)) == 0)
+        else:
+            ok = x.astype(np.float16).astype(np.float64) == x
+    return float(np.mean(ok)), int(x.size)
+
+
+def grid_fact(port: np.ndarray, golden: np.ndarray, tensor: str, profile: str, where: str = "") -> Fact | None:
+    """Every value of the port's ``tensor`` on a coarser dtype's grid than the profile stores it in (the
+    state: float32 in every profile), its golden's not: a value stored (rounded) in that dtype."""
+    mine = 24 if tensor in STATE_NAMES else STORAGE_BITS.get(profile, 24)
+    for grid, bits in GRIDS:
+        if bits >= mine:
+            continue
+        share, n = grid_share(port, grid)
+        if n < 32 or share < ON_GRID:
+            continue
+        if grid_share(golden, grid)[0] > 0.5:
+            return None
+        return Fact("precision", f"precision:{grid}",
+                    f"every value of the port's {tensor}{where} lies on the {grid} grid ({share:.1%} of {n}; "
+                    f"the golden's do not): a value stored or rounded in {grid}")
+    return None
+
+
+def _silu(x):
+    with np.errstate(all="ignore"):
+        return x / (1.0 + np.exp(-x))
+
+
+def _sigmoid(x):
+    with np.errstate(all="ignore"):
+        return 1.0 / (1.0 + np.exp(-x))
+
+
+#: The elementwise maps a stage applies, by the name said.
+MAPS = {"SiLU": _silu, "sigmoid": _sigmoid}
+#: The gate maps a factor g(x) of the golden may have been replaced by (name -> map).
+GATE_MAPS = {"sigmoid({x})": _sigmoid, "{x} itself": lambda x: x, "1 (no gate)": np.ones_like}
+
+
+def _fixes(a, e, lhs, rhs, d, elem: float) -> bool:
+    """``lhs`` equals ``rhs`` (the port against a candidate, or m(port) against the golden) within the
+    judge's element bound on 99 % of the elements where the port fails and on 99 % of all, leaving at
+    most :data:`EXPLAINED` of the port's error ``a − e``; at least 8 failing elements."""
+    ok = np.isfinite(a) & np.isfinite(e) & np.isfinite(lhs) & np.isfinite(rhs) & (d > 0)
+    with np.errstate(all="ignore"):
+        failing = ok & (np.abs(a - e) / d > elem)
+        if failing.sum() < 8 or ok.sum() < 16:
+            return False
+        off = np.abs(lhs - rhs) / d
+        fit = off <= elem
+        den = float(np.sqrt(np.sum(((a[ok] - e[ok]) / d[ok]) ** 2)))
+        num = float(np.sqrt(np.sum(off[ok] ** 2)))
+    return bool(np.mean(fit[failing]) >= 0.99 and np.mean(fit[ok]) >= 0.99 and num <= EXPLAINED * den)
+
+
+def elementwise_fact(a, e, d, elem: float, others: dict, tensor: str) -> Fact | None:
+    """A pointwise function relation, none of it fitted: the golden is m(port) for a stage map m (the port's
+    tensor taken before its SiLU), the port is m(golden) (a map applied once more), or the port is the
+    golden with a factor f(x) of another golden x of the call (the output gate silu(z)) replaced by g(x)."""
+    for name, m in MAPS.items():
+        if _fixes(a, e, m(a), e, d, elem):
+            return Fact("relation", "relation:elementwise",
+                        f"the golden is {name} of the port's values, element by element: the port's {tensor} is "
+                        f"the value before its {name}")
+        if _fixes(a, e, a, m(e), d, elem):
+            return Fact("relation", "relation:elementwise",
+                        f"the port's values are {name} of the golden's, element by element: a {name} applied "
+                        "once more")
+    for label, x in others.items():
+        if not label.startswith("this call's golden ") or x.shape != a.shape:
+            continue
+        xname = label.removeprefix("this call's golden ")
+        f = _silu(x)
+        keep = np.abs(f) > 1e-3 * max(float(np.max(np.abs(f[np.isfinite(f)]), initial=0.0)), 1e-30)
+        base = np.where(keep, e / np.where(keep, f, 1.0), np.nan)  # the golden without its factor silu(x)
+        for gname, g in GATE_MAPS.items():
+            with np.errstate(all="ignore"):
+                c = base * g(x)
+            if _fixes(a, e, a, c, d, elem):
+                return Fact("relation", "relation:elementwise",
+                            f"the golden with its factor silu({xname}) replaced by {gname.format(x=xname)}, "
+                            "element by element (nothing fitted)")
+    return None
+
+
+def gated_norm_fact(a, e, d, elem: float, others: dict, eps: float) -> Fact | None:
+    """The gated norm's parts rearranged, nothing fitted: from this call's goldens ``core`` and ``z`` and the
+    weight as the golden applies it (``e / (norm(core)·silu(z))``, element by element), the norm taken
+    over ``core·silu(z)`` (the gate before the norm), the eps added outside the square root, or the weight
+    applied as ``1 + w`` or as ``w − 1``; stated when one of them reproduces the port's tensor."""
+    core, z = others.get("this call's golden core"), others.get("this call's golden z")
+    if core is None or z is None or core.shape != a.shape or z.shape != a.shape or a.ndim < 2:
+        return None
+    with np.errstate(all="ignore"):
+        ms = np.mean(core * core, axis=-1, keepdims=True)
+        n = core / np.sqrt(ms + eps)
+        gate = _silu(z)
+        den = n * gate
+        keep = np.abs(den) > 1e-3 * max(float(np.max(np.abs(den[np.isfinite(den)]), initial=0.0)), 1e-30)
+        w = np.where(keep, e / np.where(keep, den, 1.0), np.nan)
+        cg = core * gate
+        cands = (("relation:norm_order", "the gate silu(z) applied before the norm (the norm taken over core·silu(z))",
+                  cg / np.sqrt(np.mean(cg * cg, axis=-1, keepdims=True) + eps) * w),
+                 ("relation:eps_placement", "the norm's eps added outside its square root",
+                  core / (np.sqrt(ms) + eps) * w * gate),
+                 ("relation:weight_offset", "the norm weight applied as 1 + w where the golden applies w",
+                  n * (1.0 + w) * gate),
+                 ("relation:weight_offset", "the norm weight applied as w − 1 where the golden applies w",
+                  n * (w - 1.0) * gate))
+    for code, said, c in cands:
+        if _fixes(a, e, a, c, d, elem):
+            return Fact("relation", code, f"the golden recomputed from this call's core and z with {said} "
+                                          f"reproduces the port's values (nothing fitted; residual "
+                                          f"{explained(a, e, c, d):.2g})")
+    return None
+
+
+def nonfinite_facts(a, e, tensor: str, goldens: dict, step: dict | None, head_axis: int | None) -> list[Fact]:
+    """Where the port's non-finite values stand where the golden is finite: the first token, the heads;
+    and whether those heads are the ones whose cumulative log-decay Σg in the call passes float32's
+    smallest exponent (e^Σg underflows: a quotient or a product of such exponentials is 0/0 or inf·0)."""
+    new = ~np.isfinite(a) & np.isfinite(e)
+    if not new.any():
+        return []
+    nan, inf = int(np.sum(new & np.isnan(a))), int(np.sum(new & np.isinf(a)))
+    said = f"{nan} NaN" + (f" and {inf} infinite" if inf else "") + f" value(s) of {new.size} where the golden is finite"
+    heads = None
+    if a.ndim >= 2:
+        tok = np.flatnonzero(new.any(axis=tuple(i for i in range(a.ndim) if i != 1)))
+        said += f", first at token {int(tok[0])}"
+    if head_axis is not None and a.ndim > head_axis:
+        heads = new.any(axis=tuple(i for i in range(a.ndim) if i != head_axis))
+        said += f", in heads {_list(np.flatnonzero(heads))} of {len(heads)}"
+    facts = [Fact("nonfinite", "nonfinite:appear", said)]
+    g = goldens.get("g")
+    packed = step is not None and "cu_seqlens" in step
+    if heads is not None and g is not None and not packed and tensor in ("core",) and g.ndim == 3 \
+            and g.shape[:2] == a.shape[:2] and g.shape[2] == len(heads):
+        under = (np.cumsum(np.where(np.isfinite(g), g, 0.0), axis=1) < LOG_F32_TINY).any(axis=(0, 1))
+        if heads.any() and np.all(under[heads]):
+            facts.append(Fact("nonfinite", "nonfinite:decay_underflow",
+                              f"only on heads whose cumulative log-decay Σg in the call falls below {LOG_F32_TINY:.1f} "
+                              f"(heads {_list(np.flatnonzero(under))}): e^Σg underflows float32 there, and a quotient "
+                              "or a masked product of such exponentials is 0/0 or inf·0"))
+    return facts
+
+
+def _delta_rule(q, k, v, g, beta, S, after: bool):
+    """The gated delta rule in float64 on a call's goldens (q unscaled, key heads repeated to the value heads
+    in the interleaved order), the decay applied before the write (the spec) or ``after`` it."""
+    B, T, Hv, dv = v.shape
+    r = Hv // q.shape[2]
+    qe, ke = np.repeat(q, r, axis=2) * q.shape[-1] ** -0.5, np.repeat(k, r, axis=2)
+    S = S.copy()
+    core = np.empty(v.shape)
+    decay = np.exp(g)
+    for t in range(T):
+        if not after:
+            S *= decay[:, t, :, None, None]
+        m = np.einsum("bhk,bhkv->bhv", ke[:, t], S)
+        S += ke[:, t, :, :, None] * (beta[:, t, :, None] * (v[:, t] - m))[:, :, None, :]
+        if after:
+            S *= decay[:, t, :, None, None]
+        core[:, t] = np.einsum("bhk,bhkv->bhv", qe[:, t], S)
+    return core
+
+
+def decay_order_fact(a, e, d, elem: float, goldens: dict, step: dict | None) -> Fact | None:
+    """The port's core against the delta rule run on the call's own goldens with the decay applied after
+    each token's write instead of before: stated when the spec's order reproduces the golden (the call's
+    layout understood) and the other order reproduces the port's."""
+    need = ("q", "k", "v", "g", "beta", "state_before")
+    if step is None or "cu_seqlens" in step or any(goldens.get(n) is None for n in need):
+        return None
+    q, k, v, g, beta, S = (goldens[n] for n in need)
+    try:
+        if v.shape != a.shape or q.shape[:2] != v.shape[:2] or v.shape[2] % q.shape[2] or \
+                S.shape != (v.shape[0], v.shape[2], q.shape[3], v.shape[3]) or v.shape[1] * S.size > 4_000_000:
+            return None
+        with np.errstate(all="ignore"):
+            spec = _delta_rule(q, k, v, g, beta, S, after=False)
+            if not close(spec, e, d, elem) or not np.all(np.isfinite(spec)):
+                return None
+            other = _delta_rule(q, k, v, g, beta, S, after=True)
+    except (ValueError, IndexError):
+        return None
+    if _fixes(a, e, a, other, d, elem):
+        return Fact("order", "order:decay_after_write",
+                    f"the delta rule run on the call's own goldens with each token's decay e^g applied after its "
+                    f"write instead of before it reproduces the port's core (residual {explained(a, e, other, d):.2g})")
+    return None
+
+
 # --- all together ----------------------------------------------------------------------------------
 
 
 def measure(actual, expected, tensor: str, *, scale, elem: float, profile: str, config: dict | None = None,
             step: dict | None = None, others: dict | None = None, call_step: dict | None = None,
-            call: int | None = None, earlier_pass: bool = False) -> list[Fact]:
+            call: int | None = None, earlier_pass: bool = False, goldens: dict | None = None,
+            port_states: dict | None = None) -> list[Fact]:
     """The facts of one failing tensor (module docstring). ``actual``/``expected`` as the judge saw them
     (a packed stage tensor as one row ``[1, total_tokens, ...]``), ``scale`` the judge's denominator,
     ``elem`` its element bound, ``step`` the program step (a packed call's layout, a commit's request),
     ``others``: label -> another golden of the case to search (``before``: the state before the step;
     ``after``: this step's golden, searched slot by slot; ``this call's golden X``: another tensor of the
     call; other labels: other calls' tensors); ``call_step`` the step (for :func:`calls_fact`, with
-    ``call`` and ``earlier_pass``: whether every record of the earlier steps passes)."""
+    ``call`` and ``earlier_pass``: whether every record of the earlier steps passes); ``goldens``: name ->
+    this call's golden of any shape (``g`` for :func:`nonfinite_facts`; ``q k v g beta state_before`` for
+    :func:`decay_order_fact`); ``port_states``: name -> (port, golden) of the step's failing states
+    (:func:`grid_fact`)."""
     a, e = np.asarray(actual, dtype=np.float64), np.asarray(expected, dtype=np.float64)
     others = {k: np.asarray(v, dtype=np.float64) for k, v in (others or {}).items()}
     dims = _dims(config)
@@ -657,15 +879,29 @@ def measure(actual, expected, tensor: str, *, scale, elem: float, profile: str, 
         f = equals_tensor(a, e, d, elem, others)
         if f:
             facts.append(f)
+    goldens = {k: np.asarray(v, dtype=np.float64) for k, v in (goldens or {}).items() if v is not None}
+    facts += nonfinite_facts(a, e, tensor, goldens, step if step is not None else call_step, head_axis)
     if not pool:
         rel = relations(a, e, d, tensor, dims, head_axis, token_axis, elem)
         if not rel:
-            f = ratio_fact(a, e, others)
+            f = elementwise_fact(a, e, d, elem, others, tensor) or ratio_fact(a, e, others)
+            if f is None and tensor == "core_gated":
+                f = gated_norm_fact(a, e, d, elem, others, float((config or {}).get("rms_norm_eps", 1e-6)))
             rel = [f] if f else []
         facts += rel
+        if tensor == "core":
+            f = decay_order_fact(a, e, d, elem, goldens, call_step)
+            if f:
+                facts.append(f)
     f = rounding_fact(a, e, bad, profile)
     if f and not any(x.kind == "relation" for x in facts):
         facts.append(f)
+    grids = [grid_fact(a, e, tensor, profile)]
+    for name, (pa, pe) in (port_states or {}).items():
+        if name != tensor:
+            grids.append(grid_fact(np.asarray(pa, np.float64), np.asarray(pe, np.float64), name, profile,
+                                   " after this call"))
+    facts += [f for f in grids if f]
     return facts
 
 
