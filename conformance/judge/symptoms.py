@@ -49,8 +49,9 @@ ROUNDING_BITS = {"bf16": 8, "f16": 11}
 
 @dataclass(frozen=True)
 class Fact:
-    """One measured fact: ``kind`` where / equals / relation, ``code`` what it says (machine-readable,
-    ``heads:group``, ``tokens:from``, ``equals:before``, ``relation:uniform_scale``...), ``text`` said."""
+    """One measured fact: ``kind`` where / equals / relation / precision / nonfinite / order, ``code`` what it
+    says (machine-readable, ``heads:group``, ``tokens:from``, ``equals:before``, ``relation:uniform_scale``,
+    ``precision:bf16``...), ``text`` said."""
 
     kind: str
     code: str
@@ -443,7 +444,7 @@ def relations(a, e, d, tensor: str, dims: dict | None, head_axis: int | None, to
             if r <= EXPLAINED:
                 out.append(Fact("relation", code, f"{text} (residual {r:.2g})"))
                 break
-    if tensor == "recurrent_state" and a.shape[-1] == a.shape[-2] and a.shape[-1] > 1:
+    if tensor == "recurrent_state" and a.ndim >= 2 and a.shape[-1] == a.shape[-2] and a.shape[-1] > 1:
         r = explained(a, e, np.swapaxes(e, -1, -2), d)
         if r <= EXPLAINED:
             out.append(Fact("relation", "relation:transpose", f"the golden with each head's state transposed "
@@ -554,6 +555,8 @@ def head_permutation(a, e, d, axis: int) -> np.ndarray | None:
         return None
     A, E, D = A[:, ok], E[:, ok], D[:, ok]
     cost = np.array([[np.sum(((A[i] - E[j]) / D[i]) ** 2) for j in range(n)] for i in range(n)])
+    if not np.all(np.isfinite(cost)):  # huge values overflow the squares: no order said
+        return None
     _, cols = linear_sum_assignment(cost)
     return None if np.array_equal(cols, np.arange(n)) else cols
 
@@ -622,8 +625,9 @@ def grid_share(x: np.ndarray, grid: str) -> tuple[float, int]:
 
 def grid_fact(port: np.ndarray, golden: np.ndarray, tensor: str, profile: str, where: str = "") -> Fact | None:
     """Every value of the port's ``tensor`` on a coarser dtype's grid than the profile stores it in (the
-    state: float32 in every profile), its golden's not: a value stored (rounded) in that dtype."""
-    mine = 24 if tensor in STATE_NAMES else STORAGE_BITS.get(profile, 24)
+    recurrent state: float32 in every profile; the conv state holds activations, stored as the profile
+    stores them), its golden's not: a value stored (rounded) in that dtype."""
+    mine = 24 if tensor == "recurrent_state" else STORAGE_BITS.get(profile, 24)
     for grid, bits in GRIDS:
         if bits >= mine:
             continue
@@ -825,7 +829,7 @@ def measure(actual, expected, tensor: str, *, scale, elem: float, profile: str, 
     this call's golden of any shape (``g`` for :func:`nonfinite_facts`; ``q k v g beta state_before`` for
     :func:`decay_order_fact`); ``port_states``: name -> (port, golden) of the step's failing states
     (:func:`grid_fact`)."""
-    a, e = np.asarray(actual, dtype=np.float64), np.asarray(expected, dtype=np.float64)
+    a, e = np.atleast_1d(np.asarray(actual, dtype=np.float64)), np.atleast_1d(np.asarray(expected, dtype=np.float64))
     others = {k: np.asarray(v, dtype=np.float64) for k, v in (others or {}).items()}
     dims = _dims(config)
     if a.shape != e.shape:
@@ -845,6 +849,8 @@ def measure(actual, expected, tensor: str, *, scale, elem: float, profile: str, 
     is_state = tensor in STATE_NAMES
     pool = is_state and step is not None and "slots" in step
     head_axis = spec.head_axis + 1 if spec is not None and spec.head_axis is not None else None
+    if head_axis is not None and a.ndim <= head_axis:  # a tensor of another shape than its spec's (0-d)
+        head_axis = None
     token_axis = None if is_state or a.ndim < 2 else 1
     if head_axis is not None and a.ndim > head_axis:
         kind = "key" if spec.shape[spec.head_axis] == "Hk" else "value"
@@ -863,7 +869,7 @@ def measure(actual, expected, tensor: str, *, scale, elem: float, profile: str, 
             f = tokens_fact(bt, per, elem, dims["K"] if dims and tensor in CONV_TENSORS else None)
             if f:
                 facts.append(f)
-    if tensor in ("qkv", "qkv_conv", "conv_state"):
+    if tensor in ("qkv", "qkv_conv", "conv_state") and a.ndim >= 2:
         ch_axis = a.ndim - 1 if tensor != "conv_state" else 1
         f = channels_fact(bad.any(axis=tuple(i for i in range(a.ndim) if i != ch_axis)), dims)
         if f:
@@ -881,7 +887,8 @@ def measure(actual, expected, tensor: str, *, scale, elem: float, profile: str, 
             facts.append(f)
     goldens = {k: np.asarray(v, dtype=np.float64) for k, v in (goldens or {}).items() if v is not None}
     facts += nonfinite_facts(a, e, tensor, goldens, step if step is not None else call_step, head_axis)
-    if not pool:
+    zero = not np.any(np.where(np.isfinite(a), a, 1.0))  # all zeros: "equals the zero state", no scale of anything
+    if not pool and not zero:
         rel = relations(a, e, d, tensor, dims, head_axis, token_axis, elem)
         if not rel:
             f = elementwise_fact(a, e, d, elem, others, tensor) or ratio_fact(a, e, others)
