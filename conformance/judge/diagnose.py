@@ -472,13 +472,17 @@ def _read_pair(judge, rec) -> tuple[np.ndarray | None, np.ndarray | None]:
 def _call_goldens(judge, rec, step) -> dict:
     """The goldens of ``rec``'s call that :func:`.symptoms.measure` reads beside the failing tensor: the
     decay ``g`` (where non-finite values start), and for a failing ``core`` of a call that is not packed
-    the delta rule's inputs and the recurrent state before the call (the decay's order)."""
+    the delta rule's inputs and the recurrent state before the call (the decay's order), for a failing
+    ``x_norm`` or ``h_norm`` the norm's input (where the eps decides)."""
     out = {}
     names = ("g", "q", "k", "v", "beta") if rec.tensor == "core" and "cu_seqlens" not in step else ("g",)
     for name in names:
         key = call_key(rec.call, name)
         if name in step.get("expected", ()) and key in judge.gold:
             out[name] = np.asarray(judge.gold.read(key), np.float64)
+    norm_input = {"x_norm": "x", "h_norm": "h"}.get(rec.tensor)  # a norm's input, for where its eps decides
+    if norm_input and call_key(rec.call, norm_input) in judge.gold and "cu_seqlens" not in step:
+        out[norm_input] = np.asarray(judge.gold.read(call_key(rec.call, norm_input)), np.float64)
     if len(out) == 5:
         key = call_key(rec.call, "recurrent_state")
         before = _golden_before(judge, replace(rec, tensor="recurrent_state", expected_ref={"key": key})) \

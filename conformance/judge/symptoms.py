@@ -736,6 +736,36 @@ def gated_norm_fact(a, e, d, elem: float, others: dict, eps: float) -> Fact | No
     return None
 
 
+#: The normed tensors and the golden each normalises (its vectors along the last axis), with the eps read
+#: from the config: the input norm's x, the post norm's h, the gated norm's core.
+NORMED = {"x_norm": "x", "h_norm": "h", "core_gated": "core"}
+
+
+def eps_fact(a, e, bad, tensor: str, goldens: dict, others: dict, eps: float) -> Fact | None:
+    """The failing vectors of a normed tensor are exactly those whose input vector has the smallest mean
+    square (every failing one below every passing one, and below half the median): the error lives where
+    the norm's eps weighs most (eps / mean square), whatever else is right."""
+    name = NORMED.get(tensor)
+    x = goldens.get(name) if name else None
+    if x is None:
+        x = others.get(f"this call's golden {name}")
+    if x is None or x.shape != a.shape or a.ndim < 2 or not eps > 0:
+        return None
+    with np.errstate(all="ignore"):
+        ms = np.mean(np.where(np.isfinite(x), x, 0.0) ** 2, axis=-1).ravel()
+    failing = bad.any(axis=-1).ravel()
+    n_bad = int(failing.sum())
+    if n_bad == 0 or n_bad == failing.size or failing.size < 4:
+        return None
+    top, rest = float(np.max(ms[failing])), float(np.min(ms[~failing]))
+    if not (top < rest and top <= 0.5 * float(np.median(ms)) and n_bad <= failing.size // 2):
+        return None
+    return Fact("eps", "eps:small_norm",
+                f"only the {n_bad} of {failing.size} vectors whose {name} has the smallest mean square fail (each "
+                f"at most {top:.2g}, every passing one at least {rest:.2g}; eps {eps:g}): where the norm's eps "
+                "weighs most")
+
+
 def nonfinite_facts(a, e, tensor: str, goldens: dict, step: dict | None, head_axis: int | None) -> list[Fact]:
     """Where the port's non-finite values stand where the golden is finite: the first token, the heads;
     and whether those heads are the ones whose cumulative log-decay Σg in the call passes float32's
@@ -744,7 +774,8 @@ def nonfinite_facts(a, e, tensor: str, goldens: dict, step: dict | None, head_ax
     if not new.any():
         return []
     nan, inf = int(np.sum(new & np.isnan(a))), int(np.sum(new & np.isinf(a)))
-    said = f"{nan} NaN" + (f" and {inf} infinite" if inf else "") + f" value(s) of {new.size} where the golden is finite"
+    said = f"{nan} NaN" + (f" and {inf} infinite" if inf else "")
+    said += f" value(s) of {new.size} where the golden is finite"
     heads = None
     if a.ndim >= 2:
         tok = np.flatnonzero(new.any(axis=tuple(i for i in range(a.ndim) if i != 1)))
@@ -900,16 +931,22 @@ def measure(actual, expected, tensor: str, *, scale, elem: float, profile: str, 
             f = decay_order_fact(a, e, d, elem, goldens, call_step)
             if f:
                 facts.append(f)
-    f = rounding_fact(a, e, bad, profile)
-    if f and not any(x.kind == "relation" for x in facts):
-        facts.append(f)
+    if not pool and not zero and not any(x.kind == "relation" for x in facts):
+        f = eps_fact(a, e, bad, tensor, goldens, others, float((config or {}).get("rms_norm_eps", 1e-6)))
+        if f:
+            facts.append(f)
     grids = [grid_fact(a, e, tensor, profile)]
     for name, (pa, pe) in (port_states or {}).items():
         if name != tensor:
             grids.append(grid_fact(np.asarray(pa, np.float64), np.asarray(pe, np.float64), name, profile,
                                    " after this call"))
-    facts += [f for f in grids if f]
-    return facts
+    grids = [f for f in grids if f]
+    # the error's size in rounding units only beside a value found on that grid: a bug whose error happens
+    # to be small (softplus against sigmoid far below zero, both e^x) is rounding-sized without rounding
+    f = rounding_fact(a, e, bad, profile)
+    if f and grids and not any(x.kind == "relation" for x in facts):
+        facts.append(f)
+    return facts + grids
 
 
 def _packed_tokens(bad_tokens: np.ndarray, step: dict, dims: dict | None) -> list[Fact]:

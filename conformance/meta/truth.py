@@ -3,7 +3,7 @@ definition (never from what ``conformance/judge/symptoms.py`` says), so that the
 matrix (``kill_matrix.leave_one_out``) can judge the symptoms independently.
 
 ``TRUTH[name]`` maps a kind of fact (the part of a symptom's code before ``:``: ``heads``, ``tokens``,
-``calls``, ``rows``, ``slots``, ``channels``, ``equals``, ``relation``, ``precision``, ``nonfinite``, ``order``;
+``calls``, ``rows``, ``slots``, ``channels``, ``equals``, ``relation``, ``precision``, ``nonfinite``, ``order``, ``eps``;
 :data:`DEFAULT_KINDS` for those a mutant leaves out) to the codes that are true of the bug at
 its first divergence, on every case. A stated fact of a declared kind whose code is not listed is
 **wrong**; a fact of a kind the mutant does not declare is **unverified** (counted apart, never as
@@ -39,9 +39,14 @@ _UNDERFLOW = {"appear", "decay_underflow"}
 
 #: kinds of fact declared for every mutant unless it says otherwise: a stated precision (the port's values
 #: on a coarser grid) or order of the decay is wrong for a mutant that declares none; non-finite values
-#: where the golden is finite are a measurement, true wherever stated ("appear"), their cause is not.
-DEFAULT_KINDS: dict[str, frozenset] = {"precision": frozenset(), "order": frozenset(),
+#: where the golden is finite are a measurement, true wherever stated ("appear"), their cause is not;
+#: an error only where a norm's eps decides is an eps bug's ("eps").
+DEFAULT_KINDS: dict[str, frozenset] = {"precision": frozenset(), "order": frozenset(), "eps": frozenset(),
                                        "nonfinite": frozenset({"appear"})}
+
+#: a stale conv window: the first K−1 tokens of a sequence read it; a sequence no longer than K−1 (a verify
+#: window of spec-decode) is all conv head, every token from its first
+_CONV_HEAD = {"conv_head", "only0", "seq_start"}
 
 TRUTH: dict[str, dict[str, frozenset]] = {
     "head_grouping_tiled": _t(heads={"some", "one", "stride", "group"}),
@@ -57,18 +62,22 @@ TRUTH: dict[str, dict[str, frozenset]] = {
     "qkv_split_order": _t(equals={"other_tensor"}, **_PER_ELEMENT),
     "state_transposed": _t(relation={"transpose"}),
     "softplus_replaced": _t(relation=_MAP),
-    "sigmoid_replaced": _t(relation=_MAP, **_PER_ELEMENT),
+    # softplus(b) / sigmoid(b) grows with b (a ratio that is a function of b); which tokens depends on the
+    # case: the two maps cross near b = −1.4, where the error is under a bf16 bound
+    "sigmoid_replaced": _t(relation=_MAP | {"ratio_map"}),
     "bf16_recurrent_state": _t(relation={"rounding"}, precision={"bf16"}),
     "initial_state_ignored": _t(equals=set(), relation=set(), calls={"continuation"}),
-    "snapshot_aliases_state": _t(tokens={"conv_head", "only0"}, calls={"continuation"}),
-    "no_reset_on_mismatch": _t(tokens={"conv_head", "only0"}),
+    "snapshot_aliases_state": _t(tokens=_CONV_HEAD, calls={"continuation"}),
+    "no_reset_on_mismatch": _t(tokens=_CONV_HEAD),
     "per_head_norm_read_as_shared": _t(relation={"head_channel_scale"}),
     "softplus_clamped_20": _t(relation=_MAP),
     "beta_clamped_15": _t(relation=_MAP),
     "l2norm_eps_max": _t(relation={"vector_scale", "per_head_scale"}),
     "l2norm_eps_outside_sqrt": _t(relation={"vector_scale", "per_head_scale"}),
-    "rmsnorm_eps_outside_sqrt": _t(relation={"vector_scale", "uniform_scale", "per_channel_scale"}),
-    "gated_norm_eps_outside_sqrt": _t(relation={"vector_scale", "per_head_scale", "eps_placement"}),
+    "rmsnorm_eps_outside_sqrt": _t(relation={"vector_scale", "uniform_scale", "per_channel_scale"},
+                                   eps={"small_norm"}),
+    "gated_norm_eps_outside_sqrt": _t(relation={"vector_scale", "per_head_scale", "eps_placement"},
+                                      eps={"small_norm"}),
     # (1 + w) / w per weight: a scale per channel, per (head, channel) where the weight is per head
     "gated_norm_weight_one_plus": _t(relation={"per_channel_scale", "head_channel_scale", "weight_offset"},
                                      **_PER_ELEMENT),
@@ -84,9 +93,11 @@ TRUTH: dict[str, dict[str, frozenset]] = {
     "qk_norm_rms_form": _t(relation={"uniform_scale", "per_head_scale", "vector_scale"}, **_PER_ELEMENT),
     "state_bf16_write_back": _t(relation={"rounding"}, precision={"bf16"}),
     "state_read_transposed": _t(calls={"continuation"}),
-    "stale_conv_state_on_reset": _t(tokens={"conv_head", "only0"}),
-    "output_gate_sigmoid": _t(relation={"ratio_map", "elementwise"}, **_PER_ELEMENT),
-    "output_gate_missing_silu": _t(relation={"ratio_map", "elementwise"}, **_PER_ELEMENT),
+    "stale_conv_state_on_reset": _t(tokens=_CONV_HEAD),
+    # which tokens depends on the case: a core far below the norm's eps is normalised to nearly 0, and any
+    # gate of it is within the bound (measured: token 0 of one-key-head in bf16)
+    "output_gate_sigmoid": _t(relation={"ratio_map", "elementwise"}),
+    "output_gate_missing_silu": _t(relation={"ratio_map", "elementwise"}),
     "conv_missing_silu": _t(relation={"monotone_map", "elementwise"}, **_PER_ELEMENT),
     "a_log_sign": _t(relation={"sign", "monotone_map"}),
     "a_log_converted_twice": _t(relation={"per_head_scale", "per_channel_scale", "monotone_map"}),
@@ -109,7 +120,7 @@ TRUTH: dict[str, dict[str, frozenset]] = {
     "commit_one_late": _t(**_COMMIT),
     "commit_capped_4": _t(**_COMMIT),
     "mixed_plain_rows_from_zero": _t(rows={"plain"}),
-    "free_keeps_conv_state": _t(tokens={"conv_head", "only0"}),
+    "free_keeps_conv_state": _t(tokens=_CONV_HEAD),
     # held out (heldout_mutants.py)
     "conv_weight_v_shifted": _t(channels={"v"}, **_PER_ELEMENT),
     "state_one_call_late": _t(equals=set(), calls={"continuation"}),

@@ -216,3 +216,34 @@ def test_odd_tensors_give_facts_or_nothing_never_an_error(a, e, tensor):
                     goldens={"g": np.zeros(e.shape[:3]) if e.ndim >= 3 else None},
                     port_states={"recurrent_state": (a, e)})
     assert all(isinstance(f.text, str) and "\n" not in f.text for f in facts)
+
+
+# --- where a norm's eps weighs most -----------------------------------------------------------------
+
+
+def test_an_error_only_on_the_smallest_norm_vectors_is_an_eps_fact():
+    x = rng(12).normal(size=(1, 10, 8))
+    x[0, 3] *= 1e-3  # token 3: the smallest mean square by far
+    eps = 1e-6
+    e = x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps)
+    a = x / (np.sqrt(np.mean(x * x, axis=-1, keepdims=True)) + eps)
+    bad = np.abs(a - e) > 1e-5
+    assert bad[0, 3].any() and not bad[0, np.arange(10) != 3].any()  # the eps outside the root: token 3 only
+    f = S.eps_fact(a, e, bad, "x_norm", {"x": x}, {}, eps)
+    assert f is not None and f.code == "eps:small_norm" and "only the 1 of 10" in f.text
+    # the same error on a token of ordinary norm: no eps fact
+    bad2 = np.zeros_like(bad)
+    bad2[0, 5] = True
+    assert S.eps_fact(a, e, bad2, "x_norm", {"x": x}, {}, eps) is None
+    # every token failing: no eps fact either
+    assert S.eps_fact(a, e, np.ones_like(bad), "x_norm", {"x": x}, {}, eps) is None
+
+
+def test_rounding_units_are_said_only_beside_a_grid():
+    e = rng(13).normal(size=(1, 10, 2, 4))
+    small = e * (1 + 2.0 ** -9)  # a small error, one bf16 ulp: no value on a coarser grid
+    facts = measure(small, e, "core", scale=1.0, elem=1e-7, profile="f32", config=CFG)
+    assert "relation:rounding" not in codes(facts) and not any(f.kind == "precision" for f in facts)
+    stored = bf16(e)  # stored in bf16: on the grid, and the error rounding-sized
+    facts = measure(stored, e, "core", scale=1.0, elem=1e-7, profile="f32", config=CFG)
+    assert {"precision:bf16"} <= codes(facts)
