@@ -1,7 +1,7 @@
 """Symptoms of a failing tensor: facts measured on the port's tensor, its golden and the case's other
 goldens, that hold for any bug, named or not (issue 42; docs/verify.md, "The likely cause").
 
-Three kinds of fact, each stated only where the measurement supports it by a clear margin (saying
+Kinds of fact, each stated only where the measurement supports it by a clear margin (saying
 nothing beats a wrong fact):
 
 - **where** the error sits: which heads (every head; the value heads of one key head; every s-th; one),
@@ -13,7 +13,11 @@ nothing beats a wrong fact):
   within the judge's own element bound everywhere;
 - a **relation** to the golden: a uniform scale (a sign), a scale per head, per channel or per vector,
   the state transposed, the heads permuted (found by assignment), the tokens shifted by one or reversed
-  in time; the error's size in a coarser dtype's rounding units.
+  in time; an elementwise map with nothing fitted (SiLU missing, silu(z) replaced by sigmoid(z)), the
+  gated norm's parts rearranged; the error's size in a coarser dtype's rounding units;
+- a **precision** (the port's values on a coarser grid than the profile keeps), **non-finite** values
+  (where they start; the heads whose cumulative decay underflows float32), the decay's **order** (the
+  delta rule rerun on the call's goldens), an **eps** (only the smallest-norm vectors fail).
 
 A relation is stated when it leaves at most :data:`EXPLAINED` of the error unexplained (the error's
 norm in the judge's units, ``‖(a − r(e)) / d‖ / ‖(a − e) / d‖``). Pure NumPy (and SciPy's assignment);

@@ -64,6 +64,8 @@ def test_no_new_fact_on_a_correct_port(fixtures_dir, tmp_path, impl, profile):
     ("conv_missing_silu", "decode_T12", "the golden is SiLU of the port's values"),
     ("bf16_recurrent_state", "decode_T12", "lies on the bf16 grid"),
     ("chunk_masked_exp", "chunked_T137", "cumulative log-decay"),
+    ("decay_after_write", "decode_T12", "decay e^g applied after its write"),
+    ("rmsnorm_eps_outside_sqrt", "decode_T12", "has the smallest mean square fail"),
 ])
 def test_the_new_facts_reach_console_summary_junit_and_report(fixtures_dir, tmp_path, capsys, mutant, case, fact):
     """The console's likely cause, the JSON summary, the JUnit XML and the HTML report each carry the new
