@@ -3,8 +3,8 @@ definition (never from what ``conformance/judge/symptoms.py`` says), so that the
 matrix (``kill_matrix.leave_one_out``) can judge the symptoms independently.
 
 ``TRUTH[name]`` maps a kind of fact (the part of a symptom's code before ``:``: ``heads``, ``tokens``,
-``calls``, ``rows``, ``slots``, ``channels``, ``equals``, ``relation``, ``precision``, ``nonfinite``, ``order``, ``eps``;
-:data:`DEFAULT_KINDS` for those a mutant leaves out) to the codes that are true of the bug at
+``calls``, ``rows``, ``slots``, ``channels``, ``equals``, ``relation``, ``precision``, ``nonfinite``,
+``order``, ``eps``; :data:`DEFAULT_KINDS` for those a mutant leaves out) to the codes that are true of the bug at
 its first divergence, on every case. A stated fact of a declared kind whose code is not listed is
 **wrong**; a fact of a kind the mutant does not declare is **unverified** (counted apart, never as
 true). Where a kind depends on the case it is left undeclared: which heads a scale bug shows on (on

@@ -205,7 +205,8 @@ def test_the_decay_applied_after_the_write():
 # --- odd tensors: never a traceback ----------------------------------------------------------------
 
 
-@pytest.mark.parametrize("a,e", [(np.zeros((0, 3)), np.zeros((0, 3))), (np.full((2, 5, 2, 4), np.nan), np.ones((2, 5, 2, 4))),
+@pytest.mark.parametrize("a,e", [(np.zeros((0, 3)), np.zeros((0, 3))),
+                                 (np.full((2, 5, 2, 4), np.nan), np.ones((2, 5, 2, 4))),
                                  (np.array(2.0), np.array(1.0)), (np.full((1, 6, 2, 4), 1e300), np.ones((1, 6, 2, 4))),
                                  (np.full((1, 6, 2, 4), np.inf), np.ones((1, 6, 2, 4)))])
 @pytest.mark.parametrize("tensor", ["core", "core_gated", "qkv_conv", "recurrent_state"])

@@ -35,7 +35,8 @@ def test_no_new_fact_on_a_correct_port(fixtures_dir, tmp_path, impl, profile):
             if "call" not in step:
                 continue
             c = step["call"]
-            got = {n: np.asarray(port[f"calls.{c}.{n}"], np.float64) for n in step["expected"] if f"calls.{c}.{n}" in port}
+            got = {n: np.asarray(port[f"calls.{c}.{n}"], np.float64) for n in step["expected"]
+                   if f"calls.{c}.{n}" in port}
             want = {n: np.asarray(gold[f"calls.{c}.{n}"], np.float64) for n in got}
             goldens = {n: want.get(n) for n in ("q", "k", "v", "g", "beta")}
             goldens["state_before"] = np.asarray(gold[f"calls.{c}.recurrent_state_in"], np.float64)
