@@ -678,16 +678,22 @@ def _fixes(a, e, lhs, rhs, d, elem: float) -> bool:
     return bool(np.mean(fit[failing]) >= 0.99 and np.mean(fit[ok]) >= 0.99 and num <= EXPLAINED * den)
 
 
-def elementwise_fact(a, e, d, elem: float, others: dict, tensor: str) -> Fact | None:
+def elementwise_fact(a, e, d, elem: float, others: dict, tensor: str, head_axis: int | None = None) -> Fact | None:
     """A pointwise function relation, none of it fitted: the golden is m(port) for a stage map m (the port's
     tensor taken before its SiLU), the port is m(golden) (a map applied once more), or the port is the
     golden with a factor f(x) of another golden x of the call (the output gate silu(z)) replaced by g(x)."""
+    # a map of the golden must beat one scale of it (per head where the tensor has heads): on a tensor whose
+    # values cluster, silu(e) = e·sigmoid(e) is nearly a scale (measured: g of a decode in bf16, a per-head
+    # scale bug fitted "a SiLU applied once more")
+    keep = () if head_axis is None else (head_axis,)
+    fwd = explained(a, e, _fit(a, e, keep) * e, d)  # the port as a scale of the golden
+    back = explained(e, a, _fit(e, a, keep) * a, d)  # the golden as a scale of the port
     for name, m in MAPS.items():
-        if _fixes(a, e, m(a), e, d, elem):
+        if explained(e, a, m(a), d) <= 0.5 * back and _fixes(a, e, m(a), e, d, elem):
             return Fact("relation", "relation:elementwise",
                         f"the golden is {name} of the port's values, element by element: the port's {tensor} is "
                         f"the value before its {name}")
-        if _fixes(a, e, a, m(e), d, elem):
+        if explained(a, e, m(e), d) <= 0.5 * fwd and _fixes(a, e, a, m(e), d, elem):
             return Fact("relation", "relation:elementwise",
                         f"the port's values are {name} of the golden's, element by element: a {name} applied "
                         "once more")
@@ -926,7 +932,7 @@ def measure(actual, expected, tensor: str, *, scale, elem: float, profile: str, 
     if not pool and not zero:
         rel = relations(a, e, d, tensor, dims, head_axis, token_axis, elem)
         if not rel:
-            f = elementwise_fact(a, e, d, elem, others, tensor) or ratio_fact(a, e, others)
+            f = elementwise_fact(a, e, d, elem, others, tensor, head_axis) or ratio_fact(a, e, others)
             if f is None and tensor == "core_gated":
                 f = gated_norm_fact(a, e, d, elem, others, float((config or {}).get("rms_norm_eps", 1e-6)))
             rel = [f] if f else []

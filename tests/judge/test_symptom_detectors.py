@@ -248,3 +248,15 @@ def test_rounding_units_are_said_only_beside_a_grid():
     stored = bf16(e)  # stored in bf16: on the grid, and the error rounding-sized
     facts = measure(stored, e, "core", scale=1.0, elem=1e-7, profile="f32", config=CFG)
     assert {"precision:bf16"} <= codes(facts)
+
+
+def test_a_scale_per_head_is_no_silu_of_values_that_cluster():
+    """g of a decode: each head's values near one number, so e·sigmoid(e) is nearly a scale per head; a
+    per-head scale bug must not read as "a SiLU applied once more"."""
+    c = np.array([-2.0, -0.5, -1.0, -3.0])
+    e = c[None, None, :] * (1 + 1e-4 * rng(14).normal(size=(2, 12, 4)))
+    a = e * (1 / (1 + np.exp(-c)))[None, None, :]  # one scale per head: sigmoid of the head's centre
+    d = np.ones_like(e)
+    assert S._fixes(a, e, a, silu(e), d, 5e-4)  # the map alone fits within the bound...
+    assert S.elementwise_fact(a, e, d, 5e-4, {}, "g", head_axis=2) is None  # ...but a scale per head fits better
+    assert S.elementwise_fact(silu(e), e, np.ones_like(e), 1e-6, {}, "g", head_axis=None) is not None  # no heads
