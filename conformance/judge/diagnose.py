@@ -381,7 +381,9 @@ class Diagnoser:
         return symptoms_mod.measure(actual, expected, rec.tensor, scale=scale, elem=float(rec.bound["elem"]),
                                     profile=judge.profile, config=judge.entry.get("config"),
                                     step=step if "slots" in step else None, others=others, call_step=step,
-                                    call=rec.call, earlier_pass=earlier_pass)
+                                    call=rec.call, earlier_pass=earlier_pass,
+                                    goldens=_call_goldens(judge, rec, step),
+                                    port_states=_port_states(judge, rec, records))
 
     def _diagnose(self, judge, rec) -> Diagnosis | None:
         """The diagnosis of one failing record (None: its tensors cannot be read)."""
@@ -465,6 +467,40 @@ def _read_pair(judge, rec) -> tuple[np.ndarray | None, np.ndarray | None]:
         return None, None
     return (np.asarray(judge.outs.read(key, judge.gold.shape_of(key)), dtype=np.float64),
             np.asarray(judge.gold.read(key), dtype=np.float64))
+
+
+def _call_goldens(judge, rec, step) -> dict:
+    """The goldens of ``rec``'s call that :func:`.symptoms.measure` reads beside the failing tensor: the
+    decay ``g`` (where non-finite values start), and for a failing ``core`` of a call that is not packed
+    the delta rule's inputs and the recurrent state before the call (the decay's order), for a failing
+    ``x_norm`` or ``h_norm`` the norm's input (where the eps decides)."""
+    out = {}
+    names = ("g", "q", "k", "v", "beta") if rec.tensor == "core" and "cu_seqlens" not in step else ("g",)
+    for name in names:
+        key = call_key(rec.call, name)
+        if name in step.get("expected", ()) and key in judge.gold:
+            out[name] = np.asarray(judge.gold.read(key), np.float64)
+    norm_input = {"x_norm": "x", "h_norm": "h"}.get(rec.tensor)  # a norm's input, for where its eps decides
+    if norm_input and call_key(rec.call, norm_input) in judge.gold and "cu_seqlens" not in step:
+        out[norm_input] = np.asarray(judge.gold.read(call_key(rec.call, norm_input)), np.float64)
+    if len(out) == 5:
+        key = call_key(rec.call, "recurrent_state")
+        before = _golden_before(judge, replace(rec, tensor="recurrent_state", expected_ref={"key": key})) \
+            if key in judge.gold else None
+        if before is not None:
+            out["state_before"] = before
+    return out
+
+
+def _port_states(judge, rec, records) -> dict:
+    """name -> (the port's, the golden) state of ``rec``'s step, for each state record of it that fails."""
+    out = {}
+    for r in records:
+        if r.step == rec.step and r.tensor in STATE_NAMES and r.verdict == "fail" and r.op != "save":
+            a, e = _read_pair(judge, r)
+            if a is not None:
+                out[r.tensor] = (a, e)
+    return out
 
 
 def _golden_before(judge, rec) -> np.ndarray | None:

@@ -1,7 +1,7 @@
 """Symptoms of a failing tensor: facts measured on the port's tensor, its golden and the case's other
 goldens, that hold for any bug, named or not (issue 42; docs/verify.md, "The likely cause").
 
-Three kinds of fact, each stated only where the measurement supports it by a clear margin (saying
+Kinds of fact, each stated only where the measurement supports it by a clear margin (saying
 nothing beats a wrong fact):
 
 - **where** the error sits: which heads (every head; the value heads of one key head; every s-th; one),
@@ -13,7 +13,11 @@ nothing beats a wrong fact):
   within the judge's own element bound everywhere;
 - a **relation** to the golden: a uniform scale (a sign), a scale per head, per channel or per vector,
   the state transposed, the heads permuted (found by assignment), the tokens shifted by one or reversed
-  in time; the error's size in a coarser dtype's rounding units.
+  in time; an elementwise map with nothing fitted (SiLU missing, silu(z) replaced by sigmoid(z)), the
+  gated norm's parts rearranged; the error's size in a coarser dtype's rounding units;
+- a **precision** (the port's values on a coarser grid than the profile keeps), **non-finite** values
+  (where they start; the heads whose cumulative decay underflows float32), the decay's **order** (the
+  delta rule rerun on the call's goldens), an **eps** (only the smallest-norm vectors fail).
 
 A relation is stated when it leaves at most :data:`EXPLAINED` of the error unexplained (the error's
 norm in the judge's units, ``‖(a − r(e)) / d‖ / ‖(a − e) / d‖``). Pure NumPy (and SciPy's assignment);
@@ -49,8 +53,9 @@ ROUNDING_BITS = {"bf16": 8, "f16": 11}
 
 @dataclass(frozen=True)
 class Fact:
-    """One measured fact: ``kind`` where / equals / relation, ``code`` what it says (machine-readable,
-    ``heads:group``, ``tokens:from``, ``equals:before``, ``relation:uniform_scale``...), ``text`` said."""
+    """One measured fact: ``kind`` where / equals / relation / precision / nonfinite / order, ``code`` what it
+    says (machine-readable, ``heads:group``, ``tokens:from``, ``equals:before``, ``relation:uniform_scale``,
+    ``precision:bf16``...), ``text`` said."""
 
     kind: str
     code: str
@@ -386,7 +391,7 @@ def relations(a, e, d, tensor: str, dims: dict | None, head_axis: int | None, to
     r = explained(a, e, alpha * e, d)
     if r <= EXPLAINED and abs(alpha + 1) < SCALE_OFF:
         out.append(Fact("relation", "relation:sign", f"the golden with its sign flipped (residual {r:.2g})"))
-    elif r <= EXPLAINED and abs(alpha - 1) > SCALE_OFF:
+    elif r <= EXPLAINED and abs(alpha - 1) > SCALE_OFF and abs(alpha) >= 0.05:  # ×0 is no scale but a zero
         out.append(Fact("relation", "relation:uniform_scale",
                         f"the golden times one uniform scale {_scale_text(alpha, dims)} (residual {r:.2g})"))
     else:
@@ -443,7 +448,7 @@ def relations(a, e, d, tensor: str, dims: dict | None, head_axis: int | None, to
             if r <= EXPLAINED:
                 out.append(Fact("relation", code, f"{text} (residual {r:.2g})"))
                 break
-    if tensor == "recurrent_state" and a.shape[-1] == a.shape[-2] and a.shape[-1] > 1:
+    if tensor == "recurrent_state" and a.ndim >= 2 and a.shape[-1] == a.shape[-2] and a.shape[-1] > 1:
         r = explained(a, e, np.swapaxes(e, -1, -2), d)
         if r <= EXPLAINED:
             out.append(Fact("relation", "relation:transpose", f"the golden with each head's state transposed "
@@ -554,6 +559,8 @@ def head_permutation(a, e, d, axis: int) -> np.ndarray | None:
         return None
     A, E, D = A[:, ok], E[:, ok], D[:, ok]
     cost = np.array([[np.sum(((A[i] - E[j]) / D[i]) ** 2) for j in range(n)] for i in range(n)])
+    if not np.all(np.isfinite(cost)):  # huge values overflow the squares: no order said
+        return None
     _, cols = linear_sum_assignment(cost)
     return None if np.array_equal(cols, np.arange(n)) else cols
 
@@ -590,20 +597,280 @@ def rounding_fact(a, e, bad, profile: str) -> Fact | None:
     return None
 
 
+# --- precision, elementwise maps, non-finite values, the decay's order (issue 42, second round) ------
+
+
+#: The grids a value stored in a coarser dtype sits on, coarsest first, by significand bits.
+GRIDS = (("bf16", 8), ("f16", 11))
+#: A tensor is said to sit on a grid when this share of its non-zero finite values does (and its golden's
+#: at most half: a golden of values that happen to be representable says nothing).
+ON_GRID = 0.999
+#: The bits each profile stores an activation in (the state is kept in float32 or wider in every profile).
+STORAGE_BITS = {"f64": 53, "f32": 24, "bf16": 8, "f16": 11}
+#: log of float32's smallest normal number: e^x below it is 0 or subnormal in float32.
+LOG_F32_TINY = math.log(float(np.finfo(np.float32).tiny))
+
+
+def grid_share(x: np.ndarray, grid: str) -> tuple[float, int]:
+    """The share of ``x``'s non-zero finite values exactly representable in ``grid`` (bf16, f16), and how
+    many there are."""
+    x = np.asarray(x, dtype=np.float64)
+    x = x[np.isfinite(x) & (x != 0)]
+    if not x.size:
+        return 0.0, 0
+    with np.errstate(all="ignore"):
+        if grid == "bf16":
+            x32 = x.astype(np.float32)
+            ok = (x32.astype(np.float64) == x) & ((x32.view(np.uint32) & np.uint32(0xFFFF)) == 0)
+        else:
+            ok = x.astype(np.float16).astype(np.float64) == x
+    return float(np.mean(ok)), int(x.size)
+
+
+def grid_fact(port: np.ndarray, golden: np.ndarray, tensor: str, profile: str, where: str = "") -> Fact | None:
+    """Every value of the port's ``tensor`` on a coarser dtype's grid than the profile stores it in (the
+    recurrent state: float32 in every profile; the conv state holds activations, stored as the profile
+    stores them), its golden's not: a value stored (rounded) in that dtype."""
+    mine = 24 if tensor == "recurrent_state" else STORAGE_BITS.get(profile, 24)
+    for grid, bits in GRIDS:
+        if bits >= mine:
+            continue
+        share, n = grid_share(port, grid)
+        if n < 32 or share < ON_GRID:
+            continue
+        if grid_share(golden, grid)[0] > 0.5:
+            return None
+        return Fact("precision", f"precision:{grid}",
+                    f"every value of the port's {tensor}{where} lies on the {grid} grid ({share:.1%} of {n}; "
+                    f"the golden's do not): a value stored or rounded in {grid}")
+    return None
+
+
+def _silu(x):
+    with np.errstate(all="ignore"):
+        return x / (1.0 + np.exp(-x))
+
+
+def _sigmoid(x):
+    with np.errstate(all="ignore"):
+        return 1.0 / (1.0 + np.exp(-x))
+
+
+#: The elementwise maps a stage applies, by the name said.
+MAPS = {"SiLU": _silu, "sigmoid": _sigmoid}
+#: The gate maps a factor g(x) of the golden may have been replaced by (name -> map).
+GATE_MAPS = {"sigmoid({x})": _sigmoid, "{x} itself": lambda x: x, "1 (no gate)": np.ones_like}
+
+
+def _fixes(a, e, lhs, rhs, d, elem: float) -> bool:
+    """``lhs`` equals ``rhs`` (the port against a candidate, or m(port) against the golden) within the
+    judge's element bound on 99 % of the elements where the port fails and on 99 % of all, leaving at
+    most :data:`EXPLAINED` of the port's error ``a − e``; at least 8 failing elements."""
+    ok = np.isfinite(a) & np.isfinite(e) & np.isfinite(lhs) & np.isfinite(rhs) & (d > 0)
+    with np.errstate(all="ignore"):
+        failing = ok & (np.abs(a - e) / d > elem)
+        if failing.sum() < 8 or ok.sum() < 16:
+            return False
+        off = np.abs(lhs - rhs) / d
+        fit = off <= elem
+        den = float(np.sqrt(np.sum(((a[ok] - e[ok]) / d[ok]) ** 2)))
+        num = float(np.sqrt(np.sum(off[ok] ** 2)))
+    return bool(np.mean(fit[failing]) >= 0.99 and np.mean(fit[ok]) >= 0.99 and num <= EXPLAINED * den)
+
+
+def elementwise_fact(a, e, d, elem: float, others: dict, tensor: str, head_axis: int | None = None) -> Fact | None:
+    """A pointwise function relation, none of it fitted: the golden is m(port) for a stage map m (the port's
+    tensor taken before its SiLU), the port is m(golden) (a map applied once more), or the port is the
+    golden with a factor f(x) of another golden x of the call (the output gate silu(z)) replaced by g(x)."""
+    # a map of the golden must beat one scale of it (per head where the tensor has heads): on a tensor whose
+    # values cluster, silu(e) = e·sigmoid(e) is nearly a scale (measured: g of a decode in bf16, a per-head
+    # scale bug fitted "a SiLU applied once more")
+    keep = () if head_axis is None else (head_axis,)
+    fwd = explained(a, e, _fit(a, e, keep) * e, d)  # the port as a scale of the golden
+    back = explained(e, a, _fit(e, a, keep) * a, d)  # the golden as a scale of the port
+    for name, m in MAPS.items():
+        if explained(e, a, m(a), d) <= 0.5 * back and _fixes(a, e, m(a), e, d, elem):
+            return Fact("relation", "relation:elementwise",
+                        f"the golden is {name} of the port's values, element by element: the port's {tensor} is "
+                        f"the value before its {name}")
+        if explained(a, e, m(e), d) <= 0.5 * fwd and _fixes(a, e, a, m(e), d, elem):
+            return Fact("relation", "relation:elementwise",
+                        f"the port's values are {name} of the golden's, element by element: a {name} applied "
+                        "once more")
+    for label, x in others.items():
+        if not label.startswith("this call's golden ") or x.shape != a.shape:
+            continue
+        xname = label.removeprefix("this call's golden ")
+        f = _silu(x)
+        keep = np.abs(f) > 1e-3 * max(float(np.max(np.abs(f[np.isfinite(f)]), initial=0.0)), 1e-30)
+        base = np.where(keep, e / np.where(keep, f, 1.0), np.nan)  # the golden without its factor silu(x)
+        for gname, g in GATE_MAPS.items():
+            with np.errstate(all="ignore"):
+                c = base * g(x)
+            if _fixes(a, e, a, c, d, elem):
+                return Fact("relation", "relation:elementwise",
+                            f"the golden with its factor silu({xname}) replaced by {gname.format(x=xname)}, "
+                            "element by element (nothing fitted)")
+    return None
+
+
+def gated_norm_fact(a, e, d, elem: float, others: dict, eps: float) -> Fact | None:
+    """The gated norm's parts rearranged, nothing fitted: from this call's goldens ``core`` and ``z`` and the
+    weight as the golden applies it (``e / (norm(core)·silu(z))``, element by element), the norm taken
+    over ``core·silu(z)`` (the gate before the norm), the eps added outside the square root, or the weight
+    applied as ``1 + w`` or as ``w − 1``; stated when one of them reproduces the port's tensor."""
+    core, z = others.get("this call's golden core"), others.get("this call's golden z")
+    if core is None or z is None or core.shape != a.shape or z.shape != a.shape or a.ndim < 2:
+        return None
+    with np.errstate(all="ignore"):
+        ms = np.mean(core * core, axis=-1, keepdims=True)
+        n = core / np.sqrt(ms + eps)
+        gate = _silu(z)
+        den = n * gate
+        keep = np.abs(den) > 1e-3 * max(float(np.max(np.abs(den[np.isfinite(den)]), initial=0.0)), 1e-30)
+        w = np.where(keep, e / np.where(keep, den, 1.0), np.nan)
+        cg = core * gate
+        cands = (("relation:norm_order", "the gate silu(z) applied before the norm (the norm taken over core·silu(z))",
+                  cg / np.sqrt(np.mean(cg * cg, axis=-1, keepdims=True) + eps) * w),
+                 ("relation:eps_placement", "the norm's eps added outside its square root",
+                  core / (np.sqrt(ms) + eps) * w * gate),
+                 ("relation:weight_offset", "the norm weight applied as 1 + w where the golden applies w",
+                  n * (1.0 + w) * gate),
+                 ("relation:weight_offset", "the norm weight applied as w − 1 where the golden applies w",
+                  n * (w - 1.0) * gate))
+    for code, said, c in cands:
+        if _fixes(a, e, a, c, d, elem):
+            return Fact("relation", code, f"the golden recomputed from this call's core and z with {said} "
+                                          f"reproduces the port's values (nothing fitted; residual "
+                                          f"{explained(a, e, c, d):.2g})")
+    return None
+
+
+#: The normed tensors and the golden each normalises (its vectors along the last axis), with the eps read
+#: from the config: the input norm's x, the post norm's h, the gated norm's core.
+NORMED = {"x_norm": "x", "h_norm": "h", "core_gated": "core"}
+
+
+def eps_fact(a, e, bad, tensor: str, goldens: dict, others: dict, eps: float) -> Fact | None:
+    """The failing vectors of a normed tensor are exactly those whose input vector has the smallest mean
+    square (every failing one below every passing one, and below half the median): the error lives where
+    the norm's eps weighs most (eps / mean square), whatever else is right."""
+    name = NORMED.get(tensor)
+    x = goldens.get(name) if name else None
+    if x is None:
+        x = others.get(f"this call's golden {name}")
+    if x is None or x.shape != a.shape or a.ndim < 2 or not eps > 0:
+        return None
+    with np.errstate(all="ignore"):
+        ms = np.mean(np.where(np.isfinite(x), x, 0.0) ** 2, axis=-1).ravel()
+    failing = bad.any(axis=-1).ravel()
+    n_bad = int(failing.sum())
+    if n_bad == 0 or n_bad == failing.size or failing.size < 4:
+        return None
+    top, rest = float(np.max(ms[failing])), float(np.min(ms[~failing]))
+    if not (top < rest and top <= 0.5 * float(np.median(ms)) and n_bad <= failing.size // 2):
+        return None
+    return Fact("eps", "eps:small_norm",
+                f"only the {n_bad} of {failing.size} vectors whose {name} has the smallest mean square fail (each "
+                f"at most {top:.2g}, every passing one at least {rest:.2g}; eps {eps:g}): where the norm's eps "
+                "weighs most")
+
+
+def nonfinite_facts(a, e, tensor: str, goldens: dict, step: dict | None, head_axis: int | None) -> list[Fact]:
+    """Where the port's non-finite values stand where the golden is finite: the first token, the heads;
+    and whether those heads are the ones whose cumulative log-decay Σg in the call passes float32's
+    smallest exponent (e^Σg underflows: a quotient or a product of such exponentials is 0/0 or inf·0)."""
+    new = ~np.isfinite(a) & np.isfinite(e)
+    if not new.any():
+        return []
+    nan, inf = int(np.sum(new & np.isnan(a))), int(np.sum(new & np.isinf(a)))
+    said = f"{nan} NaN" + (f" and {inf} infinite" if inf else "")
+    said += f" value(s) of {new.size} where the golden is finite"
+    heads = None
+    if a.ndim >= 2:
+        tok = np.flatnonzero(new.any(axis=tuple(i for i in range(a.ndim) if i != 1)))
+        said += f", first at token {int(tok[0])}"
+    if head_axis is not None and a.ndim > head_axis:
+        heads = new.any(axis=tuple(i for i in range(a.ndim) if i != head_axis))
+        said += f", in heads {_list(np.flatnonzero(heads))} of {len(heads)}"
+    facts = [Fact("nonfinite", "nonfinite:appear", said)]
+    g = goldens.get("g")
+    packed = step is not None and "cu_seqlens" in step
+    if heads is not None and g is not None and not packed and tensor in ("core",) and g.ndim == 3 \
+            and g.shape[:2] == a.shape[:2] and g.shape[2] == len(heads):
+        under = (np.cumsum(np.where(np.isfinite(g), g, 0.0), axis=1) < LOG_F32_TINY).any(axis=(0, 1))
+        if heads.any() and np.all(under[heads]):
+            facts.append(Fact("nonfinite", "nonfinite:decay_underflow",
+                              f"only on heads whose cumulative log-decay Σg in the call falls below {LOG_F32_TINY:.1f} "
+                              f"(heads {_list(np.flatnonzero(under))}): e^Σg underflows float32 there, and a quotient "
+                              "or a masked product of such exponentials is 0/0 or inf·0"))
+    return facts
+
+
+def _delta_rule(q, k, v, g, beta, S, after: bool):
+    """The gated delta rule in float64 on a call's goldens (q unscaled, key heads repeated to the value heads
+    in the interleaved order), the decay applied before the write (the spec) or ``after`` it."""
+    B, T, Hv, dv = v.shape
+    r = Hv // q.shape[2]
+    qe, ke = np.repeat(q, r, axis=2) * q.shape[-1] ** -0.5, np.repeat(k, r, axis=2)
+    S = S.copy()
+    core = np.empty(v.shape)
+    decay = np.exp(g)
+    for t in range(T):
+        if not after:
+            S *= decay[:, t, :, None, None]
+        m = np.einsum("bhk,bhkv->bhv", ke[:, t], S)
+        S += ke[:, t, :, :, None] * (beta[:, t, :, None] * (v[:, t] - m))[:, :, None, :]
+        if after:
+            S *= decay[:, t, :, None, None]
+        core[:, t] = np.einsum("bhk,bhkv->bhv", qe[:, t], S)
+    return core
+
+
+def decay_order_fact(a, e, d, elem: float, goldens: dict, step: dict | None) -> Fact | None:
+    """The port's core against the delta rule run on the call's own goldens with the decay applied after
+    each token's write instead of before: stated when the spec's order reproduces the golden (the call's
+    layout understood) and the other order reproduces the port's."""
+    need = ("q", "k", "v", "g", "beta", "state_before")
+    if step is None or "cu_seqlens" in step or any(goldens.get(n) is None for n in need):
+        return None
+    q, k, v, g, beta, S = (goldens[n] for n in need)
+    try:
+        if v.shape != a.shape or q.shape[:2] != v.shape[:2] or v.shape[2] % q.shape[2] or \
+                S.shape != (v.shape[0], v.shape[2], q.shape[3], v.shape[3]) or v.shape[1] * S.size > 4_000_000:
+            return None
+        with np.errstate(all="ignore"):
+            spec = _delta_rule(q, k, v, g, beta, S, after=False)
+            if not close(spec, e, d, elem) or not np.all(np.isfinite(spec)):
+                return None
+            other = _delta_rule(q, k, v, g, beta, S, after=True)
+    except (ValueError, IndexError):
+        return None
+    if _fixes(a, e, a, other, d, elem):
+        return Fact("order", "order:decay_after_write",
+                    f"the delta rule run on the call's own goldens with each token's decay e^g applied after its "
+                    f"write instead of before it reproduces the port's core (residual {explained(a, e, other, d):.2g})")
+    return None
+
+
 # --- all together ----------------------------------------------------------------------------------
 
 
 def measure(actual, expected, tensor: str, *, scale, elem: float, profile: str, config: dict | None = None,
             step: dict | None = None, others: dict | None = None, call_step: dict | None = None,
-            call: int | None = None, earlier_pass: bool = False) -> list[Fact]:
+            call: int | None = None, earlier_pass: bool = False, goldens: dict | None = None,
+            port_states: dict | None = None) -> list[Fact]:
     """The facts of one failing tensor (module docstring). ``actual``/``expected`` as the judge saw them
     (a packed stage tensor as one row ``[1, total_tokens, ...]``), ``scale`` the judge's denominator,
     ``elem`` its element bound, ``step`` the program step (a packed call's layout, a commit's request),
     ``others``: label -> another golden of the case to search (``before``: the state before the step;
     ``after``: this step's golden, searched slot by slot; ``this call's golden X``: another tensor of the
     call; other labels: other calls' tensors); ``call_step`` the step (for :func:`calls_fact`, with
-    ``call`` and ``earlier_pass``: whether every record of the earlier steps passes)."""
-    a, e = np.asarray(actual, dtype=np.float64), np.asarray(expected, dtype=np.float64)
+    ``call`` and ``earlier_pass``: whether every record of the earlier steps passes); ``goldens``: name ->
+    this call's golden of any shape (``g`` for :func:`nonfinite_facts`; ``q k v g beta state_before`` for
+    :func:`decay_order_fact`); ``port_states``: name -> (port, golden) of the step's failing states
+    (:func:`grid_fact`)."""
+    a, e = np.atleast_1d(np.asarray(actual, dtype=np.float64)), np.atleast_1d(np.asarray(expected, dtype=np.float64))
     others = {k: np.asarray(v, dtype=np.float64) for k, v in (others or {}).items()}
     dims = _dims(config)
     if a.shape != e.shape:
@@ -623,6 +890,8 @@ def measure(actual, expected, tensor: str, *, scale, elem: float, profile: str, 
     is_state = tensor in STATE_NAMES
     pool = is_state and step is not None and "slots" in step
     head_axis = spec.head_axis + 1 if spec is not None and spec.head_axis is not None else None
+    if head_axis is not None and a.ndim <= head_axis:  # a tensor of another shape than its spec's (0-d)
+        head_axis = None
     token_axis = None if is_state or a.ndim < 2 else 1
     if head_axis is not None and a.ndim > head_axis:
         kind = "key" if spec.shape[spec.head_axis] == "Hk" else "value"
@@ -641,7 +910,7 @@ def measure(actual, expected, tensor: str, *, scale, elem: float, profile: str, 
             f = tokens_fact(bt, per, elem, dims["K"] if dims and tensor in CONV_TENSORS else None)
             if f:
                 facts.append(f)
-    if tensor in ("qkv", "qkv_conv", "conv_state"):
+    if tensor in ("qkv", "qkv_conv", "conv_state") and a.ndim >= 2:
         ch_axis = a.ndim - 1 if tensor != "conv_state" else 1
         f = channels_fact(bad.any(axis=tuple(i for i in range(a.ndim) if i != ch_axis)), dims)
         if f:
@@ -657,16 +926,37 @@ def measure(actual, expected, tensor: str, *, scale, elem: float, profile: str, 
         f = equals_tensor(a, e, d, elem, others)
         if f:
             facts.append(f)
-    if not pool:
+    goldens = {k: np.asarray(v, dtype=np.float64) for k, v in (goldens or {}).items() if v is not None}
+    facts += nonfinite_facts(a, e, tensor, goldens, step if step is not None else call_step, head_axis)
+    zero = not np.any(np.where(np.isfinite(a), a, 1.0))  # all zeros: "equals the zero state", no scale of anything
+    if not pool and not zero:
         rel = relations(a, e, d, tensor, dims, head_axis, token_axis, elem)
         if not rel:
-            f = ratio_fact(a, e, others)
+            f = elementwise_fact(a, e, d, elem, others, tensor, head_axis) or ratio_fact(a, e, others)
+            if f is None and tensor == "core_gated":
+                f = gated_norm_fact(a, e, d, elem, others, float((config or {}).get("rms_norm_eps", 1e-6)))
             rel = [f] if f else []
         facts += rel
+        if tensor == "core":
+            f = decay_order_fact(a, e, d, elem, goldens, call_step)
+            if f:
+                facts.append(f)
+    if not pool and not zero and not any(x.kind == "relation" for x in facts):
+        f = eps_fact(a, e, bad, tensor, goldens, others, float((config or {}).get("rms_norm_eps", 1e-6)))
+        if f:
+            facts.append(f)
+    grids = [grid_fact(a, e, tensor, profile)]
+    for name, (pa, pe) in (port_states or {}).items():
+        if name != tensor:
+            grids.append(grid_fact(np.asarray(pa, np.float64), np.asarray(pe, np.float64), name, profile,
+                                   " after this call"))
+    grids = [f for f in grids if f]
+    # the error's size in rounding units only beside a value found on that grid: a bug whose error happens
+    # to be small (softplus against sigmoid far below zero, both e^x) is rounding-sized without rounding
     f = rounding_fact(a, e, bad, profile)
-    if f and not any(x.kind == "relation" for x in facts):
+    if f and grids and not any(x.kind == "relation" for x in facts):
         facts.append(f)
-    return facts
+    return facts + grids
 
 
 def _packed_tokens(bad_tokens: np.ndarray, step: dict, dims: dict | None) -> list[Fact]:

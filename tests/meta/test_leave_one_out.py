@@ -33,6 +33,17 @@ def test_facts_are_judged_against_the_declared_truth():
     assert judge_fact("a_log_converted_twice", "relation:uniform_scale") == "true"
     assert judge_fact("a_log_converted_twice", "relation:sign") == "wrong"  # its scale is positive
     assert judge_fact("a_log_converted_twice", "relation:shift_late") == "wrong"
+    # the kinds every mutant declares by default: a precision, a decay order or an eps fact where the bug has
+    # none is wrong; non-finite values where the golden is finite are a measurement, generic
+    assert judge_fact("bf16_recurrent_state", "precision:bf16") == "true"
+    assert judge_fact("f16_recurrent_state", "precision:bf16") == "wrong"
+    assert judge_fact("scale_doubled", "precision:bf16") == "wrong"
+    assert judge_fact("decay_after_write", "order:decay_after_write") == "true"
+    assert judge_fact("state_transposed", "order:decay_after_write") == "wrong"
+    assert judge_fact("missing_l2_norm", "eps:small_norm") == "wrong"
+    assert judge_fact("chunk_masked_exp", "nonfinite:decay_underflow") == "true"
+    assert judge_fact("a_log_sign", "nonfinite:decay_underflow") == "wrong"
+    assert judge_symptoms("a_log_sign", True, ["nonfinite:appear"]) == ("silent", [])
 
 
 def _diagnosis(fixtures_dir, tmp_path, mutant, case, catalogue):
