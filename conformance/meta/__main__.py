@@ -1,5 +1,7 @@
-"""``python -m gdncheck.conformance.meta``: print the kill matrix (every mutant x profile) with margins,
-or write it into the docs (``--write-docs docs/meta.md`` replaces the generated block there)."""
+"""``python -m gdncheck.conformance.meta``: print the kill matrix (every mutant x profile) with margins
+and the coverage depth (how many cases catch each mutant, and which), or write them into the docs
+(``--write-docs docs/meta.md`` replaces the generated blocks there; with ``--depth-only``, the depth
+block alone, measured without the diagnosis: minutes, not half an hour)."""
 
 from __future__ import annotations
 
@@ -10,7 +12,18 @@ from gdncheck.fixtures.manifest import DEFAULT_DIR
 from gdncheck.profiles import VERIFY_PROFILES
 from gdncheck.untrusted import OneLineParser
 
-from .kill_matrix import CATALOGUE, PORT_PLACEMENTS, format_matrix, matrix, write_docs
+from .kill_matrix import (
+    CATALOGUE,
+    DEPTH_BEGIN,
+    DEPTH_END,
+    PORT_PLACEMENTS,
+    format_depth,
+    format_matrix,
+    has_block,
+    matrix,
+    write_block,
+    write_docs,
+)
 
 
 def main(argv=None) -> int:
@@ -21,6 +34,9 @@ def main(argv=None) -> int:
     p.add_argument("--case", action="append", help="only this case (id or id prefix; repeatable)")
     p.add_argument("--tolerances", help="tolerance table (default: the packaged one)")
     p.add_argument("--write-docs", metavar="FILE", help="write the table into FILE's generated kill-matrix block")
+    p.add_argument("--depth-only", action="store_true",
+                   help="only the coverage depth (per mutant and profile, the cases that catch it), without the "
+                        "diagnosis; with --write-docs, only the depth block is rewritten")
     p.add_argument("--no-diagnosis", action="store_true",
                    help="skip the likely-cause table (each mutant run again as a port and diagnosed)")
     p.add_argument("--jobs", type=int, default=1, help="processes running the mutants of a profile side by side")
@@ -51,14 +67,24 @@ def main(argv=None) -> int:
         print(f"{r.mutant} [{r.profile}]: {r.cell()}; likely cause {r.diagnosis_cell()}"
               + (f"\n  {r.message}\n  repro: {r.repro}\n" if args.verbose else ""), file=sys.stderr, flush=True)
 
+    if args.write_docs and args.depth_only and not has_block(args.write_docs, DEPTH_BEGIN, DEPTH_END):
+        p.error(f"--write-docs {args.write_docs}: expected a generated depth block ({DEPTH_BEGIN} ... "
+                f"{DEPTH_END}), found none")
     results = matrix(profiles, args.fixtures, mutants, tolerances=args.tolerances, cases=args.case,
-                     diagnose=not args.no_diagnosis, progress=progress, jobs=args.jobs,
+                     diagnose=not (args.no_diagnosis or args.depth_only), progress=progress, jobs=args.jobs,
                      diagnose_cases=args.diagnose_case, placements=tuple(args.port_placement or PORT_PLACEMENTS))
-    table = format_matrix(results, profiles, mutants)
-    print(table)
+    depth = format_depth(results, profiles, mutants, args.fixtures)
+    table = None if args.depth_only else format_matrix(results, profiles, mutants)
+    print(depth if table is None else f"{table}\n\n{depth}")
     if args.write_docs:
-        write_docs(args.write_docs, table)
-        print(f"wrote the kill matrix into {args.write_docs}", file=sys.stderr)
+        if table is not None:
+            write_docs(args.write_docs, table)
+            print(f"wrote the kill matrix into {args.write_docs}", file=sys.stderr)
+        if has_block(args.write_docs, DEPTH_BEGIN, DEPTH_END):
+            write_block(args.write_docs, depth, DEPTH_BEGIN, DEPTH_END, "depth")
+            print(f"wrote the coverage depth into {args.write_docs}", file=sys.stderr)
+        else:
+            print(f"{args.write_docs} has no depth block ({DEPTH_BEGIN}): the depth is printed only", file=sys.stderr)
     survivors = [r for r in results if not r.killed and r.cases]  # "no case": not run, not a survivor
     return 1 if survivors and len(survivors) == len(results) else 0
 

@@ -2,7 +2,7 @@
 whose packed calls run as plain calls on one-row copies of their slots
 (`gdncheck.harness.plain_serving`), with one bookkeeping bug each — the bugs serving ports have
 (`conv_window_leaks`, `chunk_straddles`, `slot_read_i_written_j`, `padding_slot_written`,
-`commit_off_by_one`, `snapshot_chunk_late`) — and four misreadings of the contract
+`commit_off_by_one`, `snapshot_chunk_late`, `prefill_as_verify_K`) — and four misreadings of the contract
 (`SERVING_MISREADINGS`: `commit_writes_reset`, `snapshot_seq_len_offset`, `free_noop`,
 `free_keeps_seq_len`).
 
@@ -153,6 +153,43 @@ def _late_snapshots(layer, pool, x, cu, pos, slots, snap_seq, snap_offset, snap_
     return out, trace
 
 
+def _plain_rows_kept_back(pool, slots, lengths, plain_rows, window: int):
+    """The pool entries of the plain rows of exactly ``window`` tokens, as they were before the call."""
+    return {s: {f: np.copy(getattr(pool, f)[s]) for f in plain.STATE_FIELDS}
+            for s, n, p in zip(np.asarray(slots).tolist(), np.asarray(lengths).tolist(), plain_rows)
+            if p and s != PAD_SLOT_ID and int(n) == window}
+
+
+def _put_back(pool, kept) -> None:
+    for s, fields in kept.items():
+        for f, v in fields.items():
+            getattr(pool, f)[s] = v
+
+
+def _verify_sized_packed(drafts: int):
+    """forward_packed where a sequence of exactly 1 + ``drafts`` tokens is dispatched as a speculative
+    verify window (vLLM issue 53051: a prefill of that length classified as a decode/verify by its
+    token count): its outputs right, its slot left for a commit that never comes (state and seq_len
+    as before the call)."""
+    def forward_packed(layer, pool, x, cu, pos, slots):
+        kept = _plain_rows_kept_back(pool, slots, np.diff(np.asarray(cu)), [True] * len(slots), 1 + drafts)
+        out, trace = plain.forward_packed(layer, pool, x, cu, pos, slots)
+        _put_back(pool, kept)
+        return out, trace
+    return forward_packed
+
+
+def _verify_sized_mixed(drafts: int):
+    """forward_mixed with the same dispatch: a plain row of exactly 1 + ``drafts`` tokens not written."""
+    def forward_mixed(layer, pool, x, cu, pos, slots, verify):
+        rows = [not bool(v) for v in np.asarray(verify).tolist()]
+        kept = _plain_rows_kept_back(pool, slots, np.diff(np.asarray(cu)), rows, 1 + drafts)
+        out, trace, spec = plain.forward_mixed(layer, pool, x, cu, pos, slots, verify)
+        _put_back(pool, kept)
+        return out, trace, spec
+    return forward_mixed
+
+
 @dataclass
 class _ResetSpec(plain.PlainSpec):
     """A verify's steps, and which of its sequences' slots the seq-len rule read as zeros."""
@@ -253,6 +290,13 @@ SERVING_MUTANTS: tuple[ServingMutant, ...] = (
     ServingMutant("free_keeps_conv_state", EmulatedLayer, "conv1d", ("packed-mixed", 3),
                   bug_class="stale conv state on a new request (state handling)",
                   serving=_serving(free=_free_keeping_conv_state), case_tags=("packed", "slots")),
+    # a prefill of exactly 1 + the draft count dispatched as a verify window (issue 44 item 2; vLLM issue
+    # 53051), for the draft counts 1-4 engines run with
+    *(ServingMutant(f"prefill_as_verify_{k}", EmulatedLayer, "conv1d",
+                    bug_class=f"a prefill of 1 + {k} tokens dispatched as a {k}-draft verify (slot not written)",
+                    serving=_serving(forward_packed=_verify_sized_packed(k), forward_mixed=_verify_sized_mixed(k)),
+                    case_tags=("packed",))
+      for k in (1, 2, 3, 4)),
 )
 
 #: Misreadings of the contract (module docstring), each first seen at ``stage`` in call ``call[1]`` of

@@ -125,6 +125,8 @@ TRUTH: dict[str, dict[str, frozenset]] = {
     "commit_capped_4": _t(**_COMMIT),
     "mixed_plain_rows_from_zero": _t(rows={"plain"}),
     "free_keeps_conv_state": _t(tokens=_CONV_HEAD),
+    # a row of 1 + K tokens left unwritten (its slot as before the call), beside rows written right
+    **{f"prefill_as_verify_{k}": _t(slots={"own", "mixed"}, equals={"before"}) for k in (1, 2, 3, 4)},
     # held out (heldout_mutants.py)
     "conv_weight_v_shifted": _t(channels={"v"}, **_PER_ELEMENT),
     "state_one_call_late": _t(equals=set(), calls={"continuation"}),

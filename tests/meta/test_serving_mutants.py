@@ -36,7 +36,30 @@ def test_the_kill_matrix_lists_the_serving_bug_classes():
             "state read from slot i, written to j", "padding slot written", "commit off by one token",
             "prefix snapshot one chunk late", "commit one token late (n + 1 kept)",
             "commit's accepted count capped at 4", "stale conv state on a new request (state handling)",
-            "mixed batch: plain rows' states not gathered (run from zeros)"} == classes
+            "mixed batch: plain rows' states not gathered (run from zeros)",
+            *(f"a prefill of 1 + {k} tokens dispatched as a {k}-draft verify (slot not written)" for k in (1, 2, 3, 4))
+            } == classes
+
+
+@pytest.mark.parametrize("drafts", [1, 2, 3, 4])
+def test_a_prefill_of_one_plus_the_draft_count_run_as_a_verify_fails_three_layouts(fixtures_dir, tmp_path, drafts):
+    """vLLM issue 53051's class (issue 44 item 2): a sequence of exactly 1 + K tokens dispatched as a
+    K-draft verify window leaves its slot unwritten; at least three serving cases of different head
+    layouts hold such a call (the spec-windows cases: prefills of every length 1-6 beside verify
+    windows of 1-4 drafts), each failing at conv1d, the slot's conv state (before them: 2 cases for
+    K = 1, 3 and 4)."""
+    from gdncheck.conformance.meta.serving_mutants import SERVING_MUTANT_BY_NAME
+    from gdncheck.fixtures.manifest import load_manifest
+
+    mutant = SERVING_MUTANT_BY_NAME[f"prefill_as_verify_{drafts}"]
+    r = kill_matrix.kill(mutant, "f32", fixtures_dir, out_dir=tmp_path)
+    configs = {c["id"]: c["config"] for c in load_manifest(fixtures_dir)["cases"]}
+    layouts = {(configs[c]["linear_num_key_heads"], configs[c]["linear_num_value_heads"]) for c in r.first_by_case}
+    assert len(r.first_by_case) >= 3 and len(layouts) >= 3, (sorted(r.first_by_case), layouts)
+    # the slot's conv state, or its seq_len where a case keeps no conv state there (the real-size ones)
+    assert all(fd.stage in ("conv1d", "state") for fd in r.first_by_case.values()), r.first_by_case
+    windows = [c for c in r.first_by_case if c.startswith("spec-windows")]
+    assert len(windows) == 3 and all(r.first_by_case[c].stage == "conv1d" for c in windows), sorted(r.first_by_case)
 
 
 def test_a_slot_wrong_since_an_earlier_step_is_not_blamed_on_a_later_one(fixtures_dir, tmp_path):
