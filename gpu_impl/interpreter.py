@@ -12,6 +12,7 @@ What each emulation reproduces and why: docs/gpu.md §1.
 from __future__ import annotations
 
 import contextlib
+import inspect
 import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -162,8 +163,6 @@ def _patch_builtin_cached(pkg, builder, scope) -> None:
 
     found = _BUILTINS.get(id(pkg))
     if found is None:
-        import inspect
-
         found = _BUILTINS[id(pkg)] = [(n, m) for n, m in inspect.getmembers(pkg) if tl_core.is_builtin(m)]
     for name, member in found:
         if getattr(pkg, name, None) is member:
@@ -200,8 +199,6 @@ _SIGNATURES: dict = {}
 def _signature(fn) -> _Signature:
     sig = _SIGNATURES.get(fn)
     if sig is None:
-        import inspect
-
         from triton.runtime.jit import _normalize_ty
 
         params = inspect.signature(fn)
