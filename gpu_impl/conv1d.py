@@ -263,8 +263,12 @@ def _check(qkv: torch.Tensor, conv_state: torch.Tensor, weight: torch.Tensor) ->
 
 
 def _token_block(qkv: torch.Tensor, T: int, width: int, packed: bool = False) -> int:
+    """Tokens per program (a power of two): under the interpreter as many as fit
+    :data:`_INTERPRETER_TILE` elements with ``width`` lanes each, so that a call's tokens are one
+    block (each block is a program, and each program costs its count of operations); on a GPU the
+    compile table's tiles."""
     if interpreting(qkv):
-        return min(next_pow2(T), max(1, 8192 // width))
+        return min(next_pow2(T), max(1, _INTERPRETER_TILE // width))
     # 32 tokens × 128 channels for 16-bit inputs, 16 for fp32: larger tiles spill (compile table,
     # docs/gpu.md). A packed call's tokens carry their own sequence start, slot and flags: half as
     # many (at 32, bf16 took 255 registers and spilled)
@@ -275,6 +279,12 @@ def _token_block(qkv: torch.Tensor, T: int, width: int, packed: bool = False) ->
 #: Lanes of one interpreted conv program (head slots × BD): wide enough for Qwen3.5's 80 slots of
 #: 128 channels in two programs, small enough that a token block still holds a few tokens.
 _INTERPRETER_LANES = 8192
+
+#: Elements of one interpreted conv tile (tokens × lanes): 2^17 holds every call of the default
+#: suite in one token block (at most 256 tokens of 512 lanes) and 16 tokens of Qwen3.5's 8192
+#: lanes (8 MB of fp32 temporaries per tile). A token block is a program, run in sequence: the
+#: former 8192 cut a 61-token prefill of 4 slots of 128 lanes into 4 programs.
+_INTERPRETER_TILE = 1 << 17
 
 
 def _heads_per_program(qkv: torch.Tensor, slots: int, BD: int, asked: int | None) -> int:

@@ -21,7 +21,7 @@ def delta_rule_recurrent_kernel(
     BK: tl.constexpr, BV: tl.constexpr, HAS_H0: tl.constexpr, INPLACE: tl.constexpr, HAS_RESET: tl.constexpr,
     p_cu=None, p_slots=None, p_snap=None, p_snap_cu=None, p_snap_off=None, p_snap_dst=None,
     VARLEN: tl.constexpr = False, STORE_FINAL: tl.constexpr = True, SNAPSHOTS: tl.constexpr = False,
-    HB: tl.constexpr = 1,
+    HB: tl.constexpr = 1, NBH=1,
 ):
     """The gated delta rule token by token — the formula: reference/delta_rule.py.
 
@@ -29,11 +29,13 @@ def delta_rule_recurrent_kernel(
     v: [B, T, Hv, dv] (strides sv_*); g, beta: [B, T, Hv] fp32 contiguous; h0, ht: [B, Hv, dk, dv]
     fp32 contiguous (ht may be h0: INPLACE); o (core): [B, T, Hv, dv] contiguous; HAS_RESET:
     rows b with reset[b] nonzero start from zeros instead of h0.
-    Grid: (B·cdiv(Hv, HB), cdiv(dv, BV)): the batch on the x axis, which has no 65535 limit. Each
+    Grid: (B·Hv, cdiv(dv, BV)) with HB = 1: the batch on the x axis, which has no 65535 limit. Each
     program keeps its [BK, BV] slice of the state of HB value heads in fp32 registers and loops
     over the T tokens. On a GPU HB is 1 (the compile table's form); the interpreter takes every head
-    in one program (its cost is its count of operations): the heads then sit side by side on the
-    value axis, HB blocks of BV lanes, each lane with its own head, gate, key and query.
+    of every row in one program (its cost is its count of operations): the (row, head) pairs then
+    sit side by side on the value axis, HB blocks of BV lanes, each lane with its own row, head,
+    gate, key and query; grid (cdiv(NBH, HB), cdiv(dv, BV)), NBH = B·Hv pairs (a last group's lanes
+    past NBH are masked).
 
     VARLEN (packed sequences, docs/serving.md): B = 1 and the T tokens are N sequences, sequence n
     being rows cu[n] .. cu[n+1] - 1; "rows" b of the grid are sequences. h0 and ht are a pool
@@ -41,7 +43,8 @@ def delta_rule_recurrent_kernel(
     zeros and never written; reset[n] is per sequence. STORE_FINAL False: the final state is not
     written (a speculative verify). SNAPSHOTS: the state after token snap_off[m] of sequence n,
     for m in snap_cu[n] .. snap_cu[n+1] - 1 (offsets increasing), goes to row snap_dst[m] of
-    snap [R, Hv, dk, dv].
+    snap [R, Hv, dk, dv]. With HB > 1 a program's heads are those of one sequence (grid
+    (N·cdiv(Hv, HB), cdiv(dv, BV))): sequences differ in length.
     """
     i_bh, i_v = tl.program_id(0), tl.program_id(1)
     NG = (Hv + HB - 1) // HB
@@ -56,9 +59,17 @@ def delta_rule_recurrent_kernel(
         o_kk = o_k
     else:  # lane l of the value axis: head i_h[l], column o_v[l]; its key and query are [BK, lanes]
         o_l = tl.arange(0, HB * BV)
-        i_h = (i_bh % NG) * HB + o_l // BV
         o_v = i_v * BV + o_l % BV
-        m_v = (o_v < DV) & (i_h < Hv)
+        if VARLEN:  # the heads of sequence i_b
+            i_h = (i_bh % NG) * HB + o_l // BV
+            m_v = (o_v < DV) & (i_h < Hv)
+        else:  # (row, head) pairs of the whole batch, row i_b[l]; lanes past the last pair read pair
+            # NBH - 1 (valid addresses) and store nothing
+            o_bh = i_bh * HB + o_l // BV
+            m_v = (o_v < DV) & (o_bh < NBH)
+            o_bh = tl.minimum(o_bh, NBH - 1)
+            i_b = o_bh // Hv
+            i_h = o_bh % Hv
         o_hk = (i_h // r)[None, :] * sq_h
         o_kk = o_k[:, None]
     m_h = m_k[:, None] & m_v[None, :]
@@ -85,8 +96,12 @@ def delta_rule_recurrent_kernel(
         o_h = _state_offsets((i_b.to(tl.int64) * Hv + i_h) * DK * DV, o_k, o_v, DV, HB)
         b_h = load_state(p_h0, o_h, m_h, p_reset, i_b, BK, HB * BV, HAS_H0, HAS_RESET)
         # pointers of token 0, advanced by one token per step
-        p_qt = p_q + i_b.to(tl.int64) * sq_b + o_hk + o_kk
-        p_kt = p_k + i_b.to(tl.int64) * sq_b + o_hk + o_kk
+        if HB == 1:
+            o_bq = i_b.to(tl.int64) * sq_b
+        else:
+            o_bq = (i_b.to(tl.int64) * sq_b)[None, :]
+        p_qt = p_q + o_bq + o_hk + o_kk
+        p_kt = p_k + o_bq + o_hk + o_kk
         p_vt = p_v + i_b.to(tl.int64) * sv_b + i_h * sv_h + o_v
         p_gt = p_g + i_b.to(tl.int64) * T * Hv + i_h
         p_bt = p_beta + i_b.to(tl.int64) * T * Hv + i_h
@@ -195,7 +210,8 @@ _INTERPRETER_STATE = 1 << 18
 
 
 def recurrent_heads(v: torch.Tensor, Hv: int, BK: int, BV: int, asked: int | None = None) -> int:
-    """Value heads per program of :func:`delta_rule_recurrent_kernel` (a power of two): ``asked``
+    """Value heads (``Hv``: those of the whole batch, B·Hv, in a padded call; of one sequence in a
+    packed call) per program of :func:`delta_rule_recurrent_kernel` (a power of two): ``asked``
     if given (tests run each form), 1 on a GPU (the compile table's form), in the interpreter as
     many as fit ``_INTERPRETER_STATE``: its cost is one Python step per operation of a program,
     whatever the width of its tiles, and a token step of one head costs what one of all does."""
@@ -243,13 +259,14 @@ def delta_rule_recurrent(
     core = empty((B, T, Hv, dv), v.dtype, v.device)
     BK = next_pow2(dk)
     BV = block_v or recurrent_block_v(v, B, Hv, dv)
-    HB = recurrent_heads(v, Hv, BK, BV, heads_per_program)
+    HB = recurrent_heads(v, B * Hv, BK, BV, heads_per_program)
     g, beta = g.to(torch.float32).contiguous(), beta.to(torch.float32).contiguous()
-    delta_rule_recurrent_kernel[(B * triton.cdiv(Hv, HB), triton.cdiv(dv, BV))](
+    fold = {} if HB == 1 else {"NBH": B * Hv}  # HB > 1: the batch's (row, head) pairs, HB per program
+    delta_rule_recurrent_kernel[(triton.cdiv(B * Hv, HB), triton.cdiv(dv, BV))](
         p_q=q, p_k=k, p_v=v, p_g=g, p_beta=beta, p_h0=h0 if h0 is not None else ht, p_ht=ht, p_o=core,
         p_reset=ht if reset is None else reset_flags(reset), T=T, Hv=Hv, r=Hv // Hk, scale=scale,
         **head_strides(q, "sq"), **head_strides(v, "sv"), DK=dk, DV=dv, BK=BK, BV=BV, HAS_H0=h0 is not None,
-        INPLACE=inplace, HAS_RESET=reset is not None, HB=HB, num_warps=max(1, min(8, BK * BV // 1024)),
+        INPLACE=inplace, HAS_RESET=reset is not None, HB=HB, **fold, num_warps=max(1, min(8, BK * BV // 1024)),
     )
     return core, ht
 

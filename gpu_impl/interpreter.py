@@ -12,6 +12,7 @@ What each emulation reproduces and why: docs/gpu.md §1.
 from __future__ import annotations
 
 import contextlib
+import inspect
 import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -144,7 +145,112 @@ def _program_order(set_grid_dim, set_grid_idx, emulation: Emulation):
     return grid_dim, grid_idx
 
 
+# --- the launch itself: what Triton's GridExecutor does, less what it re-derives every launch ---------
+#
+# Measured here (2026-12-07, Triton 3.9): a launch of a one-op kernel cost 1.8 ms, of which
+# ``inspect.getmembers`` over tl, tl.core, tl.math and the tensor class (twice: once for this module's
+# patch scope, once in GridExecutor) took about half; the interpreter's ``_get_np_dtype`` builds an
+# 18-entry dict on each of its ~5 calls per operation. Neither result can change while a process
+# runs, so both are computed once; every operation still goes through the interpreter's semantics.
+
+_BUILTINS: dict[int, list] = {}  # id(pkg) -> [(name, member)] of its Triton builtins, unpatched
+
+
+def _patch_builtin_cached(pkg, builder, scope) -> None:
+    """The interpreter's ``_patch_builtin`` with ``inspect.getmembers`` done once per package: patch
+    each builtin still in place (as the original does: a member patched already is no builtin)."""
+    from triton.runtime import interpreter as ti
+
+    found = _BUILTINS.get(id(pkg))
+    if found is None:
+        found = _BUILTINS[id(pkg)] = [(n, m) for n, m in inspect.getmembers(pkg) if tl_core.is_builtin(m)]
+    for name, member in found:
+        if getattr(pkg, name, None) is member:
+            ti._patch_attr(pkg, name, member, builder, scope)
+
+
+def _np_dtype_cached(get_np_dtype):
+    """The interpreter's ``_get_np_dtype`` (a Triton dtype, block or scalar, to NumPy's), memoised by
+    the scalar type (a block's NumPy dtype is its element's, pointers included)."""
+    cache: dict = {}
+
+    def get(tt_dtype):
+        key = tt_dtype.element_ty if isinstance(tt_dtype, tl.block_type) else tt_dtype
+        if isinstance(key, tl.pointer_type):  # unhashable; the original's first test
+            return get_np_dtype(key)
+        found = cache.get(key)
+        if found is None:
+            found = cache[key] = get_np_dtype(key)
+        return found
+
+    return get
+
+
+@dataclass(frozen=True)
+class _Signature:
+    params: object  # inspect.Signature of the kernel function
+    names: frozenset  # its parameter names
+    constexprs: frozenset  # those annotated tl.constexpr
+
+
+_SIGNATURES: dict = {}
+
+
+def _signature(fn) -> _Signature:
+    sig = _SIGNATURES.get(fn)
+    if sig is None:
+        from triton.runtime.jit import _normalize_ty
+
+        params = inspect.signature(fn)
+        notes = {name: _normalize_ty(ty) for name, ty in inspect.get_annotations(fn).items()}
+        sig = _SIGNATURES[fn] = _Signature(params, frozenset(params.parameters),
+                                           frozenset(n for n in params.parameters if notes.get(n) == "constexpr"))
+    return sig
+
+
+def run_grid(interpreted, grid: tuple[int, ...], kwargs: dict) -> None:
+    """One interpreted launch of ``interpreted`` (Triton's ``InterpretedFunction``) over ``grid``, as
+    its ``GridExecutor`` runs it, inside :func:`interpreting` (whose patch of ``tl`` serves it).
+
+    Arguments are bound as ``inspect.getcallargs`` binds them (defaults filled), tensors and ints
+    converted by the interpreter's ``_implicit_cvt``, and every program runs the interpreter's
+    rewritten kernel in grid order (the builder's ``set_grid_idx``: :func:`emulate_gpu`'s order
+    applies). What is left out is the copy of each CPU tensor's storage to a CPU storage and back
+    (the same memory here) and the second patch of ``tl``. A launch with a tensor that is not on
+    the CPU, or with pre-run hooks, goes through ``GridExecutor`` unchanged.
+    """
+    import torch
+    import triton
+    from triton.runtime import interpreter as ti
+
+    fn = interpreted.fn
+    cpu = all(v.device.type == "cpu" for v in kwargs.values() if isinstance(v, torch.Tensor))
+    if not cpu or interpreted.pre_run_hooks or any(isinstance(v, triton.runtime.jit.TensorWrapper)
+                                                   for v in kwargs.values()):
+        interpreted[grid](**kwargs)
+        return
+    sig = _signature(fn)
+    bound = sig.params.bind(**{k: v for k, v in kwargs.items() if k in sig.names})
+    bound.apply_defaults()
+    args = {name: arg if name in sig.constexprs else ti._implicit_cvt(arg) for name, arg in bound.arguments.items()}
+    kernel_fn = interpreted.rewrite()
+    grid = tuple(grid) + (1,) * (3 - len(grid))
+    builder = ti.interpreter_builder
+    builder.set_grid_dim(*grid)
+    try:
+        for x in range(grid[0]):
+            for y in range(grid[1]):
+                for z in range(grid[2]):
+                    builder.set_grid_idx(x, y, z)
+                    kernel_fn(**args)
+    except Exception as e:
+        if triton.knobs.compilation.front_end_debugging:
+            raise
+        raise ti.InterpreterError(repr(e)) from e
+
+
 _DEPTH = 0
+_NP_DTYPE = None  # the memoised _get_np_dtype, made on the first launch
 
 
 def _lang_anchor():  # its module globals hold ``tl`` and ``tl.core``, which _patch_lang patches
@@ -156,13 +262,21 @@ def interpreting() -> Iterator[None]:
     """Patch ``tl`` and ``tl.core`` once for the whole launch (so nested library calls need not)
     and the interpreter's builder for the emulation above; undo it all afterwards."""
     global _DEPTH
+    from triton.runtime import interpreter as ti
     from triton.runtime.interpreter import InterpreterBuilder, _patch_lang
 
+    helpers = {"_patch_builtin": ti._patch_builtin, "_get_np_dtype": ti._get_np_dtype}
+    if not _DEPTH:
+        ti._patch_builtin = _patch_builtin_cached
     scope = _patch_lang(_lang_anchor)
     saved = {name: getattr(InterpreterBuilder, name)
              for name in ("cast_impl", "create_dot", "set_grid_dim", "set_grid_idx")}
     emulation = _EMULATION
     if not _DEPTH:
+        global _NP_DTYPE
+        if _NP_DTYPE is None:
+            _NP_DTYPE = _np_dtype_cached(helpers["_get_np_dtype"])
+        ti._get_np_dtype = _NP_DTYPE
         InterpreterBuilder.cast_impl = _cast_rne(saved["cast_impl"])
         if emulation.tf32:
             InterpreterBuilder.create_dot = _dot_tf32(saved["create_dot"])
@@ -180,3 +294,6 @@ def interpreting() -> Iterator[None]:
             for name, fn in saved.items():
                 setattr(InterpreterBuilder, name, fn)
         scope.restore()
+        if not _DEPTH:
+            for name, fn in helpers.items():
+                setattr(ti, name, fn)

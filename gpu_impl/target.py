@@ -25,6 +25,7 @@ import triton.language as tl
 from triton.runtime.jit import JITFunction
 
 from .interpreter import interpreting as _interpreting
+from .interpreter import run_grid
 
 DEVICES = ("auto", "cpu", "cuda")
 
@@ -256,7 +257,7 @@ class Kernel:
             raise ValueError(f"{self.__name__}: tensors on the meta device can only be compiled "
                              "(compile_check) or recorded (record_launches), not run")
         with _interpreting():
-            return self.interpreted[grid](**kwargs)
+            return run_grid(self.interpreted, grid, kwargs)
 
 
 def kernel(fn) -> Kernel:

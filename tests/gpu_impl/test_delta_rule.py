@@ -92,12 +92,14 @@ def test_recurrent_value_heads_per_program(heads, case):
 
 def test_recurrent_heads_per_program_grid():
     """One head per program on a GPU (recorded launches take the GPU's parameters), every head of
-    the layer in one interpreted program while its state slice fits (16 of Qwen3.5's 128 × 128)."""
+    the layer in one interpreted program while its state slice fits (16 of Qwen3.5's 128 × 128);
+    with several heads per program, groups run over the batch's (row, head) pairs: 2 rows of 6
+    heads in 4s are 3 programs (the second straddles the rows), not 2 · 2."""
     q, k, v, g, beta, S0 = inputs("f32", 3, 1, 6, 16, 8, B=2)
     with record_launches() as launches:
         G.delta_rule_recurrent(q, k, v, g, beta, S0)
         G.delta_rule_recurrent(q, k, v, g, beta, S0, heads_per_program=4)
-    assert [(x.grid, x.args["HB"]) for x in launches] == [((12, 1), 1), ((4, 1), 4)]
+    assert [(x.grid, x.args["HB"], x.args.get("NBH")) for x in launches] == [((12, 1), 1, None), ((3, 1), 4, 12)]
     host = v.cpu()  # the interpreter's form: tensors on the CPU
     assert recurrent_heads(host, 6, 16, 8) == 8 and recurrent_heads(host, 48, 128, 128) == 16
     with pytest.raises(ValueError, match="power of two, found 3"):

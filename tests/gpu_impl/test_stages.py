@@ -100,6 +100,30 @@ def test_conv1d_and_qk_norm(profile, case):
             check(got, want, "stage", profile, f"{name} (fused, heads_per_program={heads})")
 
 
+@pytest.mark.parametrize("heads", [1, 2, None])
+def test_conv1d_qk_norm_token_blocks(heads, monkeypatch):
+    """Under the interpreter a call's tokens are normally one block (one program); cut into blocks of
+    1 to 8 tokens (a smaller tile budget: 23 tokens, the last block partial), the fused kernel gives the
+    same bits, and the last block alone writes the new state."""
+    Hk, dk, Hv, dv, K, T = CONV_CASES[0]
+    C = 2 * Hk * dk + Hv * dv
+    rng = rng_for("conv-blocks", heads)
+    qkv = tensor(rng.normal(size=(2, T, C)), "f32")
+    state = tensor(rng.normal(size=(2, C, K)), "f32")
+    w = tensor(rng.uniform(-0.5, 0.5, size=(C, 1, K)), "f32")
+    whole = G.conv1d_qk_norm(qkv, state, w, Hk, dk, Hv, dv, capture=True, heads_per_program=heads)
+    width = (heads or 8) * 16  # head slots per program x BD (8 slots of 16 lanes in the interpreter's form)
+    assert conv1d_module._token_block(qkv, T, width) >= T
+    monkeypatch.setattr(conv1d_module, "_INTERPRETER_TILE", 128)
+    assert conv1d_module._token_block(qkv, T, width) <= 8
+    cut = G.conv1d_qk_norm(qkv, state, w, Hk, dk, Hv, dv, capture=True, heads_per_program=heads)
+    for name, a, b in zip(("q", "k", "v", "qkv_conv", "state"), whole, cut):
+        assert torch.equal(a, b), f"{name}: token blocks of a 128-element tile differ from one block"
+    ref_conv, ref_state = R.conv1d(to_np(qkv), to_np(state), to_np(w))
+    check(cut[3], ref_conv, "stage", "f32", "qkv_conv (token blocks)")
+    assert torch.equal(cut[4], tensor(ref_state, "f32"))
+
+
 @pytest.mark.parametrize("profile", PROFILE_NAMES)
 def test_conv1d_update_in_place(profile):
     Hk, dk, Hv, dv, K = 2, 16, 4, 8, 4
