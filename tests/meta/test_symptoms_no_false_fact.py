@@ -70,6 +70,8 @@ def test_no_new_fact_on_a_correct_port(fixtures_dir, tmp_path, impl, profile):
     ("chunk_masked_exp", "chunked_T137", "cumulative log-decay"),
     ("decay_after_write", "decode_T12", "decay e^g applied after its write"),
     ("rmsnorm_eps_outside_sqrt", "decode_T12", "has the smallest mean square fail"),
+    ("softplus_naive", "chunked_T137", "the error does not shrink with the value"),
+    ("decay_clamped", "sigmoid-edges_T27", "where its decay e^g leaves"),
 ])
 def test_the_new_facts_reach_console_summary_junit_and_report(fixtures_dir, tmp_path, capsys, mutant, case, fact):
     """The console's likely cause, the JSON summary, the JUnit XML and the HTML report each carry the new
