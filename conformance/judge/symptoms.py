@@ -17,7 +17,10 @@ nothing beats a wrong fact):
   gated norm's parts rearranged; the error's size in a coarser dtype's rounding units;
 - a **precision** (the port's values on a coarser grid than the profile keeps), **non-finite** values
   (where they start; the heads whose cumulative decay underflows float32), the decay's **order** (the
-  delta rule rerun on the call's goldens), an **eps** (only the smallest-norm vectors fail).
+  delta rule rerun on the call's goldens), an **eps** (only the smallest-norm vectors fail; the norm per
+  vector off only there, more the smaller), an **absolute error** in the gates (it does not shrink with
+  the value: log(1 + e^x) in float32), gate **values** lost to exactly 0, the **decay** at an extreme
+  (the failing heads are those whose e^g leaves [1e-4, 1 − 1e-4]).
 
 A relation is stated when it leaves at most :data:`EXPLAINED` of the error unexplained (the error's
 norm in the judge's units, ``‖(a − r(e)) / d‖ / ‖(a − e) / d‖``). Pure NumPy (and SciPy's assignment);
@@ -53,7 +56,8 @@ ROUNDING_BITS = {"bf16": 8, "f16": 11}
 
 @dataclass(frozen=True)
 class Fact:
-    """One measured fact: ``kind`` where / equals / relation / precision / nonfinite / order, ``code`` what it
+    """One measured fact: ``kind`` where / equals / relation / precision / nonfinite / order / eps / error /
+    values / decay, ``code`` what it
     says (machine-readable, ``heads:group``, ``tokens:from``, ``equals:before``, ``relation:uniform_scale``,
     ``precision:bf16``...), ``text`` said."""
 
@@ -776,6 +780,99 @@ def eps_fact(a, e, bad, tensor: str, goldens: dict, others: dict, eps: float) ->
                 "weighs most")
 
 
+#: eps growth: each vector of smallest input mean square must be off by at least this factor in norm (a
+#: correct port's rounding is not), and those above the median by a tenth of the least such departure
+EPS_RATIO = 1.25
+
+
+def _norm_input(tensor: str, goldens: dict, others: dict, shape) -> tuple[str | None, np.ndarray | None]:
+    name = NORMED.get(tensor)
+    x = goldens.get(name) if name else None
+    if x is None and name:
+        x = others.get(f"this call's golden {name}")
+    return (name, x) if x is not None and x.shape == shape else (name, None)
+
+
+def eps_growth_fact(a, e, tensor: str, goldens: dict, others: dict, eps: float) -> Fact | None:
+    """Per vector of a normed tensor, the port's norm over the golden's departs from 1 only where the
+    norm's input has the smallest mean square, and further the smaller it is: the vectors off by a factor
+    of at least :data:`EPS_RATIO` (two at least, at most half) are those of smallest mean square (a
+    boundary swap allowed), all off in one direction, the factor not shrinking from one decade of mean
+    square to the next smaller one (10 % allowed: a factor that saturates, x/eps against x/√eps, stays),
+    and the vectors above the median off by at most a tenth of the least such factor: an error that lives
+    where the norm's eps weighs most, whether or not it crosses the bound."""
+    name, x = _norm_input(tensor, goldens, others, a.shape)
+    if x is None or a.ndim < 2 or not eps > 0 or not (np.all(np.isfinite(a)) and np.all(np.isfinite(x))):
+        return None
+    with np.errstate(all="ignore"):
+        ms = np.mean(x ** 2, axis=-1).ravel()
+        na, ne = np.linalg.norm(a, axis=-1).ravel(), np.linalg.norm(e, axis=-1).ravel()
+        lr = np.log(na / ne)
+    if np.any(ne == 0) or not np.all(np.isfinite(lr)) or ms.size < 4:
+        return None
+    o = np.argsort(ms, kind="stable")
+    ms, lr = ms[o], lr[o]
+    med = float(np.median(ms))
+    off = np.flatnonzero(np.abs(lr) >= math.log(EPS_RATIO))
+    k = off.size
+    if k < 2 or k > ms.size // 2 or not med > 0 or off[-1] >= k + max(1, k // 10):
+        return None
+    s = lr[off]
+    if not (np.all(s > 0) or np.all(s < 0)):
+        return None
+    dep, m = np.abs(s), ms[off]
+    decades = np.floor(np.log10(np.maximum(m, 1e-300)))
+    meds = [float(np.median(dep[decades == d_])) for d_ in np.unique(decades)]  # by growing mean square
+    if any(b > 1.1 * a_ for a_, b in itertools.pairwise(meds)):
+        return None
+    if float(np.median(np.abs(lr[ms > med]))) > 0.1 * float(np.min(dep)):
+        return None
+    return Fact("eps", "eps:grows_small",
+                f"the port's vector norm over the golden's is {math.exp(s[0]):.3g} on the vector whose {name} has the "
+                f"smallest mean square ({float(m[0]):.2g}), off by {min(math.exp(abs(x_)) for x_ in s):.3g}× or more "
+                f"on "
+                f"the {k} of smallest mean square (up to {float(m[-1]):.2g}; median {med:.2g}) and not elsewhere, "
+                f"more the smaller it is: where the norm's eps (eps {eps:g}) weighs most")
+
+
+#: a decay e^g this close to 0 or to 1 is extreme: a full forget, or none
+EXTREME_DECAY = 1e-4
+
+
+def decay_extreme_fact(bad, tensor: str, goldens: dict, step: dict | None) -> Fact | None:
+    """Where the core or the recurrent state fails: only on (sequence, head) pairs whose decay e^g leaves
+    [:data:`EXTREME_DECAY`, 1 − :data:`EXTREME_DECAY`] somewhere in the call (a full forget, or none),
+    in the core from that token on, while other pairs keep a decay inside it and pass: an error where
+    the decay is at an extreme (a clamp, a floor, a rounding of e^g near 0 or 1)."""
+    g = goldens.get("g")
+    if g is None or g.ndim != 3 or tensor not in ("core", "recurrent_state") or (step and "cu_seqlens" in step):
+        return None
+    B, T, H = g.shape
+    with np.errstate(all="ignore"):
+        ext = (g < math.log(EXTREME_DECAY)) | (g > math.log1p(-EXTREME_DECAY))
+    if tensor == "core":
+        if bad.shape[:3] != (B, T, H):
+            return None
+        pairs = bad.any(axis=(1, 3))
+    else:
+        if bad.ndim != 4 or bad.shape[:2] != (B, H):
+            return None
+        pairs = bad.any(axis=(2, 3))
+    ext_pair = ext.any(axis=1)
+    if not pairs.any() or not np.all(ext_pair[pairs]) or ext_pair.all():
+        return None
+    if tensor == "core":
+        for b, h in zip(*np.nonzero(pairs)):
+            if int(np.argmax(bad[b, :, h].any(axis=-1))) < int(np.argmax(ext[b, :, h])):
+                return None
+    heads = np.flatnonzero(pairs.any(axis=0))
+    return Fact("decay", "decay:extreme",
+                f"only on heads {_list(heads)} of {H}, each where its decay e^g leaves [{EXTREME_DECAY:g}, "
+                f"1 − {EXTREME_DECAY:g}] in the call (a full forget, or none)"
+                f"{', from that token on' if tensor == 'core' else ''}"
+                "; the heads whose decay stays inside pass: the error lives where the decay is at an extreme")
+
+
 def nonfinite_facts(a, e, tensor: str, goldens: dict, step: dict | None, head_axis: int | None) -> list[Fact]:
     """Where the port's non-finite values stand where the golden is finite: the first token, the heads;
     and whether those heads are the ones whose cumulative log-decay Σg in the call passes float32's
@@ -853,6 +950,94 @@ def decay_order_fact(a, e, d, elem: float, goldens: dict, step: dict | None) -> 
     return None
 
 
+#: the tensors whose elements are each one per-element map of the call's inputs (the gates): there a
+#: lost small value or an absolute error is a fact about that map
+MAPPED = ("g", "beta")
+#: an absolute error: the relative error of a head's smaller half at least this many of the profile's
+#: rounding units (a correct port's is a few), and its absolute error at least half the larger half's
+ABS_UNITS = 64.0
+
+
+def lost_zero_fact(a, e, bad, tensor: str) -> Fact | None:
+    """Every failing element of a per-element map is exactly 0 in the port where the golden is not (and
+    some element is not 0 in the port): a small value lost whole, as an underflow or a sum 1 + y that
+    rounds to 1 does."""
+    if tensor not in MAPPED or not bad.any():
+        return None
+    fb = bad & np.isfinite(e)
+    if not np.array_equal(fb, bad) or np.any(a[bad] != 0) or np.any(e[bad] == 0) \
+            or not np.any(a[~bad] != 0):
+        return None
+    big = float(np.max(np.abs(e[bad])))
+    return Fact("values", "values:zero",
+                f"the port's value is exactly 0 on all {int(bad.sum())} failing elements, where the golden's is not "
+                f"(|golden| at most {big:.3g} there): a small value lost whole, as in an underflow or a 1 + y "
+                "that rounds to 1")
+
+
+def absolute_error_fact(a, e, tensor: str, profile: str, head_axis: int | None) -> Fact | None:
+    """On the heads that carry most of the error, the error does not shrink with the value: the half of
+    a head's elements of smaller |golden| (its median at most 0.6 of the larger half's) is off by at least
+    half as much, in absolute terms, as the larger half, and by 1.5 times more than a relative error
+    would be, and its relative error is far past the profile's rounding (at
+    least :data:`ABS_UNITS` units) while small (below 1 %): precision lost to a constant absolute error,
+    as a small quantity computed through a number near 1 (log(1 + y), 1 − y) gets. Not said beside a
+    coarser grid (:func:`grid_fact`; :func:`measure`): a rounding error is absolute within a binade."""
+    if tensor not in MAPPED or head_axis is None or a.ndim <= head_axis or a.shape != e.shape:
+        return None
+    if not (np.all(np.isfinite(a)) and np.all(np.isfinite(e))):
+        return None
+    u = 2.0 ** -STORAGE_BITS.get(profile, 24)
+    heads, weight, total = [], 0.0, 0.0
+    for h in range(a.shape[head_axis]):
+        x = np.abs(np.take(e, h, axis=head_axis)).ravel()
+        y = np.abs(np.take(a, h, axis=head_axis) - np.take(e, h, axis=head_axis)).ravel()
+        w = float(np.sum(y / (1.0 + x)))
+        total += w
+        if x.size < 8 or np.any(x == 0):
+            continue
+        o = np.argsort(x, kind="stable")
+        lo, hi = o[: x.size // 2], o[x.size // 2:]
+        mlo, mhi = float(np.median(x[lo])), float(np.median(x[hi]))
+        rel = float(np.mean(y[lo] / x[lo]))
+        ylo, yhi = float(np.mean(y[lo])), float(np.mean(y[hi]))
+        # the values spread (the smaller half's median at most 0.6 of the larger's) and the error does not
+        # follow them: a relative error would shrink with them, an absolute one stays (noise allowed: 1.5×)
+        if mlo <= 0.6 * mhi and yhi > 0 and ylo >= max(0.5, 1.5 * mlo / mhi) * yhi and ABS_UNITS * u <= rel < 1e-2:
+            heads.append((h, ylo, rel))
+            weight += w
+    if not heads or not total > 0 or weight < 0.5 * total:
+        return _pooled_absolute(a, e, profile)
+    hs = [h for h, _, _ in heads]
+    err, rel = max(x for _, x, _ in heads), max(r for _, _, r in heads)
+    return Fact("error", "error:absolute",
+                f"on heads {_list(np.array(hs))} (most of the error) the error does not shrink with the value: the "
+                f"smaller half of each head's |golden| is off by nearly as much as the larger half (about {err:.2g}), "
+                f"up to {rel:.2g} of the value, {rel / u:.0f} {profile} rounding units: a constant absolute error, "
+                "as a small "
+                "quantity computed through a number near 1 (log(1 + y), 1 − y) has")
+
+
+def _pooled_absolute(a, e, profile: str) -> Fact | None:
+    """Too few elements per head (a call of one token a sequence): over the whole tensor, the half of
+    smaller |golden| has a relative error far past the profile's rounding (at least :data:`ABS_UNITS`
+    units, below 1 %) and at least 8 times the larger half's."""
+    x, y = np.abs(e).ravel(), np.abs(a - e).ravel()
+    if x.size < 8 or np.any(x == 0):
+        return None
+    u = 2.0 ** -STORAGE_BITS.get(profile, 24)
+    o = np.argsort(x, kind="stable")
+    lo, hi = o[: x.size // 2], o[x.size // 2:]
+    rlo, rhi = float(np.mean(y[lo] / x[lo])), float(np.mean(y[hi] / x[hi]))
+    spread = float(np.median(x[lo])) <= 0.5 * float(np.median(x[hi]))
+    if not (ABS_UNITS * u <= rlo < 1e-2 and rlo >= 8.0 * rhi and spread):
+        return None
+    return Fact("error", "error:absolute",
+                f"the relative error grows as the value shrinks: {rlo:.2g} ({rlo / u:.0f} {profile} rounding units) on "
+                f"the half of smaller |golden|, {rhi:.2g} on the larger half: precision lost to an absolute error, as "
+                "a small quantity computed through a number near 1 (log(1 + y), 1 − y) has")
+
+
 # --- all together ----------------------------------------------------------------------------------
 
 
@@ -880,8 +1065,14 @@ def measure(actual, expected, tensor: str, *, scale, elem: float, profile: str, 
         err = np.where(np.isfinite(a) & np.isfinite(e), np.abs(a - e) / d, np.where(np.isnan(a) | np.isnan(e)
                        | (a != e), np.inf, 0.0))
     bad = err > elem
-    if not bad.any():
-        return []
+    if not bad.any():  # failed on its mean square error alone: only how the error grows with the value
+        spec = _spec(tensor)
+        gold = {k: np.asarray(v, dtype=np.float64) for k, v in (goldens or {}).items() if v is not None}
+        f = (absolute_error_fact(a, e, tensor, profile, spec.head_axis + 1 if spec is not None
+                                 and spec.head_axis is not None else None)
+             if grid_fact(a, e, tensor, profile) is None else None) or \
+            eps_growth_fact(a, e, tensor, gold, others, float((config or {}).get("rms_norm_eps", 1e-6)))
+        return [f] if f else []
     facts: list[Fact] = []
     f = calls_fact(call_step, earlier_pass, call)
     if f:
@@ -927,6 +1118,10 @@ def measure(actual, expected, tensor: str, *, scale, elem: float, profile: str, 
         if f:
             facts.append(f)
     goldens = {k: np.asarray(v, dtype=np.float64) for k, v in (goldens or {}).items() if v is not None}
+    if not pool:
+        f = decay_extreme_fact(bad, tensor, goldens, call_step)
+        if f:
+            facts.append(f)
     facts += nonfinite_facts(a, e, tensor, goldens, step if step is not None else call_step, head_axis)
     zero = not np.any(np.where(np.isfinite(a), a, 1.0))  # all zeros: "equals the zero state", no scale of anything
     if not pool and not zero:
@@ -942,7 +1137,14 @@ def measure(actual, expected, tensor: str, *, scale, elem: float, profile: str, 
             if f:
                 facts.append(f)
     if not pool and not zero and not any(x.kind == "relation" for x in facts):
-        f = eps_fact(a, e, bad, tensor, goldens, others, float((config or {}).get("rms_norm_eps", 1e-6)))
+        eps = float((config or {}).get("rms_norm_eps", 1e-6))
+        f = eps_fact(a, e, bad, tensor, goldens, others, eps) or eps_growth_fact(a, e, tensor, goldens, others, eps)
+        if f:
+            facts.append(f)
+    if not pool and not zero and not any(x.kind == "relation" for x in facts):
+        # an error of values stored on a coarser grid is absolute within a binade: the grid says it
+        f = lost_zero_fact(a, e, bad, tensor) or (absolute_error_fact(a, e, tensor, profile, head_axis)
+                                                   if grid_fact(a, e, tensor, profile) is None else None)
         if f:
             facts.append(f)
     grids = [grid_fact(a, e, tensor, profile)]

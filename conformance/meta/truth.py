@@ -4,11 +4,12 @@ matrix (``kill_matrix.leave_one_out``) can judge the symptoms independently.
 
 ``TRUTH[name]`` maps a kind of fact (the part of a symptom's code before ``:``: ``heads``, ``tokens``,
 ``calls``, ``rows``, ``slots``, ``channels``, ``equals``, ``relation``, ``precision``, ``nonfinite``,
-``order``, ``eps``; :data:`DEFAULT_KINDS` for those a mutant leaves out) to the codes that are true of the bug at
-its first divergence, on every case. A stated fact of a declared kind whose code is not listed is
-**wrong**; a fact of a kind the mutant does not declare is **unverified** (counted apart, never as
-true). Where a kind depends on the case it is left undeclared: which heads a scale bug shows on (on
-sigmoid-edges a fully forgetting head's core is zero, and zero times any scale is within the bound).
+``order``, ``eps``, ``error``, ``values``, ``decay``; :data:`DEFAULT_KINDS` for those a mutant leaves out)
+to the codes that are true of the bug at its first divergence, on every case. A stated fact of a declared
+kind whose code is not listed is **wrong**; a fact of a kind the mutant does not declare is
+**unverified** (counted apart, never as true). Where a kind depends on the case it is left undeclared:
+which heads a scale bug shows on (on sigmoid-edges a fully forgetting head's core is zero, and zero
+times any scale is within the bound).
 """
 
 from __future__ import annotations
@@ -40,9 +41,13 @@ _UNDERFLOW = {"appear", "decay_underflow"}
 #: kinds of fact declared for every mutant unless it says otherwise: a stated precision (the port's values
 #: on a coarser grid) or order of the decay is wrong for a mutant that declares none; non-finite values
 #: where the golden is finite are a measurement, true wherever stated ("appear"), their cause is not;
-#: an error only where a norm's eps decides is an eps bug's ("eps").
+#: an error only where a norm's eps decides is an eps bug's ("eps"); an absolute error in the gates ("error")
+#: and gate values lost to exactly 0 ("values") are declared only where a bug's arithmetic makes them (a stated
+#: one is wrong elsewhere). "decay" (the failing heads are those whose decay is extreme) is a where-fact:
+#: unverified where undeclared, like "heads".
 DEFAULT_KINDS: dict[str, frozenset] = {"precision": frozenset(), "order": frozenset(), "eps": frozenset(),
-                                       "nonfinite": frozenset({"appear"})}
+                                       "nonfinite": frozenset({"appear"}), "error": frozenset(),
+                                       "values": frozenset()}
 
 #: a stale conv window: the first K−1 tokens of a sequence read it; a sequence no longer than K−1 (a verify
 #: window of spec-decode) is all conv head, every token from its first
@@ -75,16 +80,23 @@ TRUTH: dict[str, dict[str, frozenset]] = {
     "beta_clamped_15": _t(relation=_MAP),
     "l2norm_eps_max": _t(relation={"vector_scale", "per_head_scale"}),
     "l2norm_eps_outside_sqrt": _t(relation={"vector_scale", "per_head_scale"}),
+    # x / (√ms + eps) against x / √(ms + eps): per vector the factor √(ms + eps) / (√ms + eps), above 1 and
+    # growing as the vector's mean square ms falls (1 where ms ≫ eps, 1/√eps as ms → 0): "grows_small"
     "rmsnorm_eps_outside_sqrt": _t(relation={"vector_scale", "uniform_scale", "per_channel_scale"},
-                                   eps={"small_norm"}),
+                                   eps={"small_norm", "grows_small"}),
     "gated_norm_eps_outside_sqrt": _t(relation={"vector_scale", "per_head_scale", "eps_placement"},
-                                      eps={"small_norm"}),
+                                      eps={"small_norm", "grows_small"}),
     # (1 + w) / w per weight: a scale per channel, per (head, channel) where the weight is per head
     "gated_norm_weight_one_plus": _t(relation={"per_channel_scale", "head_channel_scale", "weight_offset"},
                                      **_PER_ELEMENT),
-    "softplus_naive": _t(),
+    # log(1 + e^x) in float32: 1 + e^x is rounded to float32's spacing near 1 (2^-24), so softplus carries an
+    # absolute error of that size (times A in g) however small softplus(x) is: its relative error grows as
+    # the value shrinks ("absolute"); below x ≈ −17, 1 + e^x is 1 and the log exactly 0 ("zero")
+    "softplus_naive": _t(error={"absolute"}, values={"zero"}),
     "gate_f16": _t(relation={"rounding"}, precision={"f16"}),
-    "decay_clamped": _t(),
+    # e^g clamped to [1e-6, 1 − 1e-6]: the port differs from the golden only from a token whose decay is below
+    # 1e-6 or above 1 − 1e-6 on, inside what symptoms.py calls extreme (outside [1e-4, 1 − 1e-4]): "extreme"
+    "decay_clamped": _t(decay={"extreme"}),
     "f16_recurrent_state": _t(relation={"rounding"}, precision={"f16"}),
     "state_norm_clamp_1000": _t(relation={"per_head_scale", "uniform_scale"}),
     "decay_quotient_of_exps": _t(nonfinite=_UNDERFLOW),

@@ -1,7 +1,9 @@
 """No false fact on conforming outputs (issue 42, second round of symptom detectors): the correct emulating
 ports in f32, bf16 and f16 and the float64 reference, each tensor of each call measured against its golden
 with an element bound so tight that half the port's own rounding "fails"; none of the new detectors (a
-precision grid, an elementwise map, the gated norm's parts, non-finite placement, the decay's order) may
+precision grid, an elementwise map, the gated norm's parts, non-finite placement, the decay's order, an
+absolute error in the gates, a gate lost to zero, an error growing as a norm's input shrinks, an error
+only where the decay is extreme) may
 speak, since none of those bugs is in a correct port."""
 
 from __future__ import annotations
@@ -15,7 +17,8 @@ from gdncheck.fixtures.manifest import load_manifest
 from gdncheck.safetensors_io import read_safetensors
 from gdncheck.stages import STATE_NAMES
 
-NEW = {"relation:elementwise", "relation:norm_order", "relation:eps_placement", "relation:weight_offset"}
+NEW = {"relation:elementwise", "relation:norm_order", "relation:eps_placement", "relation:weight_offset",
+       "error:absolute", "values:zero", "eps:grows_small", "decay:extreme"}
 CASES = ("prefill-decode_T65", "chunked_T137", "softplus-edges_T68")
 
 
@@ -38,7 +41,7 @@ def test_no_new_fact_on_a_correct_port(fixtures_dir, tmp_path, impl, profile):
             got = {n: np.asarray(port[f"calls.{c}.{n}"], np.float64) for n in step["expected"]
                    if f"calls.{c}.{n}" in port}
             want = {n: np.asarray(gold[f"calls.{c}.{n}"], np.float64) for n in got}
-            goldens = {n: want.get(n) for n in ("q", "k", "v", "g", "beta")}
+            goldens = {n: want.get(n) for n in ("q", "k", "v", "g", "beta", "x", "h")}  # x, h: the norms' inputs
             goldens["state_before"] = np.asarray(gold[f"calls.{c}.recurrent_state_in"], np.float64)
             states = {n: (got[n], want[n]) for n in STATE_NAMES if n in got}
             for name, a in got.items():
@@ -67,6 +70,8 @@ def test_no_new_fact_on_a_correct_port(fixtures_dir, tmp_path, impl, profile):
     ("chunk_masked_exp", "chunked_T137", "cumulative log-decay"),
     ("decay_after_write", "decode_T12", "decay e^g applied after its write"),
     ("rmsnorm_eps_outside_sqrt", "decode_T12", "has the smallest mean square fail"),
+    ("softplus_naive", "chunked_T137", "the error does not shrink with the value"),
+    ("decay_clamped", "sigmoid-edges_T27", "where its decay e^g leaves"),
 ])
 def test_the_new_facts_reach_console_summary_junit_and_report(fixtures_dir, tmp_path, capsys, mutant, case, fact):
     """The console's likely cause, the JSON summary, the JUnit XML and the HTML report each carry the new
