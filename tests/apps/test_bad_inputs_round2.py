@@ -176,7 +176,8 @@ def test_the_suite_lookup_is_a_fixture_error(tmp_path):
     from gdncheck.fixtures.build import build_suite, check_suite
     from gdncheck.fixtures.cases import suite
 
-    with pytest.raises(FixtureError, match="expected a suite name, one of default, full, serving .* found 'bogus'"):
+    with pytest.raises(FixtureError,
+                       match="expected a suite name, one of default, full, serving, sharded .* found 'bogus'"):
         suite("bogus")
     with pytest.raises(FixtureError, match="found 'bogus'"):
         build_suite("bogus", tmp_path / "out")

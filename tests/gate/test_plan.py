@@ -10,7 +10,7 @@ import pytest
 from gdncheck.cli import build_parser
 from gdncheck.errors import GDNError
 from gdncheck.fixtures.manifest import DEFAULT_DIR, load_manifest, select_cases
-from gdncheck.gate.plan import plan_cases, plan_properties
+from gdncheck.gate.plan import INTERPRETER_MAX_CALLS, call_count, plan_cases, plan_properties
 from gdncheck.gate.xfails import DEFAULT_PATH, classify, load_xfails
 
 PROFILES = ["f32", "bf16", "f16"]
@@ -36,15 +36,20 @@ def test_shards_partition_property_units():
 
 
 def test_interpreter_skips_only_long_cases():
-    """Only the 2048-token decode is skipped on the interpreter; the real-size long decode (193 calls)
-    runs, and the reason says the skipped case's own number of calls."""
+    """Only the long decodes of over 1000 layer calls are skipped on the interpreter (the 2048-token
+    decode and the two 1001-call depth variants); the real-size long decode (193 calls) runs, and each
+    reason says the skipped case's own number of calls."""
     m = load_manifest(DEFAULT_DIR)
     entries, _, skipped, selected = plan_cases(m, PROFILES, interpreter=True)
     long = [c["id"] for c in m["cases"] if "long" in c["tags"]]
-    assert len(long) == 2  # long-decode and its real-size form (d128-long-decode)
-    assert selected == len(m["cases"]) and len(entries) == selected - 1
-    assert [s.case for s in skipped] == [i for i in long if i.startswith("long-decode_")]
+    # long-decode, its real-size form (d128-long-decode) and the depth variants long-decode-gva2, -mha
+    assert len(long) == 4
+    over = [c["id"] for c in m["cases"] if "long" in c["tags"] and call_count(c) > INTERPRETER_MAX_CALLS]
+    assert over == [i for i in long if not i.startswith("d128-")] and len(over) == 3
+    assert selected == len(m["cases"]) and len(entries) == selected - len(over)
+    assert [s.case for s in skipped] == over
     assert "2049 layer calls take about 3.4 minutes" in skipped[0].reason
+    assert all("1001 layer calls take about 1.7 minutes" in s.reason for s in skipped[1:])
     entries, _, skipped, _ = plan_cases(m, PROFILES, interpreter=True, all_cases=True)
     assert not skipped and len(entries) == len(m["cases"])
 

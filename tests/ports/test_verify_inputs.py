@@ -200,7 +200,7 @@ def test_a_sparse_case_is_judged_with_its_block_tensors(fixtures_dir, tmp_path):
     """The golden check shapes the sparse block's tensors from the case's config (router_logits
     [B, T, E], selected_experts [B, T, top_k]); selected_experts may come in any dtype holding the
     indices exactly. Once both raised StopIteration/TypeError: the case could not be judged."""
-    entry = case_entry(fixtures_dir, "moe-no-renorm")
+    entry = case_entry(fixtures_dir, "moe-no-renorm_T")
     dims = GDNConfig.from_hf(dict(entry["config"])).dims()
     assert expected_shape("router_logits", 1, 5, dims) == (1, 5, entry["config"]["num_experts"])
     assert expected_shape("selected_experts", 2, 3, dims) == (2, 3, entry["config"]["num_experts_per_tok"])
@@ -214,8 +214,8 @@ def test_a_sparse_case_is_judged_with_its_block_tensors(fixtures_dir, tmp_path):
         for k in [k for k in t if k.endswith(".selected_experts")]:
             t[k] = t[k].astype(np.int32)
 
-    perfect_outputs(fixtures_dir, "moe-no-renorm", tmp_path, alter=as_int32)
-    (case,) = verify(fixtures_dir, tmp_path, "f32", cases=["moe-no-renorm"]).cases
+    perfect_outputs(fixtures_dir, "moe-no-renorm_T", tmp_path, alter=as_int32)
+    (case,) = verify(fixtures_dir, tmp_path, "f32", cases=["moe-no-renorm_T"]).cases
     assert case.status == "pass", case.problem
     routed = [r for r in case.records if r.tensor == "selected_experts"]
     assert routed and all(r.verdict == "pass" and r.dtype == "I32" for r in routed)
