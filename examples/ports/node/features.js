@@ -5,7 +5,9 @@
 // GDN_NODE_FEATURES selects an older feature set, to try the rule (tests/ports/test_node_port.py):
 //   GDN_NODE_FEATURES=1.1                         the runner as written for fixture format 1.1
 //   GDN_NODE_FEATURES=packed_calls,spec_decode    exactly these features
-// unset or empty: everything below (fixture format 1.2).
+// unset or empty: everything below (fixture format 1.2). The template implements no `sharded` (format 1.3,
+// FORMAT.md §4.2): a sharded case's `requires` names it, so the case is not applicable from its `shard` step
+// ("requires sharded (format 1.3)", the version read from the manifest's `features`), whatever is selected.
 
 // Each feature with the format version that added it (FORMAT.md, Changelog).
 export const FEATURES = {
