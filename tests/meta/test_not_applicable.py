@@ -69,10 +69,10 @@ def test_a_port_declares_not_applicable_in_its_outputs(fixtures_dir, tmp_path):
     """Any port (not only Python plug-ins) writes the metadata of FORMAT.md §7."""
     from tests.fixtures.outputs import perfect_outputs
 
-    perfect_outputs(fixtures_dir, "per-head-norm", tmp_path,
+    perfect_outputs(fixtures_dir, "per-head-norm_T", tmp_path,  # _T: not the depth variants -gva2, -mha
                     alter=lambda t: [t.pop(k) for k in [k for k in t if not k.startswith("calls.0.")]],
                     meta={"not_applicable": "no per-head norm", "not_applicable_step": "2"})
-    s = verify(fixtures_dir, tmp_path, "bf16", cases=["per-head-norm"])
+    s = verify(fixtures_dir, tmp_path, "bf16", cases=["per-head-norm_T"])
     (case,) = s.cases
     assert case.status == "not_applicable" and case.not_applicable["op"] == "forward"
     assert "no per-head norm" in case.message and all(r.call == 0 for r in case.records)

@@ -24,7 +24,8 @@ def factory(cfg, weights, *, profile, strict=False, bug=False):
     make = mutants.gated_norm_weight_one_plus if bug else reference
     return make(cfg, weights, profile=profile, strict=strict)
 """
-DECODE, PREFILL = "decode_T12_Hk2", "prefill_T1_"  # -k matches substrings: not d128-spec-decode_T12
+# -k matches substrings: not d128-spec-decode_T12, nor the depth case snapshot-decode_T12_Hk2_Hv6
+DECODE, PREFILL = "decode_T12_Hk2_Hv4", "prefill_T1_"
 LATE = "gated_norm,out_proj,residual,post_norm,mlp,output"  # where the bug shows, and nowhere before
 
 
