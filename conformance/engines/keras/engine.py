@@ -41,6 +41,16 @@ FINDINGS = (
         expect={"kind": "tensor", "stage": "delta_rule", "tensor": "core", "nan": False, "ratio": (1.5, 15.0)},
         also=(Allow("delta_rule", "core", 150.0), Allow("delta_rule", "recurrent_state", 250.0),
               Allow("gated_norm", "core_gated", 15.0))),
+    # the depth variants (dk = dv = 16; Hv = 4 over Hk = 2, and Hv = Hk = 2 with two rows): the same state rounded
+    # to bf16 each call, first failing at call 1 as core, only 1.43x and 1.38x its bound, the state 8.0x and 7.1x
+    # (measured 2026-12-07): under the original case's range, so an entry of their own; near 1x, another CPU's bf16
+    # rounding may meet the bound
+    Finding(
+        case="long-decode-", profile="bf16", cls="deviation", explanation=AUTOCAST, repro=f"{REPROS}/keras_bf16.py",
+        expect={"kind": "tensor", "stage": "delta_rule", "tensor": "core", "nan": False, "ratio": (1.0, 15.0)},
+        may_not_occur=True,
+        also=(Allow("delta_rule", "core", 150.0), Allow("delta_rule", "recurrent_state", 250.0),
+              Allow("gated_norm", "core_gated", 15.0))),
     # one element at 1.13x its bound: another CPU's bf16 rounding order may meet it
     Finding(
         case="sigmoid-edges", profile="bf16", cls="deviation", explanation=L2NORM, repro=f"{REPROS}/keras_bf16.py",

@@ -83,7 +83,33 @@ FINDINGS = (
                      "sigmoid-edges", "state-norms", "prefill_", "mha-batch", "gva4-batch", "t1-heads", "moe-",
                      "d128-prefill-decode", "d128-long-decode", "d128-qk-eps",
                      # the checkpoint-dtype cases (measured 2026-12-07: 8.9x, 5.7x)
-                     "f32-weights-decode", "d128-f32-weights")),
+                     "f32-weights-decode", "d128-f32-weights",
+                     # the depth case of calls of 3 and 2 restored (measured 2026-12-07: g 1.9x)
+                     "snapshot-calls")),
+    # the depth variants of sigmoid-edges (Hv = 6 over Hk = 2; Hv = Hk = 4): beta alone fails, first at 3.4e10x and
+    # 5.4e10x its bound (measured 2026-12-07, f32), g within its bound: the sigmoid's absolute accuracy, the
+    # original case's beta (1e11x), not the ordinary cases' few times
+    Finding(
+        case="sigmoid-edges-", profile="f32", cls="deviation", explanation=SIGMOID,
+        repro=f"{REPROS}/onnxruntime_gates.py",
+        expect={"kind": "tensor", "stage": "gates", "tensor": "beta", "nan": False, "ratio": (1e9, 1e12)}, also=G),
+    # long-decode-gva2 (dk = dv = 16, Hv = 4): beta alone fails, 3.4e4x its bound at call 0 (measured 2026-12-07)
+    Finding(
+        case="long-decode-gva2", profile="f32", cls="deviation", explanation=SIGMOID,
+        repro=f"{REPROS}/onnxruntime_gates.py",
+        expect={"kind": "tensor", "stage": "gates", "tensor": "beta", "nan": False, "ratio": (1e3, 1e6)}, also=G),
+    # the depth cases whose fixture keeps only the core tensors (x, qkv_conv, core, out and the states: no qkv, a,
+    # b, g or beta): a stage-isolated engine is fed nothing for its gates and delta rule, so no tensor is judged
+    # (measured 2026-12-07, f32 and f16)
+    *(Finding(
+        case=prefix, profile=profile, cls="missing_feature",
+        explanation="the fixture keeps no stage inputs of this case (qkv, a, b, g, beta: only x, qkv_conv, core, "
+        "out and the states), and ONNX Runtime is judged stage-isolated, fed each stage's golden inputs: nothing "
+        "runs and no tensor is judged, a limit of a stage-fed engine on this case, not an ONNX Runtime deviation",
+        expect={"kind": "nothing_judged"})
+      for prefix in ("state-norms-gva2", "state-norms-gva4", "f16-state-gva2", "f16-state-mha", "long-decode-mha")
+      # one per profile: a profile's own entry for the original case (long-decode, f16-state) goes before '*'
+      for profile in ENGINE.profiles),
     # f32-weights_T43: gates 304x its f32 bound (measured 2026-12-07), its A_log spread wider than the others'
     Finding(
         case="f32-weights_", profile="f32", cls="deviation", explanation=BOTH, repro=f"{REPROS}/onnxruntime_gates.py",

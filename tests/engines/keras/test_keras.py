@@ -77,17 +77,23 @@ def l2norm_in_float32(monkeypatch):
 
 
 def test_bf16_sigmoid_edges_is_the_bf16_l2norm(tmp_path, request):
+    # the original case alone: its depth variants (sigmoid-edges-gva3, -mha) pass in bf16 as shipped (measured
+    # 2026-12-07), the bf16 _l2norm meeting their bounds
     shipped = _judge(tmp_path / "a", "bf16", ["sigmoid-edges"])
-    assert _status(shipped) == {"sigmoid-edges": "fail"}
+    assert _status(shipped) == {"sigmoid-edges": "fail", "sigmoid-edges-gva3": "pass", "sigmoid-edges-mha": "pass"}
     request.getfixturevalue("l2norm_in_float32")
-    assert _status(_judge(tmp_path / "b", "bf16", ["sigmoid-edges"])) == {"sigmoid-edges": "pass"}
+    assert _status(_judge(tmp_path / "b", "bf16", ["sigmoid-edges_"])) == {"sigmoid-edges": "pass"}
 
 
 @pytest.mark.slow
 def test_bf16_long_decode_is_the_state_cast_to_bf16_each_call(tmp_path):
+    # "long-decode" takes its depth variants too (dk = dv = 16, 1001 calls): the same state cast fails them, core
+    # first (1.4x its bound, measured 2026-12-07), and they pass with it off
+    cases = {"long-decode": "fail", "long-decode-gva2": "fail", "long-decode-mha": "fail"}
     shipped = _judge(tmp_path / "a", "bf16", ["long-decode"])
-    assert _status(shipped) == {"long-decode": "fail"} and _first(shipped, "long-decode") == ("delta_rule", "core")
-    assert _status(_judge(tmp_path / "b", "bf16", ["long-decode"], StateKeptFloat32)) == {"long-decode": "pass"}
+    assert _status(shipped) == cases
+    assert all(_first(shipped, f"{c}_") == ("delta_rule", "core") for c in cases)
+    assert _status(_judge(tmp_path / "b", "bf16", ["long-decode"], StateKeptFloat32)) == dict.fromkeys(cases, "pass")
 
 
 def test_an_integer_input_is_computed_on(tmp_path):
