@@ -28,4 +28,12 @@ FINDINGS = (
         case="real-heads", profile="*", cls="missing_feature",
         explanation=NOTHING_JUDGED.format(what="a real-heads case keeps no *_in state"),
         expect={"kind": "nothing_judged"}),
+    # the depth cases whose fixture keeps only x, qkv_conv, core, out and the states (measured 2026-12-07, f32 and
+    # bf16: nothing judged)
+    *(Finding(
+        case=prefix, profile="*", cls="missing_feature",
+        explanation=NOTHING_JUDGED.format(what="it keeps only x, qkv_conv, core, out and the states: no q, k, v, "
+                                          "g or beta"),
+        expect={"kind": "nothing_judged"})
+      for prefix in ("state-norms-gva2", "state-norms-gva4", "f16-state-gva2", "f16-state-mha", "long-decode-mha")),
 )
