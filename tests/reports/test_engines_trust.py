@@ -318,7 +318,7 @@ def test_a_glue_error_in_doppler_is_unexplained_where_the_race_does_not_hide_it(
         pytest.skip("doppler's glue is not installed here (docs/engines.md)")
     monkeypatch.setenv("GDN_DOPPLER_GLUE_MUTANT", "state_transposed")
     rc = cli(["engines", "--out", str(tmp_path / "out"), "--engine", "doppler", "--case", "moe-e256-k8",
-              "--case", "f16-state", "--diagnose", "0", "-q"])
+              "--case", "f16-state_T", "--diagnose", "0", "-q"])
     r = json.loads((tmp_path / "out" / "matrix.json").read_text())["engines"][0]["results"]["f32"]
     assert rc == 0 and r["status"] == "ran", r
     assert r["unexplained"] == 2 and all(f["adjudication"]["stage"] == "delta_rule" for f in r["findings"])

@@ -13,7 +13,7 @@ from tests.helpers import default_case_id
 
 from .pages import parse
 
-CASES = ["per-head-norm", "snapshot-replay", "prefill_T1_"]
+CASES = ["per-head-norm_T", "snapshot-replay", "prefill_T1_"]
 
 
 @pytest.fixture(scope="module")
@@ -21,7 +21,7 @@ def na_report(tmp_path_factory):
     from gdncheck.fixtures.manifest import DEFAULT_DIR
 
     out = tmp_path_factory.mktemp("na")
-    perfect_outputs(DEFAULT_DIR, "per-head-norm", out,
+    perfect_outputs(DEFAULT_DIR, "per-head-norm_T", out,
                     alter=lambda t: [t.pop(k) for k in [k for k in t if not k.startswith("calls.0.")]],
                     meta={"not_applicable": "no per-head norm here", "not_applicable_step": "2"})
     perfect_outputs(DEFAULT_DIR, "snapshot-replay", out, alter=lambda t: t.clear(),
