@@ -24,7 +24,9 @@ TP_STAGES = ("qkv", "qkv_conv", "g", "beta", "core", "core_gated", "attn_out_par
              "recurrent_state")
 #: what a context-parallel segment is judged on, in the order a rank gets it
 CP_STAGES = ("halo", "summary", "entry_state", "out")
-#: how close "equals" must be, as a fraction of the tensor's scale (far below any bound a failure exceeds)
+#: how close "equals" must be, as a fraction of the whole tensor's scale, at least (far below any bound a
+#: failure exceeds); a low-precision port's tensor equals another within twice the bound it failed, and ten
+#: times closer to it than to its golden (:func:`_equals_within`)
 EQUALS = 1e-6
 
 
@@ -48,8 +50,28 @@ def _scale(t: np.ndarray) -> float:
     return float(np.max(np.abs(t), initial=0.0))
 
 
+def _nmse(got, want, whole) -> float:
+    """The share's mean squared error over the whole tensor's mean square (the table's per-call NMSE, for a
+    share: a rank's error is not diluted by the other ranks' elements)."""
+    if np.shape(got) != np.shape(want) or not np.size(want):
+        return float("inf")
+    d = np.asarray(got, dtype=np.float64) - want
+    if not np.all(np.isfinite(d)):
+        return float("inf")
+    return float(np.mean(d * d)) / max(float(np.mean(np.square(whole))), 1e-300)
+
+
+def _equals_within(e: float, bound: float) -> float:
+    """How close (of the whole tensor's scale) a failing tensor must be to another to be said to equal it, where
+    it misses its golden by ``e``: within twice the bound (a low-precision port rounds what it computed) and ten
+    times closer than to the golden; never looser than :data:`EQUALS`."""
+    return max(EQUALS, min(2.0 * bound, e / 10.0))
+
+
 def _bound_of(bound, stage: str) -> float:
-    """``bound``: one number for every stage, or a mapping stage -> bound."""
+    """``bound``: one number for every stage, or a mapping stage -> bound (``None``: no such bound)."""
+    if bound is None:
+        return float("inf")
     return float(bound[stage]) if isinstance(bound, Mapping) else float(bound)
 
 
@@ -58,12 +80,13 @@ def _range(a: int, b: int) -> str:
 
 
 def judge_tp(cfg: GDNConfig, plan: TPPlan, ranks: list[dict], goldens: list[dict], *, bound: float,
-             weights=None) -> tuple[list[ShardFailure], int]:
+             weights=None, nmse_bound=None) -> tuple[list[ShardFailure], int]:
     """Judge a tensor-parallel run: ``ranks[r]`` is what rank r wrote (``calls.{k}.{tensor}``), ``goldens[k]``
     the unsharded trace of call k with its states after the call. ``weights`` (for the partials' goldens:
     ``core_gated`` of the rank's heads times its columns of ``out_proj``) default to none: then a rank's
-    partial is judged by the sum of the partials against ``attn_out`` only. Returns the failures, in
-    order, and the number of tensors judged. A tensor a rank did not write is a failure."""
+    partial is judged by the sum of the partials against ``attn_out`` only. ``nmse_bound`` (one number or per
+    stage; default none): each share's NMSE (:func:`_nmse`) is bounded too. Returns the failures, in order, and
+    the number of tensors judged. A tensor a rank did not write is a failure."""
     failures, judged = [], 0
     for k, gold in enumerate(goldens):
         partials = {r: ranks[r].get(f"calls.{k}.attn_out_partial") for r in range(plan.world)}
@@ -71,7 +94,7 @@ def judge_tp(cfg: GDNConfig, plan: TPPlan, ranks: list[dict], goldens: list[dict
             if stage not in gold and stage != "attn_out_partial" or (stage == "attn_out_partial" and (
                     "attn_out" not in gold or "core_gated" not in gold)):
                 continue  # a call whose goldens do not keep this stage (FORMAT.md §4.2)
-            b = _bound_of(bound, stage)
+            b, nb = _bound_of(bound, stage), _bound_of(nmse_bound, stage)
             for share in plan.shares:
                 r = share.rank
                 want, whole, what = _tp_share(cfg, share, stage, gold, weights)
@@ -88,10 +111,12 @@ def judge_tp(cfg: GDNConfig, plan: TPPlan, ranks: list[dict], goldens: list[dict
                                                  f"missing, but every rank must write it"))
                     continue
                 e = _err(got, want, _scale(whole))
-                if e > b:
-                    fact = _tp_fact(cfg, plan, share, stage, got, gold, partials, k, weights)
-                    failures.append(ShardFailure(r, k, stage, e / b, _message(r, f"call {k}", stage, what, got, want,
-                                                                               e, b, fact)))
+                n = _nmse(got, want, whole) if nmse_bound is not None else 0.0
+                if e > b or n > nb:
+                    fact = _tp_fact(cfg, plan, share, stage, got, gold, partials, k, weights,
+                                    _scale(whole), _equals_within(e, b))
+                    failures.append(ShardFailure(r, k, stage, max(e / b, n / nb), _message(
+                        r, f"call {k}", stage, what, got, want, e, b, fact, n, nmse_bound and nb)))
     return failures, judged
 
 
@@ -127,12 +152,13 @@ def _partial_from_sum(partials, attn_out, r):
     return attn_out - sum(np.asarray(p, dtype=np.float64) for j, p in partials.items() if j != r)
 
 
-def _tp_fact(cfg, plan, share, stage, got, gold, partials, k, weights) -> str:
-    scale = max(_scale(got), 1e-300)
+def _tp_fact(cfg, plan, share, stage, got, gold, partials, k, weights, scale, within) -> str:
+    """What a failing share equals instead, where it does: within ``within`` of ``scale`` (the whole tensor's)."""
+    scale = max(scale, 1e-300)
 
     def close(a, b) -> bool:
         return a is not None and np.shape(a) == np.shape(b) and _err(np.asarray(b), np.asarray(a, np.float64),
-                                                                      scale) <= EQUALS
+                                                                      scale) <= within
 
     if stage == "attn_out":
         own = partials.get(share.rank)
@@ -153,13 +179,14 @@ def _tp_fact(cfg, plan, share, stage, got, gold, partials, k, weights) -> str:
 
 
 def judge_cp(cfg: GDNConfig, plan: CPPlan, ranks: list[dict], trace: dict, states: list | None, *,
-             bound: float, stages=CP_STAGES) -> tuple[list[ShardFailure], int]:
+             bound: float, stages=CP_STAGES, nmse_bound=None) -> tuple[list[ShardFailure], int]:
     """Judge a context-parallel run of one call: ``ranks[r]`` what rank r wrote (``segments.{i}.{stage}``;
     the summary as ``M`` and ``U``), ``trace`` the unsharded call's stage tensors by name ([B, T, ...]),
     ``states[t]`` the unsharded ``(conv_state, recurrent_state)`` after the call's first t tokens
     (``states[0]``: the entering state; needed for ``halo``, ``summary``, ``entry_state``). ``stages``: what
     every segment must hold, in the order a rank computes it (a port that exposes only some stage tensors,
-    as fla does, names them). A rank that wrote a segment it does not own, or tokens outside its range, fails."""
+    as fla does, names them). ``nmse_bound`` as :func:`judge_tp`'s. A rank that wrote a segment it does not own, or
+    tokens outside its range, fails."""
     failures, judged = [], 0
     owned = {i: r for i, (r, _, _) in enumerate(plan.segments)}
     for r, written in enumerate(ranks):
@@ -189,19 +216,22 @@ def judge_cp(cfg: GDNConfig, plan: CPPlan, ranks: list[dict], trace: dict, state
                 failures.append(ShardFailure(r, i, stage, float("inf"), f"rank {r}, {where}, {stage}: missing"))
                 continue
             e, bd = _err(got, want, _scale(whole)), _bound_of(bound, stage)
-            if e > bd:
-                fact = _cp_fact(plan, i, stage, np.asarray(got), states, ranks, a)
+            n, nb = (_nmse(got, want, whole), _bound_of(nmse_bound, stage)) if nmse_bound is not None else (0.0, 1.0)
+            if e > bd or n > nb:
+                fact = _cp_fact(plan, i, stage, np.asarray(got), states, ranks, a, _scale(whole),
+                                _equals_within(e, bd))
                 if np.shape(got) != np.shape(want) and stage not in ("halo", "entry_state", "summary"):
                     fact = f"holds {np.shape(got)[1]} tokens where its share is {b - a}: the call was not split"
-                failures.append(ShardFailure(r, i, stage, e / bd, _message(r, where, stage, "its tokens", got, want, e,
-                                                                           bd, fact)))
+                failures.append(ShardFailure(r, i, stage, max(e / bd, n / nb), _message(
+                    r, where, stage, "its tokens", got, want, e, bd, fact, n, nmse_bound is not None and nb)))
     order = list(stages)
     failures.sort(key=lambda f: (f.where, order.index(f.stage) if f.stage in order else -1, f.rank))
     return failures, judged
 
 
-def _cp_fact(plan, i, stage, got, states, ranks, a) -> str:
-    scale = max(_scale(got), 1e-300)
+def _cp_fact(plan, i, stage, got, states, ranks, a, scale, within) -> str:
+    """What a failing segment's tensor equals instead, where it does: within ``within`` of ``scale``."""
+    scale = max(scale, 1e-300)
     if not np.any(got):
         return {"halo": "equals the zero state: no halo was received",
                 "entry_state": "equals the zero state: the predecessors' summaries were not applied"}.get(
@@ -209,7 +239,7 @@ def _cp_fact(plan, i, stage, got, states, ranks, a) -> str:
     if stage in ("halo", "entry_state"):
         part = 0 if stage == "halo" else 1
         for t, st in enumerate(states):
-            if st is not None and t != a and st[part].shape == got.shape and _err(got, st[part], scale) <= EQUALS:
+            if st is not None and t != a and st[part].shape == got.shape and _err(got, st[part], scale) <= within:
                 return f"equals the unsharded state after token {t - 1}, not after token {a - 1}" if t else \
                     "equals the call's entering state: no predecessor's summary was applied"
     if stage == "entry_state" and i > 1:
@@ -223,16 +253,18 @@ def _cp_fact(plan, i, stage, got, states, ranks, a) -> str:
             s = states[0][1]
             for j in reversed(range(i)):
                 s = summ[j][0] @ s + summ[j][1]
-            if _err(got, s, scale) <= EQUALS:
+            if _err(got, s, scale) <= within:
                 return "equals its predecessors' summaries composed in reverse token order"
     return ""
 
 
-def _message(rank, where, stage, what, got, want, e, bound, fact) -> str:
+def _message(rank, where, stage, what, got, want, e, bound, fact, nmse=0.0, nmse_bound=None) -> str:
     if np.shape(got) != np.shape(want):
         size = f"shape {list(np.shape(got))}, but its share's is {list(np.shape(want))}"
     elif not np.isfinite(e):
         size = "NaN or infinity"
     else:
         size = f"max error {e:.2e} of the whole tensor's scale, {e / bound:.3g}× the bound {bound:g}"
+        if nmse_bound:
+            size += f"; NMSE {nmse:.2e}, {nmse / nmse_bound:.3g}× the bound {nmse_bound:.3g}"
     return f"rank {rank}, {where}, {stage} ({what}): {size}" + (f"; {fact}" if fact else "")

@@ -1,6 +1,7 @@
 """``verify`` on a sharded case (fixtures/FORMAT.md §4.2, §7.1; docs/sharding.md): every rank's file
 ``{case}.rank{r}.safetensors`` against its share of the goldens (:mod:`.sharded`), each stage bounded by
-the scale of the whole tensor at the profile's bound for that tensor (the tolerance table's ``elem``).
+the scale of the whole tensor at the profile's bound for that tensor (the tolerance table's ``elem``), and
+each share's NMSE (its mean squared error over the whole tensor's mean square) by the table's ``nmse``.
 
 A rank file that is missing fails the case (never a pass); so does a rank file of a rank the plan does
 not have, a rank holding tokens or heads outside its share (a shape other than its share's), and every
@@ -69,7 +70,8 @@ def judge_sharded(cj) -> None:
     for p in problems:
         cj.report.records.append(_record(cj, shard_at, "shard", None, "attn_out" if kind == "tp" else "out", "fail",
                                          safe_text(p)))
-    bound = {s: cj.table.bound(TENSOR_OF[s], cj.profile, END_TO_END, cj.case).elem for s in (*TP_STAGES, *CP_STAGES)}
+    bounds = {s: cj.table.bound(TENSOR_OF[s], cj.profile, END_TO_END, cj.case) for s in (*TP_STAGES, *CP_STAGES)}
+    bound, nmse_bound = {s: b.elem for s, b in bounds.items()}, {s: b.nmse for s, b in bounds.items()}
     if kind == "tp":
         goldens = []
         for step in call_steps(program):
@@ -77,7 +79,8 @@ def judge_sharded(cj) -> None:
             goldens.append({n: np.asarray(cj.gold.read(f"calls.{k}.{n}"), dtype=np.float64)
                             for n in (*TP_STAGES, "out") if f"calls.{k}.{n}" in cj.gold})
         weights = {n[len("weights."):]: cj.gold.read(n) for n in cj.gold if n.startswith("weights.")}
-        failures, judged = judge_tp(cfg, plan, ranks, goldens, bound=bound, weights=weights)
+        failures, judged = judge_tp(cfg, plan, ranks, goldens, bound=bound, weights=weights,
+                                    nmse_bound=nmse_bound)
         stages, where = TP_STAGES, {k: at[k] for k in at}
         judged_keys = [(step["call"], s) for step in call_steps(program) for s in TP_STAGES
                        if s in goldens[step["call"]] or s == "attn_out_partial"]
@@ -89,7 +92,7 @@ def judge_sharded(cj) -> None:
                 states[t] = (np.asarray(cj.gold.read(f"shard.{t}.conv_state"), dtype=np.float64),
                              np.asarray(cj.gold.read(f"shard.{t}.recurrent_state"), dtype=np.float64))
         trace = {"out": np.asarray(cj.gold.read(f"calls.{cp_call}.out"), dtype=np.float64)}
-        failures, judged = judge_cp(cfg, plan, ranks, trace, states, bound=bound)
+        failures, judged = judge_cp(cfg, plan, ranks, trace, states, bound=bound, nmse_bound=nmse_bound)
         stages, where = CP_STAGES, {i: at[cp_call] for i in range(len(plan.segments))}
         judged_keys = [(i, s) for i in range(len(plan.segments)) for s in CP_STAGES]
     failed = {(f.where, f.stage) for f in failures}
