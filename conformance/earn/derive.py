@@ -246,15 +246,25 @@ def table_document(env: Envelope, seeds, cases: list[str]) -> dict:
 
 
 def merge_recipes(table: dict, part: dict) -> dict:
-    """``table`` with ``part``'s recipes (a derivation over some recipes only, same method and seeds)
-    put in: their rows replace any of the same recipe, and each global row becomes the envelope of
-    both (a global bound only widens). What a full derive over both would write, without rerunning
+    """``table`` with ``part``'s recipes (a derivation over some recipes only, same method, the table's
+    seeds or more: ``derivation.seeds_by_case`` then lists them) put in: their rows replace any of the
+    same recipe, and each global row becomes the envelope of both (a global bound only widens). What a full derive over both would write, without rerunning
     the other recipes; the derivation record lists part's cases too."""
-    for key in ("method", "margin_elem", "margin_nmse", "placements", "orders", "seeds"):
+    for key in ("method", "margin_elem", "margin_nmse", "placements", "orders"):
         if table["derivation"][key] != part["derivation"][key]:
             raise ValueError(f"cannot merge derivations that differ in {key}: {table['derivation'][key]!r} "
                              f"vs {part['derivation'][key]!r}")
+    have, theirs = table["derivation"]["seeds"], part["derivation"]["seeds"]
+    if not set(have) <= set(theirs):
+        # fewer seeds could only see less: a recipe row earned on them would be narrower than the method's
+        raise ValueError(f"cannot merge derivations that differ in seeds: the part's {theirs!r} lack some of "
+                         f"the table's {have!r}")
     out = json.loads(json.dumps(table))
+    if set(theirs) != set(have):
+        # more seeds than the table's (a small recipe's maximum varies from seed to seed): said per case
+        more = out["derivation"].setdefault("seeds_by_case", {})
+        more.update({c: list(theirs) for c in part["derivation"]["cases"]})
+        out["derivation"]["seeds_by_case"] = dict(sorted(more.items()))
     for mode, profiles in part["modes"].items():
         for profile, rows in profiles.items():
             mine = out["modes"].setdefault(mode, {}).setdefault(profile, {"global": {}, "cases": {}})

@@ -41,6 +41,8 @@ def test_bounds_are_margin_times_the_recorded_envelope():
     d = table.data["derivation"]
     assert d["seeds"] and 0 not in d["seeds"] and d["placements"] == ["hf", "fla", "fp32_once"]
     assert d["orders"] == ["blas", "sequential", "blocked16"] and table.version >= 2
+    for case, seeds in d.get("seeds_by_case", {}).items():  # recipes earned on more seeds: never on 0
+        assert case in d["cases"] and 0 not in seeds and set(d["seeds"]) < set(seeds), case
     for mode, profiles in table.data["modes"].items():
         for profile, rows in profiles.items():
             for recipe, tensors in rows["cases"].items():
@@ -100,7 +102,13 @@ def test_merging_a_partial_derivation_only_widens_the_globals():
     other = json.loads(json.dumps(part))
     other["derivation"]["seeds"] = [1]
     with pytest.raises(ValueError, match="seeds"):
-        derive.merge_recipes(base, other)
+        derive.merge_recipes(base, other)  # fewer seeds than the table's: refused
+    more = json.loads(json.dumps(part))
+    more["derivation"]["seeds"] = [*derive.SEEDS, 5, 6]
+    merged = derive.merge_recipes(base, more)  # more seeds: merged, and said per case
+    assert merged["derivation"]["seeds"] == list(derive.SEEDS)
+    assert merged["derivation"]["seeds_by_case"] == {"m_T2": [*derive.SEEDS, 5, 6]}
+    assert "seeds_by_case" not in derive.merge_recipes(base, part)["derivation"]
 
 
 # --- the shipped table is pinned (issue 26 item 6) ------------------------------------------------------
