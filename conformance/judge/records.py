@@ -23,7 +23,7 @@ SUMMARY_SCHEMA_PATH = Path(__file__).with_name("summary.schema.json")
 
 VERDICTS = ("pass", "fail", "missing")
 REASONS = ("missing_required", "dtype", "shape", "nan", "inf", "elem_bound", "nmse_bound", "seq_len", "raised",
-           "error_expected", "wrong_error", "routing")
+           "error_expected", "wrong_error", "routing", "sharded")
 
 
 def _clean(value: Any) -> Any:
@@ -78,6 +78,9 @@ class Record:
     actual_ref: dict | None = None
     routing: dict | None = None  # a sparse layer's selected_experts routed otherwise (routing.py)
     convention: dict | None = None  # a convention the port chose where correct engines differ (routing.py)
+    #: a rank's share of a sharded case that failed (sharded.py): ``rank``, ``max_err`` (of the whole tensor's
+    #: scale), ``nmse`` (the share's), ``elem_bound``, ``nmse_bound``
+    shard: dict | None = None
     #: the failure in parts (messages.Failure), of which ``message`` is the text; not written to a summary
     failure: Any = field(default=None, repr=False, compare=False)
 
@@ -89,7 +92,7 @@ class Record:
     @classmethod
     def from_json(cls, doc: dict) -> Record:
         """A record of a summary, non-finite numbers restored (its numeric fields only: a message stays text)."""
-        numeric = ("metrics", "bound", "min_tolerance", "token_profile")
+        numeric = ("metrics", "bound", "min_tolerance", "token_profile", "shard")
         return cls(**{f.name: _unclean(doc[f.name]) if f.name in numeric else doc[f.name]
                       for f in fields(Record) if f.name in doc})
 
