@@ -37,6 +37,10 @@ class ShardFailure:
     stage: str
     ratio: float  # the error over the bound (inf: NaN, a missing tensor or a wrong shape)
     message: str
+    #: the measured errors and their bounds, where a tensor of the share's shape was compared (a record's
+    #: ``shard``): ``rank``, ``max_err`` (of the whole tensor's scale), ``nmse``, ``elem_bound``, ``nmse_bound``
+    #: (0: not bounded)
+    shard: dict | None = None
 
 
 def _err(got: np.ndarray, want: np.ndarray, scale: float) -> float:
@@ -116,7 +120,8 @@ def judge_tp(cfg: GDNConfig, plan: TPPlan, ranks: list[dict], goldens: list[dict
                     fact = _tp_fact(cfg, plan, share, stage, got, gold, partials, k, weights,
                                     _scale(whole), _equals_within(e, b))
                     failures.append(ShardFailure(r, k, stage, max(e / b, n / nb), _message(
-                        r, f"call {k}", stage, what, got, want, e, b, fact, n, nmse_bound and nb)))
+                        r, f"call {k}", stage, what, got, want, e, b, fact, n, nmse_bound and nb),
+                        _measured(r, e, b, n, nmse_bound is not None and nb)))
     return failures, judged
 
 
@@ -223,7 +228,8 @@ def judge_cp(cfg: GDNConfig, plan: CPPlan, ranks: list[dict], trace: dict, state
                 if np.shape(got) != np.shape(want) and stage not in ("halo", "entry_state", "summary"):
                     fact = f"holds {np.shape(got)[1]} tokens where its share is {b - a}: the call was not split"
                 failures.append(ShardFailure(r, i, stage, max(e / bd, n / nb), _message(
-                    r, where, stage, "its tokens", got, want, e, bd, fact, n, nmse_bound is not None and nb)))
+                    r, where, stage, "its tokens", got, want, e, bd, fact, n, nmse_bound is not None and nb),
+                    _measured(r, e, bd, n, nmse_bound is not None and nb)))
     order = list(stages)
     failures.sort(key=lambda f: (f.where, order.index(f.stage) if f.stage in order else -1, f.rank))
     return failures, judged
@@ -256,6 +262,14 @@ def _cp_fact(plan, i, stage, got, states, ranks, a, scale, within) -> str:
             if _err(got, s, scale) <= within:
                 return "equals its predecessors' summaries composed in reverse token order"
     return ""
+
+
+def _measured(rank: int, e: float, bound: float, nmse: float, nmse_bound) -> dict | None:
+    """A failure's errors and bounds, for its record (the kill matrix's margin); None where not finite."""
+    if not (np.isfinite(e) and np.isfinite(nmse)):
+        return None
+    return {"rank": rank, "max_err": e, "nmse": nmse if nmse_bound else 0.0, "elem_bound": bound,
+            "nmse_bound": float(nmse_bound or 0.0)}
 
 
 def _message(rank, where, stage, what, got, want, e, bound, fact, nmse=0.0, nmse_bound=None) -> str:

@@ -43,12 +43,14 @@ def rank_file_name(case: str, rank: int) -> str:
 _READ_BY = {"halo": "qkv_conv", "summary": "core", "entry_state": "core"}
 
 
-def _record(cj, step: int, op: str, call: int | None, stage: str, verdict: str, message: str | None) -> Record:
+def _record(cj, step: int, op: str, call: int | None, stage: str, verdict: str, message: str | None,
+            failure=None) -> Record:
     tensor = TENSOR_OF[stage]
     st = stage_of(tensor)
     order = stage_index(stage_of(_READ_BY[stage])) if stage in _READ_BY else stage_index(st)
     return Record(case=cj.case, step=step, op=op, call=call, tensor=tensor, stage=st, stage_index=order,
-                  verdict=verdict, reason=None if verdict == "pass" else "sharded", message=message)
+                  verdict=verdict, reason=None if verdict == "pass" else "sharded", message=message,
+                  shard=getattr(failure, "shard", None))
 
 
 def judge_sharded(cj) -> None:
@@ -99,7 +101,7 @@ def judge_sharded(cj) -> None:
     for f in failures:
         step, op = where.get(f.where, (shard_at, "shard"))
         cj.report.records.append(_record(cj, step, op, f.where if kind == "tp" else cp_call, f.stage, "fail",
-                                         safe_text(f.message)))
+                                         safe_text(f.message), f))
     for w, s in judged_keys:
         if (w, s) not in failed:
             step, op = where.get(w, (shard_at, "shard"))

@@ -52,6 +52,12 @@ OUTCOMES = ("right", "ambiguous", "symptom", "silent", "wrong")
 
 def record_margin(rec: Record) -> float:
     """Worst error over bound of one record (module docstring); 0 for a record with nothing judged."""
+    if rec.verdict == "fail" and rec.reason == "sharded":  # a rank's share: missing or misshapen is infinite
+        s = rec.shard
+        if not s:
+            return math.inf
+        return max(s["max_err"] / s["elem_bound"] if s["elem_bound"] > 0 else math.inf,
+                   s["nmse"] / s["nmse_bound"] if s["nmse_bound"] > 0 else 0.0)
     if rec.verdict == "fail" and rec.reason not in ("elem_bound", "nmse_bound"):
         return math.inf
     m, b = rec.metrics, rec.bound

@@ -201,3 +201,21 @@ def test_a_damaged_plan_makes_that_case_unusable_and_the_others_run(suite, tmp_p
 
 def _case_entry(doc, prefix):
     return next(c for c in doc["cases"] if c["id"].startswith(prefix + "_"))
+
+
+def test_a_failing_sharded_case_keeps_its_summary_schema_and_gets_a_report(suite, tmp_path, capsys):
+    """A rank's failure is a record of reason ``sharded`` with its rank, errors and bounds (``shard``): the summary
+    holds to its schema, and ``gdncheck report`` renders it with the rank's message."""
+    import json
+
+    cid = _case(suite, "tp2")
+    out, summary, report = tmp_path / "out", tmp_path / "summary.json", tmp_path / "report"
+    run_impl(f"{FAULTS}:partial_not_reduced", suite, out, "bf16", cases=[cid])
+    assert main(["verify", "--fixtures", str(suite), "--outputs", str(out), "--profile", "bf16", "--case", cid,
+                 "--summary", str(summary), "-q"]) == 1
+    rec = next(r for r in json.loads(summary.read_text())["cases"][0]["records"] if r["verdict"] == "fail")
+    assert rec["reason"] == "sharded" and rec["shard"]["rank"] == 0 and rec["metrics"] is None
+    assert rec["shard"]["nmse"] / rec["shard"]["nmse_bound"] >= 10  # measured 458x
+    capsys.readouterr()
+    assert main(["report", str(summary), "-o", str(report), "--fixtures", str(suite), "--outputs", str(out)]) == 0
+    assert "rank 0, call 0, attn_out" in (report / "cases" / f"{cid}.html").read_text(encoding="utf-8")
