@@ -42,15 +42,14 @@ FINDINGS = (
         also=(Allow("delta_rule", "core", 150.0), Allow("delta_rule", "recurrent_state", 250.0),
               Allow("gated_norm", "core_gated", 15.0))),
     # the depth variants (dk = dv = 16; Hv = 4 over Hk = 2, and Hv = Hk = 2 with two rows): the same state rounded
-    # to bf16 each call, first failing at call 1 as core, only 1.43x and 1.38x its bound, the state 8.0x and 7.1x
-    # (measured 2026-12-07): under the original case's range, so an entry of their own; near 1x, another CPU's bf16
-    # rounding may meet the bound
+    # to bf16 each call, first failing at call 1 as core, 18.2x and 10.8x its bound (the state 24.8x and 32.1x; the
+    # layer's out 1.43x on the mha one), measured 2026-12-07 under their own rows (table v3, seeds 1-8); CI's CPU
+    # measured 18.8x and out 1.59x under the seed 1-4 rows
     Finding(
         case="long-decode-", profile="bf16", cls="deviation", explanation=AUTOCAST, repro=f"{REPROS}/keras_bf16.py",
-        expect={"kind": "tensor", "stage": "delta_rule", "tensor": "core", "nan": False, "ratio": (1.0, 15.0)},
-        may_not_occur=True,
+        expect={"kind": "tensor", "stage": "delta_rule", "tensor": "core", "nan": False, "ratio": (3.0, 60.0)},
         also=(Allow("delta_rule", "core", 150.0), Allow("delta_rule", "recurrent_state", 250.0),
-              Allow("gated_norm", "core_gated", 15.0))),
+              Allow("gated_norm", "core_gated", 15.0), Allow("output", "out", 5.0))),
     # one element at 1.13x its bound: another CPU's bf16 rounding order may meet it
     Finding(
         case="sigmoid-edges", profile="bf16", cls="deviation", explanation=L2NORM, repro=f"{REPROS}/keras_bf16.py",

@@ -84,20 +84,28 @@ FINDINGS = (
                      "d128-prefill-decode", "d128-long-decode", "d128-qk-eps",
                      # the checkpoint-dtype cases (measured 2026-12-07: 8.9x, 5.7x)
                      "f32-weights-decode", "d128-f32-weights",
-                     # the depth case of calls of 3 and 2 restored (measured 2026-12-07: g 1.9x)
-                     "snapshot-calls")),
-    # the depth variants of sigmoid-edges (Hv = 6 over Hk = 2; Hv = Hk = 4): beta alone fails, first at 3.4e10x and
-    # 5.4e10x its bound (measured 2026-12-07, f32), g within its bound: the sigmoid's absolute accuracy, the
-    # original case's beta (1e11x), not the ordinary cases' few times
+                     # the depth cases of calls of 3 and 2 restored (measured 2026-12-07: g 1.9x) and of a
+                     # snapshot decode (g 3.06x, call 0)
+                     "snapshot-calls", "snapshot-decode")),
+    # the depth variants of sigmoid-edges (Hv = 6 over Hk = 2; Hv = Hk = 4): beta fails at 1.4e11x and 5.4e10x its
+    # bound (the sigmoid's absolute accuracy, as the original case's 1e11x); on the gva3 one g first, 2.88x (6.08x
+    # on CI's CPU), the softplus (measured 2026-12-07, f32, under their own rows of table v3)
     Finding(
-        case="sigmoid-edges-", profile="f32", cls="deviation", explanation=SIGMOID,
+        case="sigmoid-edges-", profile="f32", cls="deviation", explanation=BOTH,
         repro=f"{REPROS}/onnxruntime_gates.py",
-        expect={"kind": "tensor", "stage": "gates", "tensor": "beta", "nan": False, "ratio": (1e9, 1e12)}, also=G),
-    # long-decode-gva2 (dk = dv = 16, Hv = 4): beta alone fails, 3.4e4x its bound at call 0 (measured 2026-12-07)
+        expect={"kind": "tensor", "stage": "gates", "nan": False, "ratio": (1.0, 1e12)}, also=BETA),
+    # long-decode-gva2 (dk = dv = 16, Hv = 4): g first at 6.93x its bound at call 0, beta 2.8e5x (measured
+    # 2026-12-07, here and on CI's CPU)
     Finding(
-        case="long-decode-gva2", profile="f32", cls="deviation", explanation=SIGMOID,
+        case="long-decode-gva2", profile="f32", cls="deviation", explanation=BOTH,
         repro=f"{REPROS}/onnxruntime_gates.py",
-        expect={"kind": "tensor", "stage": "gates", "tensor": "beta", "nan": False, "ratio": (1e3, 1e6)}, also=G),
+        expect={"kind": "tensor", "stage": "gates", "nan": False, "ratio": (1.0, 1e6)}, also=BETA),
+    # moe-no-renorm-k4: beta alone, 143x its bound under its own row (measured 2026-12-07; 333x under the seed
+    # 1-4 rows on CI's CPU), past the ordinary cases' 1-100x
+    Finding(
+        case="moe-no-renorm-k4", profile="f32", cls="deviation", explanation=BOTH,
+        repro=f"{REPROS}/onnxruntime_gates.py",
+        expect={"kind": "tensor", "stage": "gates", "nan": False, "ratio": (10.0, 1e4)}, also=BETA),
     # the depth cases whose fixture keeps only the core tensors (x, qkv_conv, core, out and the states: no qkv, a,
     # b, g or beta): a stage-isolated engine is fed nothing for its gates and delta rule, so no tensor is judged
     # (measured 2026-12-07, f32 and f16)
