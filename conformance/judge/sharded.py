@@ -19,6 +19,8 @@ import numpy as np
 from gdncheck.config import GDNConfig
 from gdncheck.sharding import OUT, CPPlan, TPPlan
 
+from .metrics import rule_of, scaled_error
+
 #: the stages of a tensor-parallel rank, in the order they run
 TP_STAGES = ("qkv", "qkv_conv", "g", "beta", "core", "core_gated", "attn_out_partial", "attn_out", "conv_state",
              "recurrent_state")
@@ -48,6 +50,18 @@ def _err(got: np.ndarray, want: np.ndarray, scale: float) -> float:
         return float("inf")
     d = np.abs(np.asarray(got, dtype=np.float64) - want)
     return float("inf") if not np.all(np.isfinite(d)) else float(d.max(initial=0.0)) / max(scale, 1e-300)
+
+
+def _own_rule(got, want, stage: str, profile: str | None) -> tuple[float, float] | None:
+    """(max, mean square) of the error of a tensor whose rule does not depend on a scale (g's log decay, beta's
+    relative error: metrics.RULES), elementwise as the table's bound was earned; None for the scaled tensors,
+    which a rank's share judges by the whole tensor's scale."""
+    if profile is None or stage not in ("g", "beta") or rule_of(stage) == "scaled" or np.shape(got) != np.shape(want):
+        return None
+    err = scaled_error(np.asarray(got, dtype=np.float64), want, stage, profile)
+    if not np.all(np.isfinite(err)):
+        return float("inf"), float("inf")
+    return float(err.max(initial=0.0)), float(np.mean(err * err)) if err.size else 0.0
 
 
 def _scale(t: np.ndarray) -> float:
@@ -84,13 +98,15 @@ def _range(a: int, b: int) -> str:
 
 
 def judge_tp(cfg: GDNConfig, plan: TPPlan, ranks: list[dict], goldens: list[dict], *, bound: float,
-             weights=None, nmse_bound=None) -> tuple[list[ShardFailure], int]:
+             weights=None, nmse_bound=None, profile: str | None = None) -> tuple[list[ShardFailure], int]:
     """Judge a tensor-parallel run: ``ranks[r]`` is what rank r wrote (``calls.{k}.{tensor}``), ``goldens[k]``
     the unsharded trace of call k with its states after the call. ``weights`` (for the partials' goldens:
     ``core_gated`` of the rank's heads times its columns of ``out_proj``) default to none: then a rank's
     partial is judged by the sum of the partials against ``attn_out`` only. ``nmse_bound`` (one number or per
-    stage; default none): each share's NMSE (:func:`_nmse`) is bounded too. Returns the failures, in order, and
-    the number of tensors judged. A tensor a rank did not write is a failure."""
+    stage; default none): each share's NMSE (:func:`_nmse`) is bounded too. ``profile`` (default none): g and
+    beta are judged by their own rules (:func:`_own_rule`), as the table's bounds for them were earned, not by
+    the whole tensor's scale. Returns the failures, in order, and the number of tensors judged. A tensor a rank
+    did not write is a failure."""
     failures, judged = [], 0
     for k, gold in enumerate(goldens):
         partials = {r: ranks[r].get(f"calls.{k}.attn_out_partial") for r in range(plan.world)}
@@ -114,13 +130,24 @@ def judge_tp(cfg: GDNConfig, plan: TPPlan, ranks: list[dict], goldens: list[dict
                     failures.append(ShardFailure(r, k, stage, float("inf"), f"rank {r}, call {k}, {stage} ({what}): "
                                                  f"missing, but every rank must write it"))
                     continue
-                e = _err(got, want, _scale(whole))
-                n = _nmse(got, want, whole) if nmse_bound is not None else 0.0
+                own = _own_rule(got, want, stage, profile)
+                if own is not None:
+                    e, n = own[0], own[1] if nmse_bound is not None else 0.0
+                else:
+                    e = _err(got, want, _scale(whole))
+                    n = _nmse(got, want, whole) if nmse_bound is not None else 0.0
                 if e > b or n > nb:
-                    fact = _tp_fact(cfg, plan, share, stage, got, gold, partials, k, weights,
-                                    _scale(whole), _equals_within(e, b))
+                    def distance(x, y, scale=_scale(whole), own=own is not None):
+                        """an error in the unit e is in: the own rule's, or of the whole tensor's scale"""
+                        if own:
+                            return _own_rule(x, y, stage, profile)[0]
+                        return _err(x, y, max(scale, 1e-300))
+
+                    fact = _tp_fact(cfg, plan, share, stage, got, gold, partials, k, weights, distance,
+                                    _equals_within(e, b))
                     failures.append(ShardFailure(r, k, stage, max(e / b, n / nb), _message(
-                        r, f"call {k}", stage, what, got, want, e, b, fact, n, nmse_bound and nb),
+                        r, f"call {k}", stage, what, got, want, e, b, fact, n, nmse_bound and nb,
+                        {"g": "(log decay)", "beta": "(relative)"}.get(stage) if own is not None else None),
                         _measured(r, e, b, n, nmse_bound is not None and nb)))
     return failures, judged
 
@@ -157,13 +184,13 @@ def _partial_from_sum(partials, attn_out, r):
     return attn_out - sum(np.asarray(p, dtype=np.float64) for j, p in partials.items() if j != r)
 
 
-def _tp_fact(cfg, plan, share, stage, got, gold, partials, k, weights, scale, within) -> str:
-    """What a failing share equals instead, where it does: within ``within`` of ``scale`` (the whole tensor's)."""
-    scale = max(scale, 1e-300)
+def _tp_fact(cfg, plan, share, stage, got, gold, partials, k, weights, distance, within) -> str:
+    """What a failing share equals instead, where it does: within ``within`` by ``distance(got, other)`` (the
+    error in the unit the share was judged in)."""
 
     def close(a, b) -> bool:
-        return a is not None and np.shape(a) == np.shape(b) and _err(np.asarray(b), np.asarray(a, np.float64),
-                                                                      scale) <= within
+        return a is not None and np.shape(a) == np.shape(b) and distance(np.asarray(b),
+                                                                         np.asarray(a, np.float64)) <= within
 
     if stage == "attn_out":
         own = partials.get(share.rank)
@@ -272,13 +299,14 @@ def _measured(rank: int, e: float, bound: float, nmse: float, nmse_bound) -> dic
             "nmse_bound": float(nmse_bound or 0.0)}
 
 
-def _message(rank, where, stage, what, got, want, e, bound, fact, nmse=0.0, nmse_bound=None) -> str:
+def _message(rank, where, stage, what, got, want, e, bound, fact, nmse=0.0, nmse_bound=None, rule=None) -> str:
     if np.shape(got) != np.shape(want):
         size = f"shape {list(np.shape(got))}, but its share's is {list(np.shape(want))}"
     elif not np.isfinite(e):
         size = "NaN or infinity"
     else:
-        size = f"max error {e:.2e} of the whole tensor's scale, {e / bound:.3g}× the bound {bound:g}"
+        of = f" {rule}" if rule else " of the whole tensor's scale"
+        size = f"max error {e:.2e}{of}, {e / bound:.3g}× the bound {bound:g}"
         if nmse_bound:
             size += f"; NMSE {nmse:.2e}, {nmse / nmse_bound:.3g}× the bound {nmse_bound:.3g}"
     return f"rank {rank}, {where}, {stage} ({what}): {size}" + (f"; {fact}" if fact else "")

@@ -82,7 +82,7 @@ def judge_sharded(cj) -> None:
                             for n in (*TP_STAGES, "out") if f"calls.{k}.{n}" in cj.gold})
         weights = {n[len("weights."):]: cj.gold.read(n) for n in cj.gold if n.startswith("weights.")}
         failures, judged = judge_tp(cfg, plan, ranks, goldens, bound=bound, weights=weights,
-                                    nmse_bound=nmse_bound)
+                                    nmse_bound=nmse_bound, profile=cj.profile)
         stages, where = TP_STAGES, {k: at[k] for k in at}
         judged_keys = [(step["call"], s) for step in call_steps(program) for s in TP_STAGES
                        if s in goldens[step["call"]] or s == "attn_out_partial"]

@@ -82,7 +82,9 @@ def test_reference_conforms_on_spawned_gloo_ranks(suite, tmp_path, world):
     ("partial_not_reduced", "tp2", 0, "attn_out (", "equals its own out_proj partial"),
     ("partial_reduced_twice", "tp2", 0, "attn_out (", "equals 2× the reduced output"),
     ("ranks_swapped", "tp2", 0, "qkv (", "equals rank 1's share"),
-    ("a_sliced_by_key_heads", "tp2", 1, "", ""),
+    # tp2's 13 tokens: 3.18x (log decay), NMSE 4.94x in bf16; tp4-past-keys 7.3x and 73.5x. Ranks 1, 2 and 3
+    # read wrong rows there: rank 1 is named in f32, rank 2 in bf16, where rank 1's error is under the bound
+    ("a_sliced_by_key_heads", "tp4-past-keys", (1, 2), "g (", ""),
     ("conv_weight_one_block", "tp2", 0, "qkv_conv (", ""),
     ("no_halo", "cp4-zigzag", 1, "halo (", "no halo was received"),
     ("entry_from_zeros", "cp4-zigzag", 1, "entry_state (", "the predecessors' summaries were not applied"),
@@ -97,15 +99,11 @@ def test_each_sharding_fault_fails_at_its_rank_and_stage(suite, tmp_path, fault,
     run_impl(f"{FAULTS}:{fault}", suite, tmp_path, profile, cases=[cid])
     (rep,) = _verify(suite, tmp_path, profile, cases=[cid]).cases
     assert rep.status == "fail"
-    assert rep.message.startswith(f"rank {rank}, ") and stage in rep.message and fact in rep.message, rep.message
+    ranks = rank if isinstance(rank, tuple) else (rank,)
+    assert rep.message.startswith(tuple(f"rank {r}, " for r in ranks)), rep.message
+    assert stage in rep.message and fact in rep.message, rep.message
     ratios = [float(part.rsplit(", ", 1)[1]) for part in rep.message.split("× the bound")[:-1]]
     ratio = max(ratios) if ratios else np.inf
-    if fault == "a_sliced_by_key_heads":
-        # in_proj_a's rows of the key heads' offset: g of rank 1's heads off by ~3e-3 of g's scale, 2.6e3x its
-        # f32 bound at g; in bf16 below g's rounding there (0.42x elem) and 1.9x the core's NMSE bound on these
-        # short calls (measured 2026-12-07; docs/sharding.md): caught, but not at 10x
-        assert ("g (" in rep.message and ratio >= 10) if profile == "f32" else ratio > 1, rep.message
-        return
     assert ratio >= 10, rep.message
 
 
