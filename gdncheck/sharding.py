@@ -271,3 +271,16 @@ def plan_from_json(data, cfg: GDNConfig | None = None):
         raise ShardPlanError(f"expected the {data['kind']} plan its own parameters give, found one that differs "
                              f"(a rank's heads or tokens edited)")
     return plan
+
+
+def gathered(comm, world: int, mine: dict) -> dict:
+    """Every rank's dict merged, through ``comm.all_gather_object`` (as ``torch.distributed``): what each rank of a
+    context-parallel plan sent (its halos' rows, its summaries), by segment. Not math: the exchange both the
+    reference's and the Triton path's context parallelism make."""
+    parts: list = [None] * world
+    comm.all_gather_object(parts, mine)
+    merged: dict = {}
+    for part in parts:
+        merged.update(part)
+    return merged
+

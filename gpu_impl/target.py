@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import inspect
 import os
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -98,6 +99,9 @@ def fill_allocations(value: float = float("nan")) -> Iterator[None]:
 #: CUDA's limits on a launch grid: x up to 2^31 - 1 programs, y and z up to 65535.
 GRID_LIMITS = (2**31 - 1, 65535, 65535)
 
+#: Triton's interpreter keeps its grid (``interpreter_builder``) and its patch of ``tl`` in process globals: one
+#: interpreted launch at a time per process (a context-parallel case's ranks run as threads without ``--world``)
+_INTERPRETER_LOCK = threading.RLock()
 _HOOK: list[Any] = []
 
 
@@ -256,7 +260,7 @@ class Kernel:
         if first.device.type == "meta":
             raise ValueError(f"{self.__name__}: tensors on the meta device can only be compiled "
                              "(compile_check) or recorded (record_launches), not run")
-        with _interpreting():
+        with _INTERPRETER_LOCK, _interpreting():
             return run_grid(self.interpreted, grid, kwargs)
 
 

@@ -32,7 +32,7 @@ import numpy as np
 from gdncheck.config import GDNConfig
 from gdncheck.errors import GDNError
 from gdncheck.safetensors_io import read_safetensors, write_safetensors
-from gdncheck.sharding import cp_plan, plan_from_json, rank_weights, state_shards, tp_plan
+from gdncheck.sharding import cp_plan, gathered, plan_from_json, rank_weights, state_shards, tp_plan
 
 #: the faults a rank program can be asked to commit (the field's sharding bugs, docs/sharding.md)
 TP_FAULTS = ("none", "partial_not_reduced", "partial_reduced_twice", "ranks_swapped", "a_sliced_by_key_heads",
@@ -50,7 +50,8 @@ class DistributedRunError(GDNError):
 def _init(rank: int, world: int, store: str, backend: str):
     import torch.distributed as dist
 
-    dist.init_process_group(backend, init_method=f"file://{store}", rank=rank, world_size=world)
+    # an absolute path: in file://ref/x the first name is a host, and a relative --out never met its ranks
+    dist.init_process_group(backend, init_method=Path(store).resolve().as_uri(), rank=rank, world_size=world)
     return dist
 
 
@@ -222,7 +223,7 @@ def cp_rank(rank: int, world: int, dist, spec: dict) -> dict[str, np.ndarray]:
                       params["linear_attn.in_proj_qkv.weight"], params["linear_attn.in_proj_z.weight"],
                       params["linear_attn.in_proj_a.weight"], params["linear_attn.in_proj_b.weight"])[0]
         tails[i] = qkv[:, -K:]
-    tails = _gathered(dist, world, tails)
+    tails = gathered(dist, world, tails)
     conv0, rec0 = np.asarray(spec["conv_state"], dtype=np.float64), np.asarray(spec["recurrent_state"], np.float64)
     halos = {}
     for i in mine:
@@ -238,7 +239,7 @@ def cp_rank(rank: int, world: int, dist, spec: dict) -> dict[str, np.ndarray]:
         if fault == "decay_on_both":  # the segment's decay applied to the bias too (shainet PR 170's class)
             M, U = summaries[i]
             summaries[i] = (M, U * np.exp(trace["g"].sum(axis=1))[..., None, None])
-    summaries = _gathered(dist, world, summaries)
+    summaries = gathered(dist, world, summaries)
     # 3. my entry states: the call's state through my predecessors' summaries, in token order
     out: dict[str, np.ndarray] = {}
     for i in mine:
@@ -266,16 +267,6 @@ def reference_context_parallel(cfg: GDNConfig, weights, plan, rank: int, comm, x
             "conv_state": np.asarray(conv_state), "recurrent_state": np.asarray(recurrent_state), "fault": fault,
             "x": dict(xs)}
     return cp_rank(rank, int(plan["world"]), comm, spec)
-
-
-def _gathered(dist, world: int, mine: dict) -> dict:
-    """Every rank's dict merged (gloo's object all-gather): what each rank sent, by segment."""
-    parts: list = [None] * world
-    dist.all_gather_object(parts, mine)
-    merged: dict = {}
-    for p in parts:
-        merged.update(p)
-    return merged
 
 
 def _host(t) -> np.ndarray:

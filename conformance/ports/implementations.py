@@ -94,11 +94,27 @@ def triton(cfg: GDNConfig, weights, *, profile: str = "f32", strict: bool = Fals
                    stage_runner=runner, serving=serving, serving_options={"capture": capture})
 
 
+def triton_context_parallel(cfg: GDNConfig, weights, plan, rank: int, comm, xs, conv_state, recurrent_state, *,
+                            profile: str = "f32", strict: bool = False, **options):
+    """The Triton path's ``context_parallel`` (gdncheck.gpu_impl.sharded.context_parallel_rank): halos and
+    summaries exchanged through ``comm``, each segment's summary by its own recurrent kernel."""
+    if profile == "f64":
+        raise GDNError("implementation 'triton' runs in profile f32, bf16 or f16, found f64")
+    from gdncheck.gpu_impl.sharded import context_parallel_rank
+
+    options.pop("capture", None)  # every stage of a segment is run; what a rank writes is fixed (§7.1)
+    device = options.pop("device", os.environ.get("GDN_DEVICE", "auto"))
+    return context_parallel_rank(cfg, weights, plan, rank, comm, xs, conv_state, recurrent_state, profile=profile,
+                                 device=device, strict=strict, **options)
+
+
 # the sharded methods (gdncheck.harness.sharded, docs/sharding.md): a tensor-parallel rank as a layer of its
-# heads; the reference's context parallelism exchanges halos and summaries (float64)
+# heads; context parallelism exchanges halos and summaries (the reference's in float64, the Triton path's in
+# its profile, each segment's summary from its own recurrent kernel)
 reference.tensor_parallel = standalone_ranks(reference)
 reference.context_parallel = reference_context_parallel
 triton.tensor_parallel = standalone_ranks(triton)
+triton.context_parallel = triton_context_parallel
 
 BUILTIN = {"reference": reference, "triton": triton, "hf": hf, "mlx": mlx, "fla": fla, "llamacpp": llamacpp,
            "ggml": ggml, "onnxruntime": onnxruntime, "keras": keras}

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import tempfile
+import threading
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -85,6 +86,10 @@ def _status(error=None, na=None) -> dict:
     return {"error": error, "not_applicable": na}
 
 
+#: the error of a rank released from a collective because another rank failed (that one's error is reported)
+RELEASED = "released from a collective: another rank failed"
+
+
 def rank_work(factory, entry: Mapping, inp, gold_state_in: Mapping, profile: str, options, rank: int, comm,
               snapshot_dir):
     """One rank's share of one case before the collectives of TP: ``(tensors, status, impl)``; CP runs whole
@@ -98,7 +103,12 @@ def rank_work(factory, entry: Mapping, inp, gold_state_in: Mapping, profile: str
     try:
         tensors = cp_rank_outputs(factory, inp, step["cp"], call, rank, comm, profile=profile, options=options,
                                   state_in=gold_state_in)
+    except threading.BrokenBarrierError as exc:  # another rank failed and released this one from a collective
+        return {}, _status({"code": error_code(exc), "message": RELEASED, "step": entry["program"].index(step)}), None
     except Exception as exc:  # noqa: BLE001 - the port's failure is a result
+        abort = getattr(comm, "abort", None)
+        if abort is not None:  # the other ranks wait in a collective for this one: release them
+            abort()
         return {}, _status({"code": error_code(exc), "message": str(exc) or type(exc).__name__,
                             "step": entry["program"].index(step)}), None
     return tensors, _status(), None
@@ -131,6 +141,8 @@ def run_in_process(factory, entry: Mapping, inp, gold: SafetensorsFile, profile:
         results = run_in_threads(plan.world, lambda r, g: rank_work(factory, entry, inp, entering, profile, options,
                                                                     r, g, snapshot_dir))
         bad = [s for _, s, _ in results if s["error"] or s["not_applicable"]]
+        # the rank that failed first, not those its abort released from a collective
+        bad.sort(key=lambda s: (s["error"] or {}).get("message") == RELEASED)
         return [t for t, _, _ in results], bad[0] if bad else _status()
     ranks, impls = [], []
     for r in range(plan.world):

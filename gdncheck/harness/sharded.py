@@ -171,6 +171,14 @@ class ThreadGroup:
         self._barrier = threading.Barrier(world, timeout=timeout_s)
         self._slots: list = [None] * world
         self._rank = threading.local()
+        self.failed_rank: int | None = None  # the first rank that gave up (its error is the one to report)
+
+    def abort(self) -> None:
+        """This rank gives up: every rank waiting in (or later entering) a collective is released with an error
+        instead of waiting for it until the timeout."""
+        if self.failed_rank is None:
+            self.failed_rank = getattr(self._rank, "value", None)
+        self._barrier.abort()
 
     def bind(self, rank: int) -> ThreadGroup:
         self._rank.value = rank
@@ -203,7 +211,7 @@ def run_in_threads(world: int, fn: Callable[[int, ThreadGroup], Any], timeout_s:
             results[r] = fn(r, group.bind(r))
         except BaseException as exc:  # noqa: BLE001 - re-raised below, the first rank's
             errors[r] = exc
-            group._barrier.abort()
+            group.abort()
 
     threads = [threading.Thread(target=body, args=(r,), daemon=True) for r in range(world)]
     for t in threads:

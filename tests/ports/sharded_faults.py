@@ -16,3 +16,18 @@ globals().update({f: sharded_port(f) for f in (*TP_FAULTS, *CP_FAULTS) if f != "
 def unsharded(cfg, weights, **kw):
     """A port with no sharded method: the sharded cases are not applicable to it."""
     return reference(cfg, weights, **kw)
+
+
+def raises_on_rank_2(cfg, weights, **kw):
+    """A port whose context-parallel rank 2 raises after the others entered their first collective."""
+    return reference(cfg, weights, **kw)
+
+
+def _raise_on_rank_2(cfg, weights, plan, rank, comm, xs, conv_state, recurrent_state, **options):
+    if rank == 2:
+        raise RuntimeError("rank 2 gives up")
+    return reference.context_parallel(cfg, weights, plan, rank, comm, xs, conv_state, recurrent_state, **options)
+
+
+raises_on_rank_2.context_parallel = _raise_on_rank_2
+

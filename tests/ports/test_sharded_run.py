@@ -66,6 +66,45 @@ def test_triton_conforms_in_process_tensor_parallel(suite, tmp_path):
         assert [c.status for c in s.cases] == ["pass"] * 4, [c.message for c in s.cases]
 
 
+@pytest.mark.parametrize("profile", ["f32", "bf16", "f16"])
+def test_triton_conforms_in_process_context_parallel(suite, tmp_path, profile):
+    """The Triton path's context parallelism (gpu_impl/sharded.py): halos, each segment's summary from its own
+    recurrent kernel (the state widened to [dk, dv + dk]), entry states and outputs, against the float64 goldens;
+    its ranks run as threads here (one interpreted launch at a time)."""
+    pytest.importorskip("triton")
+    run_impl("triton", suite, tmp_path, profile, tags=["cp"])
+    s = _verify(suite, tmp_path, profile, tags=["cp"])
+    assert [c.status for c in s.cases] == ["pass"] * 3, [c.message for c in s.cases]
+    judged = {(r.tensor, r.verdict) for c in s.cases for r in c.records}
+    assert {("conv_state", "pass"), ("recurrent_state", "pass"), ("out", "pass")} <= judged  # halo, summary, out
+
+
+@pytest.mark.slow
+def test_spawned_ranks_meet_with_a_relative_out_folder(suite, tmp_path, monkeypatch):
+    """--out relative to the working directory: the ranks' rendezvous file is found (it was read as a URL's host:
+    every rank waited out its deadline); the Triton path's context parallelism on spawned gloo ranks, in bf16."""
+    pytest.importorskip("triton")
+    monkeypatch.chdir(tmp_path)
+    code = main(["run", "triton", "--fixtures", str(suite), "--out", "out", "--profile", "bf16", "--tag", "world-2",
+                 "--world", "2", "-q"])
+    assert code == 0
+    s = _verify(suite, tmp_path / "out", "bf16", tags=["world-2"])
+    assert [c.status for c in s.cases] == ["pass"] * 3, [c.message for c in s.cases]
+
+
+def test_a_context_parallel_rank_that_raises_fails_its_case_at_once(suite, tmp_path):
+    """One rank's exception releases the ranks waiting for it in a collective: the case fails with that rank's
+    error in seconds, not after the collective's timeout with another rank's."""
+    import time
+
+    cid = _case(suite, "cp4-zigzag")
+    t0 = time.monotonic()
+    run_impl(f"{FAULTS}:raises_on_rank_2", suite, tmp_path, "f32", cases=[cid])
+    (rep,) = _verify(suite, tmp_path, cases=[cid]).cases
+    assert time.monotonic() - t0 < 120  # the collective's timeout is 300 s
+    assert rep.status == "fail" and "rank 2 gives up" in rep.message, rep.message
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("world", [2, 4])
 def test_reference_conforms_on_spawned_gloo_ranks(suite, tmp_path, world):
