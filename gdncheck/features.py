@@ -58,8 +58,9 @@ FEATURES: dict[str, Feature] = {
     "commit_snapshots": Feature("1.2", "a commit keeping states inside or at the end of its accepted windows in other "
                                        "slots: commit's snap_seq, snap_offset, snap_slot (FORMAT.md §4.1)"),
     "sharded": Feature("1.3", "a layer split across ranks: the shard step's tensor-parallel plan (each rank its heads, "
-                              "writing its share and its out_proj partial) or context-parallel plan (each rank its "
-                              "tokens, the conv halo and the state summaries exchanged), one outputs file a rank "
+                              "writing its share and its out_proj partial), context-parallel plan (each rank its "
+                              "tokens, the conv halo and the state summaries exchanged) or both at once (tpcp), one "
+                              "outputs file a rank "
                               "(FORMAT.md §4.2, per-rank layout §7.1; docs/sharding.md)"),
 }
 
@@ -95,7 +96,7 @@ OP_FIELDS: dict[str, dict[str, tuple[str, ...]]] = {
                                ()),
                "verify": ("mixed_batches",), **dict.fromkeys(_SNAPS, ("commit_snapshots",))},
     "free": {"slots": ()},
-    "shard": {"tp": (), "cp": (), "call": ()},
+    "shard": {"tp": (), "cp": (), "tpcp": (), "call": ()},
 }
 #: feature -> the coverage feature (fixtures/coverage.py) that lets a port lacking it declare a case not
 #: applicable: a feature with none would keep its cases required (the coverage rule, docs/bad-inputs.md).

@@ -25,6 +25,12 @@ The layer's ``attn_out`` is the sum of the ranks' ``out_proj`` partials (the all
 range a rank, in rank order, even or with explicit boundaries) or ``zigzag`` (``2·world`` equal pieces;
 rank r owns pieces r and ``2·world−1−r``). The state flows through the segments in token order, so in
 zigzag rank 0's second piece comes last.
+
+**Tensor × context parallelism** (:func:`tpcp_plan`) combines one plan of each over ``tp·cp`` ranks,
+numbered tensor-parallel rank fastest (as Megatron-LM numbers them): rank ``r`` is TP rank ``r mod tp``
+of CP rank ``r div tp``, and owns that TP share's heads and channels on that CP rank's segments. Its
+context-parallel group (halos and summaries exchanged) is the ranks of its TP rank; its tensor-parallel
+group (the all-reduce of its partials over its tokens) the ranks of its CP rank.
 """
 
 from __future__ import annotations
@@ -241,21 +247,84 @@ def cp_plan(T: int, world: int, layout: str = "contiguous", boundaries=None) -> 
     return CPPlan(T, world, layout, segments)
 
 
+#: how a tensor × context-parallel plan numbers its ranks (the only order gdncheck writes or reads)
+TPCP_ORDER = "tp_fastest"
+
+
+@dataclass(frozen=True)
+class TPCPPlan:
+    """Tensor × context parallelism over ``tp.world · cp.world`` ranks, TP rank fastest: rank ``r`` is TP rank
+    ``r % tp.world`` (its heads: ``tp.shares[...]``) of CP rank ``r // tp.world`` (its segments of ``cp``)."""
+
+    tp: TPPlan
+    cp: CPPlan
+
+    @property
+    def world(self) -> int:
+        return self.tp.world * self.cp.world
+
+    def tp_rank(self, rank: int) -> int:
+        return rank % self.tp.world
+
+    def cp_rank(self, rank: int) -> int:
+        return rank // self.tp.world
+
+    def share(self, rank: int) -> RankShare:
+        """The heads and channels rank ``rank`` owns (its TP rank's share)."""
+        return self.tp.shares[self.tp_rank(rank)]
+
+    def rank_of(self, tp_rank: int, cp_rank: int) -> int:
+        return cp_rank * self.tp.world + tp_rank
+
+    def cp_group(self, rank: int) -> list[int]:
+        """The ranks exchanging halos and summaries with ``rank`` (its TP rank's), in CP rank order."""
+        return [self.rank_of(self.tp_rank(rank), c) for c in range(self.cp.world)]
+
+    def tp_group(self, rank: int) -> list[int]:
+        """The ranks whose partials ``rank``'s all-reduce sums (its CP rank's), in TP rank order."""
+        return [self.rank_of(t, self.cp_rank(rank)) for t in range(self.tp.world)]
+
+    def to_json(self) -> dict:
+        return {"kind": "tpcp", "format": PLAN_FORMAT, "world": self.world, "order": TPCP_ORDER,
+                "tp": self.tp.to_json(), "cp": self.cp.to_json(),
+                "ranks": [{"rank": r, "tp_rank": self.tp_rank(r), "cp_rank": self.cp_rank(r)}
+                          for r in range(self.world)]}
+
+
+def tpcp_plan(tp: TPPlan, cp: CPPlan) -> TPCPPlan:
+    """Tensor parallelism ``tp`` times context parallelism ``cp``: ``tp.world · cp.world`` ranks, TP rank fastest."""
+    if not isinstance(tp, TPPlan) or not isinstance(cp, CPPlan):
+        raise ShardPlanError(f"expected a tensor-parallel and a context-parallel plan, found {type(tp).__name__} and "
+                             f"{type(cp).__name__}")
+    _whole(tp.world * cp.world, "a tensor × context-parallel world size", 1, MAX_WORLD)
+    return TPCPPlan(tp, cp)
+
+
 def plan_from_json(data, cfg: GDNConfig | None = None):
-    """A :class:`TPPlan` or :class:`CPPlan` from its JSON form (a manifest's), checked against how it is
-    made: a plan whose ranks do not equal what :func:`tp_plan` / :func:`cp_plan` give for its own
-    parameters is refused, so a port reading it and gdncheck agree on every rank's share."""
+    """A :class:`TPPlan`, :class:`CPPlan` or :class:`TPCPPlan` from its JSON form (a manifest's), checked
+    against how it is made: a plan whose ranks do not equal what :func:`tp_plan` / :func:`cp_plan` /
+    :func:`tpcp_plan` give for its own parameters is refused, so a port reading it and gdncheck agree on
+    every rank's share."""
     if isinstance(data, str | bytes):
         try:
             data = json.loads(data)
         except ValueError as exc:
             raise ShardPlanError(f"expected a plan as JSON, found text that does not parse ({exc})") from None
-    if not isinstance(data, dict) or data.get("kind") not in ("tp", "cp"):
-        raise ShardPlanError(f"expected a plan object with kind 'tp' or 'cp', found {str(data)[:60]}")
+    if not isinstance(data, dict) or data.get("kind") not in ("tp", "cp", "tpcp"):
+        raise ShardPlanError(f"expected a plan object with kind 'tp', 'cp' or 'tpcp', found {str(data)[:60]}")
     if data.get("format") != PLAN_FORMAT:
         raise ShardPlanError(f"expected plan format {PLAN_FORMAT}, found {str(data.get('format'))[:20]!r}")
     try:
-        if data["kind"] == "tp":
+        if data["kind"] == "tpcp":
+            if data["order"] != TPCP_ORDER:
+                raise ShardPlanError(f"expected a tpcp plan's order {TPCP_ORDER!r} (TP rank fastest), found "
+                                     f"{str(data['order'])[:30]!r}")
+            tp, cp = plan_from_json(data["tp"], cfg), plan_from_json(data["cp"], cfg)
+            if not (isinstance(tp, TPPlan) and isinstance(cp, CPPlan)):
+                raise ShardPlanError("expected a tpcp plan's tp a tensor-parallel plan and its cp a context-parallel "
+                                     "one, found other kinds")
+            plan = tpcp_plan(tp, cp)
+        elif data["kind"] == "tp":
             if cfg is None:
                 raise ShardPlanError("a tensor-parallel plan needs the layer's config to be checked")
             ranks = data["ranks"]
@@ -271,6 +340,26 @@ def plan_from_json(data, cfg: GDNConfig | None = None):
         raise ShardPlanError(f"expected the {data['kind']} plan its own parameters give, found one that differs "
                              f"(a rank's heads or tokens edited)")
     return plan
+
+
+def share_order(conv_index: np.ndarray, n: int) -> np.ndarray:
+    """For each of a share's ``n`` conv channels, the first channel of its standalone layer holding it
+    (:func:`standalone`'s ``conv_index``): ``layer_tensor[..., share_order]`` is the share's."""
+    return np.array([int(np.flatnonzero(conv_index == c)[0]) for c in range(n)], dtype=np.int64)
+
+
+class SubGroup:
+    """The collectives of some ranks of a world (a tensor × context-parallel plan's CP or TP group), through the
+    world's ``all_gather_object``: every rank of the world calls it the same number of times (the rank programs
+    of every group make the same collectives), and each keeps its members' parts, in member order."""
+
+    def __init__(self, comm, world: int, members: list[int]):
+        self.comm, self.world, self.members = comm, world, list(members)
+
+    def all_gather_object(self, parts: list, obj) -> None:
+        every: list = [None] * self.world
+        self.comm.all_gather_object(every, obj)
+        parts[:] = [every[m] for m in self.members]
 
 
 def gathered(comm, world: int, mine: dict) -> dict:

@@ -21,7 +21,7 @@ import numpy as np
 import torch
 
 from gdncheck.config import GDNConfig
-from gdncheck.sharding import CPPlan, RankShare, gathered, plan_from_json, standalone
+from gdncheck.sharding import CPPlan, RankShare, gathered, plan_from_json, share_order, standalone
 
 from .conv1d import conv1d_qk_norm
 from .delta_rule import delta_rule_recurrent
@@ -44,7 +44,7 @@ class RankLayer:
         self.cfg_r, w_r, self.conv_index = standalone(cfg, share, weights)
         self.layer = Layer(self.cfg_r, w_r, **layer_options)
         # the share's conv channels, read back from the first layer channel holding each
-        self._back = np.array([int(np.flatnonzero(self.conv_index == c)[0]) for c in range(len(share.conv_channels(cfg)))])
+        self._back = share_order(self.conv_index, len(share.conv_channels(cfg)))
 
     def new_state(self, conv_shard, recurrent_shard, seq_len):
         """A device state of this rank's layer holding the given shards (share layout, :func:`state_shards`)."""
@@ -74,8 +74,9 @@ def context_parallel_rank(cfg: GDNConfig, weights: Mapping[str, np.ndarray], pla
     """Rank ``rank`` of a context-parallel ``plan`` (a :class:`~gdncheck.sharding.CPPlan` or its JSON) on the
     Triton path: ``xs`` its segments' tokens (segment index -> ``[B, n, D]``), ``conv_state`` [B, C, K] and
     ``recurrent_state`` [B, Hv, dk, dv] the call's entering state, ``comm.all_gather_object`` the exchange (as
-    ``torch.distributed``). Returns per segment ``segments.{i}.{halo, M, U, entry_state, out, conv_state,
-    recurrent_state}`` as float64 arrays (fixtures/FORMAT.md §7.1)."""
+    ``torch.distributed``). Returns per segment ``segments.{i}.{halo, M, U, entry_state, out, attn_out,
+    conv_state, recurrent_state}`` as float64 arrays (fixtures/FORMAT.md §7.1; ``attn_out``, the segment's
+    ``out_proj`` output, is a tensor × context-parallel rank's partial where ``cfg`` is its TP share's layer)."""
     plan = plan if isinstance(plan, CPPlan) else plan_from_json(plan, cfg)
     layer = Layer(cfg, weights, **layer_options)
     K, dk, dv, Hv = cfg.conv_kernel, cfg.head_k_dim, cfg.head_v_dim, cfg.num_v_heads
@@ -122,10 +123,11 @@ def context_parallel_rank(cfg: GDNConfig, weights: Mapping[str, np.ndarray], pla
         state.conv_state.copy_(halos[i])
         state.recurrent_state.copy_(entry)
         state.seq_len.fill_(1)  # a continuation: the seq_pos rule resets nothing
-        y, _ = layer.forward(xs[i], state, 1)
+        y, trace = layer.forward(xs[i], state, 1, capture=True)
         M, U = summaries[i]
         for name, t in (("halo", _host(halos[i])), ("M", M), ("U", U), ("entry_state", _host(entry)),
-                        ("out", _host(y)), ("conv_state", _host(state.conv_state)),
+                        ("out", _host(y)), ("attn_out", _host(trace["attn_out"])),
+                        ("conv_state", _host(state.conv_state)),
                         ("recurrent_state", _host(state.recurrent_state))):
             out[f"segments.{i}.{name}"] = np.ascontiguousarray(t, dtype=np.float64)
     return out

@@ -16,6 +16,11 @@ affinely, per value head ``S_end = M · S_start + U`` with the dk×dk *transitio
 and the dk×dv *bias* ``U`` (the range run from the zero state), since ``S_t = A_t S_{t−1} + β_t k_t v_tᵀ``
 (:func:`.delta_rule.delta_rule_recurrent`). Summaries compose in token order:
 ``(M₂, U₂) ∘ (M₁, U₁) = (M₂ M₁, M₂ U₁ + U₂)``.
+
+Tensor × context parallelism (:func:`tpcp_forward`): rank r runs its TP share's heads (a standalone layer of
+them, :func:`gdncheck.sharding.standalone`) on its CP rank's segments: its halo is its own channels' pre-conv
+rows, its summaries its own value heads', its partial its heads' ``out_proj`` columns on its tokens; the
+layer's ``attn_out`` on a segment is the sum of its TP group's partials there.
 """
 
 from __future__ import annotations
@@ -36,9 +41,12 @@ from gdncheck.sharding import (
     B,
     CPPlan,
     RankShare,
+    TPCPPlan,
     TPPlan,
     Z,
     rank_weights,
+    share_order,
+    standalone,
     state_shards,
 )
 
@@ -178,3 +186,35 @@ def cp_forward(cfg: GDNConfig, weights: Mapping[str, np.ndarray], plan: CPPlan, 
                          "out": out, "trace": trace, "conv_state": conv_after, "recurrent_state": rec_after})
         entry = apply(summ, entry)  # what the next segment receives: its predecessors' summaries composed
     return segments, (segments[-1]["conv_state"], segments[-1]["recurrent_state"])
+
+
+def tpcp_forward(cfg: GDNConfig, weights: Mapping[str, np.ndarray], plan: TPCPPlan, x: np.ndarray,
+                 conv_state: np.ndarray, recurrent_state: np.ndarray):
+    """One call under a tensor × context-parallel plan, every rank in float64.
+
+    Each TP share runs as a standalone layer of its heads (:func:`gdncheck.sharding.standalone`) through
+    :func:`cp_forward` from its shards of the entering state; rank r keeps its CP rank's segments. Returns
+    ``(ranks, attn_out)``: ``ranks[r]`` maps each segment index it owns to ``{"tokens", "halo"`` (its conv
+    channels, ``q | k | v``), ``"summary"`` (M, U of its value heads), ``"entry_state"``, ``"attn_out_partial"``
+    ([B, n, D]), ``"attn_out"`` (its TP group's partials summed), ``"recurrent_state"`` (after the segment)``}``;
+    ``attn_out`` [B, T, D] the segments' reduced outputs stitched in token order."""
+    x = f64(x)
+    per_share = []
+    for share in plan.tp.shares:
+        cfg_r, w_r, conv_index = standalone(cfg, share, weights)
+        back = share_order(conv_index, len(share.conv_channels(cfg)))
+        conv_r, rec_r = state_shards(cfg, share, conv_state, recurrent_state)
+        segs, _ = cp_forward(cfg_r, w_r, plan.cp, x, conv_r[:, conv_index], rec_r)
+        per_share.append([{"tokens": s["tokens"], "halo": s["halo"][:, back], "summary": s["summary"],
+                           "entry_state": s["entry_state"], "attn_out_partial": s["trace"]["attn_out"],
+                           "recurrent_state": s["recurrent_state"]} for s in segs])
+    reduced = [sum(per_share[t][i]["attn_out_partial"] for t in range(plan.tp.world))
+               for i in range(len(plan.cp.segments))]
+    ranks = []
+    for r in range(plan.world):
+        own = [i for i, (c, _, _) in enumerate(plan.cp.segments) if c == plan.cp_rank(r)]
+        ranks.append({i: {**per_share[plan.tp_rank(r)][i], "attn_out": reduced[i]} for i in own})
+    attn_out = np.zeros((x.shape[0], x.shape[1], cfg.hidden_size))
+    for i, (_, a, b) in enumerate(plan.cp.segments):
+        attn_out[:, a:b] = reduced[i]
+    return ranks, attn_out

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from gdncheck.config import GDNConfig
-from gdncheck.sharding import OUT, CPPlan, TPPlan
+from gdncheck.sharding import OUT, CPPlan, TPCPPlan, TPPlan
 
 from .metrics import rule_of, scaled_error
 
@@ -26,6 +26,8 @@ TP_STAGES = ("qkv", "qkv_conv", "g", "beta", "core", "core_gated", "attn_out_par
              "recurrent_state")
 #: what a context-parallel segment is judged on, in the order a rank gets it
 CP_STAGES = ("halo", "summary", "entry_state", "out")
+#: what a tensor × context-parallel rank's segment is judged on (its share of each), in the order it gets it
+TPCP_STAGES = ("halo", "summary", "entry_state", "attn_out_partial", "attn_out")
 #: how close "equals" must be, as a fraction of the whole tensor's scale, at least (far below any bound a
 #: failure exceeds); a low-precision port's tensor equals another within twice the bound it failed, and ten
 #: times closer to it than to its golden (:func:`_equals_within`)
@@ -289,6 +291,108 @@ def _cp_fact(plan, i, stage, got, states, ranks, a, scale, within) -> str:
             if _err(got, s, scale) <= within:
                 return "equals its predecessors' summaries composed in reverse token order"
     return ""
+
+
+def judge_tpcp(cfg: GDNConfig, plan: TPCPPlan, ranks: list[dict], trace: dict, states: list, *, bound,
+               weights, nmse_bound=None) -> tuple[list[ShardFailure], int]:
+    """Judge a tensor × context-parallel run of one call: ``ranks[r]`` what rank r wrote
+    (``segments.{i}.{halo, M, U, entry_state, attn_out_partial, attn_out}``), ``trace`` the unsharded call's
+    ``core_gated`` and ``attn_out`` ([B, T, ...]), ``states[t]`` the unsharded ``(conv_state, recurrent_state)``
+    after the call's first t tokens (at every segment boundary), ``weights`` the layer's (``out_proj``). Each
+    rank's segment is judged on its share: the halo at its conv channels, the entry state and the summary at its
+    value heads, its partial (its heads' ``core_gated`` times its ``out_proj`` columns, on the segment's tokens)
+    and the reduced output on those tokens, each by the scale of the whole tensor. A rank that wrote a segment
+    its CP rank does not own, or a share of another shape (other heads or tokens), fails."""
+    failures, judged = [], 0
+    w_out = np.asarray(weights[OUT], dtype=np.float64)
+    for r, written in enumerate(ranks):
+        own = [i for i, (c, _, _) in enumerate(plan.cp.segments) if c == plan.cp_rank(r)]
+        extra = sorted({int(n.split(".")[1]) for n in written if n.startswith("segments.")
+                        and n.split(".")[1].isdecimal()} - set(own))
+        if extra:
+            failures.append(ShardFailure(r, extra[0], "attn_out", float("inf"), f"rank {r} wrote segments {extra} its "
+                                         f"CP rank {plan.cp_rank(r)} does not own (its segments: {own})"))
+    for i, (c, a, b) in enumerate(plan.cp.segments):
+        where = f"segment {i} (tokens {_range(a, b)})"
+        for stage in TPCP_STAGES:
+            b_elem, b_nmse = _bound_of(bound, stage), _bound_of(nmse_bound, stage)
+            shares = {u: _tpcp_share(cfg, plan.tp.shares[u], stage, i, a, b, trace, states, w_out)
+                      for u in range(plan.tp.world)}
+            for t in range(plan.tp.world):
+                r = plan.rank_of(t, c)
+                share = plan.tp.shares[t]
+                want, whole, what = shares[t]
+                seg = {n.split(".", 2)[2]: np.asarray(v) for n, v in ranks[r].items()
+                       if n.startswith(f"segments.{i}.")}
+                judged += 1
+                if stage == "summary":
+                    entry = states[a][1][:, share.v_start:share.v_stop]
+                    got = None if "M" not in seg or "U" not in seg else seg["U"] if (
+                        np.shape(seg["M"]) != entry.shape[:-1] + entry.shape[-2:-1] or seg["U"].shape != entry.shape) \
+                        else seg["M"] @ entry + seg["U"]  # a share of other heads: judged (and said) by its shape
+                else:
+                    got = seg.get(stage)
+                what = f"{what}, tp rank {t} of cp rank {c}"
+                if got is None:
+                    failures.append(ShardFailure(r, i, stage, float("inf"), f"rank {r}, {where}, {stage} ({what}): "
+                                                 f"missing, but every rank must write it"))
+                    continue
+                e = _err(got, want, _scale(whole))
+                n = _nmse(got, want, whole) if nmse_bound is not None else 0.0
+                if e > b_elem or n > b_nmse:
+                    within = _equals_within(e, b_elem)
+                    fact = _tpcp_fact(cfg, plan, t, stage, i, np.asarray(got), seg, shares, states, ranks, a,
+                                      _scale(whole), within)
+                    failures.append(ShardFailure(r, i, stage, max(e / b_elem, n / b_nmse), _message(
+                        r, where, stage, what, got, want, e, b_elem, fact, n, nmse_bound is not None and b_nmse),
+                        _measured(r, e, b_elem, n, nmse_bound is not None and b_nmse)))
+    order = list(TPCP_STAGES)
+    failures.sort(key=lambda f: (f.where, order.index(f.stage), f.rank))
+    return failures, judged
+
+
+def _tpcp_share(cfg, share, stage, i, a, b, trace, states, w_out):
+    """(the golden share, the whole golden tensor, what the share is) of a stage of segment i on a TP share."""
+    v = slice(share.v_start, share.v_stop)
+    heads = f"value heads {_range(share.v_start, share.v_stop)}"
+    if stage == "halo":
+        return (states[a][0][:, share.conv_channels(cfg)], states[a][0],
+                f"conv channels of key heads {_range(share.k_start, share.k_stop)}, {heads}")
+    if stage == "entry_state":
+        return states[a][1][:, v], states[a][1], heads
+    if stage == "summary":
+        return states[b][1][:, v], states[b][1], heads
+    if stage == "attn_out":
+        return trace["attn_out"][:, a:b], trace["attn_out"], "the output reduced over its TP group"
+    cg = trace["core_gated"][:, a:b, v]
+    return (cg.reshape(*cg.shape[:-2], -1) @ w_out[:, share.value_channels(cfg)].T, trace["attn_out"],
+            f"the out_proj partial of {heads}")
+
+
+def _tpcp_fact(cfg, plan, t, stage, i, got, seg, shares, states, ranks, a, scale, within) -> str:
+    """What TP rank ``t``'s failing share of segment ``i`` equals instead, where it does: its own partial or twice
+    the reduced output (``attn_out``), another TP rank's share, and the context-parallel facts on its heads."""
+    scale = max(scale, 1e-300)
+
+    def close(x) -> bool:
+        return x is not None and np.shape(x) == np.shape(got) and _err(got, np.asarray(x, np.float64), scale) <= within
+
+    if stage == "attn_out":
+        if close(seg.get("attn_out_partial")):
+            return "equals its own out_proj partial: the all-reduce did not run"
+        if close(2 * shares[t][0]):
+            return "equals 2× the reduced output: reduced twice"
+        return ""
+    for u, (want, _, _) in shares.items():
+        if u != t and close(want):
+            other = plan.tp.shares[u]
+            return f"equals TP rank {u}'s share (value heads {_range(other.v_start, other.v_stop)})"
+    share = plan.tp.shares[t]
+    if stage in ("halo", "entry_state"):  # the context-parallel facts, on the share's channels and heads
+        ch, v = share.conv_channels(cfg), slice(share.v_start, share.v_stop)
+        sliced = [None if st is None else (st[0][:, ch], st[1][:, v]) for st in states]
+        return _cp_fact(plan.cp, i, stage, got, sliced, [ranks[m] for m in plan.cp_group(t)], a, scale, within)
+    return "is zero everywhere" if not np.any(got) else ""
 
 
 def _measured(rank: int, e: float, bound: float, nmse: float, nmse_bound) -> dict | None:

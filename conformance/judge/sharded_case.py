@@ -25,7 +25,7 @@ from gdncheck.stages import stage_index, stage_of
 from gdncheck.untrusted import safe_text
 
 from .records import FirstDivergence, Record
-from .sharded import CP_STAGES, TP_STAGES, judge_cp, judge_tp
+from .sharded import CP_STAGES, TP_STAGES, TPCP_STAGES, judge_cp, judge_tp, judge_tpcp
 
 #: the tensor of the tolerance table (and of a record) each sharded stage is judged as
 TENSOR_OF = {"attn_out_partial": "attn_out", "halo": "conv_state", "summary": "recurrent_state",
@@ -70,9 +70,10 @@ def judge_sharded(cj) -> None:
     for name in _stray_ranks(cj, plan.world):
         problems.append(f"{name}: a rank file of a rank the plan does not have (world {plan.world})")
     for p in problems:
-        cj.report.records.append(_record(cj, shard_at, "shard", None, "attn_out" if kind == "tp" else "out", "fail",
-                                         safe_text(p)))
-    bounds = {s: cj.table.bound(TENSOR_OF[s], cj.profile, END_TO_END, cj.case) for s in (*TP_STAGES, *CP_STAGES)}
+        stage = "out" if kind == "cp" else "attn_out"
+        cj.report.records.append(_record(cj, shard_at, "shard", None, stage, "fail", safe_text(p)))
+    bounds = {s: cj.table.bound(TENSOR_OF[s], cj.profile, END_TO_END, cj.case) for s in (*TP_STAGES, *CP_STAGES,
+                                                                                          *TPCP_STAGES)}
     bound, nmse_bound = {s: b.elem for s, b in bounds.items()}, {s: b.nmse for s, b in bounds.items()}
     if kind == "tp":
         goldens = []
@@ -87,16 +88,26 @@ def judge_sharded(cj) -> None:
         judged_keys = [(step["call"], s) for step in call_steps(program) for s in TP_STAGES
                        if s in goldens[step["call"]] or s == "attn_out_partial"]
     else:
-        T = plan.T
+        cp = plan if kind == "cp" else plan.cp
+        T = cp.T
         states: list = [None] * (T + 1)
         for t in range(T + 1):
             if f"shard.{t}.conv_state" in cj.gold:
                 states[t] = (np.asarray(cj.gold.read(f"shard.{t}.conv_state"), dtype=np.float64),
                              np.asarray(cj.gold.read(f"shard.{t}.recurrent_state"), dtype=np.float64))
-        trace = {"out": np.asarray(cj.gold.read(f"calls.{cp_call}.out"), dtype=np.float64)}
-        failures, judged = judge_cp(cfg, plan, ranks, trace, states, bound=bound, nmse_bound=nmse_bound)
-        stages, where = CP_STAGES, {i: at[cp_call] for i in range(len(plan.segments))}
-        judged_keys = [(i, s) for i in range(len(plan.segments)) for s in CP_STAGES]
+        if kind == "cp":
+            trace = {"out": np.asarray(cj.gold.read(f"calls.{cp_call}.out"), dtype=np.float64)}
+            failures, judged = judge_cp(cfg, plan, ranks, trace, states, bound=bound, nmse_bound=nmse_bound)
+            stages = CP_STAGES
+        else:  # each rank's share (its heads on its tokens), FORMAT.md §4.2
+            trace = {n: np.asarray(cj.gold.read(f"calls.{cp_call}.{n}"), dtype=np.float64)
+                     for n in ("core_gated", "attn_out")}
+            weights = {n[len("weights."):]: cj.gold.read(n) for n in cj.gold if n.startswith("weights.")}
+            failures, judged = judge_tpcp(cfg, plan, ranks, trace, states, bound=bound, weights=weights,
+                                          nmse_bound=nmse_bound)
+            stages = TPCP_STAGES
+        where = {i: at[cp_call] for i in range(len(cp.segments))}
+        judged_keys = [(i, s) for i in range(len(cp.segments)) for s in stages]
     failed = {(f.where, f.stage) for f in failures}
     for f in failures:
         step, op = where.get(f.where, (shard_at, "shard"))

@@ -249,10 +249,10 @@ def cp_rank(rank: int, world: int, dist, spec: dict) -> dict[str, np.ndarray]:
             entry = apply(summaries[j], entry)
         if fault == "entry_from_zeros" and i:
             entry = np.zeros_like(rec0)
-        y, conv_after, rec_after, _ = layer_forward(cfg, params, xs[i], halos[i], entry, delta_rule="recurrent")
+        y, conv_after, rec_after, seg = layer_forward(cfg, params, xs[i], halos[i], entry, delta_rule="recurrent")
         M, U = summaries[i]
         for name, t in (("halo", halos[i]), ("M", M), ("U", U), ("entry_state", entry), ("out", y),
-                        ("conv_state", conv_after), ("recurrent_state", rec_after)):
+                        ("attn_out", seg["attn_out"]), ("conv_state", conv_after), ("recurrent_state", rec_after)):
             out[f"segments.{i}.{name}"] = np.ascontiguousarray(t, dtype=np.float64)
     return out
 

@@ -6,7 +6,8 @@ Every rank of a sharded case runs its share with the port's own code (``tensor_p
 (``sharded``, ``world``) and no tensor. Two ways to run the ranks:
 
 - without ``--world`` (the gate, a plain ``run``): in this process, rank by rank, the all-reduce and the
-  context-parallel exchange on threads (:class:`~gdncheck.harness.sharded.ThreadGroup`);
+  context-parallel exchange (both, for tensor × context parallelism) on threads
+  (:class:`~gdncheck.harness.sharded.ThreadGroup`);
 - ``--world N``: N spawned processes on ``torch.distributed`` (gloo on CPUs, NCCL where CUDA is), one
   launch for every sharded case selected (:func:`gdncheck.conformance.ports.distributed.launch`).
 """
@@ -34,6 +35,7 @@ from gdncheck.harness.sharded import (
     shard_step,
     sharded_method,
     tp_rank_outputs,
+    tpcp_rank_outputs,
 )
 from gdncheck.safetensors_io import SafetensorsFile
 
@@ -92,17 +94,18 @@ RELEASED = "released from a collective: another rank failed"
 
 def rank_work(factory, entry: Mapping, inp, gold_state_in: Mapping, profile: str, options, rank: int, comm,
               snapshot_dir):
-    """One rank's share of one case before the collectives of TP: ``(tensors, status, impl)``; CP runs whole
-    here (impl None)."""
+    """One rank's share of one case before the collectives of TP: ``(tensors, status, impl)``; CP and TP × CP
+    run whole here, their collectives included (impl None)."""
     kind, plan, call = case_plan(entry)
     step = shard_step(entry["program"])
     if kind == "tp":
         tensors, error, na, impl = tp_rank_outputs(factory, inp, step["tp"], rank, profile=profile, options=options,
                                                    snapshot_dir=snapshot_dir)
         return tensors, _status(error, na), impl
+    run_call = cp_rank_outputs if kind == "cp" else tpcp_rank_outputs
     try:
-        tensors = cp_rank_outputs(factory, inp, step["cp"], call, rank, comm, profile=profile, options=options,
-                                  state_in=gold_state_in)
+        tensors = run_call(factory, inp, step[kind], call, rank, comm, profile=profile, options=options,
+                           state_in=gold_state_in)
     except threading.BrokenBarrierError as exc:  # another rank failed and released this one from a collective
         return {}, _status({"code": error_code(exc), "message": RELEASED, "step": entry["program"].index(step)}), None
     except Exception as exc:  # noqa: BLE001 - the port's failure is a result
@@ -116,7 +119,7 @@ def rank_work(factory, entry: Mapping, inp, gold_state_in: Mapping, profile: str
 
 def state_in(gold: SafetensorsFile, entry: Mapping) -> dict:
     kind, _, call = case_plan(entry)
-    if kind != "cp":
+    if kind not in ("cp", "tpcp"):
         return {}
     return {n: gold.read(f"calls.{call}.{n}_in") for n in ("conv_state", "recurrent_state")
             if f"calls.{call}.{n}_in" in gold}
@@ -137,7 +140,7 @@ def run_in_process(factory, entry: Mapping, inp, gold: SafetensorsFile, profile:
     """Every rank of one case in this process: ``(ranks' tensors, status)``."""
     kind, plan, _ = case_plan(entry)
     entering = state_in(gold, entry)
-    if kind == "cp":
+    if kind in ("cp", "tpcp"):
         results = run_in_threads(plan.world, lambda r, g: rank_work(factory, entry, inp, entering, profile, options,
                                                                     r, g, snapshot_dir))
         bad = [s for _, s, _ in results if s["error"] or s["not_applicable"]]

@@ -15,7 +15,13 @@ goldens are the unsharded layer's); each rank of a port runs its share:
   conv_state, recurrent_state, *, profile, **options)`` runs rank ``rank``'s segments (``xs``: segment
   index -> its tokens ``[B, n, D]``) entered with the call's state, exchanging with the other ranks
   through ``comm`` (``all_gather_object(parts, obj)`` as ``torch.distributed`` has it), and returns
-  ``{"segments.{i}.{halo,M,U,entry_state,out}": array}``.
+  ``{"segments.{i}.{halo,M,U,entry_state,out}": array}`` (and ``segments.{i}.attn_out``, the layer's
+  ``attn_out`` on the segment's tokens, which tensor × context parallelism reads).
+- **tensor × context parallelism** (a ``tpcp`` plan): composed here from the port's ``context_parallel``
+  (:func:`tpcp_rank_outputs`): rank r runs its TP share as a layer of its heads
+  (:func:`gdncheck.sharding.standalone`) context-parallel over its CP rank's segments, exchanging with its
+  CP group (the ranks of its TP rank); its ``out_proj`` partial on a segment is that layer's ``attn_out``
+  there, all-reduced over its TP group (the ranks of its CP rank).
 
 :func:`rank_program` is one rank's work on a case, with the collectives of a real run (``dist``:
 ``torch.distributed`` on spawned ranks, or :class:`ThreadGroup` in one process).
@@ -31,7 +37,7 @@ import numpy as np
 
 from gdncheck.config import GDNConfig
 from gdncheck.errors import GDNError
-from gdncheck.sharding import plan_from_json, standalone
+from gdncheck.sharding import SubGroup, plan_from_json, share_order, standalone
 from gdncheck.weights import LayerWeights
 
 from .contract import NotApplicable, to_numpy
@@ -42,6 +48,9 @@ TP_RANK_TENSORS = ("qkv", "qkv_conv", "g", "beta", "core", "core_gated", "attn_o
                    "conv_state", "recurrent_state")
 #: what a context-parallel rank writes per segment it owns
 CP_RANK_TENSORS = ("halo", "M", "U", "entry_state", "out")
+#: what a tensor × context-parallel rank writes per segment it owns (its share of each; ``attn_out`` after the
+#: all-reduce over its TP group)
+TPCP_RANK_TENSORS = ("halo", "M", "U", "entry_state", "attn_out_partial", "attn_out")
 _SHARE_ORDER = ("qkv", "qkv_conv")  # the rank layer's conv channels, read back in the share's order
 _PER_HEAD = ("g", "beta", "core", "core_gated")
 _SERVING = ("forward_packed", "prefix_snapshots", "verify_spec", "forward_mixed")
@@ -63,16 +72,23 @@ def shard_step(program: Any) -> Mapping[str, Any] | None:
 
 
 def plan_of(step: Mapping[str, Any], cfg: GDNConfig):
-    """``(kind, plan, call)`` of a shard step: ``("tp", TPPlan, None)`` or ``("cp", CPPlan, call)``."""
-    if ("tp" in step) == ("cp" in step):
-        raise ShardedCaseError("expected a shard step with one plan, tp or cp, found "
-                               + ("both" if "tp" in step else "neither"))
-    if "tp" in step:
+    """``(kind, plan, call)`` of a shard step: ``("tp", TPPlan, None)``, ``("cp", CPPlan, call)`` or
+    ``("tpcp", TPCPPlan, call)``."""
+    kinds = [k for k in ("tp", "cp", "tpcp") if k in step]
+    if len(kinds) != 1:
+        raise ShardedCaseError("expected a shard step with one plan, tp, cp or tpcp, found "
+                               + (" and ".join(kinds) if kinds else "none"))
+    kind = kinds[0]
+    if kind == "tp":
         return "tp", plan_from_json(step["tp"], cfg), None
     call = step.get("call")
     if isinstance(call, bool) or not isinstance(call, int):
         raise ShardedCaseError(f"expected a context-parallel shard step's call, found {str(call)[:20]!r}")
-    return "cp", plan_from_json(step["cp"], cfg), call
+    plan = plan_from_json(step[kind], cfg)
+    if plan.to_json()["kind"] != kind:
+        raise ShardedCaseError(f"expected the shard step's {kind} a plan of kind {kind!r}, found "
+                               f"{plan.to_json()['kind']!r}")
+    return kind, plan, call
 
 
 def world_of(program: Any, config: Mapping[str, Any]) -> int | None:
@@ -89,8 +105,7 @@ class RankImplementation:
     def __init__(self, impl: Any, cfg: GDNConfig, share, conv_index: np.ndarray):
         self.impl = impl
         self.name = f"{getattr(impl, 'name', 'implementation')} (rank {share.rank})"
-        n = len(share.conv_channels(cfg))
-        self._back = np.array([int(np.flatnonzero(conv_index == c)[0]) for c in range(n)])
+        self._back = share_order(conv_index, len(share.conv_channels(cfg)))
 
     def _share(self, out: Any, trace: Mapping[str, Any]) -> tuple[np.ndarray, dict[str, np.ndarray]]:
         t = {n: to_numpy(trace[n]) for n in (*_SHARE_ORDER, *_PER_HEAD) if n in trace}
@@ -158,7 +173,8 @@ def standalone_ranks(factory: Callable[..., Any]) -> Callable[..., RankImplement
 
 
 def sharded_method(factory: Any, kind: str) -> Callable | None:
-    """The factory's ``tensor_parallel`` (kind ``tp``) or ``context_parallel`` (``cp``), or None."""
+    """The factory's ``tensor_parallel`` (kind ``tp``) or ``context_parallel`` (``cp``, and ``tpcp``, which
+    composes it with the TP shares: :func:`tpcp_rank_outputs`), or None."""
     return getattr(factory, "tensor_parallel" if kind == "tp" else "context_parallel", None)
 
 
@@ -276,6 +292,61 @@ def all_reduced(tensors: dict[str, np.ndarray], reduce: Callable[[np.ndarray], n
             tensors[f"calls.{step['call']}.attn_out"] = reduce(tensors[key])
 
 
+def _entering(cfg: GDNConfig, B: int, state_in: Mapping | None):
+    conv = np.zeros((B, cfg.conv_dim, cfg.conv_kernel))
+    rec = np.zeros((B, cfg.num_v_heads, cfg.head_k_dim, cfg.head_v_dim))
+    if state_in:
+        conv = np.asarray(state_in.get("conv_state", conv), dtype=np.float64)
+        rec = np.asarray(state_in.get("recurrent_state", rec), dtype=np.float64)
+    return conv, rec
+
+
+def tpcp_rank_outputs(factory: Any, case: CaseInput, plan_json: Mapping, call: int, rank: int, comm, *,
+                      profile: str, options: Mapping | None = None, state_in: Mapping | None = None):
+    """Rank ``rank`` of a tensor × context-parallel call (a ``tpcp`` plan), composed from the port's
+    ``context_parallel``: its TP share as a layer of its heads (:func:`gdncheck.sharding.standalone`) entered with
+    its shards of the call's state, run over its CP rank's segments with its CP group, then each segment's
+    ``out_proj`` partial (that layer's ``attn_out``) all-reduced over its TP group. Returns
+    ``segments.{i}.{halo, M, U, entry_state, attn_out_partial, attn_out}`` in the share's layout (the halo's
+    channels ``q | k | v`` of its heads, the rest its value heads); a segment whose partial the port did not
+    return is not reduced (verify fails it as missing)."""
+    method = sharded_method(factory, "tpcp")
+    cfg = GDNConfig.from_hf(dict(case.config))
+    plan = plan_from_json(plan_json, cfg)
+    share = plan.share(rank)
+    cfg_r, w_r, conv_index = standalone(cfg, share, case.weights)
+    back = share_order(conv_index, len(share.conv_channels(cfg)))
+    x = np.asarray(case.inputs[call])
+    xs = {i: x[:, a:b] for i, (r, a, b) in enumerate(plan.cp.segments) if r == plan.cp_rank(rank)}
+    conv, rec = _entering(cfg, x.shape[0], state_in)
+    conv_r = conv[:, share.conv_channels(cfg)][:, conv_index]
+    rec_r = rec[:, share.v_start:share.v_stop]
+    weights = LayerWeights({n: np.asarray(a, dtype=np.float32) for n, a in w_r.items()}, config=cfg_r,
+                           source=f"fixture {case.id}, rank {rank}'s share")
+    got = method(cfg_r, weights, plan.cp.to_json(), plan.cp_rank(rank), SubGroup(comm, plan.world, plan.cp_group(rank)),
+                 xs, conv_r, rec_r, profile=profile, **dict(options or {}))
+    got = {str(n): np.asarray(to_numpy(t), dtype=np.float64) for n, t in got.items()}
+    out: dict[str, np.ndarray] = {}
+    for n, t in got.items():
+        parts = n.split(".")
+        if len(parts) != 3 or parts[0] != "segments":
+            continue
+        name = {"attn_out": "attn_out_partial"}.get(parts[2], parts[2])
+        if name in TPCP_RANK_TENSORS:
+            out[f"segments.{parts[1]}.{name}"] = t[:, back] if name == "halo" and t.ndim == 3 else t
+    # the all-reduce over the TP group: one collective on every rank, whatever it holds
+    mine = {k: v for k, v in out.items() if k.endswith(".attn_out_partial")}
+    parts: list = []
+    SubGroup(comm, plan.world, plan.tp_group(rank)).all_gather_object(parts, mine)
+    for k in mine:
+        if all(k in p and np.shape(p[k]) == np.shape(mine[k]) for p in parts):
+            total = np.array(parts[0][k], dtype=np.float64, copy=True)
+            for p in parts[1:]:
+                total = total + p[k]
+            out[k.replace(".attn_out_partial", ".attn_out")] = total
+    return out
+
+
 def cp_rank_outputs(factory: Any, case: CaseInput, plan_json: Mapping, call: int, rank: int, comm, *,
                     profile: str, options: Mapping | None = None, state_in: Mapping | None = None):
     """Rank ``rank``'s segments of the context-parallel call ``call``, entered with ``state_in`` (the goldens'
@@ -285,12 +356,7 @@ def cp_rank_outputs(factory: Any, case: CaseInput, plan_json: Mapping, call: int
     plan = plan_from_json(plan_json, cfg)
     x = np.asarray(case.inputs[call])
     xs = {i: x[:, a:b] for i, (r, a, b) in enumerate(plan.segments) if r == rank}
-    B = x.shape[0]
-    conv = np.zeros((B, cfg.conv_dim, cfg.conv_kernel))
-    rec = np.zeros((B, cfg.num_v_heads, cfg.head_k_dim, cfg.head_v_dim))
-    if state_in:
-        conv = np.asarray(state_in.get("conv_state", conv), dtype=np.float64)
-        rec = np.asarray(state_in.get("recurrent_state", rec), dtype=np.float64)
+    conv, rec = _entering(cfg, x.shape[0], state_in)
     weights = LayerWeights(case.weights, config=cfg, source=f"fixture {case.id}")
     got = method(cfg, weights, dict(plan_json), rank, comm, xs, conv, rec, profile=profile, **dict(options or {}))
     return {str(n): np.asarray(to_numpy(t), dtype=np.float64) for n, t in got.items()}

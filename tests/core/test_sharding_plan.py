@@ -9,7 +9,7 @@ import pytest
 
 from gdncheck.config import GDNConfig
 from gdncheck.errors import ShardPlanError
-from gdncheck.sharding import cp_plan, plan_from_json, tp_plan
+from gdncheck.sharding import SubGroup, cp_plan, plan_from_json, tp_plan, tpcp_plan
 
 
 def cfg(Hk=2, Hv=4, dk=4, dv=3):
@@ -104,8 +104,49 @@ def test_json_round_trip_and_edited_plans_refused():
     edited["ranks"][0]["k_heads"] = [0, 2]  # a rank claiming a key head it does not read
     with pytest.raises(ShardPlanError, match="differs"):
         plan_from_json(edited, c)
-    for bad, match in [("{", "does not parse"), ({"kind": "pp"}, "kind 'tp' or 'cp'"),
+    for bad, match in [("{", "does not parse"), ({"kind": "pp"}, "kind 'tp', 'cp' or 'tpcp'"),
                        ({"kind": "cp", "format": 9}, "plan format 1"),
                        ({"kind": "cp", "format": 1, "world": 2}, "lacking")]:
         with pytest.raises(ShardPlanError, match=match):
             plan_from_json(bad, c)
+
+
+def test_tpcp_plan_numbers_ranks_tp_fastest_and_refuses_hand_edits():
+    """TP x CP: rank r is TP rank r % tp of CP rank r // tp (Megatron's order), counted by hand; its CP group the
+    ranks of its TP rank, its TP group the ranks of its CP rank; a plan edited by hand is refused in one line."""
+    c = cfg(Hk=2, Hv=4)
+    plan = tpcp_plan(tp_plan(c, 2), cp_plan(14, 2, boundaries=[5]))
+    doc = plan.to_json()
+    assert doc["kind"] == "tpcp" and doc["world"] == 4 and doc["order"] == "tp_fastest"
+    assert [(r["tp_rank"], r["cp_rank"]) for r in doc["ranks"]] == [(0, 0), (1, 0), (0, 1), (1, 1)]
+    assert [list(plan.share(r).v_heads) for r in range(4)] == [[0, 1], [2, 3], [0, 1], [2, 3]]
+    assert [plan.cp.ranges(plan.cp_rank(r)) for r in range(4)] == [[(0, 5)], [(0, 5)], [(5, 14)], [(5, 14)]]
+    assert plan.cp_group(3) == [1, 3] and plan.tp_group(3) == [2, 3] and plan.tp_group(0) == [0, 1]
+    assert plan_from_json(json.dumps(doc), c) == plan
+    edits = [
+        (lambda d: d["ranks"][1].update(tp_rank=0, cp_rank=1), "differs"),  # CP fastest: another numbering
+        (lambda d: d.update(order="cp_fastest"), "TP rank fastest"),
+        (lambda d: d.update(world=2), "differs"),
+        (lambda d: d["cp"]["segments"][1].update(rank=0), "differs"),
+        (lambda d: d["tp"]["ranks"][1].update(v_heads=[2, 5]), "summing to 4"),
+        (lambda d: d.update(cp=d["tp"]), "its cp a context-parallel"),
+        (lambda d: d.pop("order"), "lacking"),
+    ]
+    for edit, match in edits:
+        bad = json.loads(json.dumps(doc))
+        edit(bad)
+        with pytest.raises(ShardPlanError, match=match) as exc:
+            plan_from_json(bad, c)
+        assert "\n" not in str(exc.value)
+    with pytest.raises(ShardPlanError, match="world size"):
+        tpcp_plan(tp_plan(cfg(Hk=2, Hv=64), 64), cp_plan(1 << 10, 32))  # 2048 ranks
+
+
+def test_a_subgroup_keeps_its_members_parts_in_member_order():
+    class World:
+        def all_gather_object(self, parts, obj):
+            parts[:] = [f"r{r}:{obj}" for r in range(len(parts))]
+
+    parts: list = []
+    SubGroup(World(), 4, [3, 1]).all_gather_object(parts, "x")
+    assert parts == ["r3:x", "r1:x"]

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 from gdncheck.reference import Layer, delta_rule_recurrent
-from gdncheck.reference.sharded import apply, compose, cp_forward, summary, tp_forward, transition
-from gdncheck.sharding import cp_plan, tp_plan
+from gdncheck.reference.sharded import apply, compose, cp_forward, summary, tp_forward, tpcp_forward, transition
+from gdncheck.sharding import cp_plan, tp_plan, tpcp_plan
 from gdncheck.synthetic import make_inputs, make_weights
 from tests.helpers import delta_inputs, tiny_config
 
@@ -112,3 +112,51 @@ def test_tp_times_cp_each_tp_rank_split_over_tokens(tp_world, counts, cp_world, 
         attn += np.concatenate([s["trace"]["attn_out"] for s in segs], axis=1)
         assert np.max(np.abs(rec_end - state.recurrent_state[:, share.v_start:share.v_stop])) <= 1e-12
     assert np.max(np.abs(attn - trace["attn_out"])) <= 1e-12 * max(1.0, np.max(np.abs(trace["attn_out"])))
+
+
+@pytest.mark.parametrize("tp_world,counts,cp_world,layout,bounds", [
+    (2, None, 2, "contiguous", [5]), (3, [2, 3, 1], 2, "zigzag", None), (2, None, 3, "contiguous", [1, 9])])
+def test_tpcp_ranks_stitch_and_sum_to_the_unsharded_layer(tp_world, counts, cp_world, layout, bounds):
+    """tpcp_forward: every rank's halo is its channels of the unsharded conv state at its segment's first token,
+    its entry state and its summary applied to it its heads of the unsharded state at its segment's ends, and
+    the TP group's partials summed on each segment, stitched, equal the unsharded attn_out (<= 1e-12)."""
+    cfg = tiny_config(Hk=2, Hv=6, dk=4, dv=3, D=8, I=12, K=4)
+    w = make_weights(cfg, seed=8)
+    T = 14
+    x = make_inputs(cfg, 2, T, seed=9)
+    conv0, rec0, out, trace, state = _unsharded(cfg, w, x)
+    plan = tpcp_plan(tp_plan(cfg, tp_world, counts), cp_plan(T, cp_world, layout, bounds))
+    ranks, attn_out = tpcp_forward(cfg, w, plan, x, conv0, rec0)
+    scale = np.max(np.abs(trace["attn_out"]))
+    assert np.max(np.abs(attn_out - trace["attn_out"])) <= 1e-12 * scale
+
+    def state_after(t):  # the unsharded state after the call's first t tokens (an independent run, recurrent)
+        if t == 0:
+            return conv0, rec0
+        from gdncheck.reference.layer import Params, layer_forward
+        _, conv, rec, _ = layer_forward(cfg, Params({n: np.asarray(a, np.float64) for n, a in w.items()}),
+                                        x[:, :t], conv0, rec0, delta_rule="recurrent")
+        return conv, rec
+
+    seen = set()
+    for r, segs in enumerate(ranks):
+        share = plan.share(r)
+        ch, v = share.conv_channels(cfg), slice(share.v_start, share.v_stop)
+        assert sorted(segs) == [i for i, (c, _, _) in enumerate(plan.cp.segments) if c == plan.cp_rank(r)]
+        for i, seg in segs.items():
+            a, b = seg["tokens"]
+            (conv_a, rec_a), (_, rec_b) = state_after(a), state_after(b)
+            assert np.max(np.abs(seg["halo"] - conv_a[:, ch])) <= 1e-14
+            assert np.max(np.abs(seg["entry_state"] - rec_a[:, v])) <= 1e-12
+            assert np.max(np.abs(apply(seg["summary"], rec_a[:, v]) - rec_b[:, v])) <= 1e-12
+            # the partial: its heads' core_gated times its columns of out_proj, on its tokens
+            cg = trace["core_gated"][:, a:b, v]
+            cols = np.asarray(w["linear_attn.out_proj.weight"])[:, share.value_channels(cfg)]
+            want = cg.reshape(*cg.shape[:2], -1) @ cols.T
+            assert np.max(np.abs(seg["attn_out_partial"] - want)) <= 1e-12 * scale
+            assert np.max(np.abs(seg["attn_out"] - trace["attn_out"][:, a:b])) <= 1e-12 * scale
+            seen.add((plan.tp_rank(r), i))
+        if len(plan.cp.segments) > 1 and segs:  # the partial is the rank's heads alone: not the reduced output
+            i = next(iter(segs))
+            assert np.max(np.abs(segs[i]["attn_out_partial"] - segs[i]["attn_out"])) > 1e-3 * scale
+    assert seen == {(t, i) for t in range(tp_world) for i in range(len(plan.cp.segments))}
