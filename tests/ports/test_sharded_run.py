@@ -38,7 +38,7 @@ def _case(suite, prefix):
 def test_the_sharded_suite_requires_the_feature_and_keeps_it_optional(suite):
     m = load_manifest(suite)
     assert m["format_version"] == "1.3" and m["features"]["sharded"]["since"] == "1.3"
-    assert len(m["cases"]) == 7
+    assert len(m["cases"]) == 8
     for c in m["cases"]:
         assert c["program"][1]["op"] == "shard" and c["requires"]["sharded"] == 1
         assert "sharded" in c["coverage"]["features"] and "sharded" in c["tags"]
@@ -46,9 +46,9 @@ def test_the_sharded_suite_requires_the_feature_and_keeps_it_optional(suite):
 
 def test_reference_conforms_in_process(suite, tmp_path):
     rep = run_impl("reference", suite, tmp_path, "f32")
-    assert [c.status for c in rep.cases] == ["ran"] * 7
+    assert [c.status for c in rep.cases] == ["ran"] * 8
     s = _verify(suite, tmp_path)
-    assert s.exit_code == 0 and [c.status for c in s.cases] == ["pass"] * 7
+    assert s.exit_code == 0 and [c.status for c in s.cases] == ["pass"] * 8
     assert sum(c.judged for c in s.cases) > 100
     # every rank wrote its own file, and only its share: TP 3's rank 1 holds value heads 2-4 (3 heads)
     tp3 = _case(suite, "tp3-uneven")
@@ -112,7 +112,7 @@ def test_reference_conforms_on_spawned_gloo_ranks(suite, tmp_path, world):
                  "--tag", f"world-{world}", "--world", str(world)])
     assert code == 0
     s = _verify(suite, tmp_path, tags=[f"world-{world}"])
-    assert [c.status for c in s.cases] == ["pass"] * 3
+    assert [c.status for c in s.cases] == ["pass"] * {2: 3, 4: 4}[world]  # world 4: tp4-past-keys, cp4-*, tp2-cp2
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".gdncheck-ranks-")]
 
 
@@ -218,6 +218,7 @@ def test_a_users_file_at_a_rank_files_name_is_never_replaced(suite, tmp_path, ca
     (lambda step: step["tp"]["ranks"][0].update(v_heads=[0, 3]), "shard step: expected value-head counts summing to 4"),
     (lambda step: step.update(tp={"kind": "tp", "format": 1, "world": 3}), "shard step:"),
     (lambda step: step.update(cp={"kind": "cp"}), "shard step: expected a shard step with one plan"),
+    (lambda step: step.update(tpcp=step.pop("tp"), call=1), "shard step: expected the shard step's tpcp a plan of kind"),
 ])
 def test_a_damaged_plan_makes_that_case_unusable_and_the_others_run(suite, tmp_path, edit, said):
     import json as _json
@@ -230,10 +231,10 @@ def test_a_damaged_plan_makes_that_case_unusable_and_the_others_run(suite, tmp_p
     edit(next(s for s in _case_entry(doc, "tp2")["program"] if s["op"] == "shard"))
     (copy / "manifest.json").write_text(_json.dumps(doc))
     problems: list[CaseProblem] = []
-    assert len(load_manifest(copy, problems)["cases"]) == 6
+    assert len(load_manifest(copy, problems)["cases"]) == 7
     assert len(problems) == 1 and said in problems[0].message, problems
     rep = run_impl("reference", copy, tmp_path / "out", "f32")
-    assert sorted(c.status for c in rep.cases) == ["ran"] * 6 + ["skipped"]
+    assert sorted(c.status for c in rep.cases) == ["ran"] * 7 + ["skipped"]
 
 
 def _case_entry(doc, prefix):
@@ -256,3 +257,128 @@ def test_a_failing_sharded_case_keeps_its_summary_schema_and_gets_a_report(suite
     capsys.readouterr()
     assert main(["report", str(summary), "-o", str(report), "--fixtures", str(suite), "--outputs", str(out)]) == 0
     assert "rank 0, call 0, attn_out" in (report / "cases" / f"{cid}.html").read_text(encoding="utf-8")
+
+
+# --- tensor × context parallelism (tp2-cp2: TP 2 × CP 2, TP rank fastest; segment 0 tokens 0-4, 1 tokens 5-13)
+
+
+@pytest.mark.parametrize("profile", ["f32", "bf16"])
+def test_triton_conforms_in_process_tensor_times_context_parallel(suite, tmp_path, profile):
+    """The Triton path's TP x CP: each TP share as a layer of its heads, its context_parallel_rank over the CP
+    group of its TP rank, the partials reduced over the TP group; every rank's share judged."""
+    pytest.importorskip("triton")
+    run_impl("triton", suite, tmp_path, profile, tags=["tpcp"])
+    s = _verify(suite, tmp_path, profile, tags=["tpcp"])
+    assert [c.status for c in s.cases] == ["pass"], [c.message for c in s.cases]
+    judged = {(r.tensor, r.verdict) for c in s.cases for r in c.records}
+    assert judged == {(t, "pass") for t in ("conv_state", "recurrent_state", "attn_out")}
+
+
+def _tampered(suite, tmp_path, edit):
+    """tp2-cp2 run by the reference, then ``edit(files)`` on its rank files' tensors (rank -> name -> array)."""
+    from gdncheck.safetensors_io import SafetensorsFile, write_safetensors
+
+    cid = _case(suite, "tp2-cp2")
+    run_impl("reference", suite, tmp_path, "f32", cases=[cid])
+    files, metas = {}, {}
+    for r in range(4):
+        f = SafetensorsFile(tmp_path / f"{cid}.rank{r}.safetensors")
+        files[r], metas[r] = {k: np.asarray(f.read(k)) for k in f}, f.metadata
+    edit(files)
+    for r in range(4):
+        write_safetensors(tmp_path / f"{cid}.rank{r}.safetensors", files[r], metas[r])
+    (rep,) = _verify(suite, tmp_path, cases=[cid]).cases
+    return rep
+
+
+def test_tpcp_rank_files_hold_each_share_and_conform(suite, tmp_path):
+    """Each rank writes its heads on its tokens: rank 3 (TP 1, CP 1) holds value heads 2-3 on tokens 5-13, its
+    halo its 64 conv channels (q, k of key head 1, v of value heads 2-3); the TP group's partials sum to the
+    reduced output each rank writes."""
+    rep = _tampered(suite, tmp_path, lambda files: None)
+    assert rep.status == "pass", rep.message
+    from gdncheck.safetensors_io import SafetensorsFile
+
+    cid = _case(suite, "tp2-cp2")
+    r2, r3 = (SafetensorsFile(tmp_path / f"{cid}.rank{r}.safetensors") for r in (2, 3))
+    assert sorted({k.split(".")[1] for k in r3}) == ["1"]
+    assert r3.shape_of("segments.1.halo") == (1, 64, 4) and r3.shape_of("segments.1.entry_state") == (1, 2, 16, 16)
+    assert r3.shape_of("segments.1.attn_out_partial") == (1, 9, 32)
+    summed = r2.read("segments.1.attn_out_partial") + r3.read("segments.1.attn_out_partial")
+    gold = SafetensorsFile(suite / f"{cid}.safetensors").read("calls.1.attn_out")[:, 5:14]
+    assert np.max(np.abs(summed - gold)) <= 1e-12 * np.max(np.abs(gold))
+    assert np.array_equal(r2.read("segments.1.attn_out"), r3.read("segments.1.attn_out"))
+
+
+def _swap_heads(files):  # rank 3 writes TP rank 0's heads (rank 2's tensors) on its tokens
+    files[3] = {k: v.copy() for k, v in files[2].items()}
+
+
+def _all_tokens(files):  # rank 2's partial holds the call's 14 tokens (context parallelism that did not split)
+    p = files[2]["segments.1.attn_out_partial"]
+    files[2]["segments.1.attn_out_partial"] = np.concatenate([np.zeros((1, 5, p.shape[-1])), p], axis=1)
+
+
+def _unreduced(files):  # rank 1 skips the all-reduce over its TP group
+    files[1]["segments.0.attn_out"] = files[1]["segments.0.attn_out_partial"].copy()
+
+
+def _foreign_segment(files):  # rank 0 also writes segment 1, which its CP rank does not own
+    files[0]["segments.1.halo"] = files[2]["segments.1.halo"]
+
+
+def _all_heads(files):  # rank 0's entry state holds every value head
+    files[0]["segments.0.entry_state"] = np.concatenate([files[0]["segments.0.entry_state"]] * 2, axis=1)
+
+
+@pytest.mark.parametrize("edit,start,said", [
+    (_swap_heads, "rank 3, segment 1 (tokens 5–13), halo (conv channels of key heads 1, value heads 2–3, tp rank 1 of "
+                  "cp rank 1)", "equals TP rank 0's share (value heads 0–1)"),
+    (_all_tokens, "rank 2, segment 1 (tokens 5–13), attn_out_partial (the out_proj partial of value heads 0–1",
+     "shape [1, 14, 32], but its share's is [1, 9, 32]"),
+    (_unreduced, "rank 1, segment 0 (tokens 0–4), attn_out (the output reduced over its TP group",
+     "equals its own out_proj partial: the all-reduce did not run"),
+    (_foreign_segment, "rank 0 wrote segments [1] its CP rank 0 does not own", ""),
+    (_all_heads, "rank 0, segment 0 (tokens 0–4), entry_state (value heads 0–1", "shape [1, 4, 16, 16]"),
+])
+def test_a_tpcp_rank_with_the_wrong_heads_or_tokens_fails_at_that_rank(suite, tmp_path, edit, start, said):
+    rep = _tampered(suite, tmp_path, edit)
+    assert rep.status == "fail" and rep.message.startswith(start) and said in rep.message, rep.message
+
+
+@pytest.mark.parametrize("profile", ["f32", "bf16"])
+@pytest.mark.parametrize("fault,rank,stage,fact", [
+    ("no_halo", 2, "halo (", "no halo was received"),
+    ("entry_from_zeros", 2, "entry_state (", "the predecessors' summaries were not applied"),
+    ("decay_on_both", 0, "summary (", ""),
+])
+def test_each_context_parallel_fault_fails_tpcp_at_its_rank_and_stage(suite, tmp_path, fault, rank, stage, fact,
+                                                                     profile):
+    """The CP faults apply to TP x CP (each TP share runs the port's context_parallel): each fails tp2-cp2 at its
+    rank (TP rank 0 of the CP rank whose segment goes wrong first) and stage by >= 10x its bound."""
+    cid = _case(suite, "tp2-cp2")
+    run_impl(f"{FAULTS}:{fault}", suite, tmp_path, profile, cases=[cid])
+    (rep,) = _verify(suite, tmp_path, profile, cases=[cid]).cases
+    assert rep.status == "fail" and rep.message.startswith(f"rank {rank}, "), rep.message
+    assert stage in rep.message and fact in rep.message, rep.message
+    ratio = max(float(part.rsplit(", ", 1)[1]) for part in rep.message.split("× the bound")[:-1])
+    assert ratio >= 10, rep.message
+
+
+def test_a_tpcp_plan_edited_by_hand_makes_the_case_unusable(suite, tmp_path):
+    """Ranks renumbered CP-fastest in the manifest (a port would read another rank's share): refused in one line."""
+    import json as _json
+
+    from gdncheck.fixtures.manifest import CaseProblem
+
+    copy = tmp_path / "suite"
+    shutil.copytree(suite, copy)
+    doc = _json.loads((copy / "manifest.json").read_text())
+    step = next(s for s in _case_entry(doc, "tp2-cp2")["program"] if s["op"] == "shard")
+    step["tpcp"]["ranks"][1].update(tp_rank=0, cp_rank=1)
+    step["tpcp"]["ranks"][2].update(tp_rank=1, cp_rank=0)
+    (copy / "manifest.json").write_text(_json.dumps(doc))
+    problems: list[CaseProblem] = []
+    assert len(load_manifest(copy, problems)["cases"]) == 7
+    (p,) = problems
+    assert "shard step: expected the tpcp plan its own parameters give" in p.message and "\n" not in p.message
