@@ -218,7 +218,8 @@ def test_a_users_file_at_a_rank_files_name_is_never_replaced(suite, tmp_path, ca
     (lambda step: step["tp"]["ranks"][0].update(v_heads=[0, 3]), "shard step: expected value-head counts summing to 4"),
     (lambda step: step.update(tp={"kind": "tp", "format": 1, "world": 3}), "shard step:"),
     (lambda step: step.update(cp={"kind": "cp"}), "shard step: expected a shard step with one plan"),
-    (lambda step: step.update(tpcp=step.pop("tp"), call=1), "shard step: expected the shard step's tpcp a plan of kind"),
+    (lambda step: step.update(tpcp=step.pop("tp"), call=1),
+     "shard step: expected the shard step's tpcp a plan of kind"),
 ])
 def test_a_damaged_plan_makes_that_case_unusable_and_the_others_run(suite, tmp_path, edit, said):
     import json as _json
