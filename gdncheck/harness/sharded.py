@@ -333,7 +333,9 @@ def tpcp_rank_outputs(factory: Any, case: CaseInput, plan_json: Mapping, call: i
             continue
         name = {"attn_out": "attn_out_partial"}.get(parts[2], parts[2])
         if name in TPCP_RANK_TENSORS:
-            out[f"segments.{parts[1]}.{name}"] = t[:, back] if name == "halo" and t.ndim == 3 else t
+            # the halo in the share's channel order; one of another shape is kept as written (verify says its shape)
+            fits = name == "halo" and t.ndim == 3 and t.shape[1] == len(conv_index)
+            out[f"segments.{parts[1]}.{name}"] = t[:, back] if fits else t
     # the all-reduce over the TP group: one collective on every rank, whatever it holds
     mine = {k: v for k, v in out.items() if k.endswith(".attn_out_partial")}
     parts: list = []

@@ -31,3 +31,16 @@ def _raise_on_rank_2(cfg, weights, plan, rank, comm, xs, conv_state, recurrent_s
 
 raises_on_rank_2.context_parallel = _raise_on_rank_2
 
+
+
+def short_halo(cfg, weights, **kw):
+    """A port whose context-parallel halo lacks its last conv channel (a rank's channels miscounted)."""
+    return reference(cfg, weights, **kw)
+
+
+def _short_halo(cfg, weights, plan, rank, comm, xs, conv_state, recurrent_state, **options):
+    got = reference.context_parallel(cfg, weights, plan, rank, comm, xs, conv_state, recurrent_state, **options)
+    return {n: t[:, :-1] if n.endswith(".halo") else t for n, t in got.items()}
+
+
+short_halo.context_parallel = _short_halo

@@ -383,3 +383,14 @@ def test_a_tpcp_plan_edited_by_hand_makes_the_case_unusable(suite, tmp_path):
     assert len(load_manifest(copy, problems)["cases"]) == 7
     (p,) = problems
     assert "shard step: expected the tpcp plan its own parameters give" in p.message and "\n" not in p.message
+
+
+def test_a_tpcp_halo_of_other_channels_fails_verify_by_its_shape(suite, tmp_path):
+    """A port's halo with one channel too few on a TP share: the run writes it as it came and verify says its
+    shape at the rank (it was an IndexError of the run, reading the share's channels out of it)."""
+    cid = _case(suite, "tp2-cp2")
+    rep = run_impl(f"{FAULTS}:short_halo", suite, tmp_path, "f32", cases=[cid])
+    assert [c.status for c in rep.cases] == ["ran"], [c.message for c in rep.cases]
+    (v,) = _verify(suite, tmp_path, cases=[cid]).cases
+    assert v.status == "fail" and v.message.startswith("rank 0, segment 0 (tokens 0–4), halo ("), v.message
+    assert "shape [1, 63, 4], but its share's is [1, 64, 4]" in v.message, v.message
