@@ -32,7 +32,7 @@ MAX_TABLE_BYTES = 64 * 1024 * 1024
 PROPERTY_ROWS = "properties"
 #: sha256 of the packaged tolerances.json this release ships (re-derived tables update it: it is the
 #: one line a review sees change when a bound moves)
-SHIPPED_SHA256 = "4291762e396c07d7e90f06b8081733ebdca767304e2ad440a0702541fdbf2845"
+SHIPPED_SHA256 = "a4daa7b55b19fa2fb33257af51685f85b98e7faf5771ebe27194aaba1356fb64"
 #: how many loosened bounds an error message lists
 LISTED_LOOSER = 3
 
