@@ -7,6 +7,11 @@ A rank file that is missing fails the case (never a pass); so does a rank file o
 not have, a rank holding tokens or heads outside its share (a shape other than its share's), and every
 tensor over its bound, each failure naming the rank, the call or segment and its tokens, the heads or
 channels and the stage.
+
+In stage-isolated mode (a stage-isolated context-parallel port, fed the goldens' stage inputs: fla's
+``fla.ops.cp``) a context-parallel case's segments are judged on the call's stage tensors the ranks wrote
+(:data:`ISOLATED_CP_STAGES`; each on every segment, at the stage-isolated bounds), not on halos and summaries
+they do not expose; ranks that wrote none of them fail the case.
 """
 
 from __future__ import annotations
@@ -30,6 +35,8 @@ from .sharded import CP_STAGES, TP_STAGES, judge_cp, judge_tp
 #: the tensor of the tolerance table (and of a record) each sharded stage is judged as
 TENSOR_OF = {"attn_out_partial": "attn_out", "halo": "conv_state", "summary": "recurrent_state",
              "entry_state": "recurrent_state", **{s: s for s in TP_STAGES if s != "attn_out_partial"}, "out": "out"}
+#: the call's stage tensors a stage-isolated context-parallel rank may write per segment, in the order they run
+ISOLATED_CP_STAGES = ("qkv", "qkv_conv", "g", "beta", "core", "core_gated", "out")
 #: a rank's file may hold at most this many tensors (an untrusted file: bounded work)
 _MAX_TENSORS = 100_000
 
@@ -72,7 +79,9 @@ def judge_sharded(cj) -> None:
     for p in problems:
         cj.report.records.append(_record(cj, shard_at, "shard", None, "attn_out" if kind == "tp" else "out", "fail",
                                          safe_text(p)))
-    bounds = {s: cj.table.bound(TENSOR_OF[s], cj.profile, END_TO_END, cj.case) for s in (*TP_STAGES, *CP_STAGES)}
+    isolated = cj.stage_isolated and kind == "cp"
+    mode = cj.bound_mode if isolated else END_TO_END
+    bounds = {s: cj.table.bound(TENSOR_OF[s], cj.profile, mode, cj.case) for s in (*TP_STAGES, *CP_STAGES, "out")}
     bound, nmse_bound = {s: b.elem for s, b in bounds.items()}, {s: b.nmse for s, b in bounds.items()}
     if kind == "tp":
         goldens = []
@@ -86,6 +95,18 @@ def judge_sharded(cj) -> None:
         stages, where = TP_STAGES, {k: at[k] for k in at}
         judged_keys = [(step["call"], s) for step in call_steps(program) for s in TP_STAGES
                        if s in goldens[step["call"]] or s == "attn_out_partial"]
+    elif isolated:
+        written = {n.split(".", 2)[2] for r in ranks for n in r if n.startswith("segments.") and n.count(".") >= 2}
+        stages = tuple(s for s in ISOLATED_CP_STAGES if s in written and f"calls.{cp_call}.{s}" in cj.gold)
+        if not stages:  # a run that judged nothing never passes
+            problems.append(f"no rank wrote a stage tensor of the call ({', '.join(ISOLATED_CP_STAGES)}) for any "
+                            "segment: nothing to judge (stage-isolated context parallelism)")
+            cj.report.records.append(_record(cj, shard_at, "shard", None, "out", "fail", problems[-1]))
+        trace = {s: np.asarray(cj.gold.read(f"calls.{cp_call}.{s}"), dtype=np.float64) for s in stages}
+        failures, judged = judge_cp(cfg, plan, ranks, trace, None, bound=bound, stages=stages,
+                                    nmse_bound=nmse_bound) if stages else ([], 0)
+        where = {i: at[cp_call] for i in range(len(plan.segments))}
+        judged_keys = [(i, s) for i in range(len(plan.segments)) for s in stages]
     else:
         T = plan.T
         states: list = [None] * (T + 1)

@@ -15,7 +15,12 @@ goldens are the unsharded layer's); each rank of a port runs its share:
   conv_state, recurrent_state, *, profile, **options)`` runs rank ``rank``'s segments (``xs``: segment
   index -> its tokens ``[B, n, D]``) entered with the call's state, exchanging with the other ranks
   through ``comm`` (``all_gather_object(parts, obj)`` as ``torch.distributed`` has it), and returns
-  ``{"segments.{i}.{halo,M,U,entry_state,out}": array}``.
+  ``{"segments.{i}.{halo,M,U,entry_state,out}": array}``. A **stage-isolated** context-parallel port (one
+  that exposes stages, not the layer: flash-linear-attention's ``fla.ops.cp``) names the goldens' stage
+  inputs it reads in its method's ``stage_inputs`` attribute (e.g. ``("qkv", "g", "beta")``); it is then
+  run in stage-isolated mode only, called with ``stage_inputs={i: {name: [B, n, ...]}}`` (its segments' rows
+  of each) as well, and returns ``{"segments.{i}.{stage}": array}`` of the call's stage tensors it computes
+  (:func:`isolated_cp_inputs`).
 
 :func:`rank_program` is one rank's work on a case, with the collectives of a real run (``dist``:
 ``torch.distributed`` on spawned ranks, or :class:`ThreadGroup` in one process).
@@ -276,10 +281,18 @@ def all_reduced(tensors: dict[str, np.ndarray], reduce: Callable[[np.ndarray], n
             tensors[f"calls.{step['call']}.attn_out"] = reduce(tensors[key])
 
 
+def isolated_cp_inputs(factory: Any) -> tuple[str, ...]:
+    """The goldens' stage inputs a stage-isolated context-parallel port reads (its ``context_parallel``'s
+    ``stage_inputs``); () for a port that runs the layer."""
+    names = getattr(sharded_method(factory, "cp"), "stage_inputs", ())
+    return tuple(str(n) for n in names) if isinstance(names, tuple | list) else ()
+
+
 def cp_rank_outputs(factory: Any, case: CaseInput, plan_json: Mapping, call: int, rank: int, comm, *,
                     profile: str, options: Mapping | None = None, state_in: Mapping | None = None):
     """Rank ``rank``'s segments of the context-parallel call ``call``, entered with ``state_in`` (the goldens'
-    entering state, ``conv_state_in`` / ``recurrent_state_in``; zeros when none)."""
+    entering state, ``conv_state`` / ``recurrent_state``; zeros when none; and, for a stage-isolated port,
+    ``stage_inputs``: name -> the call's whole golden tensor, of which each segment gets its rows)."""
     method = sharded_method(factory, "cp")
     cfg = GDNConfig.from_hf(dict(case.config))
     plan = plan_from_json(plan_json, cfg)
@@ -292,5 +305,11 @@ def cp_rank_outputs(factory: Any, case: CaseInput, plan_json: Mapping, call: int
         conv = np.asarray(state_in.get("conv_state", conv), dtype=np.float64)
         rec = np.asarray(state_in.get("recurrent_state", rec), dtype=np.float64)
     weights = LayerWeights(case.weights, config=cfg, source=f"fixture {case.id}")
-    got = method(cfg, weights, dict(plan_json), rank, comm, xs, conv, rec, profile=profile, **dict(options or {}))
+    extra = {}
+    if isolated_cp_inputs(factory):
+        whole = dict((state_in or {}).get("stage_inputs") or {})
+        extra["stage_inputs"] = {i: {n: np.asarray(t)[:, a:b] for n, t in whole.items()}
+                                 for i, (r, a, b) in enumerate(plan.segments) if r == rank}
+    got = method(cfg, weights, dict(plan_json), rank, comm, xs, conv, rec, profile=profile, **extra,
+                 **dict(options or {}))
     return {str(n): np.asarray(to_numpy(t), dtype=np.float64) for n, t in got.items()}

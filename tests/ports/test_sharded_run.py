@@ -256,3 +256,44 @@ def test_a_failing_sharded_case_keeps_its_summary_schema_and_gets_a_report(suite
     capsys.readouterr()
     assert main(["report", str(summary), "-o", str(report), "--fixtures", str(suite), "--outputs", str(out)]) == 0
     assert "rank 0, call 0, attn_out" in (report / "cases" / f"{cid}.html").read_text(encoding="utf-8")
+
+
+def test_a_stage_isolated_context_parallel_port_is_judged_by_stage(suite, tmp_path):
+    """A port whose context_parallel declares stage_inputs (fla.ops.cp's kind) runs the CP cases in stage-isolated
+    mode, fed the goldens' stage inputs, and verify judges what its ranks wrote, segment by segment; the TP cases
+    are not applicable with the reason; the unsharded rule of stage-isolated runs is unchanged for other ports."""
+    rep = run_impl(f"{FAULTS}:isolated_conv", suite, tmp_path, "f32", stage_isolated=True)
+    by = {c.id.split("_T")[0]: c for c in rep.cases}
+    assert {k: c.status for k, c in by.items() if k.startswith("cp")} == dict.fromkeys(
+        ("cp2-ragged", "cp4-ragged", "cp4-zigzag", "cp2-from-zero", "cp2-zigzag-from-zero"), "ran")
+    assert by["tp2"].status == "not_applicable" and "a context-parallel port" in by["tp2"].detail
+    s = _verify(suite, tmp_path, stage_isolated=True)
+    cases = {c.id.split("_T")[0]: c for c in s.cases}
+    assert s.exit_code == 0 and len(cases) == 9
+    for name in ("cp2-ragged", "cp4-ragged", "cp4-zigzag", "cp2-from-zero", "cp2-zigzag-from-zero"):
+        c = cases[name]
+        assert c.status == "pass" and {r.tensor for r in c.records} == {"qkv_conv"}, (name, c.message)
+    assert len(cases["cp4-zigzag"].records) == 8 and len(cases["cp2-ragged"].records) == 2  # one per segment
+    # an end-to-end run of it: not applicable, it cannot be judged on halos and summaries it does not expose
+    e2e = run_impl(f"{FAULTS}:isolated_conv", suite, tmp_path / "e2e", "f32", tags=["cp"])
+    assert {c.status for c in e2e.cases} == {"not_applicable"}
+    assert "--stage-isolated" in e2e.cases[0].detail
+
+
+@pytest.mark.parametrize("port, said", [
+    ("isolated_conv_drops_one", "rank 1, segment 1 (tokens 2–3), qkv_conv: missing"),
+    ("isolated_nothing", "no rank wrote a stage tensor of the call"),
+])
+def test_a_stage_isolated_context_parallel_port_that_writes_too_little_fails(suite, tmp_path, port, said):
+    cid = _case(suite, "cp4-zigzag")
+    run_impl(f"{FAULTS}:{port}", suite, tmp_path, "f32", cases=[cid], stage_isolated=True)
+    s = _verify(suite, tmp_path, cases=[cid], stage_isolated=True)
+    (rep,) = s.cases
+    assert s.exit_code == 1 and rep.status == "fail" and said in rep.message, rep.message
+
+
+def test_a_stage_isolated_run_of_a_layer_port_leaves_the_sharded_cases_out(suite, tmp_path):
+    """The reference's context parallelism runs the layer: a stage-isolated run and verify leave the sharded cases
+    out, with verify's note, as before."""
+    with pytest.raises(Exception, match="stage-isolated mode runs no expected-error or sharded case"):
+        run_impl("reference", suite, tmp_path, "f32", stage_isolated=True)
