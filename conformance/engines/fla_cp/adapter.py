@@ -42,6 +42,9 @@ def fla_cp(cfg: GDNConfig, weights, *, profile: str, strict: bool = False, **opt
 def applicable(cfg: GDNConfig, plan, batch: int, conv_state, recurrent_state, stage_inputs, profile: str) -> None:
     """Raise :class:`NotApplicable` for a call fla's context parallelism cannot run as the case asks (the same
     answer on every rank: before any collective)."""
+    if _cuda():
+        raise NotApplicable("this glue runs fla's context parallelism on CPU tensors under Triton's interpreter "
+                            "(gloo); with CUDA, fla's ranks need a GPU each and NCCL, which it does not set up")
     if profile != "f32":
         raise NotApplicable(f"fla's context parallelism runs here in float32 (the profile f32), not {profile}")
     if batch != 1:
@@ -60,6 +63,12 @@ def applicable(cfg: GDNConfig, plan, batch: int, conv_state, recurrent_state, st
     missing = [n for n in STAGE_INPUTS if any(n not in s for s in stage_inputs.values())]
     if missing:
         raise NotApplicable(f"the case keeps no golden {', '.join(missing)} of the split call (stage inputs)")
+
+
+def _cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
 
 
 def context_parallel(cfg: GDNConfig, weights, plan, rank: int, comm, xs, conv_state, recurrent_state, *,

@@ -122,7 +122,8 @@ def _inputs(plan):
     (cp_plan(24, 2, "contiguous"), 2, 0.0, "f32", "a batch of 2"),
     (cp_plan(24, 2, "zigzag"), 1, 0.0, "bf16", "float32"),
 ])
-def test_what_fla_cannot_run_is_not_applicable(plan, batch, state, profile, said):
+def test_what_fla_cannot_run_is_not_applicable(plan, batch, state, profile, said, monkeypatch):
+    monkeypatch.setattr(adapter, "_cuda", lambda: False)
     conv = np.full((batch, CFG.conv_dim, CFG.conv_kernel), state)
     rec = np.zeros((batch, CFG.num_v_heads, CFG.head_k_dim, CFG.head_v_dim))
     with pytest.raises(NotApplicable, match=said):
@@ -132,12 +133,16 @@ def test_what_fla_cannot_run_is_not_applicable(plan, batch, state, profile, said
 
 
 @pytest.mark.parametrize("plan", [cp_plan(24, 2, "contiguous"), cp_plan(24, 2, "zigzag"), cp_plan(32, 4, "zigzag")])
-def test_fla_layouts_are_applicable(plan):
+def test_fla_layouts_are_applicable(plan, monkeypatch):
+    monkeypatch.setattr(adapter, "_cuda", lambda: False)
     conv = np.zeros((1, CFG.conv_dim, CFG.conv_kernel))
     rec = np.zeros((1, CFG.num_v_heads, CFG.head_k_dim, CFG.head_v_dim))
     adapter.applicable(CFG, plan, 1, conv, rec, _inputs(plan), "f32")
     with pytest.raises(NotApplicable, match="no golden g"):
         adapter.applicable(CFG, plan, 1, conv, rec, {0: {"qkv": 0, "beta": 0}}, "f32")
+    monkeypatch.setattr(adapter, "_cuda", lambda: True)  # a CUDA machine: said, never a crash
+    with pytest.raises(NotApplicable, match="with CUDA, fla's ranks need a GPU each"):
+        adapter.applicable(CFG, plan, 1, conv, rec, _inputs(plan), "f32")
 
 
 def test_patches_each_replace_and_restore():
