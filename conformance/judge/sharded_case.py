@@ -51,13 +51,13 @@ _READ_BY = {"halo": "qkv_conv", "summary": "core", "entry_state": "core"}
 
 
 def _record(cj, step: int, op: str, call: int | None, stage: str, verdict: str, message: str | None,
-            failure=None) -> Record:
+            failure=None, shard: dict | None = None) -> Record:
     tensor = TENSOR_OF[stage]
     st = stage_of(tensor)
     order = stage_index(stage_of(_READ_BY[stage])) if stage in _READ_BY else stage_index(st)
     return Record(case=cj.case, step=step, op=op, call=call, tensor=tensor, stage=st, stage_index=order,
                   verdict=verdict, reason=None if verdict == "pass" else "sharded", message=message,
-                  shard=getattr(failure, "shard", None))
+                  shard=getattr(failure, "shard", None) if shard is None else shard)
 
 
 def judge_sharded(cj) -> None:
@@ -83,6 +83,7 @@ def judge_sharded(cj) -> None:
     mode = cj.bound_mode if isolated else END_TO_END
     bounds = {s: cj.table.bound(TENSOR_OF[s], cj.profile, mode, cj.case) for s in (*TP_STAGES, *CP_STAGES, "out")}
     bound, nmse_bound = {s: b.elem for s, b in bounds.items()}, {s: b.nmse for s, b in bounds.items()}
+    measured: dict = {}  # (call or segment, stage) -> its worst share's errors and bounds, passing ones too
     if kind == "tp":
         goldens = []
         for step in call_steps(program):
@@ -91,7 +92,7 @@ def judge_sharded(cj) -> None:
                             for n in (*TP_STAGES, "out") if f"calls.{k}.{n}" in cj.gold})
         weights = {n[len("weights."):]: cj.gold.read(n) for n in cj.gold if n.startswith("weights.")}
         failures, judged = judge_tp(cfg, plan, ranks, goldens, bound=bound, weights=weights,
-                                    nmse_bound=nmse_bound, profile=cj.profile)
+                                    nmse_bound=nmse_bound, profile=cj.profile, measured=measured)
         stages, where = TP_STAGES, {k: at[k] for k in at}
         judged_keys = [(step["call"], s) for step in call_steps(program) for s in TP_STAGES
                        if s in goldens[step["call"]] or s == "attn_out_partial"]
@@ -104,7 +105,7 @@ def judge_sharded(cj) -> None:
             cj.report.records.append(_record(cj, shard_at, "shard", None, "out", "fail", problems[-1]))
         trace = {s: np.asarray(cj.gold.read(f"calls.{cp_call}.{s}"), dtype=np.float64) for s in stages}
         failures, judged = judge_cp(cfg, plan, ranks, trace, None, bound=bound, stages=stages,
-                                    nmse_bound=nmse_bound) if stages else ([], 0)
+                                    nmse_bound=nmse_bound, measured=measured) if stages else ([], 0)
         where = {i: at[cp_call] for i in range(len(plan.segments))}
         judged_keys = [(i, s) for i in range(len(plan.segments)) for s in stages]
     else:
@@ -115,7 +116,8 @@ def judge_sharded(cj) -> None:
                 states[t] = (np.asarray(cj.gold.read(f"shard.{t}.conv_state"), dtype=np.float64),
                              np.asarray(cj.gold.read(f"shard.{t}.recurrent_state"), dtype=np.float64))
         trace = {"out": np.asarray(cj.gold.read(f"calls.{cp_call}.out"), dtype=np.float64)}
-        failures, judged = judge_cp(cfg, plan, ranks, trace, states, bound=bound, nmse_bound=nmse_bound)
+        failures, judged = judge_cp(cfg, plan, ranks, trace, states, bound=bound, nmse_bound=nmse_bound,
+                                    measured=measured)
         stages, where = CP_STAGES, {i: at[cp_call] for i in range(len(plan.segments))}
         judged_keys = [(i, s) for i in range(len(plan.segments)) for s in CP_STAGES]
     failed = {(f.where, f.stage) for f in failures}
@@ -126,7 +128,8 @@ def judge_sharded(cj) -> None:
     for w, s in judged_keys:
         if (w, s) not in failed:
             step, op = where.get(w, (shard_at, "shard"))
-            cj.report.records.append(_record(cj, step, op, w if kind == "tp" else cp_call, s, "pass", None))
+            cj.report.records.append(_record(cj, step, op, w if kind == "tp" else cp_call, s, "pass", None,
+                                             shard=measured.get((w, s))))
     if failures or problems:
         first = problems[0] if problems else failures[0].message
         cj.report.diagnosis = {"verdict": "none", "text": safe_text(first), "tensor": None, "call": None}

@@ -57,6 +57,22 @@ def test_reference_conforms_in_process(suite, tmp_path):
     assert r1.shape_of("calls.0.core")[-2] == 3 and r1.shape_of("calls.0.recurrent_state")[1] == 3
 
 
+def test_a_passing_sharded_tensor_carries_its_worst_share_and_the_matrix_reads_it(suite, tmp_path):
+    """Each passing record of a sharded case holds its worst rank's errors and bounds (``shard``), so the matrix's
+    worst passing ratio of a sharded row is a number, not none."""
+    from gdncheck.conformance.engines.matrix import profile_result
+
+    run_impl("reference", suite, tmp_path, "f32", tags=["world-2"])
+    doc = _verify(suite, tmp_path, tags=["world-2"]).to_json()
+    passes = [r for c in doc["cases"] for r in c["records"] if r["verdict"] == "pass"]
+    assert len(passes) > 50 and all(r["shard"] and 0 <= r["shard"]["max_err"] <= r["shard"]["elem_bound"]
+                                    for r in passes)
+    ratios = [max(r["shard"]["max_err"] / r["shard"]["elem_bound"],
+                  r["shard"]["nmse"] / r["shard"]["nmse_bound"] if r["shard"]["nmse_bound"] else 0.0) for r in passes]
+    worst = profile_result(doc, "reference", "f32", {})["worst_ratio"]
+    assert worst is not None and worst["ratio"] == max(ratios) and 0 < worst["ratio"] < 1
+
+
 def test_triton_conforms_in_process_tensor_parallel(suite, tmp_path):
     pytest.importorskip("triton")
     for profile in ("f32", "bf16"):

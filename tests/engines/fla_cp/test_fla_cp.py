@@ -89,6 +89,8 @@ def test_the_matrix_row_judges_fla_cp(fixtures_dir, tmp_path):
     res = row["results"]["f32"]
     assert res["counts"]["cases"] == 3 and res["counts"]["pass"] == 1 and res["counts"]["not_applicable"] == 2, res
     assert res["unexplained"] == 0 and res["counts"]["fail"] == 0
+    # fla's worst segment, of the whole tensor's scale, against its bound: measured 0.17 (qkv_conv), far below 1
+    assert res["worst_ratio"] is not None and res["worst_ratio"]["ratio"] < 0.5, res["worst_ratio"]
     summary = json.loads((out / "fla-cp" / "f32" / "verify-summary-f32.json").read_text())
     by = {c["id"].split("_T")[0]: c for c in summary["cases"]}
     assert set(by) == {"cp2-zigzag-from-zero", "cp2-ragged", "tp2"}
