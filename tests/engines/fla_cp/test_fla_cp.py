@@ -181,3 +181,25 @@ def test_local_order_is_fla_zigzag():
     plan = cp_plan(32, 2, "zigzag")
     assert [fla_cp.local_order(plan, r) for r in (0, 1)] == [[0, 3], [1, 2]]
     assert np.all([plan.segments[i][2] - plan.segments[i][1] == 8 for i in range(4)])
+
+
+def test_an_fla_rank_that_fails_fails_the_case(fixtures_dir, tmp_path, monkeypatch):
+    """fla's launch failing (a rank raised, died or ran past its deadline) fails the case on every rank, as
+    `raised`, never a pass, and the matrix leaves it unexplained; nothing of the launch is left behind."""
+    import gdncheck.conformance.ports.distributed as distributed
+    from gdncheck.conformance.engines.matrix import profile_result
+    from gdncheck.conformance.judge.verify import verify
+    from gdncheck.conformance.ports.run import run_impl
+
+    def failed(*args, **kwargs):
+        raise distributed.DistributedRunError("rank 1 failed: RuntimeError: fla gave up; the other ranks were stopped")
+
+    monkeypatch.setattr(distributed, "launch", failed)
+    monkeypatch.setattr(adapter, "_cuda", lambda: False)
+    rep = run_impl(adapter.fla_cp, fixtures_dir, tmp_path, "f32", cases=["cp2-from-zero"], stage_isolated=True)
+    assert [c.status for c in rep.cases] == ["raised"] and "fla gave up" in rep.cases[0].detail
+    s = verify(fixtures_dir, tmp_path, "f32", cases=["cp2-from-zero"], stage_isolated=True)
+    assert s.exit_code == 1 and [c.status for c in s.cases] == ["fail"]
+    res = profile_result(s.to_json(), "fla-cp", "f32", {})
+    assert res["counts"]["fail"] == 1 and res["unexplained"] == 1
+    assert adapter._LAUNCHES == {}
