@@ -24,6 +24,7 @@ ORDER = (
     "hf",
     "mlx",
     "fla",
+    "fla_cp",
     "sglang",
     "llamacpp",
     "ggml",

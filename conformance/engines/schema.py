@@ -44,6 +44,10 @@ class Engine:
     needs: tuple[str, ...] = ()  # files of that folder it needs (its installed packages)
     programs: tuple[str, ...] = ()  # executables it needs on PATH
     npm_packages: tuple[str, ...] = ()  # npm packages of that folder whose versions are reported
+    #: the cases its row is judged on, by tag (any of them; () every case): an engine that runs one part of
+    #: the suite alone (fla-cp, context parallelism only: the sharded cases) is judged on that part, within
+    #: the user's --case / --tag; none of them selected is a row that says so, not a run
+    tags: tuple[str, ...] = ()
 
     @property
     def stage_isolated(self) -> bool:

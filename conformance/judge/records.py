@@ -78,8 +78,8 @@ class Record:
     actual_ref: dict | None = None
     routing: dict | None = None  # a sparse layer's selected_experts routed otherwise (routing.py)
     convention: dict | None = None  # a convention the port chose where correct engines differ (routing.py)
-    #: a rank's share of a sharded case that failed (sharded.py): ``rank``, ``max_err`` (of the whole tensor's
-    #: scale), ``nmse`` (the share's), ``elem_bound``, ``nmse_bound``
+    #: a rank's share of a sharded case that failed, or a passing tensor's worst share (sharded.py):
+    #: ``rank``, ``max_err`` (of the whole tensor's scale), ``nmse`` (the share's), ``elem_bound``, ``nmse_bound``
     shard: dict | None = None
     #: the failure in parts (messages.Failure), of which ``message`` is the text; not written to a summary
     failure: Any = field(default=None, repr=False, compare=False)

@@ -100,7 +100,8 @@ def _range(a: int, b: int) -> str:
 
 
 def judge_tp(cfg: GDNConfig, plan: TPPlan, ranks: list[dict], goldens: list[dict], *, bound: float,
-             weights=None, nmse_bound=None, profile: str | None = None) -> tuple[list[ShardFailure], int]:
+             weights=None, nmse_bound=None, profile: str | None = None, measured: dict | None = None
+             ) -> tuple[list[ShardFailure], int]:
     """Judge a tensor-parallel run: ``ranks[r]`` is what rank r wrote (``calls.{k}.{tensor}``), ``goldens[k]``
     the unsharded trace of call k with its states after the call. ``weights`` (for the partials' goldens:
     ``core_gated`` of the rank's heads times its columns of ``out_proj``) default to none: then a rank's
@@ -108,7 +109,8 @@ def judge_tp(cfg: GDNConfig, plan: TPPlan, ranks: list[dict], goldens: list[dict
     stage; default none): each share's NMSE (:func:`_nmse`) is bounded too. ``profile`` (default none): g and
     beta are judged by their own rules (:func:`_own_rule`), as the table's bounds for them were earned, not by
     the whole tensor's scale. Returns the failures, in order, and the number of tensors judged. A tensor a rank
-    did not write is a failure."""
+    did not write is a failure. ``measured`` (a dict, default none): filled with ``(call, stage) ->`` the errors and
+    bounds of the rank whose share is worst (a record's ``shard``), passing ones too."""
     failures, judged = [], 0
     for k, gold in enumerate(goldens):
         partials = {r: ranks[r].get(f"calls.{k}.attn_out_partial") for r in range(plan.world)}
@@ -138,6 +140,10 @@ def judge_tp(cfg: GDNConfig, plan: TPPlan, ranks: list[dict], goldens: list[dict
                 else:
                     e = _err(got, want, _scale(whole))
                     n = _nmse(got, want, whole) if nmse_bound is not None else 0.0
+                if measured is not None:  # the rank whose share is worst, of each call's stage
+                    m, old = _measured(r, e, b, n, nmse_bound is not None and nb), measured.get((k, stage))
+                    if m is not None and (old is None or _worst(m) > _worst(old)):
+                        measured[(k, stage)] = m
                 if e > b or n > nb:
                     def distance(x, y, scale=_scale(whole), own=own is not None):
                         """an error in the unit e is in: the own rule's, or of the whole tensor's scale"""
@@ -213,14 +219,16 @@ def _tp_fact(cfg, plan, share, stage, got, gold, partials, k, weights, distance,
 
 
 def judge_cp(cfg: GDNConfig, plan: CPPlan, ranks: list[dict], trace: dict, states: list | None, *,
-             bound: float, stages=CP_STAGES, nmse_bound=None) -> tuple[list[ShardFailure], int]:
+             bound: float, stages=CP_STAGES, nmse_bound=None, measured: dict | None = None
+             ) -> tuple[list[ShardFailure], int]:
     """Judge a context-parallel run of one call: ``ranks[r]`` what rank r wrote (``segments.{i}.{stage}``;
     the summary as ``M`` and ``U``), ``trace`` the unsharded call's stage tensors by name ([B, T, ...]),
     ``states[t]`` the unsharded ``(conv_state, recurrent_state)`` after the call's first t tokens
     (``states[0]``: the entering state; needed for ``halo``, ``summary``, ``entry_state``). ``stages``: what
     every segment must hold, in the order a rank computes it (a port that exposes only some stage tensors,
     as fla does, names them). ``nmse_bound`` as :func:`judge_tp`'s. A rank that wrote a segment it does not own, or
-    tokens outside its range, fails."""
+    tokens outside its range, fails. ``measured`` (a dict, default none): filled with ``(segment, stage) ->`` the
+    errors and bounds of each tensor compared (a record's ``shard``: :func:`_measured`), passing ones too."""
     failures, judged = [], 0
     owned = {i: r for i, (r, _, _) in enumerate(plan.segments)}
     for r, written in enumerate(ranks):
@@ -251,6 +259,8 @@ def judge_cp(cfg: GDNConfig, plan: CPPlan, ranks: list[dict], trace: dict, state
                 continue
             e, bd = _err(got, want, _scale(whole)), _bound_of(bound, stage)
             n, nb = (_nmse(got, want, whole), _bound_of(nmse_bound, stage)) if nmse_bound is not None else (0.0, 1.0)
+            if measured is not None:
+                measured[(i, stage)] = _measured(r, e, bd, n, nmse_bound is not None and nb)
             if e > bd or n > nb:
                 fact = _cp_fact(plan, i, stage, np.asarray(got), states, ranks, a, _scale(whole),
                                 _equals_within(e, bd))
@@ -294,7 +304,7 @@ def _cp_fact(plan, i, stage, got, states, ranks, a, scale, within) -> str:
 
 
 def judge_tpcp(cfg: GDNConfig, plan: TPCPPlan, ranks: list[dict], trace: dict, states: list, *, bound,
-               weights, nmse_bound=None) -> tuple[list[ShardFailure], int]:
+               weights, nmse_bound=None, measured: dict | None = None) -> tuple[list[ShardFailure], int]:
     """Judge a tensor × context-parallel run of one call: ``ranks[r]`` what rank r wrote
     (``segments.{i}.{halo, M, U, entry_state, attn_out_partial, attn_out}``), ``trace`` the unsharded call's
     ``core_gated`` and ``attn_out`` ([B, T, ...]), ``states[t]`` the unsharded ``(conv_state, recurrent_state)``
@@ -302,7 +312,8 @@ def judge_tpcp(cfg: GDNConfig, plan: TPCPPlan, ranks: list[dict], trace: dict, s
     rank's segment is judged on its share: the halo at its conv channels, the entry state and the summary at its
     value heads, its partial (its heads' ``core_gated`` times its ``out_proj`` columns, on the segment's tokens)
     and the reduced output on those tokens, each by the scale of the whole tensor. A rank that wrote a segment
-    its CP rank does not own, or a share of another shape (other heads or tokens), fails."""
+    its CP rank does not own, or a share of another shape (other heads or tokens), fails. ``measured`` (a dict,
+    default none): filled with ``(segment, stage) ->`` the errors and bounds of the TP rank whose share is worst."""
     failures, judged = [], 0
     w_out = np.asarray(weights[OUT], dtype=np.float64)
     for r, written in enumerate(ranks):
@@ -339,6 +350,10 @@ def judge_tpcp(cfg: GDNConfig, plan: TPCPPlan, ranks: list[dict], trace: dict, s
                     continue
                 e = _err(got, want, _scale(whole))
                 n = _nmse(got, want, whole) if nmse_bound is not None else 0.0
+                if measured is not None:
+                    m, old = _measured(r, e, b_elem, n, nmse_bound is not None and b_nmse), measured.get((i, stage))
+                    if m is not None and (old is None or _worst(m) > _worst(old)):
+                        measured[(i, stage)] = m
                 if e > b_elem or n > b_nmse:
                     within = _equals_within(e, b_elem)
                     fact = _tpcp_fact(cfg, plan, t, stage, i, np.asarray(got), seg, shares, states, ranks, a,
@@ -393,6 +408,12 @@ def _tpcp_fact(cfg, plan, t, stage, i, got, seg, shares, states, ranks, a, scale
         sliced = [None if st is None else (st[0][:, ch], st[1][:, v]) for st in states]
         return _cp_fact(plan.cp, i, stage, got, sliced, [ranks[m] for m in plan.cp_group(t)], a, scale, within)
     return "is zero everywhere" if not np.any(got) else ""
+
+
+def _worst(m: dict) -> float:
+    """The larger of a measurement's error / bound and NMSE / bound (a bound of 0: not bounded)."""
+    return max(m["max_err"] / m["elem_bound"] if m["elem_bound"] > 0 else 0.0,
+               m["nmse"] / m["nmse_bound"] if m["nmse_bound"] > 0 else 0.0)
 
 
 def _measured(rank: int, e: float, bound: float, nmse: float, nmse_bound) -> dict | None:

@@ -7,6 +7,11 @@ A rank file that is missing fails the case (never a pass); so does a rank file o
 not have, a rank holding tokens or heads outside its share (a shape other than its share's), and every
 tensor over its bound, each failure naming the rank, the call or segment and its tokens, the heads or
 channels and the stage.
+
+In stage-isolated mode (a stage-isolated context-parallel port, fed the goldens' stage inputs: fla's
+``fla.ops.cp``) a context-parallel case's segments are judged on the call's stage tensors the ranks wrote
+(:data:`ISOLATED_CP_STAGES`; each on every segment, at the stage-isolated bounds), not on halos and summaries
+they do not expose; ranks that wrote none of them fail the case.
 """
 
 from __future__ import annotations
@@ -30,6 +35,8 @@ from .sharded import CP_STAGES, TP_STAGES, TPCP_STAGES, judge_cp, judge_tp, judg
 #: the tensor of the tolerance table (and of a record) each sharded stage is judged as
 TENSOR_OF = {"attn_out_partial": "attn_out", "halo": "conv_state", "summary": "recurrent_state",
              "entry_state": "recurrent_state", **{s: s for s in TP_STAGES if s != "attn_out_partial"}, "out": "out"}
+#: the call's stage tensors a stage-isolated context-parallel rank may write per segment, in the order they run
+ISOLATED_CP_STAGES = ("qkv", "qkv_conv", "g", "beta", "core", "core_gated", "out")
 #: a rank's file may hold at most this many tensors (an untrusted file: bounded work)
 _MAX_TENSORS = 100_000
 
@@ -44,13 +51,13 @@ _READ_BY = {"halo": "qkv_conv", "summary": "core", "entry_state": "core"}
 
 
 def _record(cj, step: int, op: str, call: int | None, stage: str, verdict: str, message: str | None,
-            failure=None) -> Record:
+            failure=None, shard: dict | None = None) -> Record:
     tensor = TENSOR_OF[stage]
     st = stage_of(tensor)
     order = stage_index(stage_of(_READ_BY[stage])) if stage in _READ_BY else stage_index(st)
     return Record(case=cj.case, step=step, op=op, call=call, tensor=tensor, stage=st, stage_index=order,
                   verdict=verdict, reason=None if verdict == "pass" else "sharded", message=message,
-                  shard=getattr(failure, "shard", None))
+                  shard=getattr(failure, "shard", None) if shard is None else shard)
 
 
 def judge_sharded(cj) -> None:
@@ -72,9 +79,12 @@ def judge_sharded(cj) -> None:
     for p in problems:
         stage = "out" if kind == "cp" else "attn_out"
         cj.report.records.append(_record(cj, shard_at, "shard", None, stage, "fail", safe_text(p)))
-    bounds = {s: cj.table.bound(TENSOR_OF[s], cj.profile, END_TO_END, cj.case) for s in (*TP_STAGES, *CP_STAGES,
-                                                                                          *TPCP_STAGES)}
+    isolated = cj.stage_isolated and kind == "cp"
+    mode = cj.bound_mode if isolated else END_TO_END
+    bounds = {s: cj.table.bound(TENSOR_OF[s], cj.profile, mode, cj.case)
+              for s in (*TP_STAGES, *CP_STAGES, *TPCP_STAGES, "out")}
     bound, nmse_bound = {s: b.elem for s, b in bounds.items()}, {s: b.nmse for s, b in bounds.items()}
+    measured: dict = {}  # (call or segment, stage) -> its worst share's errors and bounds, passing ones too
     if kind == "tp":
         goldens = []
         for step in call_steps(program):
@@ -83,10 +93,22 @@ def judge_sharded(cj) -> None:
                             for n in (*TP_STAGES, "out") if f"calls.{k}.{n}" in cj.gold})
         weights = {n[len("weights."):]: cj.gold.read(n) for n in cj.gold if n.startswith("weights.")}
         failures, judged = judge_tp(cfg, plan, ranks, goldens, bound=bound, weights=weights,
-                                    nmse_bound=nmse_bound, profile=cj.profile)
+                                    nmse_bound=nmse_bound, profile=cj.profile, measured=measured)
         stages, where = TP_STAGES, {k: at[k] for k in at}
         judged_keys = [(step["call"], s) for step in call_steps(program) for s in TP_STAGES
                        if s in goldens[step["call"]] or s == "attn_out_partial"]
+    elif isolated:
+        written = {n.split(".", 2)[2] for r in ranks for n in r if n.startswith("segments.") and n.count(".") >= 2}
+        stages = tuple(s for s in ISOLATED_CP_STAGES if s in written and f"calls.{cp_call}.{s}" in cj.gold)
+        if not stages:  # a run that judged nothing never passes
+            problems.append(f"no rank wrote a stage tensor of the call ({', '.join(ISOLATED_CP_STAGES)}) for any "
+                            "segment: nothing to judge (stage-isolated context parallelism)")
+            cj.report.records.append(_record(cj, shard_at, "shard", None, "out", "fail", problems[-1]))
+        trace = {s: np.asarray(cj.gold.read(f"calls.{cp_call}.{s}"), dtype=np.float64) for s in stages}
+        failures, judged = judge_cp(cfg, plan, ranks, trace, None, bound=bound, stages=stages,
+                                    nmse_bound=nmse_bound, measured=measured) if stages else ([], 0)
+        where = {i: at[cp_call] for i in range(len(plan.segments))}
+        judged_keys = [(i, s) for i in range(len(plan.segments)) for s in stages]
     else:
         cp = plan if kind == "cp" else plan.cp
         T = cp.T
@@ -97,14 +119,15 @@ def judge_sharded(cj) -> None:
                              np.asarray(cj.gold.read(f"shard.{t}.recurrent_state"), dtype=np.float64))
         if kind == "cp":
             trace = {"out": np.asarray(cj.gold.read(f"calls.{cp_call}.out"), dtype=np.float64)}
-            failures, judged = judge_cp(cfg, plan, ranks, trace, states, bound=bound, nmse_bound=nmse_bound)
+            failures, judged = judge_cp(cfg, plan, ranks, trace, states, bound=bound, nmse_bound=nmse_bound,
+                                        measured=measured)
             stages = CP_STAGES
         else:  # each rank's share (its heads on its tokens), FORMAT.md §4.2
             trace = {n: np.asarray(cj.gold.read(f"calls.{cp_call}.{n}"), dtype=np.float64)
                      for n in ("core_gated", "attn_out")}
             weights = {n[len("weights."):]: cj.gold.read(n) for n in cj.gold if n.startswith("weights.")}
             failures, judged = judge_tpcp(cfg, plan, ranks, trace, states, bound=bound, weights=weights,
-                                          nmse_bound=nmse_bound)
+                                          nmse_bound=nmse_bound, measured=measured)
             stages = TPCP_STAGES
         where = {i: at[cp_call] for i in range(len(cp.segments))}
         judged_keys = [(i, s) for i in range(len(cp.segments)) for s in stages]
@@ -116,7 +139,8 @@ def judge_sharded(cj) -> None:
     for w, s in judged_keys:
         if (w, s) not in failed:
             step, op = where.get(w, (shard_at, "shard"))
-            cj.report.records.append(_record(cj, step, op, w if kind == "tp" else cp_call, s, "pass", None))
+            cj.report.records.append(_record(cj, step, op, w if kind == "tp" else cp_call, s, "pass", None,
+                                             shard=measured.get((w, s))))
     if failures or problems:
         first = problems[0] if problems else failures[0].message
         cj.report.diagnosis = {"verdict": "none", "text": safe_text(first), "tensor": None, "call": None}

@@ -32,7 +32,7 @@ MAX_TABLE_BYTES = 64 * 1024 * 1024
 PROPERTY_ROWS = "properties"
 #: sha256 of the packaged tolerances.json this release ships (re-derived tables update it: it is the
 #: one line a review sees change when a bound moves)
-SHIPPED_SHA256 = "5ba466bfdc6417a97c0f9feb1b54826e6b144f758313571c447c17a2054c2fff"
+SHIPPED_SHA256 = "60dcedc17f122e3a01488a5475b836f95d274dee590f4da9782178d58f868016"
 #: how many loosened bounds an error message lists
 LISTED_LOOSER = 3
 

@@ -26,8 +26,10 @@ from gdncheck.fixtures.manifest import (
     select_cases,
     sha256_file,
 )
-from gdncheck.harness import END_TO_END, call_steps, is_packed, mode_name
+from gdncheck.errors import GDNError
+from gdncheck.harness import END_TO_END, STAGE_ISOLATED, call_steps, is_packed, mode_name
 from gdncheck.harness.sharded import shard_step
+from gdncheck.safetensors_io import SafetensorsFile
 from gdncheck.profiles import VERIFY_PROFILES, choices
 from gdncheck.untrusted import safe_text
 
@@ -122,6 +124,19 @@ def _new_summary(fixtures_dir, outputs_dir, manifest: dict, profile: str, stage_
     return summary
 
 
+def _isolated_sharded_run(outputs_dir: Path, case: str) -> bool:
+    """Whether a sharded case's outputs file is a stage-isolated run's (a stage-isolated context-parallel port,
+    gdncheck.harness.sharded): then stage-isolated mode judges it (its metadata checked as any outputs file's)."""
+    path = outputs_dir / f"{case}.safetensors"
+    try:
+        if path.is_symlink() or not path.is_file():
+            return False
+        meta = SafetensorsFile(path).metadata
+    except (GDNError, OSError, ValueError):
+        return False
+    return meta.get("mode") == STAGE_ISOLATED and "sharded" in meta
+
+
 def _judged_in_mode(entries: list[dict], stage_isolated: bool, summary: Summary, outputs_dir: Path) -> list[dict]:
     """The selected cases the mode judges: stage-isolated, no expected-error case and no serving case that
     keeps no stage inputs (its calls are packed, judged end to end only: FORMAT.md §8), each left out with a
@@ -130,8 +145,10 @@ def _judged_in_mode(entries: list[dict], stage_isolated: bool, summary: Summary,
     inputs) writes none, and the case is left out with a note of its own."""
     if not stage_isolated:
         return entries
-    sharded = [e["id"] for e in entries if e["kind"] != "error" and shard_step(e["program"]) is not None]
-    if sharded:  # FORMAT.md §4.2: a sharded case is judged end to end, rank by rank
+    sharded = [e["id"] for e in entries if e["kind"] != "error" and shard_step(e["program"]) is not None
+               and not _isolated_sharded_run(outputs_dir, e["id"])]
+    if sharded:  # FORMAT.md §4.2: a sharded case is judged end to end, rank by rank (but a stage-isolated
+        # context-parallel port's: its outputs file says so, and its ranks are judged by stage; docs/sharding.md)
         summary.notes.append(f"stage-isolated mode: {len(sharded)} sharded case(s) not applicable (judged end to end, "
                              "rank by rank: FORMAT.md §4.2, §7.1)")
         entries = [e for e in entries if e["id"] not in sharded]

@@ -77,7 +77,7 @@ def launch(program: str, world: int, spec: dict, folder, *, backend: str = "gloo
     """Run rank program ``program`` on ``world`` spawned ranks; return what each rank wrote, by rank.
 
     ``program``: a name of :data:`PROGRAMS`, or a module-level function ``f(rank, world, dist, spec)`` returning
-    the rank's tensors (an engine's adapter: ``conformance/engines/fla/cp.py``).
+    the rank's tensors (an engine's adapter: ``conformance/engines/fla_cp/cp.py``).
     ``folder``: where the ranks write (``rank{r}.safetensors``, ``rank{r}.error``) and rendezvous; it must
     exist and be empty of rank files. Raises :class:`DistributedRunError` on a rank's failure or the deadline.
     """

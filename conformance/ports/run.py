@@ -59,6 +59,7 @@ from gdncheck.harness import (
     to_numpy,
 )
 from gdncheck.harness.program import ProgramError
+from gdncheck.harness.sharded import isolated_cp_inputs
 from gdncheck.profiles import RUN_PROFILES
 from gdncheck.safetensors_io import SafetensorsFile, write_safetensors
 from gdncheck.stages import layer_stage_names, stage_outputs
@@ -257,8 +258,10 @@ def run_impl(impl: str | Callable, fixtures_dir: str | Path, out_dir: str | Path
     problems: list[CaseProblem] = []
     manifest = load_manifest(fixtures_dir, problems)
     entries = select_cases(manifest, cases, tags, shard, also_known=[p.case for p in problems])
-    if stage_isolated:  # no expected-error case, no sharded case (judged rank by rank, end to end)
-        entries = [e for e in entries if e["kind"] != "error" and not is_sharded(e)]
+    if stage_isolated:  # no expected-error case, no sharded case (judged rank by rank, end to end) but for a
+        # stage-isolated context-parallel port (fla.ops.cp: gdncheck.harness.sharded), whose ranks are judged by stage
+        isolated_cp = bool(isolated_cp_inputs(factory))
+        entries = [e for e in entries if e["kind"] != "error" and (isolated_cp or not is_sharded(e))]
         if not entries:
             raise SelectionError("stage-isolated mode runs no expected-error or sharded case, and the selection "
                                  "holds only those")
@@ -304,7 +307,7 @@ def _run_cases(factory, name, fixtures_dir: Path, out_dir: Path, profile: str, e
                command: str, config: str, progress, world: int | None = None, impl=None) -> RunReport:
     report = RunReport(name, profile, str(out_dir))
     spawned = _spawn_sharded(impl if impl is not None else factory, factory, fixtures_dir, out_dir, entries, names,
-                             world, profile, options)
+                             world, profile, options, stage_isolated)
     for p in problems:
         if not cases or any(p.case.startswith(c) for c in cases):
             report.cases.append(CaseRun(p.case, "skipped", f"manifest entry unusable: {p.message}"))
@@ -321,7 +324,7 @@ def _run_cases(factory, name, fixtures_dir: Path, out_dir: Path, profile: str, e
             na = None
             if is_sharded(entry):
                 report.cases.append(_run_sharded(factory, name, entry, inp, gold, out_dir, profile, options,
-                                                 command, config, spawned))
+                                                 command, config, spawned, stage_isolated))
                 if progress:
                     progress(report.cases[-1])
                 continue
@@ -361,11 +364,12 @@ def _run_cases(factory, name, fixtures_dir: Path, out_dir: Path, profile: str, e
 
 
 def _spawn_sharded(impl, factory, fixtures_dir: Path, out_dir: Path, entries: list[dict], names: dict, world,
-                   profile: str, options) -> dict:
+                   profile: str, options, stage_isolated: bool = False) -> dict:
     """With ``--world``: every sharded case selected that the port runs, on spawned ranks, in one launch."""
     if world is None:
         return {}
-    todo = [e for e in entries if is_sharded(e) and e["id"] not in names and not_applicable(factory, e) is None]
+    todo = [e for e in entries if is_sharded(e) and e["id"] not in names
+            and not_applicable(factory, e, stage_isolated) is None]
     if not todo:
         return {}
     inputs = {}
@@ -374,18 +378,18 @@ def _spawn_sharded(impl, factory, fixtures_dir: Path, out_dir: Path, entries: li
             inp, gold = load_case_input(fixtures_dir, e)
         except (FixtureError, SafetensorsFormatError):
             continue  # said when the case's turn comes (skipped)
-        inputs[e["id"]] = (inp, state_in(gold, e))
+        inputs[e["id"]] = (inp, state_in(gold, e, factory))
     todo = [e for e in todo if e["id"] in inputs]
     with tempfile.TemporaryDirectory(prefix=".gdncheck-ranks-", dir=out_dir) as work:
         return run_spawned(impl, inputs, todo, world, profile, options, Path(work)) if todo else {}
 
 
 def _run_sharded(factory, name: str, entry: dict, inp: CaseInput, gold: SafetensorsFile, out_dir: Path, profile: str,
-                 options, command: str, config: str, spawned: dict) -> CaseRun:
+                 options, command: str, config: str, spawned: dict, stage_isolated: bool = False) -> CaseRun:
     """A sharded case (FORMAT.md §7.1): ``{case}.safetensors`` with the run's metadata and
     ``{case}.rank{r}.safetensors`` for every rank; not applicable for a port without the sharded method."""
     kind, plan, _ = case_plan(entry)
-    na = not_applicable(factory, entry)
+    na = not_applicable(factory, entry, stage_isolated)
     ranks: list[dict] = []
     status = {"error": None, "not_applicable": na}
     if na is None:
@@ -395,7 +399,7 @@ def _run_sharded(factory, name: str, entry: dict, inp: CaseInput, gold: Safetens
             ranks, status = run_in_process(factory, entry, inp, gold, profile, options, out_dir)
     error, na = status.get("error"), status.get("not_applicable")
     meta = {"format": OUTPUTS_FORMAT, "format_version": OUTPUTS_FORMAT_VERSION, "case": entry["id"],
-            "implementation": no_surrogates(str(name)), "profile": profile, "mode": mode_name(False),
+            "implementation": no_surrogates(str(name)), "profile": profile, "mode": mode_name(stage_isolated),
             "fixture_sha256": entry["sha256"], "generator": f"gdncheck {__version__}", "command": command,
             "run_config": config, "sharded": kind, "world": str(plan.world)}
     if error:

@@ -25,10 +25,11 @@ import numpy as np
 from gdncheck.config import GDNConfig
 from gdncheck.errors import GDNError
 from gdncheck.features import not_applicable_reason
-from gdncheck.harness.contract import error_code
+from gdncheck.harness.contract import NotApplicable, error_code
 from gdncheck.harness.sharded import (
     all_reduced,
     cp_rank_outputs,
+    isolated_cp_inputs,
     plan_of,
     reducer,
     run_in_threads,
@@ -108,6 +109,8 @@ def rank_work(factory, entry: Mapping, inp, gold_state_in: Mapping, profile: str
                            state_in=gold_state_in)
     except threading.BrokenBarrierError as exc:  # another rank failed and released this one from a collective
         return {}, _status({"code": error_code(exc), "message": RELEASED, "step": entry["program"].index(step)}), None
+    except NotApplicable as exc:  # a case the port cannot express (every rank says so before any collective)
+        return {}, _status(na={"reason": str(exc) or "not applicable", "step": entry["program"].index(step)}), None
     except Exception as exc:  # noqa: BLE001 - the port's failure is a result
         abort = getattr(comm, "abort", None)
         if abort is not None:  # the other ranks wait in a collective for this one: release them
@@ -117,29 +120,46 @@ def rank_work(factory, entry: Mapping, inp, gold_state_in: Mapping, profile: str
     return tensors, _status(), None
 
 
-def state_in(gold: SafetensorsFile, entry: Mapping) -> dict:
+def state_in(gold: SafetensorsFile, entry: Mapping, factory=None) -> dict:
+    """A context-parallel case's entering state from the goldens; for a stage-isolated port
+    (:func:`~gdncheck.harness.sharded.isolated_cp_inputs`), also ``stage_inputs``: the call's golden stage
+    inputs it reads, whole (each rank gets its segments' rows)."""
     kind, _, call = case_plan(entry)
     if kind not in ("cp", "tpcp"):
         return {}
-    return {n: gold.read(f"calls.{call}.{n}_in") for n in ("conv_state", "recurrent_state")
-            if f"calls.{call}.{n}_in" in gold}
+    out = {n: gold.read(f"calls.{call}.{n}_in") for n in ("conv_state", "recurrent_state")
+           if f"calls.{call}.{n}_in" in gold}
+    names = isolated_cp_inputs(factory) if factory is not None else ()
+    if names:
+        out["stage_inputs"] = {n: gold.read(f"calls.{call}.{n}") for n in names if f"calls.{call}.{n}" in gold}
+    return out
 
 
-def not_applicable(factory, entry: Mapping) -> dict | None:
+def not_applicable(factory, entry: Mapping, stage_isolated: bool = False) -> dict | None:
     """The case's not-applicable verdict for a port without the sharded method it needs (or without the
-    feature, where it declares its features), at the shard step."""
+    feature, where it declares its features), at the shard step; a stage-isolated context-parallel port
+    (:func:`~gdncheck.harness.sharded.isolated_cp_inputs`) runs in stage-isolated mode only."""
     kind = case_plan(entry)[0]
     step = entry["program"].index(shard_step(entry["program"]))
     declared = getattr(factory, "features", None)
     if (declared is not None and "sharded" not in declared) or sharded_method(factory, kind) is None:
-        return {"reason": not_applicable_reason(["sharded"]), "step": step}
+        reason = not_applicable_reason(["sharded"])
+        if sharded_method(factory, "cp" if kind == "tp" else "tp") is not None:  # a port of one kind of sharding
+            reason += (": a context-parallel port, this case is tensor-parallel" if kind == "tp" else
+                       ": a tensor-parallel port, this case is context-parallel")
+        return {"reason": reason, "step": step}
+    if kind == "cp" and bool(isolated_cp_inputs(factory)) != stage_isolated:
+        return {"reason": "its context parallelism is stage-isolated (it is fed the goldens' stage inputs): run it "
+                          "with --stage-isolated" if not stage_isolated else
+                          "its context parallelism runs the whole layer: judged end to end, not stage-isolated",
+                "step": step}
     return None
 
 
 def run_in_process(factory, entry: Mapping, inp, gold: SafetensorsFile, profile: str, options, snapshot_dir):
     """Every rank of one case in this process: ``(ranks' tensors, status)``."""
     kind, plan, _ = case_plan(entry)
-    entering = state_in(gold, entry)
+    entering = state_in(gold, entry, factory)
     if kind in ("cp", "tpcp"):
         results = run_in_threads(plan.world, lambda r, g: rank_work(factory, entry, inp, entering, profile, options,
                                                                     r, g, snapshot_dir))

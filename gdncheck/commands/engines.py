@@ -295,13 +295,35 @@ def _engine_row(name, options, fixtures, out, args, con) -> dict:
         row.update(status="no_profile", problem=f"none of the profiles asked for ({', '.join(args.profile)}) "
                                                 f"is one it supports ({', '.join(eng.profiles)})")
         return row
+    cases = _engine_cases(eng, fixtures, args)
+    if cases == []:
+        row.update(status="no_case", problem=f"none of the cases selected carries a tag it is judged on "
+                                             f"({', '.join(eng.tags)})")
+        con.say(safe_text(f"{name}: {row['problem']}"))
+        return row
     engine_dir = out / name
     if engine_dir.exists():
         shutil.rmtree(engine_dir)
     for profile in profiles:
         row["profiles_run"].append(profile)
-        row["results"][profile] = _run_one(eng, row["options"], profile, fixtures, engine_dir / profile, args, con)
+        row["results"][profile] = _run_one(eng, row["options"], profile, fixtures, engine_dir / profile, args, con,
+                                           cases)
     return row
+
+
+def _engine_cases(eng, fixtures, args) -> list[str] | None:
+    """The ids of the cases an engine with ``tags`` (schema.Engine) is judged on, within --case / --tag; None
+    for an engine judged on every case selected."""
+    from gdncheck.errors import GDNError
+    from gdncheck.fixtures.manifest import load_manifest, select_cases
+
+    if not eng.tags:
+        return None
+    try:
+        selected = select_cases(load_manifest(fixtures, []), args.case, args.tag)
+    except GDNError:
+        return None  # said by the run, as for any engine
+    return [c["id"] for c in selected if set(eng.tags) & set(c.get("tags", []))]
 
 
 def _matrix(args, fixtures, manifest, rows, started) -> dict:
@@ -350,7 +372,7 @@ class _Timeout(BaseException):
     that no adapter or harness `except Exception` takes it for the case's own error)."""
 
 
-def _run_one(eng, opts, profile, fixtures, folder, args, con) -> dict:
+def _run_one(eng, opts, profile, fixtures, folder, args, con, cases: list[str] | None = None) -> dict:
     """One engine in one profile: run, verify, classify. An engine that cannot run (refused, timed out,
     its program failed) is a result saying why: a run that could not be made, never a pass."""
     import json
@@ -366,20 +388,21 @@ def _run_one(eng, opts, profile, fixtures, folder, args, con) -> dict:
 
     t0 = time.perf_counter()
     spec = eng.spec()
+    selection = {"cases": args.case, "tags": args.tag} if cases is None else {"cases": cases, "tags": None}
     try:
         if eng.command is not None:
             command = _run_program(eng, fixtures, folder, args, profile)
         else:
             command = default_command(spec, fixtures, folder, profile, opts, eng.stage_isolated)
             with _alarm(args.timeout, f"{eng.name} {profile}"):
-                run_impl(spec, fixtures, folder, profile, cases=args.case, tags=args.tag, options=opts,
+                run_impl(spec, fixtures, folder, profile, **selection, options=opts,
                          stage_isolated=eng.stage_isolated, command=command)
         diagnose = None
         if args.diagnose > 0:
             from gdncheck.conformance.meta.catalogue import mutant_diagnoser
 
             diagnose = mutant_diagnoser(fixtures, limit=args.diagnose)
-        summary = verify(fixtures, folder, profile, cases=args.case, tags=args.tag,
+        summary = verify(fixtures, folder, profile, **selection,
                          stage_isolated=eng.stage_isolated, fused=eng.fused, diagnose=diagnose)
     except (GDNError, _Timeout) as exc:
         con.say(safe_text(f"{eng.name} {profile}: could not run: {one_line(exc)}"))

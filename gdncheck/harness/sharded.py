@@ -16,7 +16,13 @@ goldens are the unsharded layer's); each rank of a port runs its share:
   index -> its tokens ``[B, n, D]``) entered with the call's state, exchanging with the other ranks
   through ``comm`` (``all_gather_object(parts, obj)`` as ``torch.distributed`` has it), and returns
   ``{"segments.{i}.{halo,M,U,entry_state,out}": array}`` (and ``segments.{i}.attn_out``, the layer's
-  ``attn_out`` on the segment's tokens, which tensor × context parallelism reads).
+  ``attn_out`` on the segment's tokens, which tensor × context parallelism reads). A **stage-isolated**
+  context-parallel port (one that exposes stages, not the layer: flash-linear-attention's ``fla.ops.cp``)
+  names the goldens' stage
+  inputs it reads in its method's ``stage_inputs`` attribute (e.g. ``("qkv", "g", "beta")``); it is then
+  run in stage-isolated mode only, called with ``stage_inputs={i: {name: [B, n, ...]}}`` (its segments' rows
+  of each) as well, and returns ``{"segments.{i}.{stage}": array}`` of the call's stage tensors it computes
+  (:func:`isolated_cp_inputs`).
 - **tensor × context parallelism** (a ``tpcp`` plan): composed here from the port's ``context_parallel``
   (:func:`tpcp_rank_outputs`): rank r runs its TP share as a layer of its heads
   (:func:`gdncheck.sharding.standalone`) context-parallel over its CP rank's segments, exchanging with its
@@ -349,10 +355,18 @@ def tpcp_rank_outputs(factory: Any, case: CaseInput, plan_json: Mapping, call: i
     return out
 
 
+def isolated_cp_inputs(factory: Any) -> tuple[str, ...]:
+    """The goldens' stage inputs a stage-isolated context-parallel port reads (its ``context_parallel``'s
+    ``stage_inputs``); () for a port that runs the layer."""
+    names = getattr(sharded_method(factory, "cp"), "stage_inputs", ())
+    return tuple(str(n) for n in names) if isinstance(names, tuple | list) else ()
+
+
 def cp_rank_outputs(factory: Any, case: CaseInput, plan_json: Mapping, call: int, rank: int, comm, *,
                     profile: str, options: Mapping | None = None, state_in: Mapping | None = None):
     """Rank ``rank``'s segments of the context-parallel call ``call``, entered with ``state_in`` (the goldens'
-    entering state, ``conv_state_in`` / ``recurrent_state_in``; zeros when none)."""
+    entering state, ``conv_state`` / ``recurrent_state``; zeros when none; and, for a stage-isolated port,
+    ``stage_inputs``: name -> the call's whole golden tensor, of which each segment gets its rows)."""
     method = sharded_method(factory, "cp")
     cfg = GDNConfig.from_hf(dict(case.config))
     plan = plan_from_json(plan_json, cfg)
@@ -360,5 +374,11 @@ def cp_rank_outputs(factory: Any, case: CaseInput, plan_json: Mapping, call: int
     xs = {i: x[:, a:b] for i, (r, a, b) in enumerate(plan.segments) if r == rank}
     conv, rec = _entering(cfg, x.shape[0], state_in)
     weights = LayerWeights(case.weights, config=cfg, source=f"fixture {case.id}")
-    got = method(cfg, weights, dict(plan_json), rank, comm, xs, conv, rec, profile=profile, **dict(options or {}))
+    extra = {}
+    if isolated_cp_inputs(factory):
+        whole = dict((state_in or {}).get("stage_inputs") or {})
+        extra["stage_inputs"] = {i: {n: np.asarray(t)[:, a:b] for n, t in whole.items()}
+                                 for i, (r, a, b) in enumerate(plan.segments) if r == rank}
+    got = method(cfg, weights, dict(plan_json), rank, comm, xs, conv, rec, profile=profile, **extra,
+                 **dict(options or {}))
     return {str(n): np.asarray(to_numpy(t), dtype=np.float64) for n, t in got.items()}

@@ -2,10 +2,15 @@
 TP_FAULTS and CP_FAULTS) as ``tensor_parallel`` / ``context_parallel`` methods of the port contract, for
 ``gdncheck run tests.ports.sharded_faults:NAME``: each must fail verify at its rank and stage. The kill
 matrix's sharding mutants run the same ports (gdncheck/conformance/ports/sharded_faults.py); and a port
-without the sharded methods."""
+without the sharded methods; stage-isolated context-parallel ports (as fla's ``fla.ops.cp`` is), fed the
+goldens' stage inputs, right and wrong."""
 
 from __future__ import annotations
 
+import numpy as np
+
+from gdncheck.harness import NotApplicable
+from gdncheck.reference.conv1d import conv1d
 from gdncheck.conformance.ports.distributed import CP_FAULTS, TP_FAULTS
 from gdncheck.conformance.ports.implementations import reference
 from gdncheck.conformance.ports.sharded_faults import sharded_port
@@ -44,3 +49,30 @@ def _short_halo(cfg, weights, plan, rank, comm, xs, conv_state, recurrent_state,
 
 
 short_halo.context_parallel = _short_halo
+def _isolated(mode: str):
+    """A stage-isolated context-parallel port: every rank gathers the segments' golden pre-conv ``qkv``, runs the
+    float64 conv over the whole call from its entering conv state and writes its segments' ``qkv_conv``; ``mode``
+    ``drops_one`` (rank 1 leaves its first segment out) or ``nothing`` (no rank writes a tensor)."""
+
+    def factory(cfg, weights, **kw):
+        raise NotApplicable("a context-parallel port only")
+
+    def context_parallel(cfg, weights, plan, rank, comm, xs, conv_state, recurrent_state, *, stage_inputs,
+                         **options):
+        parts: list = [None] * int(plan["world"])
+        comm.all_gather_object(parts, {i: s["qkv"] for i, s in stage_inputs.items()})
+        qkv = {i: t for p in parts for i, t in p.items()}
+        whole = np.concatenate([qkv[i] for i in sorted(qkv, key=lambda i: plan["segments"][i]["tokens"][0])], axis=1)
+        conv, _ = conv1d(whole, conv_state, np.asarray(weights["linear_attn.conv1d.weight"]))
+        out = {f"segments.{i}.qkv_conv": conv[:, s["tokens"][0]:s["tokens"][1]]
+               for i, s in enumerate(plan["segments"]) if s["rank"] == rank}
+        if mode == "drops_one" and rank == 1:
+            out.pop(min(out))
+        return {} if mode == "nothing" else out
+
+    context_parallel.stage_inputs = ("qkv",)
+    factory.context_parallel = context_parallel
+    return factory
+
+
+isolated_conv, isolated_conv_drops_one, isolated_nothing = (_isolated(m) for m in ("right", "drops_one", "nothing"))

@@ -26,7 +26,8 @@ def _sharded(manifest) -> set[str]:
     """The suite's sharded cases (format 1.3), which the Node template does not implement."""
     ids = {c["id"] for c in manifest["cases"] if "sharded" in c["requires"]}
     assert {i.split("_T")[0] for i in ids} == {"tp2", "tp4-past-keys", "tp3-uneven", "tp2-packed", "cp2-ragged",
-                                               "cp4-ragged", "cp4-zigzag"}
+                                               "cp4-ragged", "cp4-zigzag", "cp2-from-zero",
+                                               "cp2-zigzag-from-zero", "tp2-cp2"}
     return ids
 
 

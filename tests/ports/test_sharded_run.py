@@ -38,7 +38,7 @@ def _case(suite, prefix):
 def test_the_sharded_suite_requires_the_feature_and_keeps_it_optional(suite):
     m = load_manifest(suite)
     assert m["format_version"] == "1.3" and m["features"]["sharded"]["since"] == "1.3"
-    assert len(m["cases"]) == 8
+    assert len(m["cases"]) == 10
     for c in m["cases"]:
         assert c["program"][1]["op"] == "shard" and c["requires"]["sharded"] == 1
         assert "sharded" in c["coverage"]["features"] and "sharded" in c["tags"]
@@ -46,15 +46,31 @@ def test_the_sharded_suite_requires_the_feature_and_keeps_it_optional(suite):
 
 def test_reference_conforms_in_process(suite, tmp_path):
     rep = run_impl("reference", suite, tmp_path, "f32")
-    assert [c.status for c in rep.cases] == ["ran"] * 8
+    assert [c.status for c in rep.cases] == ["ran"] * 10
     s = _verify(suite, tmp_path)
-    assert s.exit_code == 0 and [c.status for c in s.cases] == ["pass"] * 8
+    assert s.exit_code == 0 and [c.status for c in s.cases] == ["pass"] * 10
     assert sum(c.judged for c in s.cases) > 100
     # every rank wrote its own file, and only its share: TP 3's rank 1 holds value heads 2-4 (3 heads)
     tp3 = _case(suite, "tp3-uneven")
     from gdncheck.safetensors_io import SafetensorsFile
     r1 = SafetensorsFile(tmp_path / f"{tp3}.rank1.safetensors")
     assert r1.shape_of("calls.0.core")[-2] == 3 and r1.shape_of("calls.0.recurrent_state")[1] == 3
+
+
+def test_a_passing_sharded_tensor_carries_its_worst_share_and_the_matrix_reads_it(suite, tmp_path):
+    """Each passing record of a sharded case holds its worst rank's errors and bounds (``shard``), so the matrix's
+    worst passing ratio of a sharded row is a number, not none."""
+    from gdncheck.conformance.engines.matrix import profile_result
+
+    run_impl("reference", suite, tmp_path, "f32", tags=["world-2"])
+    doc = _verify(suite, tmp_path, tags=["world-2"]).to_json()
+    passes = [r for c in doc["cases"] for r in c["records"] if r["verdict"] == "pass"]
+    assert len(passes) > 50 and all(r["shard"] and 0 <= r["shard"]["max_err"] <= r["shard"]["elem_bound"]
+                                    for r in passes)
+    ratios = [max(r["shard"]["max_err"] / r["shard"]["elem_bound"],
+                  r["shard"]["nmse"] / r["shard"]["nmse_bound"] if r["shard"]["nmse_bound"] else 0.0) for r in passes]
+    worst = profile_result(doc, "reference", "f32", {})["worst_ratio"]
+    assert worst is not None and worst["ratio"] == max(ratios) and 0 < worst["ratio"] < 1
 
 
 def test_triton_conforms_in_process_tensor_parallel(suite, tmp_path):
@@ -74,7 +90,7 @@ def test_triton_conforms_in_process_context_parallel(suite, tmp_path, profile):
     pytest.importorskip("triton")
     run_impl("triton", suite, tmp_path, profile, tags=["cp"])
     s = _verify(suite, tmp_path, profile, tags=["cp"])
-    assert [c.status for c in s.cases] == ["pass"] * 3, [c.message for c in s.cases]
+    assert [c.status for c in s.cases] == ["pass"] * 5, [c.message for c in s.cases]  # 3 entered, 2 from zero
     judged = {(r.tensor, r.verdict) for c in s.cases for r in c.records}
     assert {("conv_state", "pass"), ("recurrent_state", "pass"), ("out", "pass")} <= judged  # halo, summary, out
 
@@ -89,7 +105,7 @@ def test_spawned_ranks_meet_with_a_relative_out_folder(suite, tmp_path, monkeypa
                  "--world", "2", "-q"])
     assert code == 0
     s = _verify(suite, tmp_path / "out", "bf16", tags=["world-2"])
-    assert [c.status for c in s.cases] == ["pass"] * 3, [c.message for c in s.cases]
+    assert [c.status for c in s.cases] == ["pass"] * 5, [c.message for c in s.cases]  # 2 TP, 3 CP
 
 
 def test_a_context_parallel_rank_that_raises_fails_its_case_at_once(suite, tmp_path):
@@ -112,7 +128,7 @@ def test_reference_conforms_on_spawned_gloo_ranks(suite, tmp_path, world):
                  "--tag", f"world-{world}", "--world", str(world)])
     assert code == 0
     s = _verify(suite, tmp_path, tags=[f"world-{world}"])
-    assert [c.status for c in s.cases] == ["pass"] * {2: 3, 4: 4}[world]  # world 4: tp4-past-keys, cp4-*, tp2-cp2
+    assert [c.status for c in s.cases] == ["pass"] * {2: 5, 4: 4}[world]  # world 4: tp4-past-keys, cp4-*, tp2-cp2
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".gdncheck-ranks-")]
 
 
@@ -232,10 +248,10 @@ def test_a_damaged_plan_makes_that_case_unusable_and_the_others_run(suite, tmp_p
     edit(next(s for s in _case_entry(doc, "tp2")["program"] if s["op"] == "shard"))
     (copy / "manifest.json").write_text(_json.dumps(doc))
     problems: list[CaseProblem] = []
-    assert len(load_manifest(copy, problems)["cases"]) == 7
+    assert len(load_manifest(copy, problems)["cases"]) == 9
     assert len(problems) == 1 and said in problems[0].message, problems
     rep = run_impl("reference", copy, tmp_path / "out", "f32")
-    assert sorted(c.status for c in rep.cases) == ["ran"] * 7 + ["skipped"]
+    assert sorted(c.status for c in rep.cases) == ["ran"] * 9 + ["skipped"]
 
 
 def _case_entry(doc, prefix):
@@ -380,7 +396,7 @@ def test_a_tpcp_plan_edited_by_hand_makes_the_case_unusable(suite, tmp_path):
     step["tpcp"]["ranks"][2].update(tp_rank=1, cp_rank=0)
     (copy / "manifest.json").write_text(_json.dumps(doc))
     problems: list[CaseProblem] = []
-    assert len(load_manifest(copy, problems)["cases"]) == 7
+    assert len(load_manifest(copy, problems)["cases"]) == 9
     (p,) = problems
     assert "shard step: expected the tpcp plan its own parameters give" in p.message and "\n" not in p.message
 

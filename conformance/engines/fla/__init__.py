@@ -1,1 +1,1 @@
-"""The engine fla: its glue (adapter.py, cp.py), its registry entry and findings (engine.py), its page (README.md)."""
+"""The engine fla: its glue (adapter.py), its registry entry and findings (engine.py), its page (README.md)."""

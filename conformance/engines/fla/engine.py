@@ -1,5 +1,5 @@
 """flash-linear-attention as an engine: fla-core's gated delta rule kernels, stage-isolated (``adapter.py``);
-its context parallelism as a rank program of conformance/ports/distributed.py (``cp.py``)."""
+its context parallelism is the engine fla-cp (conformance/engines/fla_cp/)."""
 
 from ..schema import Engine, Finding
 

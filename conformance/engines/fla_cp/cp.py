@@ -1,4 +1,4 @@
-"""flash-linear-attention's context parallelism (``fla.ops.cp``) as a sharded port (conformance/engines/fla/README.md,
+"""flash-linear-attention's context parallelism (``fla.ops.cp``) as a rank program (conformance/engines/fla_cp/README.md,
 docs/sharding.md): its own ``causal_conv1d_cp`` and ``chunk_gated_delta_rule(..., cp_context=...)`` on each
 rank of a gloo group, fed the goldens' stage inputs, judged segment by segment.
 
@@ -9,7 +9,7 @@ pieces r and ``2·world−1−r`` concatenated), the pre-conv ``qkv`` of those t
 so the call starts from the zero state.
 
 On a CPU it runs under Triton's interpreter with four runtime patches, each one line of fla's behaviour
-replaced while the run lasts and checked by tests/engines/fla/test_fla_cp.py:
+replaced while the run lasts and checked by tests/engines/fla_cp/test_fla_cp.py:
 
 1. ``fla.ops.cp.context._check_cp_device`` (imported by name into ``fla.ops.cp.chunk_delta_h``,
    ``chunk_fwd``, ``chunk_merge``, ``chunk_bwd``) refuses any device but CUDA (sm ≥ 80) and Ascend:
@@ -18,7 +18,7 @@ replaced while the run lasts and checked by tests/engines/fla/test_fla_cp.py:
    gloo refuses: the same collective into a flat buffer, viewed as ``[world, ...]`` (in ``fla.ops.cp.comm``
    and where it is imported by name: ``fla.ops.cp``, ``chunk_delta_h``, ``fla.modules.causal_conv1d.cp``).
 3. fla's kernels call ``i_t.to(tl.int64)`` on loop counters, Python ints under the interpreter: the
-   chunk kernels' ``range`` yields ints that take ``.to`` (as the single-rank fla port does).
+   chunk kernels' ``range`` yields ints that take ``.to`` (as the single-rank fla engine's adapter does).
 4. Triton's autotuner benchmarks every config, which needs a GPU driver: it keeps the first config.
 """
 
@@ -32,7 +32,17 @@ import numpy as np
 from gdncheck.config import GDNConfig
 from gdncheck.sharding import CPPlan, plan_from_json
 
-from .adapter import _counting_range
+
+class _LoopCounter(int):
+    """A Python loop counter that takes ``.to(dtype)`` as a Triton scalar does (patch 3)."""
+
+    def to(self, *_args, **_kwargs) -> int:
+        return int(self)
+
+
+def _counting_range(*args):
+    return (_LoopCounter(i) for i in range(*args))
+
 
 #: the fla modules a patch replaces a name in (module docstring)
 DEVICE_CHECK_USERS = ("fla.ops.cp.chunk_delta_h", "fla.ops.cp.chunk_fwd", "fla.ops.cp.chunk_merge",
@@ -92,6 +102,11 @@ def patched():
 
 _ABSENT = object()
 
+#: the glue's own mistakes a test makes it commit (each must fail the judge): the rank's zigzag pieces handed
+#: to fla back first; rank r handed rank (world − 1 − r)'s tokens (ranks swapped); the plan read as the other
+#: layout's split (contiguous handed to fla as zigzag, or the reverse)
+GLUE_MUTANTS = ("none", "wrong_split", "ranks_swapped", "layout_misread")
+
 
 def local_order(plan: CPPlan, rank: int) -> list[int]:
     """The plan's segments rank ``rank`` holds, in the order fla's local buffer concatenates them."""
@@ -101,8 +116,8 @@ def local_order(plan: CPPlan, rank: int) -> list[int]:
 def fla_cp_rank(rank: int, world: int, dist, spec: dict) -> dict[str, np.ndarray]:
     """The rank program (:func:`gdncheck.conformance.ports.distributed.launch`): fla's CP conv and delta rule
     on this rank's tokens. ``spec``: ``cfg``, ``plan`` (a CP plan fla's layout gives), ``qkv`` and ``g``,
-    ``beta`` per segment (``{i: [1, L, ...]}``), ``conv_weight`` [conv_dim, K]; ``glue``: ``none``, or (tests
-    only) ``wrong_split``, the rank's zigzag pieces handed to fla in the wrong order."""
+    ``beta`` per segment (``{i: [1, L, ...]}``), ``conv_weight`` [conv_dim, K]; ``glue``: ``none``, or a glue
+    mutant (:data:`GLUE_MUTANTS`, tests only)."""
     import torch
 
     if not torch.cuda.is_available():  # before fla imports triton: its kernels interpreted on a CPU
@@ -114,19 +129,28 @@ def fla_cp_rank(rank: int, world: int, dist, spec: dict) -> dict[str, np.ndarray
     cfg = GDNConfig.from_hf(spec["cfg"])
     plan = plan_from_json(spec["plan"], cfg)
     glue = spec.get("glue", "none")
+    if glue not in GLUE_MUTANTS:
+        raise ValueError(f"expected a glue among {', '.join(GLUE_MUTANTS)}, found {glue!r}")
     mine = local_order(plan, rank)
-    if glue == "wrong_split":  # a glue mutant: the rank's pieces concatenated back first
+    if glue == "wrong_split":  # the rank's pieces concatenated back first
         mine = mine[::-1]
+    if glue == "ranks_swapped":  # rank r handed rank (world − 1 − r)'s tokens, written as its own
+        fed, mine = local_order(plan, world - 1 - rank), mine
+    else:
+        fed = mine
+    layout = plan.layout
+    if glue == "layout_misread":  # the plan read as the other layout's split
+        layout = "zigzag" if plan.layout == "contiguous" else "contiguous"
 
     def t(a):
-        return torch.from_numpy(np.ascontiguousarray(np.concatenate([a[i] for i in mine], axis=1), dtype=np.float32))
+        return torch.from_numpy(np.ascontiguousarray(np.concatenate([a[i] for i in fed], axis=1), dtype=np.float32))
 
     qkv, g, beta = t(spec["qkv"]), t(spec["g"]), t(spec["beta"])
     weight = torch.from_numpy(np.asarray(spec["conv_weight"], dtype=np.float32))
     group = dist.group.WORLD
     cu = torch.tensor([0, plan.T], dtype=torch.int32)
     with patched(), torch.no_grad():
-        ctx = build_cp_context(cu, group, conv1d_kernel_size=cfg.conv_kernel, cu_seqlens_cpu=cu, layout=plan.layout)
+        ctx = build_cp_context(cu, group, conv1d_kernel_size=cfg.conv_kernel, cu_seqlens_cpu=cu, layout=layout)
         conv = causal_conv1d_cp(qkv, weight, activation="silu", cp_context=ctx)
         kd = cfg.key_dim
         L = conv.shape[1]
@@ -136,8 +160,8 @@ def fla_cp_rank(rank: int, world: int, dist, spec: dict) -> dict[str, np.ndarray
         core, _ = chunk_gated_delta_rule(q, k, v, g=g, beta=beta, scale=cfg.scale, use_qk_l2norm_in_kernel=True,
                                          cu_seqlens=ctx.cu_seqlens, cp_context=ctx)
     out, at = {}, 0
-    for i in mine:
-        n = plan.segments[i][2] - plan.segments[i][1]
+    for i, j in zip(mine, fed, strict=True):  # the tokens of segment j, written as segment i's
+        n = plan.segments[j][2] - plan.segments[j][1]
         out[f"segments.{i}.qkv_conv"] = conv[:, at:at + n].double().numpy()
         out[f"segments.{i}.core"] = core[:, at:at + n].double().numpy()
         at += n
@@ -152,3 +176,13 @@ def fla_cp_spec(cfg: GDNConfig, plan: CPPlan, weights, trace, glue: str = "none"
     w = np.asarray(weights["linear_attn.conv1d.weight"], dtype=np.float64)
     return {"cfg": cfg.to_hf(), "plan": plan.to_json(), **seg, "conv_weight": w.reshape(w.shape[0], w.shape[-1]),
             "glue": glue}
+
+
+def fla_cp_jobs(rank: int, world: int, dist, spec: dict) -> dict[str, np.ndarray]:
+    """Several :func:`fla_cp_rank` runs in one launch (tests and measurements: a launch costs ~17 s of spawning
+    and imports here, fla's first interpreted call ~16 s, a later one ~5 s): ``spec["jobs"]``, a list of
+    :func:`fla_cp_spec` specs (same world); rank ``rank``'s tensors of job ``n`` prefixed ``j{n}.``."""
+    out = {}
+    for n, job in enumerate(spec["jobs"]):
+        out.update({f"j{n}.{k}": v for k, v in fla_cp_rank(rank, world, dist, job).items()})
+    return out
