@@ -143,8 +143,8 @@ def judge_tp(cfg: GDNConfig, plan: TPPlan, ranks: list[dict], goldens: list[dict
                             return _own_rule(x, y, stage, profile)[0]
                         return _err(x, y, max(scale, 1e-300))
 
-                    fact = _tp_fact(cfg, plan, share, stage, got, gold, partials, k, weights, distance,
-                                    _equals_within(e, b))
+                    fact = _shape_fact(stage, got, want) or _tp_fact(cfg, plan, share, stage, got, gold, partials, k,
+                                                                      weights, distance, _equals_within(e, b))
                     failures.append(ShardFailure(r, k, stage, max(e / b, n / nb), _message(
                         r, f"call {k}", stage, what, got, want, e, b, fact, n, nmse_bound and nb,
                         {"g": "(log decay)", "beta": "(relative)"}.get(stage) if own is not None else None),
@@ -177,6 +177,25 @@ def _tp_share(cfg, share, stage, gold, weights):
     return cg.reshape(*cg.shape[:-2], -1) @ w.T, gold["attn_out"], f"the out_proj partial of {heads}"
 
 
+#: the axis of a rank's tensor that holds its value heads, or its conv channels
+_HEAD_AXIS = {"g": -1, "beta": -1, "core": -2, "core_gated": -2, "recurrent_state": 1}
+_CHANNEL_AXIS = {"qkv": -1, "qkv_conv": -1, "conv_state": 1}
+
+
+def _shape_fact(stage: str, got, want) -> str:
+    """Where a rank's tensor differs from its share's shape on the heads' (or channels') axis alone: how many it
+    holds, and, where more, that padding slots (a port's own layout) are never written."""
+    g, w = np.shape(got), np.shape(want)
+    for axes, what in ((_HEAD_AXIS, "value heads"), (_CHANNEL_AXIS, "conv channels")):
+        if stage in axes and len(g) == len(w) and len(g) > abs(axes[stage]) - (axes[stage] < 0):
+            a = axes[stage] % len(g)
+            if g[a] != w[a] and all(x == y for i, (x, y) in enumerate(zip(g, w)) if i != a):
+                more = ": a rank writes only its own heads, never the padding slots of a padded layout " \
+                       "(docs/sharding.md)" if g[a] > w[a] else ""
+                return f"holds {g[a]} {what} where its share has {w[a]}{more}"
+    return ""
+
+
 def _partial_from_sum(partials, attn_out, r):
     """Without weights: rank r's partial is judged as attn_out minus the other ranks' partials."""
     if any(p is None for p in partials.values()):
@@ -202,12 +221,46 @@ def _tp_fact(cfg, plan, share, stage, got, gold, partials, k, weights, distance,
             return f"equals {plan.world}× the reduced output: reduced once too often on every rank"
     if not np.any(got):
         return "is zero everywhere"
+    if stage == "attn_out_partial" and weights is not None and "core_gated" in gold:
+        heads = _heads_miscounted(cfg, plan, share, got, gold, weights, close)
+        if heads:
+            return heads
     for other in plan.shares:
         if other.rank != share.rank:
             want, _, _ = _tp_share(cfg, other, stage, gold, weights)
             if close(want, got):
                 return f"equals rank {other.rank}'s share (value heads {_range(other.v_start, other.v_stop)})"
     return ""
+
+
+def _heads_miscounted(cfg, plan, share, got, gold, weights, close) -> str:
+    """Where a rank's partial equals its own plus or minus whole heads' ``out_proj`` contributions (each head's
+    ``core_gated`` times its columns), say which: a padding slot computing a copy of a real head (vLLM PR
+    47759's padded ranks), another rank's head, or a real head masked out as padding."""
+    want, _, _ = _tp_share(cfg, share, "attn_out_partial", gold, weights)
+    cg = np.asarray(gold["core_gated"], dtype=np.float64)
+    w = np.asarray(weights[OUT], dtype=np.float64)
+    dv = cfg.head_v_dim
+    if cg.ndim < 2 or cg.shape[-2] != cfg.num_v_heads or np.shape(got) != np.shape(want):
+        return ""
+    contrib = np.stack([(cg[..., h, :] @ w[:, h * dv:(h + 1) * dv].T).reshape(-1)
+                        for h in range(cfg.num_v_heads)])
+    diff = (np.asarray(got, dtype=np.float64) - want).reshape(-1)
+    times = np.rint(np.linalg.lstsq(contrib.T, diff, rcond=None)[0]).astype(np.int64)
+    if not np.any(times) or not close(want + (times @ contrib).reshape(want.shape), got):
+        return ""
+    owner = {h: s.rank for s in plan.shares for h in s.v_heads}
+    said = []
+    for h in np.flatnonzero(times):
+        n, mine = int(times[h]), share.v_start <= h < share.v_stop
+        if mine and n > 0:
+            said.append(f"value head {h} counted {n + 1}× (a padding slot computing a copy of a real head)")
+        elif mine:
+            said.append(f"value head {h} left out" if n == -1 else f"value head {h} counted {n + 1}×")
+        else:
+            said.append(f"value head {h} of rank {owner[h]} added {n}×" if n > 0 else
+                        f"value head {h} of rank {owner[h]} subtracted {-n}×")
+    return "equals its partial with " + ", ".join(said)
 
 
 def judge_cp(cfg: GDNConfig, plan: CPPlan, ranks: list[dict], trace: dict, states: list | None, *,
