@@ -39,9 +39,11 @@ class ShardFailure:
     stage: str
     ratio: float  # the error over the bound (inf: NaN, a missing tensor or a wrong shape)
     message: str
-    #: the measured errors and their bounds, where a tensor of the share's shape was compared (a record's
-    #: ``shard``): ``rank``, ``max_err`` (of the whole tensor's scale), ``nmse``, ``elem_bound``, ``nmse_bound``
-    #: (0: not bounded)
+    #: the measured errors and their bounds (a record's ``shard``, :func:`_measured`; inf where the rank's tensor
+    #: is of another shape or not finite; None where it is missing): ``rank``, ``max_err`` (of the whole tensor's
+    #: scale, or g's and beta's own rule: ``rule``), ``nmse``, ``elem_bound``, ``nmse_bound`` (0: not bounded),
+    #: ``tensor`` (the rank's tensor judged: a stage of :data:`TP_STAGES` or :data:`CP_STAGES`), ``share`` (its
+    #: heads, channels or tokens)
     shard: dict | None = None
 
 
@@ -98,7 +100,8 @@ def _range(a: int, b: int) -> str:
 
 
 def judge_tp(cfg: GDNConfig, plan: TPPlan, ranks: list[dict], goldens: list[dict], *, bound: float,
-             weights=None, nmse_bound=None, profile: str | None = None) -> tuple[list[ShardFailure], int]:
+             weights=None, nmse_bound=None, profile: str | None = None,
+             measured: dict | None = None) -> tuple[list[ShardFailure], int]:
     """Judge a tensor-parallel run: ``ranks[r]`` is what rank r wrote (``calls.{k}.{tensor}``), ``goldens[k]``
     the unsharded trace of call k with its states after the call. ``weights`` (for the partials' goldens:
     ``core_gated`` of the rank's heads times its columns of ``out_proj``) default to none: then a rank's
@@ -106,7 +109,8 @@ def judge_tp(cfg: GDNConfig, plan: TPPlan, ranks: list[dict], goldens: list[dict
     stage; default none): each share's NMSE (:func:`_nmse`) is bounded too. ``profile`` (default none): g and
     beta are judged by their own rules (:func:`_own_rule`), as the table's bounds for them were earned, not by
     the whole tensor's scale. Returns the failures, in order, and the number of tensors judged. A tensor a rank
-    did not write is a failure."""
+    did not write is a failure. ``measured`` (a dict, default none) receives, for every ``(call, stage)``, the
+    figures of each rank whose tensor was compared (:func:`_measured`), passing or not."""
     failures, judged = [], 0
     for k, gold in enumerate(goldens):
         partials = {r: ranks[r].get(f"calls.{k}.attn_out_partial") for r in range(plan.world)}
@@ -136,6 +140,10 @@ def judge_tp(cfg: GDNConfig, plan: TPPlan, ranks: list[dict], goldens: list[dict
                 else:
                     e = _err(got, want, _scale(whole))
                     n = _nmse(got, want, whole) if nmse_bound is not None else 0.0
+                rule = ({"g": "log_decay", "beta": "relative"}.get(stage) if own is not None else None) or "whole_scale"
+                figures = _measured(r, e, b, n, nmse_bound is not None and nb, stage, what, rule)
+                if measured is not None:
+                    measured.setdefault((k, stage), []).append(figures)
                 if e > b or n > nb:
                     def distance(x, y, scale=_scale(whole), own=own is not None):
                         """an error in the unit e is in: the own rule's, or of the whole tensor's scale"""
@@ -148,7 +156,7 @@ def judge_tp(cfg: GDNConfig, plan: TPPlan, ranks: list[dict], goldens: list[dict
                     failures.append(ShardFailure(r, k, stage, max(e / b, n / nb), _message(
                         r, f"call {k}", stage, what, got, want, e, b, fact, n, nmse_bound and nb,
                         {"g": "(log decay)", "beta": "(relative)"}.get(stage) if own is not None else None),
-                        _measured(r, e, b, n, nmse_bound is not None and nb)))
+                        figures))
     return failures, judged
 
 
@@ -264,14 +272,15 @@ def _heads_miscounted(cfg, plan, share, got, gold, weights, close) -> str:
 
 
 def judge_cp(cfg: GDNConfig, plan: CPPlan, ranks: list[dict], trace: dict, states: list | None, *,
-             bound: float, stages=CP_STAGES, nmse_bound=None) -> tuple[list[ShardFailure], int]:
+             bound: float, stages=CP_STAGES, nmse_bound=None, measured: dict | None = None
+             ) -> tuple[list[ShardFailure], int]:
     """Judge a context-parallel run of one call: ``ranks[r]`` what rank r wrote (``segments.{i}.{stage}``;
     the summary as ``M`` and ``U``), ``trace`` the unsharded call's stage tensors by name ([B, T, ...]),
     ``states[t]`` the unsharded ``(conv_state, recurrent_state)`` after the call's first t tokens
     (``states[0]``: the entering state; needed for ``halo``, ``summary``, ``entry_state``). ``stages``: what
     every segment must hold, in the order a rank computes it (a port that exposes only some stage tensors,
-    as fla does, names them). ``nmse_bound`` as :func:`judge_tp`'s. A rank that wrote a segment it does not own, or
-    tokens outside its range, fails."""
+    as fla does, names them). ``nmse_bound`` and ``measured`` (keyed ``(segment, stage)``) as :func:`judge_tp`'s.
+    A rank that wrote a segment it does not own, or tokens outside its range, fails."""
     failures, judged = [], 0
     owned = {i: r for i, (r, _, _) in enumerate(plan.segments)}
     for r, written in enumerate(ranks):
@@ -302,6 +311,9 @@ def judge_cp(cfg: GDNConfig, plan: CPPlan, ranks: list[dict], trace: dict, state
                 continue
             e, bd = _err(got, want, _scale(whole)), _bound_of(bound, stage)
             n, nb = (_nmse(got, want, whole), _bound_of(nmse_bound, stage)) if nmse_bound is not None else (0.0, 1.0)
+            figures = _measured(r, e, bd, n, nmse_bound is not None and nb, stage, where, "whole_scale")
+            if measured is not None:
+                measured.setdefault((i, stage), []).append(figures)
             if e > bd or n > nb:
                 fact = _cp_fact(plan, i, stage, np.asarray(got), states, ranks, a, _scale(whole),
                                 _equals_within(e, bd))
@@ -309,7 +321,7 @@ def judge_cp(cfg: GDNConfig, plan: CPPlan, ranks: list[dict], trace: dict, state
                     fact = f"holds {np.shape(got)[1]} tokens where its share is {b - a}: the call was not split"
                 failures.append(ShardFailure(r, i, stage, max(e / bd, n / nb), _message(
                     r, where, stage, "its tokens", got, want, e, bd, fact, n, nmse_bound is not None and nb),
-                    _measured(r, e, bd, n, nmse_bound is not None and nb)))
+                    figures))
     order = list(stages)
     failures.sort(key=lambda f: (f.where, order.index(f.stage) if f.stage in order else -1, f.rank))
     return failures, judged
@@ -344,12 +356,14 @@ def _cp_fact(plan, i, stage, got, states, ranks, a, scale, within) -> str:
     return ""
 
 
-def _measured(rank: int, e: float, bound: float, nmse: float, nmse_bound) -> dict | None:
-    """A failure's errors and bounds, for its record (the kill matrix's margin); None where not finite."""
-    if not (np.isfinite(e) and np.isfinite(nmse)):
-        return None
+def _measured(rank: int, e: float, bound: float, nmse: float, nmse_bound, tensor: str, share: str,
+              rule: str) -> dict:
+    """A rank's errors and bounds on one tensor, for its record (the kill matrix's margin, the report's rank
+    figures): ``tensor`` the rank's tensor judged, ``share`` what it holds, ``rule`` what ``max_err`` is of
+    (``whole_scale``, ``log_decay``, ``relative``); an error is inf where the tensor holds NaN or is of another
+    shape than the share."""
     return {"rank": rank, "max_err": e, "nmse": nmse if nmse_bound else 0.0, "elem_bound": bound,
-            "nmse_bound": float(nmse_bound or 0.0)}
+            "nmse_bound": float(nmse_bound or 0.0), "tensor": tensor, "share": share, "rule": rule}
 
 
 def _message(rank, where, stage, what, got, want, e, bound, fact, nmse=0.0, nmse_bound=None, rule=None) -> str:

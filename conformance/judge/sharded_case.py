@@ -44,13 +44,26 @@ _READ_BY = {"halo": "qkv_conv", "summary": "core", "entry_state": "core"}
 
 
 def _record(cj, step: int, op: str, call: int | None, stage: str, verdict: str, message: str | None,
-            failure=None) -> Record:
+            failure=None, figures: dict | None = None) -> Record:
     tensor = TENSOR_OF[stage]
     st = stage_of(tensor)
     order = stage_index(stage_of(_READ_BY[stage])) if stage in _READ_BY else stage_index(st)
     return Record(case=cj.case, step=step, op=op, call=call, tensor=tensor, stage=st, stage_index=order,
                   verdict=verdict, reason=None if verdict == "pass" else "sharded", message=message,
-                  shard=getattr(failure, "shard", None))
+                  shard=getattr(failure, "shard", None) if figures is None else figures)
+
+
+def _worst(figures: list[dict]) -> dict | None:
+    """A passing stage's record figures: its worst rank's (largest error over either bound), with ``of_ranks``,
+    how many ranks were compared there."""
+    if not figures:
+        return None
+
+    def ratio(f):
+        return max(f["max_err"] / f["elem_bound"] if f["elem_bound"] > 0 else 0.0,
+                   f["nmse"] / f["nmse_bound"] if f["nmse_bound"] > 0 else 0.0)
+
+    return {**max(figures, key=ratio), "of_ranks": len(figures)}
 
 
 def judge_sharded(cj) -> None:
@@ -74,6 +87,7 @@ def judge_sharded(cj) -> None:
                                          safe_text(p)))
     bounds = {s: cj.table.bound(TENSOR_OF[s], cj.profile, END_TO_END, cj.case) for s in (*TP_STAGES, *CP_STAGES)}
     bound, nmse_bound = {s: b.elem for s, b in bounds.items()}, {s: b.nmse for s, b in bounds.items()}
+    measured: dict = {}  # (call or segment, stage) -> each compared rank's figures
     if kind == "tp":
         goldens = []
         for step in call_steps(program):
@@ -82,7 +96,7 @@ def judge_sharded(cj) -> None:
                             for n in (*TP_STAGES, "out") if f"calls.{k}.{n}" in cj.gold})
         weights = {n[len("weights."):]: cj.gold.read(n) for n in cj.gold if n.startswith("weights.")}
         failures, judged = judge_tp(cfg, plan, ranks, goldens, bound=bound, weights=weights,
-                                    nmse_bound=nmse_bound, profile=cj.profile)
+                                    nmse_bound=nmse_bound, profile=cj.profile, measured=measured)
         stages, where = TP_STAGES, {k: at[k] for k in at}
         judged_keys = [(step["call"], s) for step in call_steps(program) for s in TP_STAGES
                        if s in goldens[step["call"]] or s == "attn_out_partial"]
@@ -94,7 +108,8 @@ def judge_sharded(cj) -> None:
                 states[t] = (np.asarray(cj.gold.read(f"shard.{t}.conv_state"), dtype=np.float64),
                              np.asarray(cj.gold.read(f"shard.{t}.recurrent_state"), dtype=np.float64))
         trace = {"out": np.asarray(cj.gold.read(f"calls.{cp_call}.out"), dtype=np.float64)}
-        failures, judged = judge_cp(cfg, plan, ranks, trace, states, bound=bound, nmse_bound=nmse_bound)
+        failures, judged = judge_cp(cfg, plan, ranks, trace, states, bound=bound, nmse_bound=nmse_bound,
+                                    measured=measured)
         stages, where = CP_STAGES, {i: at[cp_call] for i in range(len(plan.segments))}
         judged_keys = [(i, s) for i in range(len(plan.segments)) for s in CP_STAGES]
     failed = {(f.where, f.stage) for f in failures}
@@ -105,7 +120,8 @@ def judge_sharded(cj) -> None:
     for w, s in judged_keys:
         if (w, s) not in failed:
             step, op = where.get(w, (shard_at, "shard"))
-            cj.report.records.append(_record(cj, step, op, w if kind == "tp" else cp_call, s, "pass", None))
+            cj.report.records.append(_record(cj, step, op, w if kind == "tp" else cp_call, s, "pass", None,
+                                             figures=_worst(measured.get((w, s), []))))
     if failures or problems:
         first = problems[0] if problems else failures[0].message
         cj.report.diagnosis = {"verdict": "none", "text": safe_text(first), "tensor": None, "call": None}
