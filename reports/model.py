@@ -212,6 +212,35 @@ class RecordView(Record):
         return f"call {self.call}"
 
     @property
+    def rank_figures(self) -> dict | None:
+        """A sharded record's rank figures (the judge's ``shard``, docs/sharding.md): the rank, the rank's tensor
+        judged and what it holds, its error and NMSE with their bounds and ratios, and, on a passing record, of
+        how many ranks it is the worst; None for any other record. Numbers as the summary holds them."""
+        s = self.shard if isinstance(self.shard, dict) else None
+        if s is None:
+            return None
+
+        def ratio(v, b):
+            return v / b if isinstance(v, int | float) and isinstance(b, int | float) and b > 0 else None
+
+        rule = s.get("rule")
+        return {"rank": s.get("rank"), "tensor": s.get("tensor") or self.tensor, "share": s.get("share"),
+                "of_ranks": s.get("of_ranks"), "max_err": s.get("max_err"), "elem_bound": s.get("elem_bound"),
+                "elem_ratio": ratio(s.get("max_err"), s.get("elem_bound")),
+                "nmse": s.get("nmse") if s.get("nmse_bound") else None, "nmse_bound": s.get("nmse_bound") or None,
+                "nmse_ratio": ratio(s.get("nmse"), s.get("nmse_bound")),
+                "rule": {"log_decay": "log decay", "relative": "relative"}.get(rule, "of the whole tensor's scale")}
+
+    @property
+    def rank_text(self) -> str | None:
+        """``rank 0`` (a failing rank's record), ``rank 1, worst of 3`` (a passing stage's), or None."""
+        f = self.rank_figures
+        if f is None or f["rank"] is None:
+            return None
+        worst = f", worst of {f['of_ranks']}" if self.verdict == "pass" and (f["of_ranks"] or 0) > 1 else ""
+        return f"rank {f['rank']}{worst}"
+
+    @property
     def elem_ratio(self) -> float | None:
         """How many times the elementwise bound the largest scaled error is."""
         if not self.metrics or not self.bound or not self.bound.get("elem"):
@@ -278,6 +307,15 @@ class CaseView:
     serving: dict[int, dict] = field(default_factory=dict)  # step -> layout of a serving step
 
     @property
+    def sharded(self) -> bool:
+        """A sharded case (its records judged rank by rank): its metrics tables show each rank's figures."""
+        return any(r.reason == "sharded" or r.shard is not None for r in self.records)
+
+    @property
+    def first_record(self) -> RecordView | None:
+        return next((r for r in self.records if r.first), None)
+
+    @property
     def failing(self) -> list[RecordView]:
         """Failing records, the first divergence first, then in program and pipeline order."""
         fails = [r for r in self.records if r.verdict == "fail"]
@@ -313,7 +351,12 @@ class CaseView:
     def first_text(self) -> str:
         if self.first and self.first.step in self.serving:
             return packed.first_text(self.first, self.serving[self.first.step])
-        return str(self.first) if self.first else ""
+        text = str(self.first) if self.first else ""
+        r = self.first_record
+        if r is not None and r.rank_text is not None:  # a sharded case: which rank, which of its tensors
+            f = r.rank_figures
+            text += f", {r.rank_text}: {f['tensor']}" + (f" ({f['share']})" if f["share"] else "")
+        return text
 
     def target(self, stage: str, step: int | None = None) -> str:
         """Anchor on the case page for a stage (of one step): its first failing tensor's section (the
@@ -342,8 +385,10 @@ def case_view(case: dict, page: str, columns: list[str]) -> CaseView:
     records = [_record_view(r, i) for i, r in enumerate(case.get("records", []))]
     fd = FirstDivergence.from_json(case.get("first_divergence"))
     serving = packed.layouts(case)
-    for r in records:
-        r.first = _is_first(r, fd)
+    marked = False  # one first divergence: a sharded case's failing ranks share its step, tensor and stage, and
+    for r in records:  # the first of them is the one verify named
+        r.first = not marked and _is_first(r, fd)
+        marked = marked or r.first
         r.serving = serving.get(r.step)
     steps: dict[int, list[RecordView]] = {}
     for r in records:

@@ -50,6 +50,13 @@ def _pre(value) -> Md:
 
 
 def _ratio(r) -> str:
+    f = r.rank_figures  # a sharded record: its rank's error and the share's NMSE, each against its bound
+    if f is not None:
+        parts = [f"err {fmt_num(f['max_err'])} = ×{fmt_num(f['elem_ratio'])} the bound {fmt_num(f['elem_bound'])}"
+                 if f["elem_ratio"] is not None else "",
+                 f"NMSE {fmt_num(f['nmse'])} = ×{fmt_num(f['nmse_ratio'])} the bound {fmt_num(f['nmse_bound'])}"
+                 if f["nmse_ratio"] is not None else ""]
+        return ", ".join(p for p in parts if p)
     m, b = r.metrics or {}, r.bound or {}
     if m.get("max_err") is None or not b.get("elem"):
         return ""

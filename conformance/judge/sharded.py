@@ -41,9 +41,11 @@ class ShardFailure:
     stage: str
     ratio: float  # the error over the bound (inf: NaN, a missing tensor or a wrong shape)
     message: str
-    #: the measured errors and their bounds, where a tensor of the share's shape was compared (a record's
-    #: ``shard``): ``rank``, ``max_err`` (of the whole tensor's scale), ``nmse``, ``elem_bound``, ``nmse_bound``
-    #: (0: not bounded)
+    #: the measured errors and their bounds (a record's ``shard``, :func:`_measured`; inf where the rank's tensor
+    #: is of another shape or not finite; None where it is missing): ``rank``, ``max_err`` (of the whole tensor's
+    #: scale, or g's and beta's own rule: ``rule``), ``nmse``, ``elem_bound``, ``nmse_bound`` (0: not bounded),
+    #: ``tensor`` (the rank's tensor judged: a stage of :data:`TP_STAGES` or :data:`CP_STAGES`), ``share`` (its
+    #: heads, channels or tokens)
     shard: dict | None = None
 
 
@@ -100,8 +102,8 @@ def _range(a: int, b: int) -> str:
 
 
 def judge_tp(cfg: GDNConfig, plan: TPPlan, ranks: list[dict], goldens: list[dict], *, bound: float,
-             weights=None, nmse_bound=None, profile: str | None = None, measured: dict | None = None
-             ) -> tuple[list[ShardFailure], int]:
+             weights=None, nmse_bound=None, profile: str | None = None,
+             measured: dict | None = None) -> tuple[list[ShardFailure], int]:
     """Judge a tensor-parallel run: ``ranks[r]`` is what rank r wrote (``calls.{k}.{tensor}``), ``goldens[k]``
     the unsharded trace of call k with its states after the call. ``weights`` (for the partials' goldens:
     ``core_gated`` of the rank's heads times its columns of ``out_proj``) default to none: then a rank's
@@ -109,8 +111,8 @@ def judge_tp(cfg: GDNConfig, plan: TPPlan, ranks: list[dict], goldens: list[dict
     stage; default none): each share's NMSE (:func:`_nmse`) is bounded too. ``profile`` (default none): g and
     beta are judged by their own rules (:func:`_own_rule`), as the table's bounds for them were earned, not by
     the whole tensor's scale. Returns the failures, in order, and the number of tensors judged. A tensor a rank
-    did not write is a failure. ``measured`` (a dict, default none): filled with ``(call, stage) ->`` the errors and
-    bounds of the rank whose share is worst (a record's ``shard``), passing ones too."""
+    did not write is a failure. ``measured`` (a dict, default none) receives, for every ``(call, stage)``, the
+    figures of each rank whose tensor was compared (:func:`_measured`), passing or not."""
     failures, judged = [], 0
     for k, gold in enumerate(goldens):
         partials = {r: ranks[r].get(f"calls.{k}.attn_out_partial") for r in range(plan.world)}
@@ -140,10 +142,10 @@ def judge_tp(cfg: GDNConfig, plan: TPPlan, ranks: list[dict], goldens: list[dict
                 else:
                     e = _err(got, want, _scale(whole))
                     n = _nmse(got, want, whole) if nmse_bound is not None else 0.0
-                if measured is not None:  # the rank whose share is worst, of each call's stage
-                    m, old = _measured(r, e, b, n, nmse_bound is not None and nb), measured.get((k, stage))
-                    if m is not None and (old is None or _worst(m) > _worst(old)):
-                        measured[(k, stage)] = m
+                rule = ({"g": "log_decay", "beta": "relative"}.get(stage) if own is not None else None) or "whole_scale"
+                figures = _measured(r, e, b, n, nmse_bound is not None and nb, stage, what, rule)
+                if measured is not None:
+                    measured.setdefault((k, stage), []).append(figures)
                 if e > b or n > nb:
                     def distance(x, y, scale=_scale(whole), own=own is not None):
                         """an error in the unit e is in: the own rule's, or of the whole tensor's scale"""
@@ -151,12 +153,12 @@ def judge_tp(cfg: GDNConfig, plan: TPPlan, ranks: list[dict], goldens: list[dict
                             return _own_rule(x, y, stage, profile)[0]
                         return _err(x, y, max(scale, 1e-300))
 
-                    fact = _tp_fact(cfg, plan, share, stage, got, gold, partials, k, weights, distance,
-                                    _equals_within(e, b))
+                    fact = _shape_fact(stage, got, want) or _tp_fact(cfg, plan, share, stage, got, gold, partials, k,
+                                                                      weights, distance, _equals_within(e, b))
                     failures.append(ShardFailure(r, k, stage, max(e / b, n / nb), _message(
                         r, f"call {k}", stage, what, got, want, e, b, fact, n, nmse_bound and nb,
                         {"g": "(log decay)", "beta": "(relative)"}.get(stage) if own is not None else None),
-                        _measured(r, e, b, n, nmse_bound is not None and nb)))
+                        figures))
     return failures, judged
 
 
@@ -185,6 +187,25 @@ def _tp_share(cfg, share, stage, gold, weights):
     return cg.reshape(*cg.shape[:-2], -1) @ w.T, gold["attn_out"], f"the out_proj partial of {heads}"
 
 
+#: the axis of a rank's tensor that holds its value heads, or its conv channels
+_HEAD_AXIS = {"g": -1, "beta": -1, "core": -2, "core_gated": -2, "recurrent_state": 1}
+_CHANNEL_AXIS = {"qkv": -1, "qkv_conv": -1, "conv_state": 1}
+
+
+def _shape_fact(stage: str, got, want) -> str:
+    """Where a rank's tensor differs from its share's shape on the heads' (or channels') axis alone: how many it
+    holds, and, where more, that padding slots (a port's own layout) are never written."""
+    g, w = np.shape(got), np.shape(want)
+    for axes, what in ((_HEAD_AXIS, "value heads"), (_CHANNEL_AXIS, "conv channels")):
+        if stage in axes and len(g) == len(w) and len(g) > abs(axes[stage]) - (axes[stage] < 0):
+            a = axes[stage] % len(g)
+            if g[a] != w[a] and all(x == y for i, (x, y) in enumerate(zip(g, w)) if i != a):
+                more = ": a rank writes only its own heads, never the padding slots of a padded layout " \
+                       "(docs/sharding.md)" if g[a] > w[a] else ""
+                return f"holds {g[a]} {what} where its share has {w[a]}{more}"
+    return ""
+
+
 def _partial_from_sum(partials, attn_out, r):
     """Without weights: rank r's partial is judged as attn_out minus the other ranks' partials."""
     if any(p is None for p in partials.values()):
@@ -210,12 +231,46 @@ def _tp_fact(cfg, plan, share, stage, got, gold, partials, k, weights, distance,
             return f"equals {plan.world}× the reduced output: reduced once too often on every rank"
     if not np.any(got):
         return "is zero everywhere"
+    if stage == "attn_out_partial" and weights is not None and "core_gated" in gold:
+        heads = _heads_miscounted(cfg, plan, share, got, gold, weights, close)
+        if heads:
+            return heads
     for other in plan.shares:
         if other.rank != share.rank:
             want, _, _ = _tp_share(cfg, other, stage, gold, weights)
             if close(want, got):
                 return f"equals rank {other.rank}'s share (value heads {_range(other.v_start, other.v_stop)})"
     return ""
+
+
+def _heads_miscounted(cfg, plan, share, got, gold, weights, close) -> str:
+    """Where a rank's partial equals its own plus or minus whole heads' ``out_proj`` contributions (each head's
+    ``core_gated`` times its columns), say which: a padding slot computing a copy of a real head (vLLM PR
+    47759's padded ranks), another rank's head, or a real head masked out as padding."""
+    want, _, _ = _tp_share(cfg, share, "attn_out_partial", gold, weights)
+    cg = np.asarray(gold["core_gated"], dtype=np.float64)
+    w = np.asarray(weights[OUT], dtype=np.float64)
+    dv = cfg.head_v_dim
+    if cg.ndim < 2 or cg.shape[-2] != cfg.num_v_heads or np.shape(got) != np.shape(want):
+        return ""
+    contrib = np.stack([(cg[..., h, :] @ w[:, h * dv:(h + 1) * dv].T).reshape(-1)
+                        for h in range(cfg.num_v_heads)])
+    diff = (np.asarray(got, dtype=np.float64) - want).reshape(-1)
+    times = np.rint(np.linalg.lstsq(contrib.T, diff, rcond=None)[0]).astype(np.int64)
+    if not np.any(times) or not close(want + (times @ contrib).reshape(want.shape), got):
+        return ""
+    owner = {h: s.rank for s in plan.shares for h in s.v_heads}
+    said = []
+    for h in np.flatnonzero(times):
+        n, mine = int(times[h]), share.v_start <= h < share.v_stop
+        if mine and n > 0:
+            said.append(f"value head {h} counted {n + 1}× (a padding slot computing a copy of a real head)")
+        elif mine:
+            said.append(f"value head {h} left out" if n == -1 else f"value head {h} counted {n + 1}×")
+        else:
+            said.append(f"value head {h} of rank {owner[h]} added {n}×" if n > 0 else
+                        f"value head {h} of rank {owner[h]} subtracted {-n}×")
+    return "equals its partial with " + ", ".join(said)
 
 
 def judge_cp(cfg: GDNConfig, plan: CPPlan, ranks: list[dict], trace: dict, states: list | None, *,
@@ -226,9 +281,8 @@ def judge_cp(cfg: GDNConfig, plan: CPPlan, ranks: list[dict], trace: dict, state
     ``states[t]`` the unsharded ``(conv_state, recurrent_state)`` after the call's first t tokens
     (``states[0]``: the entering state; needed for ``halo``, ``summary``, ``entry_state``). ``stages``: what
     every segment must hold, in the order a rank computes it (a port that exposes only some stage tensors,
-    as fla does, names them). ``nmse_bound`` as :func:`judge_tp`'s. A rank that wrote a segment it does not own, or
-    tokens outside its range, fails. ``measured`` (a dict, default none): filled with ``(segment, stage) ->`` the
-    errors and bounds of each tensor compared (a record's ``shard``: :func:`_measured`), passing ones too."""
+    as fla does, names them). ``nmse_bound`` and ``measured`` (keyed ``(segment, stage)``) as :func:`judge_tp`'s.
+    A rank that wrote a segment it does not own, or tokens outside its range, fails."""
     failures, judged = [], 0
     owned = {i: r for i, (r, _, _) in enumerate(plan.segments)}
     for r, written in enumerate(ranks):
@@ -259,8 +313,9 @@ def judge_cp(cfg: GDNConfig, plan: CPPlan, ranks: list[dict], trace: dict, state
                 continue
             e, bd = _err(got, want, _scale(whole)), _bound_of(bound, stage)
             n, nb = (_nmse(got, want, whole), _bound_of(nmse_bound, stage)) if nmse_bound is not None else (0.0, 1.0)
+            figures = _measured(r, e, bd, n, nmse_bound is not None and nb, stage, where, "whole_scale")
             if measured is not None:
-                measured[(i, stage)] = _measured(r, e, bd, n, nmse_bound is not None and nb)
+                measured.setdefault((i, stage), []).append(figures)
             if e > bd or n > nb:
                 fact = _cp_fact(plan, i, stage, np.asarray(got), states, ranks, a, _scale(whole),
                                 _equals_within(e, bd))
@@ -268,7 +323,7 @@ def judge_cp(cfg: GDNConfig, plan: CPPlan, ranks: list[dict], trace: dict, state
                     fact = f"holds {np.shape(got)[1]} tokens where its share is {b - a}: the call was not split"
                 failures.append(ShardFailure(r, i, stage, max(e / bd, n / nb), _message(
                     r, where, stage, "its tokens", got, want, e, bd, fact, n, nmse_bound is not None and nb),
-                    _measured(r, e, bd, n, nmse_bound is not None and nb)))
+                    figures))
     order = list(stages)
     failures.sort(key=lambda f: (f.where, order.index(f.stage) if f.stage in order else -1, f.rank))
     return failures, judged
@@ -312,8 +367,8 @@ def judge_tpcp(cfg: GDNConfig, plan: TPCPPlan, ranks: list[dict], trace: dict, s
     rank's segment is judged on its share: the halo at its conv channels, the entry state and the summary at its
     value heads, its partial (its heads' ``core_gated`` times its ``out_proj`` columns, on the segment's tokens)
     and the reduced output on those tokens, each by the scale of the whole tensor. A rank that wrote a segment
-    its CP rank does not own, or a share of another shape (other heads or tokens), fails. ``measured`` (a dict,
-    default none): filled with ``(segment, stage) ->`` the errors and bounds of the TP rank whose share is worst."""
+    its CP rank does not own, or a share of another shape (other heads or tokens), fails. ``measured`` (keyed
+    ``(segment, stage)``) as :func:`judge_tp`'s."""
     failures, judged = [], 0
     w_out = np.asarray(weights[OUT], dtype=np.float64)
     for r, written in enumerate(ranks):
@@ -350,17 +405,16 @@ def judge_tpcp(cfg: GDNConfig, plan: TPCPPlan, ranks: list[dict], trace: dict, s
                     continue
                 e = _err(got, want, _scale(whole))
                 n = _nmse(got, want, whole) if nmse_bound is not None else 0.0
+                figures = _measured(r, e, b_elem, n, nmse_bound is not None and b_nmse, stage, what, "whole_scale")
                 if measured is not None:
-                    m, old = _measured(r, e, b_elem, n, nmse_bound is not None and b_nmse), measured.get((i, stage))
-                    if m is not None and (old is None or _worst(m) > _worst(old)):
-                        measured[(i, stage)] = m
+                    measured.setdefault((i, stage), []).append(figures)
                 if e > b_elem or n > b_nmse:
                     within = _equals_within(e, b_elem)
                     fact = _tpcp_fact(cfg, plan, t, stage, i, np.asarray(got), seg, shares, states, ranks, a,
                                       _scale(whole), within)
                     failures.append(ShardFailure(r, i, stage, max(e / b_elem, n / b_nmse), _message(
                         r, where, stage, what, got, want, e, b_elem, fact, n, nmse_bound is not None and b_nmse),
-                        _measured(r, e, b_elem, n, nmse_bound is not None and b_nmse)))
+                        figures))
     order = list(TPCP_STAGES)
     failures.sort(key=lambda f: (f.where, order.index(f.stage), f.rank))
     return failures, judged
@@ -410,18 +464,14 @@ def _tpcp_fact(cfg, plan, t, stage, i, got, seg, shares, states, ranks, a, scale
     return "is zero everywhere" if not np.any(got) else ""
 
 
-def _worst(m: dict) -> float:
-    """The larger of a measurement's error / bound and NMSE / bound (a bound of 0: not bounded)."""
-    return max(m["max_err"] / m["elem_bound"] if m["elem_bound"] > 0 else 0.0,
-               m["nmse"] / m["nmse_bound"] if m["nmse_bound"] > 0 else 0.0)
-
-
-def _measured(rank: int, e: float, bound: float, nmse: float, nmse_bound) -> dict | None:
-    """A failure's errors and bounds, for its record (the kill matrix's margin); None where not finite."""
-    if not (np.isfinite(e) and np.isfinite(nmse)):
-        return None
+def _measured(rank: int, e: float, bound: float, nmse: float, nmse_bound, tensor: str, share: str,
+              rule: str) -> dict:
+    """A rank's errors and bounds on one tensor, for its record (the kill matrix's margin, the report's rank
+    figures): ``tensor`` the rank's tensor judged, ``share`` what it holds, ``rule`` what ``max_err`` is of
+    (``whole_scale``, ``log_decay``, ``relative``); an error is inf where the tensor holds NaN or is of another
+    shape than the share."""
     return {"rank": rank, "max_err": e, "nmse": nmse if nmse_bound else 0.0, "elem_bound": bound,
-            "nmse_bound": float(nmse_bound or 0.0)}
+            "nmse_bound": float(nmse_bound or 0.0), "tensor": tensor, "share": share, "rule": rule}
 
 
 def _message(rank, where, stage, what, got, want, e, bound, fact, nmse=0.0, nmse_bound=None, rule=None) -> str:

@@ -51,13 +51,26 @@ _READ_BY = {"halo": "qkv_conv", "summary": "core", "entry_state": "core"}
 
 
 def _record(cj, step: int, op: str, call: int | None, stage: str, verdict: str, message: str | None,
-            failure=None, shard: dict | None = None) -> Record:
+            failure=None, figures: dict | None = None) -> Record:
     tensor = TENSOR_OF[stage]
     st = stage_of(tensor)
     order = stage_index(stage_of(_READ_BY[stage])) if stage in _READ_BY else stage_index(st)
     return Record(case=cj.case, step=step, op=op, call=call, tensor=tensor, stage=st, stage_index=order,
                   verdict=verdict, reason=None if verdict == "pass" else "sharded", message=message,
-                  shard=getattr(failure, "shard", None) if shard is None else shard)
+                  shard=getattr(failure, "shard", None) if figures is None else figures)
+
+
+def _worst(figures: list[dict]) -> dict | None:
+    """A passing stage's record figures: its worst rank's (largest error over either bound), with ``of_ranks``,
+    how many ranks were compared there."""
+    if not figures:
+        return None
+
+    def ratio(f):
+        return max(f["max_err"] / f["elem_bound"] if f["elem_bound"] > 0 else 0.0,
+                   f["nmse"] / f["nmse_bound"] if f["nmse_bound"] > 0 else 0.0)
+
+    return {**max(figures, key=ratio), "of_ranks": len(figures)}
 
 
 def judge_sharded(cj) -> None:
@@ -84,7 +97,7 @@ def judge_sharded(cj) -> None:
     bounds = {s: cj.table.bound(TENSOR_OF[s], cj.profile, mode, cj.case)
               for s in (*TP_STAGES, *CP_STAGES, *TPCP_STAGES, "out")}
     bound, nmse_bound = {s: b.elem for s, b in bounds.items()}, {s: b.nmse for s, b in bounds.items()}
-    measured: dict = {}  # (call or segment, stage) -> its worst share's errors and bounds, passing ones too
+    measured: dict = {}  # (call or segment, stage) -> each compared rank's figures
     if kind == "tp":
         goldens = []
         for step in call_steps(program):
@@ -140,7 +153,7 @@ def judge_sharded(cj) -> None:
         if (w, s) not in failed:
             step, op = where.get(w, (shard_at, "shard"))
             cj.report.records.append(_record(cj, step, op, w if kind == "tp" else cp_call, s, "pass", None,
-                                             shard=measured.get((w, s))))
+                                             figures=_worst(measured.get((w, s), []))))
     if failures or problems:
         first = problems[0] if problems else failures[0].message
         cj.report.diagnosis = {"verdict": "none", "text": safe_text(first), "tensor": None, "call": None}

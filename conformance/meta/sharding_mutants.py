@@ -47,6 +47,8 @@ SHARDING_MUTANTS: tuple[ShardingMutant, ...] = (
     _m("entry_from_zeros", "delta_rule", 1, "a rank entering from zeros, not its predecessors' state", "cp4-zigzag"),
     _m("summaries_reversed", "delta_rule", 2, "state summaries composed out of token order (zigzag)", "cp4-zigzag"),
     _m("decay_on_both", "delta_rule", 0, "a summary's decay on both terms (shainet PR 170)", "cp2-ragged"),
+    _m("padding_head_leaks", "out_proj", 0, "an uneven plan's padding slot leaking into out_proj (vLLM PR 47759)",
+       "tp3-uneven"),
 )
 SHARDING_MUTANT_BY_NAME = {m.name: m for m in SHARDING_MUTANTS}
 

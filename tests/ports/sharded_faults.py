@@ -1,9 +1,11 @@
 """Ports that commit the field's sharding bugs (docs/sharding.md; conformance/ports/distributed.py's
-TP_FAULTS and CP_FAULTS) as ``tensor_parallel`` / ``context_parallel`` methods of the port contract, for
+TP_FAULTS and CP_FAULTS; a padded rank's, PADDING_FAULTS) as ``tensor_parallel`` / ``context_parallel``
+methods of the port contract, for
 ``gdncheck run tests.ports.sharded_faults:NAME``: each must fail verify at its rank and stage. The kill
-matrix's sharding mutants run the same ports (gdncheck/conformance/ports/sharded_faults.py); and a port
-without the sharded methods; stage-isolated context-parallel ports (as fla's ``fla.ops.cp`` is), fed the
-goldens' stage inputs, right and wrong."""
+matrix's sharding mutants run the same ports (gdncheck/conformance/ports/sharded_faults.py); a port
+padded as vLLM PR 47759 pads, correctly (``padded_inert``); a port without the sharded methods;
+stage-isolated context-parallel ports (as fla's ``fla.ops.cp`` is), fed the goldens' stage inputs, right and
+wrong."""
 
 from __future__ import annotations
 
@@ -13,9 +15,12 @@ from gdncheck.harness import NotApplicable
 from gdncheck.reference.conv1d import conv1d
 from gdncheck.conformance.ports.distributed import CP_FAULTS, TP_FAULTS
 from gdncheck.conformance.ports.implementations import reference
-from gdncheck.conformance.ports.sharded_faults import sharded_port
+from gdncheck.conformance.ports.sharded_faults import PADDING_FAULTS, padded_port, sharded_port
 
-globals().update({f: sharded_port(f) for f in (*TP_FAULTS, *CP_FAULTS) if f != "none"})
+globals().update({f: sharded_port(f) for f in (*TP_FAULTS, *CP_FAULTS, *PADDING_FAULTS) if f != "none"})
+
+#: each rank padded to max(counts) head slots (vLLM PR 47759), the padding inert: conforms
+padded_inert = padded_port("zero")
 
 
 def unsharded(cfg, weights, **kw):

@@ -146,6 +146,8 @@ def test_reference_conforms_on_spawned_gloo_ranks(suite, tmp_path, world):
     ("summaries_reversed", "cp4-zigzag", 2, "entry_state (", "composed in reverse token order"),
     # cp4-zigzag's two-token first segment: in bf16 its summary is 1.05x (elem) and 5.05x (NMSE) off
     ("decay_on_both", "cp2-ragged", 0, "summary (", ""),
+    # a padding slot of rank 0 (2 heads in 3 slots) a copy of head 0: bf16 1.08x (elem), NMSE 34.8x
+    ("padding_head_leaks", "tp3-uneven", 0, "attn_out_partial (", "value head 0 counted 2× (a padding slot"),
 ])
 def test_each_sharding_fault_fails_at_its_rank_and_stage(suite, tmp_path, fault, case, rank, stage, fact, profile):
     """Each fault fails run + verify alone, at its rank and stage, >= 10x its bound (the elementwise error or the
@@ -160,6 +162,77 @@ def test_each_sharding_fault_fails_at_its_rank_and_stage(suite, tmp_path, fault,
     ratios = [float(part.rsplit(", ", 1)[1]) for part in rep.message.split("× the bound")[:-1]]
     ratio = max(ratios) if ratios else np.inf
     assert ratio >= 10, rep.message
+
+
+@pytest.mark.parametrize("profile", ["f32", "bf16"])
+def test_a_rank_padded_to_the_widest_share_with_inert_slots_conforms(suite, tmp_path, profile):
+    """vLLM PR 47759's uneven TP 3: every rank holds max(counts) = 3 head slots, rank 0's third and rank 2's
+    second and third padding (zero rows and out_proj columns); each rank writes its real heads only."""
+    cases = [_case(suite, "tp3-uneven"), _case(suite, "tp2")]
+    run_impl(f"{FAULTS}:padded_inert", suite, tmp_path, profile, cases=cases)
+    s = _verify(suite, tmp_path, profile, cases=cases)
+    assert [c.status for c in s.cases] == ["pass", "pass"], [c.message for c in s.cases]
+
+
+def _rewrite(path, edit):
+    from gdncheck.safetensors_io import SafetensorsFile, write_safetensors
+
+    f = SafetensorsFile(path)
+    tensors = {k: np.asarray(f.read(k), dtype=np.float64) for k in f}
+    edit(tensors)
+    write_safetensors(path, tensors, f.metadata)
+
+
+@pytest.mark.parametrize("tensor,axis,stage,holds", [
+    ("g", -1, "g (", "holds 3 value heads where its share has 2"),
+    ("core_gated", -2, "core_gated (", "holds 3 value heads where its share has 2"),
+    ("recurrent_state", 1, "recurrent_state (", "holds 3 value heads where its share has 2"),
+    ("qkv", -1, "qkv (", "holds 65 conv channels where its share has 64"),
+])
+def test_a_rank_file_holding_padding_slots_fails_naming_them(suite, tmp_path, tensor, axis, stage, holds):
+    """A rank writes only its real heads (docs/sharding.md): rank 0 of the uneven plan (value heads 0-1) writing
+    one more slot of zeros on the heads' (or channels') axis fails at that stage, saying how many it holds."""
+    cid = _case(suite, "tp3-uneven")
+    run_impl("reference", suite, tmp_path, "f32", cases=[cid])
+
+    def pad(t):
+        for name in [n for n in t if n.endswith(f".{tensor}")]:
+            widths = [(0, 0)] * t[name].ndim
+            widths[axis] = (0, 1)
+            t[name] = np.pad(t[name], widths)
+
+    _rewrite(tmp_path / f"{cid}.rank0.safetensors", pad)
+    (rep,) = _verify(suite, tmp_path, cases=[cid]).cases
+    assert rep.status == "fail" and rep.message.startswith(f"rank 0, call 0, {stage}"), rep.message
+    assert holds in rep.message and "never the padding slots" in rep.message, rep.message
+    assert len(rep.message.splitlines()) == 1
+
+
+@pytest.mark.parametrize("head,times,said", [
+    (0, 1, "value head 0 counted 2× (a padding slot computing a copy of a real head)"),
+    (1, -1, "value head 1 left out"),
+    (3, 1, "value head 3 of rank 1 added 1×"),
+])
+def test_a_partial_off_by_whole_heads_names_them(suite, tmp_path, head, times, said):
+    """Rank 0's out_proj partial (value heads 0-1 of tp3-uneven) with one head's contribution (its core_gated
+    times its out_proj columns, computed here from the goldens) added or taken away: the diagnosis names it."""
+    from gdncheck.safetensors_io import SafetensorsFile
+
+    cid = _case(suite, "tp3-uneven")
+    run_impl("reference", suite, tmp_path, "f32", cases=[cid])
+    gold = SafetensorsFile(suite / f"{cid}.safetensors")
+    cg = np.asarray(gold.read("calls.0.core_gated"), dtype=np.float64)
+    w = np.asarray(gold.read("weights.linear_attn.out_proj.weight"), dtype=np.float64)
+    dv = cg.shape[-1]
+    contrib = cg[..., head, :] @ w[:, head * dv:(head + 1) * dv].T
+
+    def edit(t):
+        t["calls.0.attn_out_partial"] = t["calls.0.attn_out_partial"] + times * contrib
+
+    _rewrite(tmp_path / f"{cid}.rank0.safetensors", edit)
+    (rep,) = _verify(suite, tmp_path, cases=[cid]).cases
+    assert rep.status == "fail" and rep.message.startswith("rank 0, call 0, attn_out_partial ("), rep.message
+    assert rep.message.endswith("equals its partial with " + said), rep.message
 
 
 def test_a_missing_or_stray_rank_file_fails(suite, tmp_path):

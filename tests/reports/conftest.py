@@ -105,3 +105,26 @@ def leak_report(leak, tmp_path_factory):
     from gdncheck.reports import write_report
 
     return write_report(leak.doc, tmp_path_factory.mktemp("leak-report") / "site")
+
+
+SHARDING_MUTANTS = "gdncheck.conformance.meta.sharding_mutants"
+#: the uneven TP 3 case (the padding mutant fails it at rank 0's out_proj partial) and the even TP 2 (it passes)
+SHARDED_CASES = ["tp3-uneven_T10_Hk2_Hv6_dk16_dv16_s0", "tp2_T15_Hk2_Hv4_dk16_dv16_s0"]
+
+
+@pytest.fixture(scope="session")
+def sharded(tmp_path_factory) -> Run:
+    """padding_head_leaks (docs/sharding.md, "Padded ranks") on two tensor-parallel cases, judged rank by rank:
+    tp3-uneven fails at rank 0's out_proj partial, tp2 (no padding) passes."""
+    logging.getLogger("gdncheck").setLevel(logging.ERROR)
+    spec = f"{SHARDING_MUTANTS}:padding_head_leaks"
+    out = tmp_path_factory.mktemp("padding")
+    run_impl(spec, DEFAULT_DIR, out, "bf16", cases=SHARDED_CASES, command=f"gdncheck run {spec} --out {out}")
+    return Run(DEFAULT_DIR, out, verify(DEFAULT_DIR, out, "bf16", cases=SHARDED_CASES))
+
+
+@pytest.fixture(scope="session")
+def sharded_report(sharded, tmp_path_factory):
+    from gdncheck.reports import write_report
+
+    return write_report(sharded.doc, tmp_path_factory.mktemp("sharded-report") / "site")

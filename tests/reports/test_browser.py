@@ -279,3 +279,34 @@ def test_the_index_fits_1400_px(browser, tiled_report):
     browser.open(tiled_report.as_uri(), viewport=WIDE)
     assert browser.console_errors() == []
     assert browser.evaluate("document.documentElement.scrollWidth") <= 1400
+
+
+def test_a_sharded_case_in_a_browser(browser, sharded, sharded_report, artifacts):
+    """A sharded case (docs/sharding.md) at 1400 px: its metrics tables show each rank's figures as the summary
+    holds them (the first divergence's row: rank 0's out_proj partial), nothing wider than the window, the first
+    divergence box names the rank; a passing sharded case's rows are numbers, none a dash."""
+    from gdncheck.reports.model import fmt_num
+
+    from .conftest import SHARDED_CASES
+
+    uneven, even = SHARDED_CASES
+    case = next(c for c in sharded.doc["cases"] if c["id"] == uneven)
+    f = next(r for r in case["records"] if r["verdict"] == "fail")["shard"]
+    browser.open((sharded_report.parent / "cases" / f"{uneven}.html").as_uri(), viewport=WIDE)
+    assert browser.console_errors() == []
+    assert browser.evaluate("document.documentElement.scrollWidth") <= 1400
+    assert browser.evaluate("Array.from(document.querySelectorAll('details.call')).map(d => { d.open = true; "
+                            "const s = d.querySelector('table.ranks').closest('.scroll'); "
+                            "return s.offsetParent !== null && s.scrollWidth <= s.clientWidth; })") == [True, True]
+    row = browser.evaluate("Array.from(document.querySelector('table.ranks tr.first').cells).map(c => c.innerText)")
+    assert row[2:4] == ["rank 0", "attn_out_partial"], row
+    assert row[6:] == [fmt_num(f["max_err"]), fmt_num(f["elem_bound"]), "×" + fmt_num(f["max_err"] / f["elem_bound"]),
+                       fmt_num(f["nmse"]), fmt_num(f["nmse_bound"]), "×" + fmt_num(f["nmse"] / f["nmse_bound"])], row
+    assert "rank 0: attn_out_partial" in browser.evaluate("document.getElementById('first').innerText")
+    not_blank(browser.screenshot(artifacts / "report-sharded-case.png"))
+    browser.open((sharded_report.parent / "cases" / f"{even}.html").as_uri(), viewport=WIDE)
+    assert browser.console_errors() == []
+    numbers = browser.evaluate("Array.from(document.querySelectorAll('table.ranks tbody tr')).map(r => "
+                               "Array.from(r.cells).slice(6).map(c => c.innerText))")
+    assert len(numbers) > 10 and all("—" not in n for n in numbers), numbers
+    not_blank(browser.screenshot(artifacts / "report-sharded-pass.png"))

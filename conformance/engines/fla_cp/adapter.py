@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import tempfile
 import threading
+import weakref
 
 import numpy as np
 
@@ -100,7 +101,9 @@ context_parallel.stage_inputs = STAGE_INPUTS  # a stage-isolated context-paralle
 fla_cp.context_parallel = context_parallel
 fla_cp.options = ()  # it takes no --option
 
-_LAUNCHES: dict[int, dict] = {}
+#: the launch of each in-process group, keyed by the group itself (weakly: a group that is gone takes its entry
+#: with it, and a later group never meets an earlier one's result or error, as an id could)
+_LAUNCHES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 _LOCK = threading.Lock()
 
 
@@ -112,7 +115,7 @@ def _shared_launch(comm, rank: int, world: int, spec: dict) -> dict[str, np.ndar
     from .cp import fla_cp_rank
 
     with _LOCK:
-        slot = _LAUNCHES.setdefault(id(comm), {"lock": threading.Lock(), "left": world})
+        slot = _LAUNCHES.setdefault(comm, {"lock": threading.Lock(), "left": world})
     with slot["lock"]:
         if "result" not in slot and "error" not in slot:
             try:
@@ -123,7 +126,7 @@ def _shared_launch(comm, rank: int, world: int, spec: dict) -> dict[str, np.ndar
     with _LOCK:
         slot["left"] -= 1
         if slot["left"] == 0:
-            _LAUNCHES.pop(id(comm), None)
+            _LAUNCHES.pop(comm, None)
     if "error" in slot:
         raise slot["error"]
     return slot["result"][rank]

@@ -202,4 +202,7 @@ def test_an_fla_rank_that_fails_fails_the_case(fixtures_dir, tmp_path, monkeypat
     assert s.exit_code == 1 and [c.status for c in s.cases] == ["fail"]
     res = profile_result(s.to_json(), "fla-cp", "f32", {})
     assert res["counts"]["fail"] == 1 and res["unexplained"] == 1
-    assert adapter._LAUNCHES == {}
+    import gc
+
+    gc.collect()  # a rank released from the group before it reached the launch leaves its entry to the group's end
+    assert len(adapter._LAUNCHES) == 0
