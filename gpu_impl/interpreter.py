@@ -303,30 +303,49 @@ class _FastSemantics:
 
     def binary_op_type_checking_impl(self, lhs, rhs, allow_lhs_ptr=False, allow_rhs_ptr=False,
                                      arithmetic_check=True, div_or_mod=False):
-        tensor = self.sem.tensor
+        sem, tensor = self.sem, self.sem.tensor
         lhs_t, rhs_t = type(lhs) is tensor, type(rhs) is tensor
         if lhs_t and rhs_t:
             lt, rt = lhs.type, rhs.type
-            sca = lt.scalar
-            if not sca.is_ptr() and sca == rt.scalar and (
-                    not arithmetic_check or self._computes_in(sca, False, sca, False, div_or_mod) == sca):
-                ls, rs = _shape_of(lt), _shape_of(rt)
-                if ls == rs:  # one type, one shape
-                    return lhs, rhs
-                if rs is None:  # a block and a scalar of its element type: the scalar splatted
-                    return lhs, self._splat_like(lhs, rhs)
-                if ls is None:
-                    return self._splat_like(rhs, lhs), rhs
+            ls_, rs_ = lt.scalar, rt.scalar
+            if not ls_.is_ptr() and not rs_.is_ptr():
+                keeps = not arithmetic_check or self._computes_in(ls_, False, ls_, False, div_or_mod) == ls_
+                if ls_ == rs_ and keeps:
+                    ls, rs = _shape_of(lt), _shape_of(rt)
+                    if ls == rs:  # one type, one shape
+                        return lhs, rhs
+                    if rs is None:  # a block and a scalar of its element type: the scalar splatted
+                        return lhs, self._splat_like(lhs, rhs)
+                    if ls is None:
+                        return self._splat_like(rhs, lhs), rhs
+                    return self.broadcast_impl_value(lhs, rhs)
+                if arithmetic_check:  # two types: both cast to the computation type, as Triton does
+                    ret = self._computes_in(ls_, False, rs_, False, div_or_mod)
+                    return self.broadcast_impl_value(sem.cast(lhs, ret), sem.cast(rhs, ret))
+            else:  # a pointer: Triton's own checks, then the operands as they are
+                sem.check_ptr_type_impl(ls_, rs_, allow_lhs_ptr)
+                sem.check_ptr_type_impl(rs_, ls_, allow_rhs_ptr)
+                return self.broadcast_impl_value(lhs, rhs)
+        elif (lhs_t and type(rhs) is int and lhs.type.scalar.is_ptr()
+              or rhs_t and type(lhs) is int and rhs.type.scalar.is_ptr()):  # a pointer and an int offset
+            block, number = (lhs, rhs) if lhs_t else (rhs, lhs)
+            num_ty = sem.to_tensor_type(number)
+            sem.check_ptr_type_impl(block.type.scalar, num_ty, allow_lhs_ptr if lhs_t else allow_rhs_ptr)
+            sem.check_ptr_type_impl(num_ty, block.type.scalar, allow_rhs_ptr if lhs_t else allow_lhs_ptr)
+            const = sem.to_tensor(number)
+            return self.broadcast_impl_value(lhs, const) if lhs_t else self.broadcast_impl_value(const, rhs)
         elif arithmetic_check and (lhs_t and type(rhs) in _NUMBERS or rhs_t and type(lhs) in _NUMBERS):
             block, number = (lhs, rhs) if lhs_t else (rhs, lhs)
             sca = block.type.scalar
-            if block.type.is_block() and sca.name in _PLAIN:
-                num_ty = self.sem.to_tensor_type(number)
+            if sca.name in _PLAIN:
+                num_ty = sem.to_tensor_type(number)
                 if ((self._computes_in(sca, False, num_ty, True, div_or_mod) if lhs_t
                      else self._computes_in(num_ty, True, sca, False, div_or_mod)) == sca):
-                    # Triton's own range checks and constant, splatted to the block's own type
-                    splat = self._splat_like(block, self.sem._cast_to_computation_type(number, sca))
-                    return (block, splat) if lhs_t else (splat, block)
+                    # Triton's own range checks and constant, splatted to a block's own type
+                    const = sem._cast_to_computation_type(number, sca)
+                    if block.type.is_block():
+                        const = self._splat_like(block, const)
+                    return (block, const) if lhs_t else (const, block)
         return self.orig["binary_op_type_checking_impl"](lhs, rhs, allow_lhs_ptr, allow_rhs_ptr, arithmetic_check,
                                                          div_or_mod)
 
