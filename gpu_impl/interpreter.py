@@ -249,6 +249,209 @@ def run_grid(interpreted, grid: tuple[int, ...], kwargs: dict) -> None:
         raise ti.InterpreterError(repr(e)) from e
 
 
+# --- the semantics of the commonest operations, without re-deriving what cannot change --------------
+#
+# Measured here (2026-12-07, Triton 3.9, the gate's 101 f32 cases): ~27% of the kernels' interpreted
+# time went to the integer overflow check Triton's interpreter builds on every int32 add, sub and mul
+# (``sanitize_overflow``: both operands cast to int64, the op redone, two compares, an and) only to
+# hand it to ``device_assert``, which drops it unless the interpreter's ``debug`` option is on (it is
+# off: ``InterpreterOptions``), and ~35% to type checks and broadcasts of operands that already have
+# one type and one shape (Triton 3.9 broadcasts such operands anyway). Three methods of the
+# interpreter's semantic object are wrapped while one of our launches runs; each does the common
+# case directly, with the same result, and hands every other case to Triton's own method:
+#
+# - ``binary_op_type_checking_impl``: two tensors of one non-pointer type whose computation type is
+#   that type (Triton's own ``computation_type_impl`` decides, once per dtype) come back unchanged;
+# - ``broadcast_impl_value``: two blocks of one shape, or two scalars, come back unchanged (Triton's
+#   would return broadcast views of the same values);
+# - ``binary_op_sanitize_overflow_impl``: nothing built where ``debug`` is off (the check would be
+#   dropped); with ``debug`` on, Triton's own (its assert fires on an overflow, as before).
+#
+# tests/gpu_impl/test_interpreter_semantics.py holds them equal to Triton's methods, result by result.
+
+
+_NUMBERS = (int, float)  # Python numbers a kernel combines with a tensor (bool and constexpr: Triton's path)
+_PLAIN = ("fp32", "fp64", "int32", "int64")  # element types whose constants are made exactly as NumPy makes them
+
+
+def _shape_of(ty):
+    """A block type's shape as a plain tuple of ints; None for a scalar type."""
+    return tuple(ty.shape.values) if ty.is_block() else None
+
+
+class _FastSemantics:
+    """The wrapped methods of one semantic object (see above); ``install`` / ``remove`` put them on the
+    instance and take them off."""
+
+    NAMES = ("binary_op_type_checking_impl", "broadcast_impl_value", "binary_op_sanitize_overflow_impl")
+    def __init__(self, sem):
+        self.sem = sem
+        cls = type(sem)
+        self.orig = {name: getattr(cls, name).__get__(sem) for name in self.NAMES}
+        self.same: dict = {}  # (a, a is a Python number, b, b is one, div_or_mod) -> computation type
+
+    def _computes_in(self, a, a_scalar: bool, b, b_scalar: bool, div_or_mod: bool):
+        key = (a.name, a_scalar, b.name, b_scalar, div_or_mod)
+        found = self.same.get(key)
+        if found is None:
+            found = self.same[key] = self.sem.computation_type_impl(a, a_scalar, b, b_scalar, div_or_mod)
+        return found
+
+    def _splat_like(self, block, value):
+        """``value`` (a scalar tensor of ``block``'s element type) splatted to ``block``'s type."""
+        return self.sem.tensor(self.sem.builder.create_splat(block.type, value.handle), block.type)
+
+    def binary_op_type_checking_impl(self, lhs, rhs, allow_lhs_ptr=False, allow_rhs_ptr=False,
+                                     arithmetic_check=True, div_or_mod=False):
+        sem, tensor = self.sem, self.sem.tensor
+        lhs_t, rhs_t = type(lhs) is tensor, type(rhs) is tensor
+        if lhs_t and rhs_t:
+            lt, rt = lhs.type, rhs.type
+            ls_, rs_ = lt.scalar, rt.scalar
+            if not ls_.is_ptr() and not rs_.is_ptr():
+                keeps = not arithmetic_check or self._computes_in(ls_, False, ls_, False, div_or_mod) == ls_
+                if ls_ == rs_ and keeps:
+                    ls, rs = _shape_of(lt), _shape_of(rt)
+                    if ls == rs:  # one type, one shape
+                        return lhs, rhs
+                    if rs is None:  # a block and a scalar of its element type: the scalar splatted
+                        return lhs, self._splat_like(lhs, rhs)
+                    if ls is None:
+                        return self._splat_like(rhs, lhs), rhs
+                    return self.broadcast_impl_value(lhs, rhs)
+                if arithmetic_check:  # two types: both cast to the computation type, as Triton does
+                    ret = self._computes_in(ls_, False, rs_, False, div_or_mod)
+                    return self.broadcast_impl_value(sem.cast(lhs, ret), sem.cast(rhs, ret))
+            else:  # a pointer: Triton's own checks, then the operands as they are
+                sem.check_ptr_type_impl(ls_, rs_, allow_lhs_ptr)
+                sem.check_ptr_type_impl(rs_, ls_, allow_rhs_ptr)
+                return self.broadcast_impl_value(lhs, rhs)
+        elif (lhs_t and type(rhs) is int and lhs.type.scalar.is_ptr()
+              or rhs_t and type(lhs) is int and rhs.type.scalar.is_ptr()):  # a pointer and an int offset
+            block, number = (lhs, rhs) if lhs_t else (rhs, lhs)
+            num_ty = sem.to_tensor_type(number)
+            sem.check_ptr_type_impl(block.type.scalar, num_ty, allow_lhs_ptr if lhs_t else allow_rhs_ptr)
+            sem.check_ptr_type_impl(num_ty, block.type.scalar, allow_rhs_ptr if lhs_t else allow_lhs_ptr)
+            const = sem.to_tensor(number)
+            return self.broadcast_impl_value(lhs, const) if lhs_t else self.broadcast_impl_value(const, rhs)
+        elif arithmetic_check and (lhs_t and type(rhs) in _NUMBERS or rhs_t and type(lhs) in _NUMBERS):
+            block, number = (lhs, rhs) if lhs_t else (rhs, lhs)
+            sca = block.type.scalar
+            if sca.name in _PLAIN:
+                num_ty = sem.to_tensor_type(number)
+                if ((self._computes_in(sca, False, num_ty, True, div_or_mod) if lhs_t
+                     else self._computes_in(num_ty, True, sca, False, div_or_mod)) == sca):
+                    # Triton's own range checks and constant, splatted to a block's own type
+                    const = sem._cast_to_computation_type(number, sca)
+                    if block.type.is_block():
+                        const = self._splat_like(block, const)
+                    return (block, const) if lhs_t else (const, block)
+        return self.orig["binary_op_type_checking_impl"](lhs, rhs, allow_lhs_ptr, allow_rhs_ptr, arithmetic_check,
+                                                         div_or_mod)
+
+    def broadcast_impl_value(self, lhs, rhs):
+        lt, rt = lhs.type, rhs.type
+        ls, rs = _shape_of(lt), _shape_of(rt)
+        if ls == rs:
+            return lhs, rhs
+        if ls is not None and rs is not None and len(ls) == len(rs):
+            try:
+                shape = np.broadcast_shapes(ls, rs)
+            except ValueError:
+                shape = None  # Triton's own error
+            if shape is not None:
+                return self._broadcast(lhs, ls, shape), self._broadcast(rhs, rs, shape)
+        return self.orig["broadcast_impl_value"](lhs, rhs)
+
+    def _broadcast(self, x, shape, to):
+        if shape == to:
+            return x
+        ty = tl.block_type(x.type.scalar, list(to))
+        return self.sem.tensor(self.sem.builder.create_broadcast(x.handle, list(to)), ty)
+
+    def binary_op_sanitize_overflow_impl(self, lhs, rhs, binary_op):
+        if not self.sem.builder.options.debug:
+            return None  # Triton's would compute the check and hand it to device_assert, which drops it
+        return self.orig["binary_op_sanitize_overflow_impl"](lhs, rhs, binary_op)
+
+    def install(self) -> None:
+        for name in self.NAMES:
+            setattr(self.sem, name, getattr(self, name))
+
+    def remove(self) -> None:
+        for name in self.NAMES:
+            self.sem.__dict__.pop(name, None)
+
+
+#: whether :func:`interpreting` installs :class:`_FastSemantics` and :class:`_TypeCache` (tests turn it off to
+#: compare with Triton's own semantics, bit for bit)
+FAST_SEMANTICS = True
+_FAST: _FastSemantics | None = None
+
+
+class _TypeCache:
+    """``tl.block_type.__init__`` and ``tl.tensor.__init__`` with what they derive from a shape made
+    once per shape: Triton 3.9 builds, for every block type and every tensor, a Triton tuple of the
+    shape (with a tuple type of one constexpr type per dimension), checks it and counts its elements
+    — about a quarter of an operation's cost. The attributes come out as Triton's own ``__init__``
+    makes them (the first object of each shape is made by it, and later ones share its parts: these
+    values are never mutated)."""
+
+    def __init__(self):
+        self.block_init = tl.block_type.__init__
+        self.tensor_init = tl_core.tensor.__init__
+        self.blocks: dict = {}  # shape ints -> (shape tuple, numel, str(shape))
+        self.tensors: dict = {}  # shape ints -> (shape tuple of constexprs, numel constexpr)
+
+    def block_type_init(self, bt, element_ty, shape):
+        dims = shape.values if type(shape) is tl_core.tuple else shape
+        key = tuple(dims) if type(dims) in (list, tuple) and dims and all(type(d) is int for d in dims) else None
+        found = self.blocks.get(key) if key is not None else None
+        if found is None:
+            self.block_init(bt, element_ty, shape)
+            if key is not None:
+                self.blocks[key] = (bt.shape, bt.numel, str(bt.shape))
+            return
+        bt.element_ty = element_ty
+        bt.shape, bt.numel, text = found
+        bt.name = f"<{text}, {element_ty}>"
+
+    def tensor_init_fast(self, t, handle, type):
+        key = tuple(type.shape.values) if type.is_block() else ()
+        found = self.tensors.get(key)
+        if found is None:
+            self.tensor_init(t, handle, type)
+            self.tensors[key] = (t.shape, t.numel)
+            return
+        t.handle = handle
+        t.type = type
+        t.dtype = type.scalar
+        t.shape, t.numel = found
+
+    def install(self) -> None:
+        cache = self
+        tl.block_type.__init__ = lambda bt, element_ty, shape: cache.block_type_init(bt, element_ty, shape)
+        tl_core.tensor.__init__ = lambda t, handle, type: cache.tensor_init_fast(t, handle, type)
+
+    def remove(self) -> None:
+        tl.block_type.__init__ = self.block_init
+        tl_core.tensor.__init__ = self.tensor_init
+
+
+_TYPES: _TypeCache | None = None
+
+
+def _install_fast(sem) -> tuple[_FastSemantics, _TypeCache]:
+    global _FAST, _TYPES
+    if _FAST is None or _FAST.sem is not sem:
+        _FAST = _FastSemantics(sem)
+    if _TYPES is None:
+        _TYPES = _TypeCache()
+    _FAST.install()
+    _TYPES.install()
+    return _FAST, _TYPES
+
+
 _DEPTH = 0
 _NP_DTYPE = None  # the memoised _get_np_dtype, made on the first launch
 
@@ -272,6 +475,7 @@ def interpreting() -> Iterator[None]:
     saved = {name: getattr(InterpreterBuilder, name)
              for name in ("cast_impl", "create_dot", "set_grid_dim", "set_grid_idx")}
     emulation = _EMULATION
+    fast = None
     if not _DEPTH:
         global _NP_DTYPE
         if _NP_DTYPE is None:
@@ -284,6 +488,7 @@ def interpreting() -> Iterator[None]:
             InterpreterBuilder.set_grid_dim, InterpreterBuilder.set_grid_idx = _program_order(
                 saved["set_grid_dim"], saved["set_grid_idx"], emulation)
         emulation.launches += 1
+        fast = _install_fast(ti.interpreter_semantic) if FAST_SEMANTICS else None
     _DEPTH += 1
     try:
         with np.errstate(over="ignore", divide="ignore", invalid="ignore", under="ignore"):
@@ -293,6 +498,9 @@ def interpreting() -> Iterator[None]:
         if not _DEPTH:
             for name, fn in saved.items():
                 setattr(InterpreterBuilder, name, fn)
+            if fast is not None:
+                fast[0].remove()
+                fast[1].remove()
         scope.restore()
         if not _DEPTH:
             for name, fn in helpers.items():

@@ -81,9 +81,13 @@ def test_run_grid_error_is_the_interpreters():
 
 @needs_interpreter
 def test_launch_leaves_the_interpreter_as_it_was():
-    before = (ti._patch_builtin, ti._get_np_dtype, tl.tensor.__add__, tl.core.add, tl.load)
+    def now():
+        return (ti._patch_builtin, ti._get_np_dtype, tl.tensor.__add__, tl.core.add, tl.load, tl.block_type.__init__,
+                tl.tensor.__init__, dict(vars(ti.interpreter_semantic)))
+
+    before = now()
     _scan_kernel[(2,)](p_x=torch.zeros(20), p_out=torch.zeros(20), n=20, SCALE=1, BLOCK=16)
     with pytest.raises(triton.runtime.errors.InterpreterError):
         _bad_kernel[(1,)](p_x=torch.zeros(4), BLOCK=4)
-    assert (ti._patch_builtin, ti._get_np_dtype, tl.tensor.__add__, tl.core.add, tl.load) == before
+    assert now() == before
     assert interpreter._DEPTH == 0
