@@ -44,6 +44,10 @@ class Engine:
     needs: tuple[str, ...] = ()  # files of that folder it needs (its installed packages)
     programs: tuple[str, ...] = ()  # executables it needs on PATH
     npm_packages: tuple[str, ...] = ()  # npm packages of that folder whose versions are reported
+    #: a whole engine that cannot be fed the goldens' inputs (its program captures what it computed from its
+    #: own inputs): ``"module:function"`` of its folder, ``function(fixtures, out, profile)`` -> the verify
+    #: summary of what the program wrote in ``out``, judged by gdncheck's own process in place of ``verify``
+    judge: str | None = None
 
     @property
     def stage_isolated(self) -> bool:
