@@ -212,6 +212,53 @@ def test_the_row_is_registered_and_says_not_installed_without_its_environment(tm
     assert rc == 1 and row["status"] == "not_installed" and "scripts/engine-env vllm" in row["problem"]
 
 
+def _fake_main(argv):
+    """A stand-in for the row's program (``gdncheck engines`` runs it as ``{folder}/bin/python -m ...``): the
+    float64 captures at TP 1 and 2, or, with GDN_FAKE_VLLM_TP=crash, TP 1 and then exit 1, or =partial, TP 1
+    and exit 0."""
+    out = Path(argv[argv.index("--out") + 1])
+    out.mkdir(parents=True, exist_ok=True)
+    mode = os.environ.get("GDN_FAKE_VLLM_TP", "")
+    _fake_run(out, 1)
+    if mode == "crash":
+        sys.exit(1)
+    if mode != "partial":
+        _fake_run(out, 2)
+
+
+def _fake_venv(tmp_path) -> Path:
+    venv = tmp_path / "fake-venv"
+    (venv / "bin").mkdir(parents=True)
+    py = venv / "bin" / "python"
+    py.write_text(f"#!/bin/sh\ncd {ROOT} && exec {sys.executable} -c 'import sys; "
+                  f"from tests.engines.vllm_tp.test_vllm_tp import _fake_main; _fake_main(sys.argv[1:])' \"$@\"\n")
+    py.chmod(0o755)
+    return venv
+
+
+@pytest.mark.parametrize("mode, status, verdict", [
+    ("", "ran", "conforms"),
+    ("partial", "ran", "inputs unusable"),  # TP 2's capture missing: cases in error
+    ("crash", "could_not_run", None),
+])
+def test_the_matrix_runs_the_program_then_the_rows_own_judge(tmp_path, monkeypatch, mode, status, verdict):
+    from gdncheck.cli import main
+
+    monkeypatch.setenv("GDN_VLLM_TP_DIR", str(_fake_venv(tmp_path)))
+    monkeypatch.setenv("GDN_FAKE_VLLM_TP", mode)
+    rc = main(["engines", "--engine", "vllm-tp", "--out", str(tmp_path / "out")])
+    [row] = json.loads((tmp_path / "out" / "matrix.json").read_text())["engines"]
+    cell = row["results"]["bf16"]
+    assert cell["status"] == status, cell
+    if verdict == "conforms":
+        assert rc == 0 and cell["verdict"] == "conforms" and cell["counts"]["pass"] == 4
+        assert cell["worst_ratio"]["ratio"] < 1e-9
+    elif mode == "partial":  # judged, not a pass: the missing run is an unexplained unusable case
+        assert cell["verdict"] == "inputs unusable" and cell["counts"]["error"] == 1 and cell["unexplained"] == 1
+    else:  # a program that died: a run that could not be made, exit 1
+        assert rc == 1 and "exited 1" in cell["problem"]
+
+
 def test_engine_weights_round_as_torch_does():
     a = np.array([1.0, 1.00390625, 1.0 + 2 ** -8 + 2 ** -9, -3.14159, 65504.0], dtype=np.float32)
     got = capture._bf16(a)
