@@ -364,7 +364,17 @@ def main(argv=None) -> int:
     p.add_argument("--case", action="append", default=[],
                    help="ignored: the row always runs its one case (gdncheck engines hands a selection on)")
     args = p.parse_args(argv)
-    cfg, weights = case_weights(args.fixtures)
+    from gdncheck.errors import GDNError
+    from gdncheck.fixtures.manifest import refuse_output_in_suite
+
+    try:
+        refuse_output_in_suite(args.out, args.fixtures)
+        cfg, weights = case_weights(args.fixtures)
+        if args.out.exists() and not args.out.is_dir():
+            raise GDNError(f"expected --out a folder, found a file {args.out}")
+    except GDNError as exc:
+        print(f"vllm-tp: {' '.join(str(exc).split())}", file=sys.stderr)
+        return 2
     args.out.mkdir(parents=True, exist_ok=True)
     ckpt = write_checkpoint(args.out / "checkpoint", cfg, weights)
     stand_in_torchvision(args.out / "stand-in")
