@@ -338,12 +338,16 @@ def run_tp(tp: int, ckpt: Path, out: Path) -> dict:
         import gc
 
         gc.collect()
-        for name in _shm() - before:  # only the segments this run made
+        deleted = []
+        for name in sorted(_shm() - before):  # only the segments this run made
             try:
+                size = os.stat(f"/dev/shm/{name}").st_size
                 os.unlink(f"/dev/shm/{name}")
+                deleted.append([name, size])
             except OSError:
                 pass
     result["seconds"] = round(time.perf_counter() - t0, 1)
+    result["shm_deleted"] = deleted
     return result
 
 

@@ -404,9 +404,11 @@ def summary(fixtures, folder, profile: str, tps=(1, 2), glue: Glue | None = None
         order = [str(r.get("request_id")) for r in doc["requests"]]
         try:
             s.cases += judge_run(cfg, weights, folder, tp, bounds, glue, order)
-        except GDNError as exc:
+        except (GDNError, KeyError, TypeError, ValueError, IndexError) as exc:  # a capture not as capture.py writes
+            what = str(exc) if isinstance(exc, GDNError) else (
+                f"vllm-tp's TP {tp} capture in {folder} is not as its program writes it: {type(exc).__name__}: {exc}")
             s.cases.append(CaseReport(id=f"vllm-tp{tp}", kind="forward", tags=["sharded", "tp", f"world-{tp}"],
-                                      status="error", problem=str(exc)))
+                                      status="error", problem=" ".join(what.split())[:500]))
             continue
         tokens[tp] = [r.get("tokens") for r in doc["requests"]]
         s.notes.append(f"TP {tp}: {len(doc['requests'])} requests, engine start {doc.get('start_seconds')} s, run "

@@ -199,6 +199,19 @@ def test_a_missing_or_unusable_capture_is_an_error_never_a_pass(tmp_path, fake):
     (broken / "tp2.rank1.safetensors").write_bytes(b"not a safetensors file")
     s, doc = _summary(broken)
     assert doc["exit_code"] == 2 and "tp2.rank1.safetensors" in s.cases[0].problem
+    # a rank file whose batch metadata is not what capture.py writes: an error naming the run, no traceback
+    path = broken / "tp2.rank1.safetensors"
+    path.write_bytes((fake / "tp2.rank1.safetensors").read_bytes())
+    for r in (0, 1):
+        from gdncheck.safetensors_io import read_safetensors
+
+        tensors, meta = read_safetensors(broken / f"tp2.rank{r}.safetensors")
+        doc_meta = json.loads(meta["gdncheck_vllm_tp"])
+        doc_meta["batches"][1]["query_start_loc"] = None
+        write_safetensors(broken / f"tp2.rank{r}.safetensors", tensors,
+                          {**meta, "gdncheck_vllm_tp": json.dumps(doc_meta)})
+    s, doc = _summary(broken)
+    assert doc["exit_code"] == 2 and "not as its program writes it: TypeError" in s.cases[0].problem
 
 
 def test_the_row_is_registered_and_says_not_installed_without_its_environment(tmp_path, monkeypatch):
@@ -257,6 +270,22 @@ def test_the_matrix_runs_the_program_then_the_rows_own_judge(tmp_path, monkeypat
         assert cell["verdict"] == "inputs unusable" and cell["counts"]["error"] == 1 and cell["unexplained"] == 1
     else:  # a program that died: a run that could not be made, exit 1
         assert rc == 1 and "exited 1" in cell["problem"]
+
+
+@pytest.mark.parametrize("glue", [Swapped, OneBlock])
+def test_a_glue_mutant_makes_the_row_fail(tmp_path, monkeypatch, glue):
+    """The row's judge with its glue broken (ranks swapped; the q/k/v split read as one block): every request of
+    both runs fails, each an unexplained deviation of the matrix."""
+    from gdncheck.cli import main
+
+    monkeypatch.setenv("GDN_VLLM_TP_DIR", str(_fake_venv(tmp_path)))
+    monkeypatch.setattr(judge, "Glue", glue)
+    main(["engines", "--engine", "vllm-tp", "--out", str(tmp_path / "out")])
+    cell = json.loads((tmp_path / "out" / "matrix.json").read_text())["engines"][0]["results"]["bf16"]
+    # TP 1 has one rank: swapping or splitting nothing changes it; TP 2's two requests fail
+    assert cell["verdict"] == "does not conform" and cell["counts"] == {
+        "pass": 2, "fail": 2, "not_applicable": 0, "error": 0, "cases": 4}, cell["counts"]
+    assert cell["unexplained"] == 2 and {f["case"] for f in cell["findings"]} == {"vllm-tp2-req0", "vllm-tp2-req1"}
 
 
 def test_engine_weights_round_as_torch_does():
