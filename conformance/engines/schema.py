@@ -45,8 +45,9 @@ class Engine:
     programs: tuple[str, ...] = ()  # executables it needs on PATH
     npm_packages: tuple[str, ...] = ()  # npm packages of that folder whose versions are reported
     #: a whole engine that cannot be fed the goldens' inputs (its program captures what it computed from its
-    #: own inputs): ``"module:function"`` of its folder, ``function(fixtures, out, profile)`` -> the verify
-    #: summary of what the program wrote in ``out``, judged by gdncheck's own process in place of ``verify``
+    #: own inputs): ``"module:function"`` of its folder, ``function(fixtures, out, profile, cases=ids)`` -> the
+    #: verify summary of what the program wrote in ``out`` (the runs of the cases ``ids`` select by prefix, or
+    #: all), judged by gdncheck's own process in place of ``verify``
     judge: str | None = None
 
     @property

