@@ -91,13 +91,12 @@ def crash_of(code: str | None, message: str | None) -> str | None:
 
 
 def _ratio(rec: Mapping[str, Any]) -> dict | None:
-    """error / bound of a record: the largest of max_err / elem bound and nmse / nmse bound (a sharded record:
-    of its rank's share, ``shard``)."""
+    """error / bound of a record: the largest of max_err / elem bound and nmse / nmse bound (a rank's share of a
+    sharded tensor: its ``shard``'s, measured of the whole tensor's scale)."""
     metrics, bound = rec.get("metrics") or {}, rec.get("bound") or {}
     shard = rec.get("shard") or {}
     if not metrics and shard:
-        metrics = {"max_err": shard.get("max_err"), "nmse": shard.get("nmse")}
-        bound = {"elem": shard.get("elem_bound"), "nmse": shard.get("nmse_bound")}
+        metrics, bound = shard, {"elem": shard.get("elem_bound"), "nmse": shard.get("nmse_bound")}
     best = None
     for measure, err_key, bound_key in (("elem", "max_err", "elem"), ("nmse", "nmse", "nmse")):
         err, lim = metrics.get(err_key), bound.get(bound_key)

@@ -33,6 +33,7 @@ ORDER = (
     "doppler",
     "vllm",
     "vllm_triton",
+    "vllm_tp",
 )
 
 HERE = Path(__file__).resolve().parent

@@ -48,6 +48,11 @@ class Engine:
     #: the suite alone (fla-cp, context parallelism only: the sharded cases) is judged on that part, within
     #: the user's --case / --tag; none of them selected is a row that says so, not a run
     tags: tuple[str, ...] = ()
+    #: a whole engine that cannot be fed the goldens' inputs (its program captures what it computed from its
+    #: own inputs): ``"module:function"`` of its folder, ``function(fixtures, out, profile, cases=ids)`` -> the
+    #: verify summary of what the program wrote in ``out`` (the runs of the cases ``ids`` select by prefix, or
+    #: all), judged by gdncheck's own process in place of ``verify``
+    judge: str | None = None
 
     @property
     def stage_isolated(self) -> bool:

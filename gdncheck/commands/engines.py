@@ -402,8 +402,18 @@ def _run_one(eng, opts, profile, fixtures, folder, args, con, cases: list[str] |
             from gdncheck.conformance.meta.catalogue import mutant_diagnoser
 
             diagnose = mutant_diagnoser(fixtures, limit=args.diagnose)
-        summary = verify(fixtures, folder, profile, **selection,
-                         stage_isolated=eng.stage_isolated, fused=eng.fused, diagnose=diagnose)
+        if eng.judge is not None:  # a whole engine: its own judge reads what its program captured
+            from gdncheck.fixtures.manifest import load_manifest, select_cases
+
+            if selection["tags"]:
+                ids = [e["id"] for e in select_cases(load_manifest(fixtures, []), selection["cases"],
+                                                     selection["tags"], None)]
+            else:
+                ids = list(selection["cases"] or [])
+            summary = _own_judge(eng)(fixtures, folder, profile, cases=ids)
+        else:
+            summary = verify(fixtures, folder, profile, **selection,
+                             stage_isolated=eng.stage_isolated, fused=eng.fused, diagnose=diagnose)
     except (GDNError, _Timeout) as exc:
         con.say(safe_text(f"{eng.name} {profile}: could not run: {one_line(exc)}"))
         return {"status": "could_not_run", "problem": one_line(exc), "seconds": round(time.perf_counter() - t0, 1)}
@@ -429,6 +439,19 @@ def _run_one(eng, opts, profile, fixtures, folder, args, con, cases: list[str] |
         if f["unexplained"]:
             con.say(safe_text(f"  unexplained {f['class']}: {f['case']}: {f.get('mismatch') or f.get('detail')}"))
     return result
+
+
+def _own_judge(eng):
+    """The judge an engine's entry names (``module:function`` inside gdncheck's engines package)."""
+    import importlib
+
+    from gdncheck.errors import GDNError
+
+    module, _, name = eng.judge.partition(":")
+    if not module.startswith("gdncheck.conformance.engines.") or not name:
+        raise GDNError(f"expected {eng.name}'s judge to be a function of its folder (module:function), found "
+                       f"{eng.judge!r}")
+    return getattr(importlib.import_module(module), name)
 
 
 class _alarm:

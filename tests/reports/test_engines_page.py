@@ -28,10 +28,11 @@ def test_the_committed_page_holds_what_the_command_writes(tmp_path):
     # vllm and vllm-triton their own environment (.venv-vllm, the vllm job)
     if [n for n in missing if n not in ("llamacpp", "ggml", "doppler", "vllm", "vllm-triton")]:
         pytest.skip(f"docs/engines.md is the matrix of every registered engine; not installed here: {missing}")
-    # SGLang's row is ~7 minutes of Triton's interpreter on 2 cores, vLLM's Triton row ~5: the engines and vllm
-    # jobs of the conformance workflow compare them (GDN_ENGINES_PAGE_ALL=1); .ci/run judges SGLang's adapter in
-    # tests/engines/sglang/test_sglang.py, the vllm job vLLM's in tests/engines/vllm_triton/test_vllm_triton.py
-    heavy = [] if os.environ.get("GDN_ENGINES_PAGE_ALL") == "1" else ["sglang", "vllm-triton"]
+    # SGLang's row is ~7 minutes of Triton's interpreter on 2 cores, vLLM's Triton row ~5, vLLM's whole engine
+    # (vllm-tp: three engine starts) ~4: the engines and vllm jobs of the conformance workflow compare them
+    # (GDN_ENGINES_PAGE_ALL=1); .ci/run judges SGLang's adapter in tests/engines/sglang/test_sglang.py, the vllm
+    # job vLLM's in tests/engines/vllm_triton/test_vllm_triton.py and tests/engines/vllm_tp/test_vllm_tp.py
+    heavy = [] if os.environ.get("GDN_ENGINES_PAGE_ALL") == "1" else ["sglang", "vllm-triton", "vllm-tp"]
     selection = [a for n in registry.ENGINES if n not in missing and n not in heavy for a in ("--engine", n)]
     page = tmp_path / "docs" / "engines.md"
     page.parent.mkdir()
