@@ -53,10 +53,10 @@ from .folders import (
     refuse_gate_writes,
     remove_stale,
 )
-from .plan import Plan, plan_cases, plan_properties
+from .plan import Plan, call_count, plan_cases, plan_properties
 from .report import gate_junit, write_report
 from .summary import SCHEMA_PATH, VERDICTS, validate_gate_summary
-from .workers import Task, execute_tasks, run_case_unit, run_property_unit
+from .workers import Task, execute_tasks, run_case_unit, run_property_unit, run_rebuild_unit
 from .xfails import DEFAULT_PATH as DEFAULT_XFAILS
 from .xfails import load_xfails
 
@@ -120,6 +120,11 @@ class Setup:
     max_examples: int
     jobs: int
     xfails: list = field(default_factory=list)  # the known failures, read before anything runs
+    #: the fixture check's rebuild, split over the workers (case ids per unit; none: not checked); run
+    #: first, and the verdict waits for it: a drifted suite still fails the gate (exit 2)
+    rebuild: list[list[str]] = field(default_factory=list)
+    reached: list[str] = field(default_factory=list)  # the summary's sections before the fixture check
+    suite_ids: list[str] = field(default_factory=list)  # the manifest's case ids, in its order
 
 
 @dataclass
@@ -192,15 +197,33 @@ def check_fixtures(fixtures: Path, suite_check: bool, pinned: str | None = None)
             "manifest_sha256": sha256_file(fixtures / "manifest.json"), "checksums": "ok", "rebuild": "not checked",
             "manifest_pinned": pinned is not None}
     if suite_check:
-        report = check_suite(fixtures)
-        changed = [r for r in report if r["status"] in ("changed", "missing")]
-        if changed:
-            raise CouldNotRun("fixtures drifted from their generator (gdncheck fixtures check): "
-                              + "; ".join(f"{r['id']}: {r['status']} ({r['detail']})" for r in changed[:5])
-                              + "; rebuild with gdncheck fixtures build and review the diff")
-        near = sum(r["status"] == "numerically-equal" for r in report)
-        info["rebuild"] = "identical" if not near else f"identical ({near} numerically equal: another BLAS or CPU)"
+        info["rebuild"] = rebuild_verdict(check_suite(fixtures))
     return info, manifest
+
+
+def rebuild_verdict(report: list[dict]) -> str:
+    """The ``rebuild`` line of the fixture check from :func:`check_suite`'s report; raises
+    :class:`CouldNotRun` when a case drifted from its generator (changed or missing)."""
+    changed = [r for r in report if r["status"] in ("changed", "missing")]
+    if changed:
+        raise CouldNotRun("fixtures drifted from their generator (gdncheck fixtures check): "
+                          + "; ".join(f"{r['id']}: {r['status']} ({r['detail']})" for r in changed[:5])
+                          + "; rebuild with gdncheck fixtures build and review the diff")
+    near = sum(r["status"] == "numerically-equal" for r in report)
+    return "identical" if not near else f"identical ({near} numerically equal: another BLAS or CPU)"
+
+
+def split_rebuild(manifest: dict, parts: int) -> list[list[str]]:
+    """The suite's case ids in ``parts`` groups of about equal rebuild cost (layer calls; the longest
+    first, each to the lightest group), each group in manifest order."""
+    order = {e["id"]: i for i, e in enumerate(manifest["cases"])}
+    groups: list[list[str]] = [[] for _ in range(max(1, parts))]
+    load = [0.0] * len(groups)
+    for e in sorted(manifest["cases"], key=lambda e: -(1 + call_count(e))):
+        k = load.index(min(load))
+        groups[k].append(e["id"])
+        load[k] += 1 + call_count(e)
+    return [sorted(g, key=order.__getitem__) for g in groups if g]
 
 
 def run_gate(opts: GateOptions, progress: Callable[[float, float, dict], None] | None = None) -> GateResult:
@@ -267,7 +290,10 @@ def plan(opts: GateOptions, result: GateResult) -> Setup:
         raise CouldNotRun(str(exc)) from None
     default_suite = opts.suite == "default" and not opts.fixtures
     rebuild = opts.rebuild_check if opts.rebuild_check is not None else default_suite
-    doc["fixtures"], manifest = check_fixtures(fixtures, rebuild, opts.fixtures_sha256)
+    reached = list(doc)
+    # checksums now (every case file the workers read is the manifest's); the rebuild runs in the
+    # workers, first, beside the cases (execute): the verdict waits for it
+    doc["fixtures"], manifest = check_fixtures(fixtures, False, opts.fixtures_sha256)
     if not default_suite and opts.fixtures_sha256 is None:
         doc.setdefault("notes", []).append(
             f"the manifest of {fixtures} is not pinned: its case files match it, but nothing says it is the suite you "
@@ -276,7 +302,10 @@ def plan(opts: GateOptions, result: GateResult) -> Setup:
     setup = Setup(fixtures, device, interpreter, result.plan,
                   hypothesis_profile=opts.hypothesis_profile or os.environ.get("GDN_HYPOTHESIS_PROFILE") or "ci",
                   max_examples=opts.max_examples or (INTERPRETER_MAX_EXAMPLES if interpreter else DEFAULT_MAX_EXAMPLES),
-                  jobs=opts.jobs or (min(2, os.cpu_count() or 1) if device == "cpu" else 1), xfails=xfails)
+                  jobs=opts.jobs or (min(2, os.cpu_count() or 1) if device == "cpu" else 1), xfails=xfails,
+                  reached=reached, suite_ids=[e["id"] for e in manifest["cases"]])
+    if rebuild:
+        setup.rebuild = split_rebuild(manifest, setup.jobs)
     p = result.plan
     doc["selection"] = {"profiles": list(opts.profiles), "shard": list(opts.shard) if opts.shard else None,
                         "cases": opts.cases, "tags": opts.tags, "selected": p.selected, "run": len(p.entries),
@@ -310,11 +339,18 @@ def execute(opts: GateOptions, out: Path, setup: Setup, doc: dict, progress) -> 
                                           commands[u.profile]), u.cost) for u in setup.plan.case_units]
     tasks += [(run_property_unit, (opts.impl, u, setup.max_examples, setup.hypothesis_profile, opts.shrink), u.cost)
               for u in setup.plan.property_units]
+    first: list[Task] = [(run_rebuild_unit, (str(setup.fixtures), ids), 0.0) for ids in setup.rebuild]
     total, done = sum(t[2] for t in tasks), 0.0
     outcome = Outcome()
     start = time.perf_counter()
     env = {"GDN_DEVICE": setup.device, "GDN_HYPOTHESIS_PROFILE": setup.hypothesis_profile}
-    for cost, res in execute_tasks(tasks, setup.jobs, env):
+    rebuilt: list[dict] = []
+    for cost, res in execute_tasks(tasks, setup.jobs, env, first):
+        if res["kind"] == "rebuild":
+            rebuilt.append(res)
+            if len(rebuilt) == len(first):
+                _rebuild_checked(setup, doc, rebuilt)
+            continue
         done += cost
         if res["kind"] == "case":
             outcome.runs[(res["profile"], res["case"])] = res
@@ -322,10 +358,28 @@ def execute(opts: GateOptions, out: Path, setup: Setup, doc: dict, progress) -> 
             outcome.properties.append(res)
         if progress:
             progress(done, total, res)
+    if len(rebuilt) != len(first):  # never judged against a suite whose check did not finish
+        raise CouldNotRun(f"the fixture check's rebuild reported {len(rebuilt)} of {len(first)} parts")
     doc["timing"] = {"jobs": setup.jobs, "work_s": round(time.perf_counter() - start, 2),
                      "cases_s": round(sum(r["seconds"] for r in outcome.runs.values()), 2),
                      "properties_s": round(sum(p["seconds"] for p in outcome.properties), 2)}
     return outcome
+
+
+def _rebuild_checked(setup: Setup, doc: dict, results: list[dict]) -> None:
+    """Every rebuild unit is in: the rebuild line of the fixtures section, or :class:`CouldNotRun` with
+    the summary as a drifted suite leaves it (the sections before the fixture check only)."""
+    order = {i: k for k, i in enumerate(setup.suite_ids)}
+    report = sorted((r for res in results for r in res["report"]), key=lambda r: order.get(r["id"], len(order)))
+    try:
+        errors = [res["error"] for res in results if res["error"]]
+        if errors:
+            raise CouldNotRun(f"fixtures unusable: {errors[0]}")
+        doc["fixtures"]["rebuild"] = rebuild_verdict(report)
+    except CouldNotRun:
+        for key in [k for k in doc if k not in setup.reached]:
+            del doc[key]
+        raise
 
 
 def judge(opts: GateOptions, out: Path, setup: Setup, outcome: Outcome, result: GateResult) -> None:
