@@ -133,6 +133,9 @@ class Outcome:
 
     runs: dict[tuple[str, str], dict] = field(default_factory=dict)
     properties: list[dict] = field(default_factory=list)
+    #: profile -> (its verify Summary, the verify summary's path): verified in the parent as soon as
+    #: the profile's last case ran (the workers run on), else by judge
+    verified: dict[str, tuple[Summary, Path]] = field(default_factory=dict)
 
     def seconds(self, profile: str) -> dict[str, float]:
         return {case: r["seconds"] for (p, case), r in self.runs.items() if p == profile}
@@ -335,31 +338,40 @@ def execute(opts: GateOptions, out: Path, setup: Setup, doc: dict, progress) -> 
     for p in opts.profiles:  # no outputs file of an earlier run is ever judged as this run's
         fresh(out / p, OUTPUTS_MARKER, f"the outputs folder of profile {p}")
     commands = {p: default_command(opts.impl, setup.fixtures, out / p, p, opts.options, False) for p in opts.profiles}
-    tasks: list[Task] = [(run_case_unit, (opts.impl, str(setup.fixtures), str(out), u, opts.options,
-                                          commands[u.profile]), u.cost) for u in setup.plan.case_units]
-    tasks += [(run_property_unit, (opts.impl, u, setup.max_examples, setup.hypothesis_profile, opts.shrink), u.cost)
-              for u in setup.plan.property_units]
+    # the order: the fixture rebuild; each profile's cases in turn, most expensive first, so that a
+    # profile is verified here while the workers run the next; the properties last, most expensive
+    # first (many small units: they even out the workers' ends)
+    rank = {p: i for i, p in enumerate(opts.profiles)}
     first: list[Task] = [(run_rebuild_unit, (str(setup.fixtures), ids), 0.0) for ids in setup.rebuild]
-    total, done = sum(t[2] for t in tasks), 0.0
+    first += [(run_case_unit, (opts.impl, str(setup.fixtures), str(out), u, opts.options, commands[u.profile]), u.cost)
+              for u in sorted(setup.plan.case_units, key=lambda u: (rank[u.profile], -u.cost))]
+    first += [(run_property_unit, (opts.impl, u, setup.max_examples, setup.hypothesis_profile, opts.shrink), u.cost)
+              for u in sorted(setup.plan.property_units, key=lambda u: -u.cost)]
+    total, done = sum(t[2] for t in first if t[0] is not run_rebuild_unit), 0.0
     outcome = Outcome()
     start = time.perf_counter()
     env = {"GDN_DEVICE": setup.device, "GDN_HYPOTHESIS_PROFILE": setup.hypothesis_profile}
     rebuilt: list[dict] = []
-    for cost, res in execute_tasks(tasks, setup.jobs, env, first):
+    left = {p: sum(u.profile == p for u in setup.plan.case_units) for p in opts.profiles}
+    for cost, res in execute_tasks([], setup.jobs, env, first):
         if res["kind"] == "rebuild":
             rebuilt.append(res)
-            if len(rebuilt) == len(first):
+            if len(rebuilt) == len(setup.rebuild):
                 _rebuild_checked(setup, doc, rebuilt)
-            continue
-        done += cost
-        if res["kind"] == "case":
-            outcome.runs[(res["profile"], res["case"])] = res
         else:
-            outcome.properties.append(res)
-        if progress:
-            progress(done, total, res)
-    if len(rebuilt) != len(first):  # never judged against a suite whose check did not finish
-        raise CouldNotRun(f"the fixture check's rebuild reported {len(rebuilt)} of {len(first)} parts")
+            done += cost
+            if res["kind"] == "case":
+                outcome.runs[(res["profile"], res["case"])] = res
+                left[res["profile"]] -= 1
+            else:
+                outcome.properties.append(res)
+            if progress:
+                progress(done, total, res)
+        if len(rebuilt) == len(setup.rebuild):  # the suite checked: verify each profile whose cases all ran
+            for p in [p for p, n in left.items() if n == 0 and p not in outcome.verified and setup.plan.case_ids]:
+                outcome.verified[p] = _verify_profile(opts, out, setup, p)
+    if len(rebuilt) != len(setup.rebuild):  # never judged against a suite whose check did not finish
+        raise CouldNotRun(f"the fixture check's rebuild reported {len(rebuilt)} of {len(setup.rebuild)} parts")
     doc["timing"] = {"jobs": setup.jobs, "work_s": round(time.perf_counter() - start, 2),
                      "cases_s": round(sum(r["seconds"] for r in outcome.runs.values()), 2),
                      "properties_s": round(sum(p["seconds"] for p in outcome.properties), 2)}
@@ -382,26 +394,34 @@ def _rebuild_checked(setup: Setup, doc: dict, results: list[dict]) -> None:
         raise
 
 
+def xfails_file(opts: GateOptions) -> str:
+    return "none" if (opts.xfails or "").lower() == "none" else str(opts.xfails or DEFAULT_XFAILS)
+
+
+def _verify_profile(opts: GateOptions, out: Path, setup: Setup, p: str) -> tuple[Summary, Path]:
+    """Verify one profile's outputs (its known failures judged by verify: one rule for verify, the gate
+    and the pytest plugin) and write its verify summary."""
+    try:
+        summary = verify(setup.fixtures, out / p, p, cases=setup.plan.case_ids,
+                         diagnose=mutant_diagnoser(setup.fixtures), xfails=setup.xfails)
+    except GDNError as exc:
+        raise CouldNotRun(f"verify of profile {p} could not run: {exc}") from None
+    summary.xfails["file"] = xfails_file(opts)
+    return summary, summary.write(out / p / f"verify-summary-{p}.json")
+
+
 def judge(opts: GateOptions, out: Path, setup: Setup, outcome: Outcome, result: GateResult) -> None:
     """Verify every profile's outputs and set the known failures (xfails) apart."""
     doc = result.doc
     ids = setup.plan.case_ids
-    no_xfails = (opts.xfails or "").lower() == "none"
-    xfails = setup.xfails
     doc["profiles"] = {}
-    doc["xfails"] = {"file": "none" if no_xfails else str(opts.xfails or DEFAULT_XFAILS), "stale": [], "refused": []}
+    doc["xfails"] = {"file": xfails_file(opts), "stale": [], "refused": []}
     unmatched: list[list[dict]] = []
     for p in opts.profiles:
         if not ids:
             doc["profiles"][p] = gs.nothing_to_verify()
             continue
-        try:  # the known failures judged by verify: one rule for verify, the gate and the pytest plugin
-            summary = verify(setup.fixtures, out / p, p, cases=ids, diagnose=mutant_diagnoser(setup.fixtures),
-                             xfails=xfails)
-        except GDNError as exc:
-            raise CouldNotRun(f"verify of profile {p} could not run: {exc}") from None
-        summary.xfails["file"] = doc["xfails"]["file"]
-        path = summary.write(out / p / f"verify-summary-{p}.json")
+        summary, path = outcome.verified.get(p) or _verify_profile(opts, out, setup, p)
         result.summaries[p] = summary
         result.known[p] = {c: k["reason"] for c, k in summary.known_failures().items()}
         result.case_seconds[p] = outcome.seconds(p)

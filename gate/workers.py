@@ -84,7 +84,7 @@ Task = tuple[Callable[..., dict], tuple, float]  # (function, arguments, cost)
 
 def execute_tasks(tasks: list[Task], jobs: int, env: dict[str, str], first: list[Task] = ()) \
         -> Iterator[tuple[float, dict]]:
-    """Run ``first`` in its order, then every task, most expensive first; yield ``(cost, result)`` as
+    """Run ``first`` in its order, then ``tasks``, most expensive first; yield ``(cost, result)`` as
     each one finishes."""
     tasks = list(first) + sorted(tasks, key=lambda t: -t[2])
     if jobs <= 1:
