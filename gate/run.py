@@ -53,10 +53,10 @@ from .folders import (
     refuse_gate_writes,
     remove_stale,
 )
-from .plan import Plan, plan_cases, plan_properties
+from .plan import Plan, call_count, plan_cases, plan_properties
 from .report import gate_junit, write_report
 from .summary import SCHEMA_PATH, VERDICTS, validate_gate_summary
-from .workers import Task, execute_tasks, run_case_unit, run_property_unit
+from .workers import Task, execute_tasks, run_case_unit, run_property_unit, run_rebuild_unit
 from .xfails import DEFAULT_PATH as DEFAULT_XFAILS
 from .xfails import load_xfails
 
@@ -120,6 +120,11 @@ class Setup:
     max_examples: int
     jobs: int
     xfails: list = field(default_factory=list)  # the known failures, read before anything runs
+    #: the fixture check's rebuild, split over the workers (case ids per unit; none: not checked); run
+    #: first, and the verdict waits for it: a drifted suite still fails the gate (exit 2)
+    rebuild: list[list[str]] = field(default_factory=list)
+    reached: list[str] = field(default_factory=list)  # the summary's sections before the fixture check
+    suite_ids: list[str] = field(default_factory=list)  # the manifest's case ids, in its order
 
 
 @dataclass
@@ -128,6 +133,9 @@ class Outcome:
 
     runs: dict[tuple[str, str], dict] = field(default_factory=dict)
     properties: list[dict] = field(default_factory=list)
+    #: profile -> (its verify Summary, the verify summary's path): verified in the parent as soon as
+    #: the profile's last case ran (the workers run on), else by judge
+    verified: dict[str, tuple[Summary, Path]] = field(default_factory=dict)
 
     def seconds(self, profile: str) -> dict[str, float]:
         return {case: r["seconds"] for (p, case), r in self.runs.items() if p == profile}
@@ -192,15 +200,33 @@ def check_fixtures(fixtures: Path, suite_check: bool, pinned: str | None = None)
             "manifest_sha256": sha256_file(fixtures / "manifest.json"), "checksums": "ok", "rebuild": "not checked",
             "manifest_pinned": pinned is not None}
     if suite_check:
-        report = check_suite(fixtures)
-        changed = [r for r in report if r["status"] in ("changed", "missing")]
-        if changed:
-            raise CouldNotRun("fixtures drifted from their generator (gdncheck fixtures check): "
-                              + "; ".join(f"{r['id']}: {r['status']} ({r['detail']})" for r in changed[:5])
-                              + "; rebuild with gdncheck fixtures build and review the diff")
-        near = sum(r["status"] == "numerically-equal" for r in report)
-        info["rebuild"] = "identical" if not near else f"identical ({near} numerically equal: another BLAS or CPU)"
+        info["rebuild"] = rebuild_verdict(check_suite(fixtures))
     return info, manifest
+
+
+def rebuild_verdict(report: list[dict]) -> str:
+    """The ``rebuild`` line of the fixture check from :func:`check_suite`'s report; raises
+    :class:`CouldNotRun` when a case drifted from its generator (changed or missing)."""
+    changed = [r for r in report if r["status"] in ("changed", "missing")]
+    if changed:
+        raise CouldNotRun("fixtures drifted from their generator (gdncheck fixtures check): "
+                          + "; ".join(f"{r['id']}: {r['status']} ({r['detail']})" for r in changed[:5])
+                          + "; rebuild with gdncheck fixtures build and review the diff")
+    near = sum(r["status"] == "numerically-equal" for r in report)
+    return "identical" if not near else f"identical ({near} numerically equal: another BLAS or CPU)"
+
+
+def split_rebuild(manifest: dict, parts: int) -> list[list[str]]:
+    """The suite's case ids in ``parts`` groups of about equal rebuild cost (layer calls; the longest
+    first, each to the lightest group), each group in manifest order."""
+    order = {e["id"]: i for i, e in enumerate(manifest["cases"])}
+    groups: list[list[str]] = [[] for _ in range(max(1, parts))]
+    load = [0.0] * len(groups)
+    for e in sorted(manifest["cases"], key=lambda e: -(1 + call_count(e))):
+        k = load.index(min(load))
+        groups[k].append(e["id"])
+        load[k] += 1 + call_count(e)
+    return [sorted(g, key=order.__getitem__) for g in groups if g]
 
 
 def run_gate(opts: GateOptions, progress: Callable[[float, float, dict], None] | None = None) -> GateResult:
@@ -267,7 +293,10 @@ def plan(opts: GateOptions, result: GateResult) -> Setup:
         raise CouldNotRun(str(exc)) from None
     default_suite = opts.suite == "default" and not opts.fixtures
     rebuild = opts.rebuild_check if opts.rebuild_check is not None else default_suite
-    doc["fixtures"], manifest = check_fixtures(fixtures, rebuild, opts.fixtures_sha256)
+    reached = list(doc)
+    # checksums now (every case file the workers read is the manifest's); the rebuild runs in the
+    # workers, first, beside the cases (execute): the verdict waits for it
+    doc["fixtures"], manifest = check_fixtures(fixtures, False, opts.fixtures_sha256)
     if not default_suite and opts.fixtures_sha256 is None:
         doc.setdefault("notes", []).append(
             f"the manifest of {fixtures} is not pinned: its case files match it, but nothing says it is the suite you "
@@ -276,7 +305,10 @@ def plan(opts: GateOptions, result: GateResult) -> Setup:
     setup = Setup(fixtures, device, interpreter, result.plan,
                   hypothesis_profile=opts.hypothesis_profile or os.environ.get("GDN_HYPOTHESIS_PROFILE") or "ci",
                   max_examples=opts.max_examples or (INTERPRETER_MAX_EXAMPLES if interpreter else DEFAULT_MAX_EXAMPLES),
-                  jobs=opts.jobs or (min(2, os.cpu_count() or 1) if device == "cpu" else 1), xfails=xfails)
+                  jobs=opts.jobs or (min(2, os.cpu_count() or 1) if device == "cpu" else 1), xfails=xfails,
+                  reached=reached, suite_ids=[e["id"] for e in manifest["cases"]])
+    if rebuild:
+        setup.rebuild = split_rebuild(manifest, setup.jobs)
     p = result.plan
     doc["selection"] = {"profiles": list(opts.profiles), "shard": list(opts.shard) if opts.shard else None,
                         "cases": opts.cases, "tags": opts.tags, "selected": p.selected, "run": len(p.entries),
@@ -306,48 +338,90 @@ def execute(opts: GateOptions, out: Path, setup: Setup, doc: dict, progress) -> 
     for p in opts.profiles:  # no outputs file of an earlier run is ever judged as this run's
         fresh(out / p, OUTPUTS_MARKER, f"the outputs folder of profile {p}")
     commands = {p: default_command(opts.impl, setup.fixtures, out / p, p, opts.options, False) for p in opts.profiles}
-    tasks: list[Task] = [(run_case_unit, (opts.impl, str(setup.fixtures), str(out), u, opts.options,
-                                          commands[u.profile]), u.cost) for u in setup.plan.case_units]
-    tasks += [(run_property_unit, (opts.impl, u, setup.max_examples, setup.hypothesis_profile, opts.shrink), u.cost)
-              for u in setup.plan.property_units]
-    total, done = sum(t[2] for t in tasks), 0.0
+    # the order: the fixture rebuild; each profile's cases in turn, most expensive first, so that a
+    # profile is verified here while the workers run the next; the properties last, most expensive
+    # first (many small units: they even out the workers' ends)
+    rank = {p: i for i, p in enumerate(opts.profiles)}
+    first: list[Task] = [(run_rebuild_unit, (str(setup.fixtures), ids), 0.0) for ids in setup.rebuild]
+    first += [(run_case_unit, (opts.impl, str(setup.fixtures), str(out), u, opts.options, commands[u.profile]), u.cost)
+              for u in sorted(setup.plan.case_units, key=lambda u: (rank[u.profile], -u.cost))]
+    first += [(run_property_unit, (opts.impl, u, setup.max_examples, setup.hypothesis_profile, opts.shrink), u.cost)
+              for u in sorted(setup.plan.property_units, key=lambda u: -u.cost)]
+    total, done = sum(t[2] for t in first if t[0] is not run_rebuild_unit), 0.0
     outcome = Outcome()
     start = time.perf_counter()
     env = {"GDN_DEVICE": setup.device, "GDN_HYPOTHESIS_PROFILE": setup.hypothesis_profile}
-    for cost, res in execute_tasks(tasks, setup.jobs, env):
-        done += cost
-        if res["kind"] == "case":
-            outcome.runs[(res["profile"], res["case"])] = res
+    rebuilt: list[dict] = []
+    left = {p: sum(u.profile == p for u in setup.plan.case_units) for p in opts.profiles}
+    for cost, res in execute_tasks([], setup.jobs, env, first):
+        if res["kind"] == "rebuild":
+            rebuilt.append(res)
+            if len(rebuilt) == len(setup.rebuild):
+                _rebuild_checked(setup, doc, rebuilt)
         else:
-            outcome.properties.append(res)
-        if progress:
-            progress(done, total, res)
+            done += cost
+            if res["kind"] == "case":
+                outcome.runs[(res["profile"], res["case"])] = res
+                left[res["profile"]] -= 1
+            else:
+                outcome.properties.append(res)
+            if progress:
+                progress(done, total, res)
+        if len(rebuilt) == len(setup.rebuild):  # the suite checked: verify each profile whose cases all ran
+            for p in [p for p, n in left.items() if n == 0 and p not in outcome.verified and setup.plan.case_ids]:
+                outcome.verified[p] = _verify_profile(opts, out, setup, p)
+    if len(rebuilt) != len(setup.rebuild):  # never judged against a suite whose check did not finish
+        raise CouldNotRun(f"the fixture check's rebuild reported {len(rebuilt)} of {len(setup.rebuild)} parts")
     doc["timing"] = {"jobs": setup.jobs, "work_s": round(time.perf_counter() - start, 2),
                      "cases_s": round(sum(r["seconds"] for r in outcome.runs.values()), 2),
                      "properties_s": round(sum(p["seconds"] for p in outcome.properties), 2)}
     return outcome
 
 
+def _rebuild_checked(setup: Setup, doc: dict, results: list[dict]) -> None:
+    """Every rebuild unit is in: the rebuild line of the fixtures section, or :class:`CouldNotRun` with
+    the summary as a drifted suite leaves it (the sections before the fixture check only)."""
+    order = {i: k for k, i in enumerate(setup.suite_ids)}
+    report = sorted((r for res in results for r in res["report"]), key=lambda r: order.get(r["id"], len(order)))
+    try:
+        errors = [res["error"] for res in results if res["error"]]
+        if errors:
+            raise CouldNotRun(f"fixtures unusable: {errors[0]}")
+        doc["fixtures"]["rebuild"] = rebuild_verdict(report)
+    except CouldNotRun:
+        for key in [k for k in doc if k not in setup.reached]:
+            del doc[key]
+        raise
+
+
+def xfails_file(opts: GateOptions) -> str:
+    return "none" if (opts.xfails or "").lower() == "none" else str(opts.xfails or DEFAULT_XFAILS)
+
+
+def _verify_profile(opts: GateOptions, out: Path, setup: Setup, p: str) -> tuple[Summary, Path]:
+    """Verify one profile's outputs (its known failures judged by verify: one rule for verify, the gate
+    and the pytest plugin) and write its verify summary."""
+    try:
+        summary = verify(setup.fixtures, out / p, p, cases=setup.plan.case_ids,
+                         diagnose=mutant_diagnoser(setup.fixtures), xfails=setup.xfails)
+    except GDNError as exc:
+        raise CouldNotRun(f"verify of profile {p} could not run: {exc}") from None
+    summary.xfails["file"] = xfails_file(opts)
+    return summary, summary.write(out / p / f"verify-summary-{p}.json")
+
+
 def judge(opts: GateOptions, out: Path, setup: Setup, outcome: Outcome, result: GateResult) -> None:
     """Verify every profile's outputs and set the known failures (xfails) apart."""
     doc = result.doc
     ids = setup.plan.case_ids
-    no_xfails = (opts.xfails or "").lower() == "none"
-    xfails = setup.xfails
     doc["profiles"] = {}
-    doc["xfails"] = {"file": "none" if no_xfails else str(opts.xfails or DEFAULT_XFAILS), "stale": [], "refused": []}
+    doc["xfails"] = {"file": xfails_file(opts), "stale": [], "refused": []}
     unmatched: list[list[dict]] = []
     for p in opts.profiles:
         if not ids:
             doc["profiles"][p] = gs.nothing_to_verify()
             continue
-        try:  # the known failures judged by verify: one rule for verify, the gate and the pytest plugin
-            summary = verify(setup.fixtures, out / p, p, cases=ids, diagnose=mutant_diagnoser(setup.fixtures),
-                             xfails=xfails)
-        except GDNError as exc:
-            raise CouldNotRun(f"verify of profile {p} could not run: {exc}") from None
-        summary.xfails["file"] = doc["xfails"]["file"]
-        path = summary.write(out / p / f"verify-summary-{p}.json")
+        summary, path = outcome.verified.get(p) or _verify_profile(opts, out, setup, p)
         result.summaries[p] = summary
         result.known[p] = {c: k["reason"] for c, k in summary.known_failures().items()}
         result.case_seconds[p] = outcome.seconds(p)

@@ -20,6 +20,8 @@ from gdncheck.conformance.ports.run import run_impl
 from gdncheck.conformance.properties.registry import subject_from_env
 from gdncheck.conformance.properties.runner import run_property
 from gdncheck.env import limit_blas_threads
+from gdncheck.errors import GDNError
+from gdncheck.fixtures.build import check_suite
 from gdncheck.untrusted import safe_text
 
 from .plan import CaseUnit, PropertyUnit
@@ -62,12 +64,29 @@ def run_property_unit(impl: str, unit: PropertyUnit, max_examples: int | None, h
     return {"kind": "property", **r.to_json()}
 
 
+def run_rebuild_unit(fixtures: str, ids: list[str]) -> dict:
+    """The fixture check's rebuild of some cases (``gdncheck fixtures check``'s, :func:`check_suite`): one
+    report row per case; ``error`` when the suite cannot be rebuilt at all."""
+    start = time.perf_counter()
+    try:
+        report, error = check_suite(fixtures, cases=ids), None
+    except GDNError as exc:
+        report, error = [], safe_text(str(exc))
+    except Exception as exc:  # noqa: BLE001 - the gate says it could not check, never passes unchecked
+        if os.environ.get("GDN_DEBUG"):
+            raise
+        report, error = [], safe_text(f"the rebuild crashed: {type(exc).__name__}: {exc}")
+    return {"kind": "rebuild", "report": report, "error": error, "seconds": time.perf_counter() - start}
+
+
 Task = tuple[Callable[..., dict], tuple, float]  # (function, arguments, cost)
 
 
-def execute_tasks(tasks: list[Task], jobs: int, env: dict[str, str]) -> Iterator[tuple[float, dict]]:
-    """Run every task, most expensive first; yield ``(cost, result)`` as each one finishes."""
-    tasks = sorted(tasks, key=lambda t: -t[2])
+def execute_tasks(tasks: list[Task], jobs: int, env: dict[str, str], first: list[Task] = ()) \
+        -> Iterator[tuple[float, dict]]:
+    """Run ``first`` in its order, then ``tasks``, most expensive first; yield ``(cost, result)`` as
+    each one finishes."""
+    tasks = list(first) + sorted(tasks, key=lambda t: -t[2])
     if jobs <= 1:
         saved = {k: os.environ.get(k) for k in env}
         init_worker(env)

@@ -13,8 +13,8 @@ DESCRIPTION = """\
 The CI conformance gate: does an implementation conform? With no arguments: the committed
 fixtures, the Triton path, the device found here (Triton's interpreter without a GPU), every profile.
 
-Steps: check the fixtures (checksums; for the committed suite a rebuild too) and refuse drifted
-ones; run the implementation over the cases in every profile; verify; search the Hypothesis property
+Steps: check the fixtures (checksums; for the committed suite a rebuild too, run in the workers
+beside the first cases, the verdict waiting for it) and refuse drifted ones; run the implementation over the cases in every profile; verify; search the Hypothesis property
 suite against the same implementation; write OUT/gate-summary.json, JUnit XML and the report; print
 a table and the first divergences.
 

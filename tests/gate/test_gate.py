@@ -6,6 +6,7 @@ reads as CI publishers read it, and every gate-summary.json written here meets i
 from __future__ import annotations
 
 import copy
+import hashlib
 import json
 import shutil
 from pathlib import Path
@@ -161,3 +162,44 @@ def test_the_schema_rejects_inconsistent_summaries(tmp_path):
     for doc in broken:
         with pytest.raises(jsonschema.ValidationError):
             validate_gate_summary(doc)
+
+
+@pytest.mark.parametrize("jobs", [1, 2])
+def test_a_suite_drifted_from_its_generator_fails_with_the_rebuild_beside_the_work(tmp_path, jobs):
+    """The rebuild runs in the workers, first, beside the cases: a case file whose checksum matches its
+    manifest but not what its recipe builds still stops the gate (exit 2, naming the case), with the
+    summary a drifted suite leaves (no fixtures section, no profiles), whatever the number of workers."""
+    suite = tmp_path / "fixtures"
+    shutil.copytree(DEFAULT_DIR, suite)
+    doc = json.loads((suite / "manifest.json").read_text())
+    entry = next(e for e in doc["cases"] if e["id"].startswith("decode_T12_"))
+    path = suite / entry["file"]
+    data = bytearray(path.read_bytes())
+    data[-1] ^= 1  # a golden value changed ...
+    path.write_bytes(bytes(data))
+    entry["sha256"] = hashlib.sha256(bytes(data)).hexdigest()  # ... and its checksum made to match
+    (suite / "manifest.json").write_text(json.dumps(doc, indent=1))
+    res = run_gate(GateOptions(impl="reference", profiles=("f32",), fixtures=str(suite), rebuild_check=True,
+                               cases=["prefill_T1_", "decode_T12"], out=str(tmp_path / "out"), properties=False,
+                               jobs=jobs))
+    assert res.exit_code == 2 and res.verdict == "could not run"
+    assert res.reason.startswith("fixtures drifted from their generator") and entry["id"] in res.reason
+    assert "changed" in res.reason
+    written = json.loads((tmp_path / "out" / "gate-summary.json").read_text())
+    assert written["exit_code"] == 2 and "fixtures" not in written and "profiles" not in written
+
+
+def test_the_rebuild_is_split_over_the_workers_by_its_cost():
+    from gdncheck.fixtures.manifest import load_manifest
+    from gdncheck.gate.plan import call_count
+    from gdncheck.gate.run import split_rebuild
+
+    manifest = load_manifest(DEFAULT_DIR)
+    ids = [e["id"] for e in manifest["cases"]]
+    cost = {e["id"]: 1 + call_count(e) for e in manifest["cases"]}
+    for parts in (1, 2, 3):
+        groups = split_rebuild(manifest, parts)
+        assert len(groups) == parts and sorted(i for g in groups for i in g) == sorted(ids)  # each case once
+        assert all(g == [i for i in ids if i in set(g)] for g in groups)  # in manifest order
+        loads = [sum(cost[i] for i in g) for g in groups]
+        assert max(loads) - min(loads) <= max(cost.values())  # greedy: within the largest case of even
