@@ -190,3 +190,22 @@ def test_layer_calls_are_bit_identical_to_tritons_semantics(profile, monkeypatch
     assert len(fast) == len(slow)
     for a, b in zip(fast, slow):
         assert a.shape == b.shape and np.array_equal(a.view(np.uint32), b.view(np.uint32))
+
+
+@needs_interpreter
+def test_a_lean_builtin_is_called_as_the_interpreters_patch_calls_it():
+    """The patched builtin calls the decorated function with the interpreter's semantic object, whatever
+    ``_semantic`` the caller passed, and gives the interpreter's patch's result."""
+    calls = []
+
+    @tl.core.builtin
+    def probe(x, y=1, _semantic=None):
+        calls.append(_semantic)
+        return x + y
+
+    lean = interpreter._lean_builtin(probe, SEM)
+    assert lean(2, y=3) == 5 and lean(2, _semantic="someone else's") == 3
+    assert calls == [SEM, SEM]
+    assert interpreter._lean_builtin(probe, SEM) is lean  # made once
+    with pytest.raises(ValueError, match="_semantic"):  # the decorator's check: what the lean patch stands in for
+        probe(2)
