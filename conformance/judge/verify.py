@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from gdncheck._version import __version__
+from gdncheck.errors import GDNError
 from gdncheck.fixtures.manifest import (
     CaseProblem,
     FixtureError,
@@ -26,11 +27,10 @@ from gdncheck.fixtures.manifest import (
     select_cases,
     sha256_file,
 )
-from gdncheck.errors import GDNError
 from gdncheck.harness import END_TO_END, STAGE_ISOLATED, call_steps, is_packed, mode_name
 from gdncheck.harness.sharded import shard_step
-from gdncheck.safetensors_io import SafetensorsFile
 from gdncheck.profiles import VERIFY_PROFILES, choices
+from gdncheck.safetensors_io import SafetensorsFile
 from gdncheck.untrusted import safe_text
 
 from .aliases import load_names

@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from gdncheck.harness import NotApplicable
-from gdncheck.reference.conv1d import conv1d
 from gdncheck.conformance.ports.distributed import CP_FAULTS, TP_FAULTS
 from gdncheck.conformance.ports.implementations import reference
 from gdncheck.conformance.ports.sharded_faults import PADDING_FAULTS, padded_port, sharded_port
+from gdncheck.harness import NotApplicable
+from gdncheck.reference.conv1d import conv1d
 
 globals().update({f: sharded_port(f) for f in (*TP_FAULTS, *CP_FAULTS, *PADDING_FAULTS) if f != "none"})
 
