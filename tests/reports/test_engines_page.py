@@ -25,8 +25,8 @@ def test_the_committed_page_holds_what_the_command_writes(tmp_path):
 
     missing = [n for n, e in registry.ENGINES.items() if not probe.probe(e).installed]
     # llama-cpp-python builds for ~20 min: CI goes without; doppler needs Node, npm packages and lavapipe;
-    # vllm and vllm-triton their own environment (.venv-vllm, the vllm job)
-    if [n for n in missing if n not in ("llamacpp", "ggml", "doppler", "vllm", "vllm-triton")]:
+    # vllm, vllm-triton and vllm-tp their own environment (.venv-vllm, the vllm job)
+    if [n for n in missing if n not in ("llamacpp", "ggml", "doppler", "vllm", "vllm-triton", "vllm-tp")]:
         pytest.skip(f"docs/engines.md is the matrix of every registered engine; not installed here: {missing}")
     # SGLang's row is ~7 minutes of Triton's interpreter on 2 cores, vLLM's Triton row ~5, vLLM's whole engine
     # (vllm-tp: three engine starts) ~4: the engines and vllm jobs of the conformance workflow compare them
